@@ -1,0 +1,526 @@
+"""Compose sidecars: ``environment/docker-compose.yaml`` read as containers of one pod.
+
+Harbor runs a compose task as a group of containers; the operator runs it as one pod
+whose main container is the agent's sandbox and whose other containers are the compose
+services, reachable by their service names through ``hostAliases`` (127.0.0.1). What a
+pod cannot express (host networking, bind mounts, builds, privileged containers…) is
+refused with the service and key named; what a pod does not need (``restart``,
+``container_name``, port publishing…) is ignored with a warning.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from collections.abc import Mapping
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field
+
+from episode_operator.taskfolder.errors import Problem
+from episode_operator.taskfolder.models import CAMEL_OUTPUT, MAIN_SERVICE, EnvironmentConfig
+from episode_operator.taskfolder.sources import TaskFiles
+
+# Harbor reads docker-compose.yaml; the older Gym loader also took these spellings.
+COMPOSE_FILES = (
+    "environment/docker-compose.yaml",
+    "environment/docker-compose.yml",
+    "environment/compose.yaml",
+    "environment/compose.yml",
+)
+# The variable Harbor sets to the task's own image; it resolves to that image at seed.
+TASK_IMAGE = "${MAIN_IMAGE_NAME}"
+DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)(us|ms|s|m|h)")
+VARIABLE = re.compile(r"\$(?:\$|\{(?P<braced>[^}]*)\}|(?P<bare>[A-Za-z_][A-Za-z0-9_]*))")
+
+REFUSED_KEYS = {
+    "build": "in-cluster image builds are not supported; name a prebuilt `image`",
+    "network_mode": "all containers of a pod share one network namespace",
+    "privileged": "sidecars run without privilege",
+    "cap_add": "sidecars run with the default capabilities",
+    "devices": "a pod cannot mount host devices",
+    "pid": "a pod cannot share the host's PID namespace",
+    "ipc": "a pod cannot share the host's IPC namespace",
+    "extends": "`extends` is not supported; write the service out",
+    "volumes_from": "use a named volume instead",
+    "links": "services reach each other by name already",
+    "external_links": "services reach each other by name already",
+    "runtime": "the runtime class is set on the Episode, not per container",
+}
+IGNORED_KEYS = frozenset(
+    {
+        "restart",
+        "container_name",
+        "hostname",
+        "labels",
+        "networks",
+        "stop_grace_period",
+        "stop_signal",
+        "logging",
+        "init",
+        "tty",
+        "stdin_open",
+        "platform",
+        "pull_policy",
+        "ulimits",
+        "sysctls",
+        "tmpfs",
+        "shm_size",
+        "security_opt",
+        "cap_drop",
+        "dns",
+        "dns_search",
+        "extra_hosts",
+        "domainname",
+        "mac_address",
+        "oom_score_adj",
+        "read_only",
+        "x-harbor",
+    }
+)
+MAIN_KEYS = frozenset({"depends_on", "environment", "env_file"})
+CAMEL_FROZEN = ConfigDict(frozen=True, alias_generator=CAMEL_OUTPUT)
+
+
+class SidecarProbe(BaseModel):
+    """A compose ``healthcheck``, in seconds; ``command`` runs through ``sh -c``."""
+
+    model_config = CAMEL_FROZEN
+
+    command: str
+    interval_sec: float = 30.0
+    timeout_sec: float = 30.0
+    retries: int = 3
+    start_period_sec: float = 0.0
+
+
+class SidecarVolume(BaseModel):
+    """A volume mount; named volumes are shared (``emptyDir``) by every service mounting them."""
+
+    model_config = CAMEL_FROZEN
+
+    name: str
+    mount_path: str
+    read_only: bool = False
+
+
+class Sidecar(BaseModel):
+    """One compose service other than ``main``, as a container of the agent pod."""
+
+    model_config = CAMEL_FROZEN
+
+    name: str = Field(description="Compose service name; also the container and host name.")
+    image: str | None = Field(description="Image; null means the task's own image (${MAIN_IMAGE_NAME}).")
+    command: list[str] | None = None
+    args: list[str] | None = None
+    env: dict[str, str] = Field(default_factory=dict)
+    ports: list[int] = Field(default_factory=list)
+    working_dir: str | None = None
+    run_as_user: int | None = None
+    run_as_group: int | None = None
+    probe: SidecarProbe | None = None
+    volumes: list[SidecarVolume] = Field(default_factory=list)
+    resources: dict[str, dict[str, str]] = Field(default_factory=dict)
+
+
+class ComposeSpec(BaseModel):
+    """What the task's compose file asks of the pod."""
+
+    model_config = CAMEL_FROZEN
+
+    file: str | None = None
+    sidecars: list[Sidecar] = Field(default_factory=list)
+    main_env: dict[str, str] = Field(default_factory=dict)
+    main_depends_on: list[str] = Field(default_factory=list)
+
+    @property
+    def service_names(self) -> frozenset[str]:
+        """Every service name, ``main`` included."""
+        return frozenset({MAIN_SERVICE, *(sidecar.name for sidecar in self.sidecars)})
+
+
+def parse_compose(files: TaskFiles, environment: EnvironmentConfig) -> tuple[ComposeSpec, list[Problem], list[Problem]]:
+    """Read the task's compose file, if any; returns ``(spec, problems, warnings)``."""
+    present = [name for name in COMPOSE_FILES if files.has_file(name)]
+    if not present:
+        return ComposeSpec(), [], []
+    reader = _ComposeReader(files, present[0], environment)
+    warnings = [Problem(extra, None, f"ignored: {present[0]} takes precedence") for extra in present[1:]]
+    spec = reader.read()
+    return spec, reader.problems, warnings + reader.warnings
+
+
+class _ComposeReader:
+    def __init__(self, files: TaskFiles, file: str, environment: EnvironmentConfig) -> None:
+        self.files = files
+        self.file = file
+        self.problems: list[Problem] = []
+        self.warnings: list[Problem] = []
+        self.variables = {
+            "MAIN_IMAGE_NAME": TASK_IMAGE,
+            "PREBUILT_IMAGE_NAME": TASK_IMAGE,
+            "CPUS": str(environment.cpus or 1),
+            "MEMORY": f"{environment.memory_mb}M" if environment.memory_mb else "",
+            "CONTEXT_DIR": ".",
+        }
+
+    def refuse(self, key: str | None, message: str) -> None:
+        self.problems.append(Problem(self.file, key, message))
+
+    def warn(self, key: str | None, message: str) -> None:
+        self.warnings.append(Problem(self.file, key, message))
+
+    def read(self) -> ComposeSpec:
+        try:
+            text = self.files[self.file].data.decode("utf-8")
+            document = yaml.safe_load(text)
+        except UnicodeDecodeError:
+            self.refuse(None, "not valid UTF-8")
+            return ComposeSpec(file=self.file)
+        except yaml.YAMLError as error:
+            self.refuse(None, f"YAML syntax error: {error}")
+            return ComposeSpec(file=self.file)
+        if document is None:
+            return ComposeSpec(file=self.file)
+        if not isinstance(document, dict):
+            self.refuse(None, "must be a mapping with a `services` table")
+            return ComposeSpec(file=self.file)
+        document = self.interpolate(document, "")
+        services = document.get("services") or {}
+        if not isinstance(services, dict):
+            self.refuse("services", "must be a mapping of service name to service")
+            return ComposeSpec(file=self.file)
+        sidecars: list[Sidecar] = []
+        main_env: dict[str, str] = {}
+        main_depends_on: list[str] = []
+        for raw_name, service in services.items():
+            name = str(raw_name)
+            key = f"services.{name}"
+            if not isinstance(service, dict):
+                self.refuse(key, "must be a mapping")
+                continue
+            if name == MAIN_SERVICE:
+                main_env = self.environment(service, key)
+                main_depends_on = self.depends_on(service, key)
+                for extra in sorted(set(service) - MAIN_KEYS):
+                    self.warn(f"{key}.{extra}", "ignored: the operator supplies main's image, command and resources")
+                continue
+            if service.get("profiles"):
+                self.warn(f"{key}.profiles", "service has profiles, so compose does not start it; skipped")
+                continue
+            sidecar = self.sidecar(name, service, key)
+            if sidecar is not None:
+                sidecars.append(sidecar)
+        known = {sidecar.name for sidecar in sidecars} | {MAIN_SERVICE}
+        for dependency in main_depends_on:
+            if dependency not in known:
+                self.refuse("services.main.depends_on", f"unknown service {dependency!r}")
+        return ComposeSpec(file=self.file, sidecars=sidecars, main_env=main_env, main_depends_on=main_depends_on)
+
+    # Interpolation -------------------------------------------------------------------
+    def interpolate(self, value: Any, key: str) -> Any:
+        if isinstance(value, str):
+            return VARIABLE.sub(lambda match: self.substitute(match, key), value)
+        if isinstance(value, dict):
+            return {k: self.interpolate(v, f"{key}.{k}" if key else str(k)) for k, v in value.items()}
+        if isinstance(value, list):
+            return [self.interpolate(item, key) for item in value]
+        return value
+
+    def substitute(self, match: re.Match[str], key: str) -> str:
+        if match.group(0) == "$$":
+            return "$"
+        expression = match.group("braced") if match.group("braced") is not None else match.group("bare")
+        name, operator, default = re.match(r"([A-Za-z_][A-Za-z0-9_]*)(:?[-?]?)(.*)", expression or "").groups()  # type: ignore[union-attr]
+        value = self.variables.get(name)
+        if value is not None and (value or ":" not in operator):
+            return value
+        if operator.endswith("-"):
+            return default
+        if operator.endswith("?"):
+            self.refuse(key or None, f"${{{name}}} is required: {default or 'not set'}")
+            return ""
+        self.warn(key or None, f"${{{name}}} is not set here; it reads as an empty string")
+        return ""
+
+    # Services ------------------------------------------------------------------------
+    def sidecar(self, name: str, service: dict[str, Any], key: str) -> Sidecar | None:
+        before = len(self.problems)
+        if not DNS_LABEL.match(name) or len(name) > 63:
+            self.refuse(
+                key,
+                f"service name {name!r} cannot be a pod host and container name "
+                "(lowercase letters, digits and '-', at most 63 characters)",
+            )
+        for refused, reason in REFUSED_KEYS.items():
+            if refused in service and not (refused == "build" and "image" in service):
+                self.refuse(f"{key}.{refused}", f"a pod cannot express this: {reason}")
+        if "build" in service and "image" in service:
+            self.warn(f"{key}.build", "ignored: the prebuilt `image` is used")
+        for ignored in sorted(set(service) & IGNORED_KEYS):
+            self.warn(f"{key}.{ignored}", "ignored in a pod")
+        replicas = _table(service, "deploy").get("replicas")
+        if service.get("scale", 1) not in (0, 1) or replicas not in (None, 0, 1):
+            self.refuse(f"{key}.deploy.replicas", "a sidecar runs as exactly one container")
+        image = service.get("image")
+        if not isinstance(image, str) or not image:
+            if "build" not in service:
+                self.refuse(f"{key}.image", "a sidecar needs a prebuilt `image`")
+            image = None
+        elif "${" in image.replace(TASK_IMAGE, ""):
+            self.refuse(f"{key}.image", f"cannot resolve image {image!r}")
+        elif TASK_IMAGE in image and image != TASK_IMAGE:
+            self.refuse(f"{key}.image", "only the whole ${MAIN_IMAGE_NAME} can name the task image")
+        command = self.words(service.get("entrypoint"), f"{key}.entrypoint")
+        args = self.words(service.get("command"), f"{key}.command")
+        user, group = self.user(service.get("user"), f"{key}.user")
+        sidecar = Sidecar(
+            name=name,
+            image=None if image in (None, TASK_IMAGE) else image,
+            command=command,
+            args=args,
+            env=self.environment(service, key),
+            ports=self.ports(service, key),
+            working_dir=service.get("working_dir") if isinstance(service.get("working_dir"), str) else None,
+            run_as_user=user,
+            run_as_group=group,
+            probe=self.probe(service.get("healthcheck"), f"{key}.healthcheck"),
+            volumes=self.volumes(service.get("volumes"), f"{key}.volumes"),
+            resources=self.resources(service, key),
+        )
+        self.depends_on(service, key)
+        return sidecar if len(self.problems) == before else None
+
+    def words(self, value: Any, key: str) -> list[str] | None:
+        if value is None:
+            return None
+        if isinstance(value, str):
+            try:
+                return shlex.split(value)
+            except ValueError as error:
+                self.refuse(key, f"cannot split into words: {error}")
+                return None
+        if isinstance(value, list) and all(isinstance(item, str | int | float) for item in value):
+            return [str(item) for item in value]
+        self.refuse(key, "must be a string or a list of strings")
+        return None
+
+    def environment(self, service: Mapping[str, Any], key: str) -> dict[str, str]:
+        env: dict[str, str] = {}
+        for env_file in self.env_files(service.get("env_file"), f"{key}.env_file"):
+            env.update(env_file)
+        raw = service.get("environment")
+        if raw is None:
+            return env
+        if isinstance(raw, dict):
+            for name, value in raw.items():
+                if value is None:
+                    self.warn(f"{key}.environment.{name}", "has no value (taken from the host in compose); skipped")
+                else:
+                    env[str(name)] = str(value).lower() if isinstance(value, bool) else str(value)
+        elif isinstance(raw, list):
+            for item in raw:
+                name, sep, value = str(item).partition("=")
+                if sep:
+                    env[name] = value
+                else:
+                    self.warn(f"{key}.environment", f"{name} has no value (taken from the host in compose); skipped")
+        else:
+            self.refuse(f"{key}.environment", "must be a mapping or a list of NAME=value")
+        return env
+
+    def env_files(self, raw: Any, key: str) -> list[dict[str, str]]:
+        if raw is None:
+            return []
+        entries = raw if isinstance(raw, list) else [raw]
+        loaded: list[dict[str, str]] = []
+        for entry in entries:
+            path = entry.get("path") if isinstance(entry, dict) else entry
+            required = entry.get("required", True) if isinstance(entry, dict) else True
+            if not isinstance(path, str):
+                self.refuse(key, "must name files relative to environment/")
+                continue
+            relative = "/".join(part for part in f"environment/{path}".split("/") if part not in ("", "."))
+            if ".." in relative.split("/") or path.startswith("/"):
+                self.refuse(key, f"{path!r} must stay inside environment/")
+                continue
+            if not self.files.has_file(relative):
+                if required:
+                    self.refuse(key, f"{path!r} is not in the task folder")
+                continue
+            values: dict[str, str] = {}
+            for line in self.files[relative].data.decode("utf-8", "replace").splitlines():
+                line = line.strip()
+                if not line or line.startswith("#") or "=" not in line:
+                    continue
+                name, _, value = line.removeprefix("export ").partition("=")
+                values[name.strip()] = value.strip().strip("'\"")
+            loaded.append(values)
+        return loaded
+
+    def ports(self, service: Mapping[str, Any], key: str) -> list[int]:
+        ports: list[int] = []
+        for field in ("ports", "expose"):
+            raw = service.get(field) or []
+            if not isinstance(raw, list):
+                self.refuse(f"{key}.{field}", "must be a list")
+                continue
+            for item in raw:
+                target: Any = item.get("target") if isinstance(item, dict) else str(item).split("/")[0].split(":")[-1]
+                try:
+                    port = int(str(target).split("-")[0])
+                except ValueError:
+                    self.refuse(f"{key}.{field}", f"cannot read a container port from {item!r}")
+                    continue
+                if not 0 < port < 65536:
+                    self.refuse(f"{key}.{field}", f"port {port} is out of range")
+                elif port not in ports:
+                    ports.append(port)
+        return ports
+
+    def user(self, raw: Any, key: str) -> tuple[int | None, int | None]:
+        if raw is None:
+            return None, None
+        user, _, group = str(raw).partition(":")
+        if not user.isdigit() or (group and not group.isdigit()):
+            self.refuse(key, f"user {raw!r} must be numeric (UID[:GID]) in a pod")
+            return None, None
+        return int(user), int(group) if group else None
+
+    def probe(self, raw: Any, key: str) -> SidecarProbe | None:
+        if raw is None:
+            return None
+        if not isinstance(raw, dict):
+            self.refuse(key, "must be a mapping")
+            return None
+        if raw.get("disable"):
+            return None
+        test = raw.get("test")
+        if isinstance(test, str):
+            command = test
+        elif isinstance(test, list) and test and test[0] == "NONE":
+            return None
+        elif isinstance(test, list) and len(test) >= 2 and test[0] == "CMD-SHELL":
+            command = " ".join(str(part) for part in test[1:])
+        elif isinstance(test, list) and len(test) >= 2 and test[0] == "CMD":
+            command = shlex.join(str(part) for part in test[1:])
+        else:
+            self.refuse(f"{key}.test", "must be a string or a list starting with CMD, CMD-SHELL or NONE")
+            return None
+        retries = raw.get("retries", 3)
+        if not isinstance(retries, int) or isinstance(retries, bool) or retries < 0:
+            self.refuse(f"{key}.retries", f"must be a non-negative integer, not {retries!r}")
+            retries = 3
+        return SidecarProbe(
+            command=command,
+            interval_sec=self.duration(raw.get("interval"), f"{key}.interval", 30.0),
+            timeout_sec=self.duration(raw.get("timeout"), f"{key}.timeout", 30.0),
+            start_period_sec=self.duration(raw.get("start_period"), f"{key}.start_period", 0.0),
+            retries=retries,
+        )
+
+    def duration(self, raw: Any, key: str, default: float) -> float:
+        if raw is None:
+            return default
+        if isinstance(raw, int | float) and not isinstance(raw, bool):
+            return float(raw)
+        text = str(raw).strip()
+        parts = DURATION_PART.findall(text)
+        if not parts or "".join(number + unit for number, unit in parts) != text:
+            self.refuse(key, f"cannot read the duration {raw!r} (e.g. '10s', '1m30s')")
+            return default
+        scale = {"us": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
+        return sum(float(number) * scale[unit] for number, unit in parts)
+
+    def volumes(self, raw: Any, key: str) -> list[SidecarVolume]:
+        if raw is None:
+            return []
+        if not isinstance(raw, list):
+            self.refuse(key, "must be a list")
+            return []
+        mounts: list[SidecarVolume] = []
+        for index, item in enumerate(raw):
+            if isinstance(item, dict):
+                kind, source, target = item.get("type", "volume"), item.get("source"), item.get("target")
+                read_only = bool(item.get("read_only", False))
+            else:
+                fields = str(item).split(":")
+                if len(fields) == 1:
+                    kind, source, target, read_only = "volume", None, fields[0], False
+                else:
+                    source, target = fields[0], fields[1]
+                    kind = "bind" if source.startswith((".", "/", "~")) else "volume"
+                    read_only = len(fields) > 2 and "ro" in fields[2].split(",")
+            if kind != "volume" or not isinstance(target, str) or not target.startswith("/"):
+                self.refuse(f"{key}[{index}]", f"a pod cannot mount {item!r}: only named or anonymous volumes")
+                continue
+            name = str(source) if source else f"{key.split('.')[1]}-anonymous-{index}"
+            mounts.append(SidecarVolume(name=name, mount_path=target, read_only=read_only))
+        return mounts
+
+    def resources(self, service: Mapping[str, Any], key: str) -> dict[str, dict[str, str]]:
+        declared = _table(_table(service, "deploy"), "resources")
+        result: dict[str, dict[str, str]] = {}
+        for compose_name, kube_name in (("limits", "limits"), ("reservations", "requests")):
+            table = declared.get(compose_name)
+            if not isinstance(table, dict):
+                continue
+            quantities = self.quantities(
+                table.get("cpus"), table.get("memory"), f"{key}.deploy.resources.{compose_name}"
+            )
+            if quantities:
+                result[kube_name] = quantities
+        if not result:
+            legacy = self.quantities(service.get("cpus"), service.get("mem_limit"), key)
+            if legacy:
+                result["limits"] = legacy
+        return result
+
+    def quantities(self, cpus: Any, memory: Any, key: str) -> dict[str, str]:
+        quantities: dict[str, str] = {}
+        if cpus is not None:
+            try:
+                value = float(cpus)
+            except (TypeError, ValueError):
+                value = -1.0
+            if value <= 0:
+                self.refuse(f"{key}.cpus", f"must be a positive number, not {cpus!r}")
+            else:
+                quantities["cpu"] = f"{round(value * 1000)}m"
+        if memory is not None:
+            mebibytes = _memory_mib(memory)
+            if mebibytes is None:
+                self.refuse(f"{key}.memory", f"cannot read the size {memory!r} (e.g. '512m', '2g')")
+            else:
+                quantities["memory"] = f"{mebibytes}Mi"
+        return quantities
+
+    def depends_on(self, service: Mapping[str, Any], key: str) -> list[str]:
+        raw = service.get("depends_on")
+        if raw is None:
+            return []
+        if isinstance(raw, list):
+            return [str(item) for item in raw]
+        if isinstance(raw, dict):
+            return [str(item) for item in raw]
+        self.refuse(f"{key}.depends_on", "must be a list or a mapping")
+        return []
+
+
+def _table(mapping: Mapping[str, Any], key: str) -> dict[str, Any]:
+    """``mapping[key]`` when it is a mapping, else an empty one (compose leaves most keys optional)."""
+    value = mapping.get(key)
+    return value if isinstance(value, dict) else {}
+
+
+def _memory_mib(raw: Any) -> int | None:
+    if isinstance(raw, int) and not isinstance(raw, bool):
+        return max(1, raw // (1024 * 1024))
+    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([bkmg]?)b?\s*", str(raw).lower())
+    if match is None:
+        return None
+    number, unit = float(match.group(1)), match.group(2)
+    scale = {"": 1 / (1024 * 1024), "b": 1 / (1024 * 1024), "k": 1 / 1024, "m": 1.0, "g": 1024.0}[unit]
+    return max(1, int(number * scale))
