@@ -1,0 +1,1 @@
+"""The ``api`` layer (pure): the Episode resource's models and the CRD generated from them."""

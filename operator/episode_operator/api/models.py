@@ -1,0 +1,227 @@
+"""Pydantic models of the ``Episode`` resource (``episode-operator.dev/v1alpha1``).
+
+These models are the single source of truth: the CRD in ``crds/`` is generated from them
+(:mod:`episode_operator.api.crd`) and a test fails when the committed file drifts. Field
+descriptions become the CRD's descriptions, so ``kubectl explain episode.spec`` reads
+them. Names are camelCase on the wire and snake_case in Python.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic.alias_generators import to_camel
+
+GROUP = "episode-operator.dev"
+VERSION = "v1alpha1"
+API_VERSION = f"{GROUP}/{VERSION}"
+KIND = "Episode"
+PLURAL = "episodes"
+SINGULAR = "episode"
+SHORT_NAMES = ["epi"]
+DEFAULT_TASK_ARCHIVE_KEY = "task.tar.gz"
+
+Phase = Literal["Pending", "Running", "Succeeded", "Failed"]
+Outcome = Literal["Graded", "Masked", "TerminalFailure", "Ungraded"]
+TurnPhase = Literal["Pending", "Running", "Succeeded", "Failed", "Skipped"]
+AgentKind = Literal["oracle", "nop", "command"]
+
+
+class ApiModel(BaseModel):
+    """camelCase on the wire, snake_case in Python; unknown fields dropped as the API server prunes them."""
+
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="ignore")
+
+    # Fields whose value is a Kubernetes object the CRD does not describe (kept as given).
+    free_form: ClassVar[frozenset[str]] = frozenset()
+
+    def to_api(self) -> dict[str, Any]:
+        """The JSON-ready camelCase dict, without unset optional fields."""
+        return self.model_dump(mode="json", by_alias=True, exclude_none=True)
+
+
+# --- spec ---------------------------------------------------------------------------------------
+class InlineTask(ApiModel):
+    files: dict[str, str] = Field(
+        description="The task folder as relative path → file content (text). "
+        "A path ending in '/' is an empty directory."
+    )
+
+
+class ConfigMapTask(ApiModel):
+    name: str = Field(min_length=1, description="ConfigMap in the Episode's namespace (kubectl episode pack).")
+    key: str = Field(
+        default=DEFAULT_TASK_ARCHIVE_KEY,
+        min_length=1,
+        description="binaryData key holding the gzipped tar of the task folder.",
+    )
+
+
+class TaskSource(ApiModel):
+    inline: InlineTask | None = Field(default=None, description="The whole task folder in the Episode.")
+    config_map: ConfigMapTask | None = Field(default=None, description="A packed task folder in a ConfigMap.")
+
+    @model_validator(mode="after")
+    def _exactly_one(self) -> TaskSource:
+        if (self.inline is None) == (self.config_map is None):
+            raise ValueError("spec.task needs exactly one of inline or configMap")
+        return self
+
+
+class AgentSpec(ApiModel):
+    free_form: ClassVar[frozenset[str]] = frozenset({"env", "env_from"})
+
+    kind: AgentKind = Field(
+        description="oracle: runs the turn's /solution/solve.sh; nop: does nothing; "
+        "command: runs `command` in the sandbox every turn."
+    )
+    command: str | None = Field(
+        default=None,
+        description="For kind=command: a shell command run with bash in the working directory each turn. "
+        "The turn's instruction is in the file named by $EPISODE_INSTRUCTION_FILE.",
+    )
+    setup: str | None = Field(
+        default=None,
+        description="For kind=command: a shell command run once per sandbox before the first turn.",
+    )
+    env: list[dict[str, Any]] = Field(
+        default_factory=list, description="Kubernetes EnvVar entries given to the agent's commands only."
+    )
+    env_from: list[dict[str, Any]] = Field(
+        default_factory=list,
+        description="Kubernetes EnvFromSource entries (Secrets, ConfigMaps) for the agent.",
+    )
+
+    @model_validator(mode="after")
+    def _command_for_command_kind(self) -> AgentSpec:
+        if self.kind == "command" and not (self.command or "").strip():
+            raise ValueError("spec.agent.command is required when spec.agent.kind is command")
+        if self.kind != "command" and (self.command or self.setup):
+            raise ValueError(f"spec.agent.command and setup apply to kind command only, not {self.kind}")
+        return self
+
+
+class RetryPolicy(ApiModel):
+    outages: int = Field(
+        default=2,
+        ge=0,
+        le=20,
+        description="Fresh attempts after an outage (lost pod, image pull failure, …).",
+    )
+
+
+class DebugSpec(ApiModel):
+    keep_pods: bool = Field(default=False, description="Keep the sandbox pods of a failed episode for inspection.")
+
+
+class EpisodeSpec(ApiModel):
+    free_form: ClassVar[frozenset[str]] = frozenset({"resources", "tolerations", "image_pull_secrets"})
+
+    task: TaskSource = Field(description="Where the Harbor task folder comes from.")
+    agent: AgentSpec = Field(description="What acts in the sandbox each turn.")
+    image: str | None = Field(
+        default=None,
+        description="Image for the task's sandbox when task.toml sets no docker_image; "
+        "overrides docker_image when both are given.",
+    )
+    timeout_multiplier: float = Field(
+        default=1.0,
+        gt=0,
+        le=100,
+        description="Scales every agent and verifier budget (Gym's timeout_multiplier).",
+    )
+    resources: dict[str, Any] | None = Field(
+        default=None,
+        description="Kubernetes ResourceRequirements for the main container; overrides [environment].",
+    )
+    node_selector: dict[str, str] = Field(default_factory=dict, description="Node selector for every sandbox pod.")
+    tolerations: list[dict[str, Any]] = Field(default_factory=list, description="Tolerations for every sandbox pod.")
+    runtime_class_name: str | None = Field(default=None, description="RuntimeClass (gVisor, Kata…) for sandbox pods.")
+    image_pull_secrets: list[dict[str, Any]] = Field(
+        default_factory=list, description="LocalObjectReferences to pull secrets for sandbox images."
+    )
+    retries: RetryPolicy = Field(default_factory=RetryPolicy, description="How outages are retried.")
+    ttl_seconds_after_finished: int | None = Field(
+        default=None, ge=0, description="Delete the Episode this long after it finished."
+    )
+    debug: DebugSpec = Field(default_factory=DebugSpec, description="Debugging aids.")
+    suspend: bool = Field(default=False, description="While true the episode does not start (Kueue admission).")
+
+
+# --- status -------------------------------------------------------------------------------------
+class Condition(ApiModel):
+    type: str
+    status: Literal["True", "False", "Unknown"]
+    reason: str
+    message: str = ""
+    last_transition_time: str
+    observed_generation: int | None = None
+
+
+class ArtifactSummary(ApiModel):
+    collected: int = Field(default=0, description="Entries with status ok.")
+    failed: int = Field(default=0, description="Entries with status failed (missing source, …).")
+    skipped: int = Field(default=0, description="Entries skipped (first claimant of a destination wins).")
+    empty: int = Field(default=0, description="Entries whose source was empty.")
+
+
+class TurnStatus(ApiModel):
+    name: str
+    phase: TurnPhase = "Pending"
+    stage: str | None = Field(default=None, description="Where the turn is: cleanup, prepare, agent, collect, verify.")
+    reward: float | None = None
+    verifier_rewards: dict[str, float] = Field(default_factory=dict)
+    reward_valid: bool | None = None
+    verifier_mode: Literal["shared", "separate"] | None = None
+    failure_kind: str | None = None
+    agent_exit_code: int | None = None
+    started_at: str | None = None
+    finished_at: str | None = None
+    artifacts: ArtifactSummary | None = None
+    message: str | None = None
+
+
+class TaskStatus(ApiModel):
+    digest: str | None = Field(default=None, description="sha256 of the task folder's paths, modes and contents.")
+    steps: int | None = Field(default=None, description="Number of turns.")
+    name: str | None = Field(default=None, description="[task].name, when set.")
+
+
+class AttemptStatus(ApiModel):
+    number: int
+    reason: str | None = Field(default=None, description="Why the attempt ended, for an outage.")
+    started_at: str | None = None
+    finished_at: str | None = None
+
+
+class EpisodeStatus(ApiModel):
+    phase: Phase | None = None
+    outcome: Outcome | None = None
+    reward: float | None = None
+    verifier_rewards: dict[str, float] = Field(default_factory=dict)
+    verifier_mode: Literal["shared", "separate", "mixed"] | None = None
+    stopped_after_turn: str | None = None
+    failure_kind: str | None = None
+    message: str | None = None
+    attempt: int | None = None
+    attempts: list[AttemptStatus] = Field(default_factory=list)
+    current_turn: int | None = None
+    progress: str | None = Field(default=None, description="Turns done / total, for printing.")
+    turns: list[TurnStatus] = Field(default_factory=list)
+    task: TaskStatus | None = None
+    pod_name: str | None = None
+    started_at: str | None = None
+    finished_at: str | None = None
+    observed_generation: int | None = None
+    conditions: list[Condition] = Field(default_factory=list)
+
+
+class Episode(ApiModel):
+    """The whole resource, as read from the API server."""
+
+    api_version: str = API_VERSION
+    kind: str = KIND
+    metadata: dict[str, Any] = Field(default_factory=dict)
+    spec: EpisodeSpec
+    status: EpisodeStatus | None = None
