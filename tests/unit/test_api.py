@@ -1,0 +1,121 @@
+"""The Episode API: models, and the CRD generated from them (no drift, structural)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import yaml
+from pydantic import ValidationError
+
+from episode_operator.api.crd import CRD_FILE, episode_crd, render_crd
+from episode_operator.api.models import EpisodeSpec, EpisodeStatus, TurnStatus
+from tests.conftest import REPO
+
+
+def test_committed_crd_matches_the_models() -> None:
+    committed = (REPO / "crds" / CRD_FILE).read_text()
+    assert committed == render_crd(), "run: python -m episode_operator.api.crd --write crds"
+
+
+def walk(node: Any, path: str = "") -> list[tuple[str, dict[str, Any]]]:
+    found: list[tuple[str, dict[str, Any]]] = []
+    if isinstance(node, dict):
+        found.append((path, node))
+        for key, value in node.items():
+            found += walk(value, f"{path}.{key}")
+    elif isinstance(node, list):
+        for index, value in enumerate(node):
+            found += walk(value, f"{path}[{index}]")
+    return found
+
+
+def test_crd_schema_is_structural() -> None:
+    schema = episode_crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+    for path, node in walk(schema):
+        assert not {"$ref", "anyOf", "oneOf", "allOf", "title", "$defs"} & set(node), path
+        if "properties" in node or "items" in node or "additionalProperties" in node:
+            assert node.get("type") in ("object", "array"), path
+        if "exclusiveMinimum" in node:
+            assert node["exclusiveMinimum"] is True and "minimum" in node, path
+    spec = schema["properties"]["spec"]["properties"]
+    assert spec["agent"]["properties"]["kind"]["enum"] == ["oracle", "nop", "command"]
+    multiplier = spec["timeoutMultiplier"]
+    assert (
+        multiplier["type"],
+        multiplier["default"],
+        multiplier["minimum"],
+        multiplier["exclusiveMinimum"],
+    ) == ("number", 1.0, 0, True)
+    assert spec["resources"]["x-kubernetes-preserve-unknown-fields"] is True
+    assert spec["tolerations"]["items"]["x-kubernetes-preserve-unknown-fields"] is True
+
+
+def test_crd_names_and_columns() -> None:
+    crd = episode_crd()["spec"]
+    assert crd["names"]["shortNames"] == ["epi"]  # not "ep": that is Endpoints'
+    version = crd["versions"][0]
+    assert version["subresources"] == {"status": {}}
+    assert [c["name"] for c in version["additionalPrinterColumns"]] == [
+        "Phase",
+        "Reward",
+        "Turns",
+        "Outcome",
+        "Failure",
+        "Age",
+    ]
+
+
+EPISODE = """
+task:
+  configMap: {name: hello-task}
+agent:
+  kind: command
+  command: my-agent --instruction "$EPISODE_INSTRUCTION_FILE"
+  envFrom: [{secretRef: {name: model-key}}]
+image: episode-operator.local/sandbox:bookworm
+timeoutMultiplier: 2
+nodeSelector: {pool: eval}
+"""
+
+
+def test_spec_round_trips_in_camel_case() -> None:
+    spec = EpisodeSpec.model_validate(yaml.safe_load(EPISODE))
+    assert spec.task.config_map is not None and spec.task.config_map.key == "task.tar.gz"
+    assert spec.agent.env_from == [{"secretRef": {"name": "model-key"}}]
+    api = spec.to_api()
+    assert api["timeoutMultiplier"] == 2.0 and api["nodeSelector"] == {"pool": "eval"}
+    assert EpisodeSpec.model_validate(api) == spec
+
+
+@pytest.mark.parametrize(
+    ("change", "fragment"),
+    [
+        ({"task": {}}, "exactly one of inline or configMap"),
+        (
+            {"task": {"inline": {"files": {}}, "configMap": {"name": "x"}}},
+            "exactly one of inline or configMap",
+        ),
+        ({"agent": {"kind": "command"}}, "spec.agent.command is required"),
+        ({"agent": {"kind": "oracle", "command": "x"}}, "apply to kind command only"),
+        ({"agent": {"kind": "human"}}, "'oracle', 'nop' or 'command'"),
+        ({"timeoutMultiplier": 0}, "greater than 0"),
+    ],
+)
+def test_invalid_specs(change: dict[str, Any], fragment: str) -> None:
+    document = {**yaml.safe_load(EPISODE), **change}
+    with pytest.raises(ValidationError, match=None) as error:
+        EpisodeSpec.model_validate(document)
+    assert fragment in str(error.value)
+
+
+def test_status_serializes_without_unset_fields() -> None:
+    status = EpisodeStatus(phase="Running", turns=[TurnStatus(name="a")], current_turn=0)
+    assert status.to_api() == {
+        "phase": "Running",
+        "verifierRewards": {},
+        "attempts": [],
+        "currentTurn": 0,
+        "turns": [{"name": "a", "phase": "Pending", "verifierRewards": {}}],
+        "conditions": [],
+    }

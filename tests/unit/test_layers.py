@@ -1,0 +1,18 @@
+"""The import direction of ARCHITECTURE.md, checked by import-linter's contracts in pyproject.toml."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+from tests.conftest import REPO
+
+
+def test_import_contracts_hold() -> None:
+    command = shutil.which("lint-imports", path=str(Path(sys.executable).parent))
+    assert command, "import-linter is a test dependency: pip install -e '.[test]'"
+    result = subprocess.run([command], cwd=REPO, capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "Contracts: 3 kept, 0 broken." in result.stdout
