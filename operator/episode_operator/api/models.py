@@ -192,6 +192,8 @@ class AttemptStatus(ApiModel):
     number: int
     reason: str | None = Field(default=None, description="Why the attempt ended, for an outage.")
     started_at: str | None = None
+    ready_at: str | None = Field(default=None, description="When the sandbox was ready: the deadline's clock starts.")
+    deadline_at: str | None = Field(default=None, description="Past this the attempt fails as harbor:task_deadline.")
     finished_at: str | None = None
 
 

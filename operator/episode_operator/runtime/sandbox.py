@@ -1,0 +1,136 @@
+"""What the runtime needs from a sandbox, and nothing about Kubernetes.
+
+A sandbox is one pod in production (the agent pod, or a separate verifier pod) and an
+in-memory fake in the runtime's tests. Every command runs as a *job* under the in-pod
+supervisor (``supervisor.sh``): started once by a deterministic id, bounded in the pod,
+its exit code written atomically. Starting a job that exists returns its state, so a
+restarted operator re-attaches instead of running a turn twice.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Literal, Protocol
+
+from episode_operator.taskfolder.plan import VerifierPlan
+
+MAIN_CONTAINER = "main"
+JobPhase = Literal["running", "exited", "unstartable", "unknown"]
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    """One supervised command.
+
+    ``output`` is a path in the container that receives stdout and stderr (the job's own
+    file when None); ``cwd`` None is the container's working directory; ``shell`` runs
+    ``command`` as ``<shell> -c command``.
+    """
+
+    id: str
+    command: str
+    timeout_sec: float
+    user: str | int | None = None
+    cwd: str | None = None
+    env: Mapping[str, str] = field(default_factory=dict)
+    output: str | None = None
+    shell: Literal["bash", "sh"] = "bash"
+    container: str = MAIN_CONTAINER
+
+
+@dataclass(frozen=True)
+class JobState:
+    """What the supervisor knows of a job."""
+
+    id: str
+    phase: JobPhase
+    exit_code: int | None = None
+    timed_out: bool = False
+    reason: str | None = None
+    started_at: float | None = None
+    finished_at: float | None = None
+
+    @property
+    def done(self) -> bool:
+        return self.phase in ("exited", "unstartable")
+
+    @property
+    def succeeded(self) -> bool:
+        return self.phase == "exited" and self.exit_code == 0 and not self.timed_out
+
+
+class SandboxError(Exception):
+    """The sandbox failed under us (pod lost, image pull, exec transport…): an outage.
+
+    ``kind`` names the outage for status and metrics (``pod-lost``, ``image-pull``, ``exec``…).
+    """
+
+    def __init__(self, message: str, *, kind: str = "sandbox") -> None:
+        super().__init__(message)
+        self.kind = kind
+
+
+class CommandFailed(Exception):
+    """A sandbox command ran and failed (e.g. tar could not unpack): the task's problem, not an outage."""
+
+
+class Sandbox(Protocol):
+    """One running sandbox (pod). Every method is safe to retry after an operator restart."""
+
+    name: str
+    workdir: str
+
+    async def start_job(self, spec: JobSpec, *, wait_sec: float = 0.0) -> JobState:
+        """Start ``spec`` unless a job with its id exists; its state, after up to ``wait_sec`` for it to end."""
+        ...
+
+    async def wait_job(self, job_id: str, *, container: str = MAIN_CONTAINER, max_wait_sec: float) -> JobState:
+        """The job's state once it is done, or after ``max_wait_sec`` (a bounded long poll)."""
+        ...
+
+    async def job_output(self, job_id: str, *, container: str = MAIN_CONTAINER, limit: int) -> bytes:
+        """The last ``limit`` bytes of the job's output file."""
+        ...
+
+    async def upload(self, archive: bytes, destination: str, *, container: str = MAIN_CONTAINER) -> None:
+        """Extract a tar into ``destination`` as root: modes kept, same names replaced, nothing removed."""
+        ...
+
+    async def download(
+        self, paths: Sequence[str], *, container: str = MAIN_CONTAINER, exclude: Sequence[str] = ()
+    ) -> bytes:
+        """A tar of ``paths`` (absolute), member names relative to ``/``; missing paths are left out."""
+        ...
+
+    async def read_files(self, paths: Sequence[str], *, container: str = MAIN_CONTAINER) -> dict[str, bytes | None]:
+        """The contents of small files; None for a path that is not a regular file."""
+        ...
+
+    async def clear(self, paths: Sequence[str], *, container: str = MAIN_CONTAINER) -> None:
+        """Empty directories (keeping them, mode 0777) and delete files at ``paths``."""
+        ...
+
+    async def switch_user(self, user: str | int, workdir: str | None) -> None:
+        """Make ``user`` own the working directory (not the files in it); fail if it cannot."""
+        ...
+
+
+class SandboxProvider(Protocol):
+    """Creates, re-attaches and removes the sandboxes of one episode."""
+
+    async def agent(self, attempt: int) -> Sandbox:
+        """The attempt's agent sandbox, created if needed, ready, with the supervisor in place."""
+        ...
+
+    async def verifier(self, attempt: int, turn: int, plan: VerifierPlan) -> Sandbox:
+        """A fresh verifier sandbox for a separate turn (re-attached if it exists)."""
+        ...
+
+    async def release_verifier(self, attempt: int, turn: int) -> None: ...
+
+    async def release_agent(self, attempt: int) -> None: ...
+
+    async def release_all(self, *, keep: bool) -> None:
+        """Remove every sandbox of the episode, unless ``keep`` (debugging a failure)."""
+        ...

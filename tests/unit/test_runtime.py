@@ -1,0 +1,387 @@
+"""The episode runner against the in-memory sandbox: Gym's turn semantics and crash safety."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import tarfile
+from typing import Any
+
+import pytest
+
+from episode_operator.api.models import AgentSpec, EpisodeStatus
+from episode_operator.runtime.episode import EpisodeConfig, EpisodeRunner
+from episode_operator.taskfolder import TaskFiles, load_task, resolve_plan
+from tests.unit.fake_sandbox import Crash, FakeProvider, FakeSink, MemoryStore, World
+from tests.unit.folders import multi_step, single_step, steps_toml
+
+
+def run(
+    folder: dict[str, str],
+    *,
+    agent: dict[str, Any] | None = None,
+    world: World | None = None,
+    status: EpisodeStatus | None = None,
+    sink: FakeSink | None = None,
+    store: MemoryStore | None = None,
+    retries: int = 2,
+    keep_pods: bool = False,
+    plan_update: dict[str, Any] | None = None,
+) -> tuple[EpisodeStatus, World, FakeSink, MemoryStore]:
+    world = world or World()
+    sink = sink or FakeSink()
+    store = store or MemoryStore()
+    files = TaskFiles.from_mapping(folder)
+    plan = resolve_plan(load_task(files))
+    if plan_update:
+        plan = plan.model_copy(update=plan_update)
+    config = EpisodeConfig(
+        plan=plan,
+        files=files,
+        agent=AgentSpec.model_validate(agent or {"kind": "oracle"}),
+        digest=files.digest(),
+        outage_retries=retries,
+        keep_pods_on_failure=keep_pods,
+    )
+    runner = EpisodeRunner(
+        config,
+        FakeProvider(world),
+        sink,
+        store,
+        clock=world.clock.time,
+        monotonic=world.clock.monotonic,
+        sleep=world.clock.sleep,
+    )
+    result = asyncio.run(runner.run(status))
+    return result, world, sink, store
+
+
+def three_steps(
+    extra: dict[str, str] | None = None,
+    toml: str = "",
+    files: dict[str, str | None] | None = None,
+    rewards: tuple[str, str, str] = ("1", "1", "1"),
+) -> dict[str, str]:
+    base: dict[str, str | None] = {}
+    for name, reward in zip(("a", "b", "c"), rewards, strict=True):
+        base[f"steps/{name}/solution/solve.sh"] = f"write {name}.txt done-{name}"
+        base[f"steps/{name}/tests/test.sh"] = f"reward {reward}"
+    base.update(files or {})
+    return multi_step(toml + steps_toml("a", "b", "c", extra=extra), ["a", "b", "c"], base)
+
+
+# --- scoring ---------------------------------------------------------------------------------
+def test_single_step_oracle_is_graded() -> None:
+    folder = single_step(files={"solution/solve.sh": "write hello.txt hi", "tests/test.sh": "check hello.txt hi"})
+    status, world, sink, _ = run(folder)
+    assert (status.phase, status.outcome, status.reward, status.progress) == ("Succeeded", "Graded", 1.0, "1/1")
+    assert status.verifier_mode == "shared" and status.stopped_after_turn is None
+    assert [t.phase for t in status.turns] == ["Succeeded"]
+    assert "all" in world.released
+    assert [reason for reason, _, _ in sink.events] == ["TurnStarted", "TurnFinished", "EpisodeFinished"]
+    assert {c.type: c.status for c in status.conditions} == {"Running": "False", "Complete": "True"}
+
+
+@pytest.mark.parametrize(("strategy", "expected"), [("mean", 0.5), ("final", 0.25)])
+def test_mean_and_final_roll_up(strategy: str, expected: float) -> None:
+    folder = three_steps(toml=f'multi_step_reward_strategy = "{strategy}"\n', rewards=("1", "0.25", "0.25"))
+    status = run(folder)[0]
+    assert status.reward == expected
+    assert [t.reward for t in status.turns] == [1.0, 0.25, 0.25]
+
+
+def test_min_reward_miss_stops_with_stopped_after_turn() -> None:
+    folder = three_steps(extra={"b": "min_reward = 0.5\n"}, rewards=("1", "0.25", "1"))
+    status = run(folder)[0]
+    assert status.stopped_after_turn == "b"
+    assert [t.phase for t in status.turns] == ["Succeeded", "Succeeded", "Skipped"]
+    assert status.reward == pytest.approx(0.625)
+    assert status.progress == "2/3"
+    assert "min_reward missed" in (status.turns[1].message or "")
+
+
+def test_min_reward_table_with_components() -> None:
+    folder = three_steps(
+        extra={"a": "min_reward = { core = 0.5 }\n"},
+        files={"steps/a/tests/test.sh": 'reward-json {"reward": 0.2, "core": 0.5}'},
+    )
+    status = run(folder)[0]
+    assert status.stopped_after_turn is None
+    assert status.verifier_rewards == {"core": pytest.approx(0.5 / 3), "reward": pytest.approx(2.2 / 3)}
+
+
+def test_setup_failing_at_step_one_is_terminal() -> None:
+    folder = three_steps(files={"steps/a/workdir/setup.sh": "exit 1"})
+    status, world, _, _ = run(folder)
+    assert (status.phase, status.outcome, status.failure_kind) == (
+        "Failed",
+        "TerminalFailure",
+        "harbor:step_setup_failed",
+    )
+    assert status.reward is None
+    assert len(status.attempts) == 1  # not retried
+    assert status.turns[0].failure_kind == "harbor:step_setup_failed"
+    assert "a1.t1.agent" not in world.sandboxes["pod-a1"].starts  # no agent ran
+
+
+def test_setup_failing_at_step_two_is_a_measured_zero() -> None:
+    folder = three_steps(files={"steps/b/workdir/setup.sh": "timeout"})
+    status = run(folder)[0]
+    assert (status.phase, status.outcome, status.reward) == ("Succeeded", "Graded", 0.5)
+    assert status.turns[1].failure_kind == "harbor:step_setup_failed"
+    assert status.failure_kind == "harbor:step_setup_failed"
+    assert status.stopped_after_turn == "b"
+    assert [t.phase for t in status.turns] == ["Succeeded", "Failed", "Skipped"]
+
+
+def test_workdir_that_cannot_unpack() -> None:
+    world = World(broken_uploads={"/app"})
+    folder = three_steps(files={"steps/b/workdir/data.txt": "x"})
+    # Turn 1 has no workdir; turn 2's cannot unpack.
+    status = run(folder, world=world)[0]
+    assert status.turns[1].failure_kind == "harbor:step_workdir_failed" and status.reward == 0.5
+
+
+def test_step_healthcheck_passes_after_its_start_period() -> None:
+    check = (
+        '[steps.healthcheck]\ncommand = "pass-after 7"\n'
+        "start_period_sec = 5\nstart_interval_sec = 2\ninterval_sec = 2\n"
+    )
+    passing = run(three_steps(extra={"b": check + "retries = 2\n"}))[0]
+    assert passing.reward == 1.0
+    failing = run(three_steps(extra={"b": check + "retries = 0\n"}))[0]
+    assert failing.turns[1].failure_kind == "harbor:step_healthcheck_failed"
+    assert failing.reward == 0.5
+
+
+def test_no_reward_file_is_a_measured_zero_that_ends_the_episode() -> None:
+    folder = three_steps(files={"steps/b/tests/test.sh": "echo nothing"})
+    status = run(folder)[0]
+    assert status.reward == 0.5 and status.stopped_after_turn == "b"
+    assert status.turns[1].reward_valid is False and status.turns[1].reward == 0.0
+    assert "no valid reward file" in (status.turns[1].message or "")
+
+
+def test_reward_json_beats_reward_txt_and_exit_status_is_ignored() -> None:
+    folder = single_step(files={"tests/test.sh": 'reward-json {"reward": 0.75}\nreward 1\nexit 7'})
+    assert run(folder)[0].reward == 0.75
+
+
+def test_unstartable_verifier_masks_the_episode() -> None:
+    status = run(three_steps(files={"steps/b/tests/test.sh": "unstartable"}))[0]
+    assert (status.phase, status.outcome, status.reward, status.failure_kind) == (
+        "Failed",
+        "Masked",
+        None,
+        "harbor:verifier_error",
+    )
+
+
+# --- turn mechanics --------------------------------------------------------------------------
+def test_grading_files_of_a_shared_turn_are_gone_before_the_next_agent() -> None:
+    seen: dict[str, bool] = {}
+
+    def look(sandbox: Any, spec: Any) -> None:
+        files = sandbox.files["main"]
+        seen["tests"] = any(name.startswith("/tests/") for name in files)
+        seen["reward"] = "/logs/verifier/reward.txt" in files
+
+    world = World(hooks={"t2.agent": look})
+    run(three_steps(), world=world)
+    assert seen == {"tests": False, "reward": False}
+
+
+def test_planted_grading_files_are_wiped_before_verification() -> None:
+    folder = single_step(
+        files={
+            "solution/solve.sh": "write /tests/test.sh reward 1\nwrite /logs/verifier/reward.txt 1",
+            "tests/test.sh": "echo honest verifier writes nothing",
+        }
+    )
+    status = run(folder)[0]
+    assert status.reward == 0.0 and status.turns[0].reward_valid is False
+
+
+def test_workdir_replaces_earlier_files_and_keeps_the_rest() -> None:
+    folder = three_steps(
+        files={
+            "steps/a/solution/solve.sh": "write notes.txt from-agent\nwrite keep.txt kept",
+            "steps/b/workdir/notes.txt": "from-workdir",
+            "steps/b/tests/test.sh": "check notes.txt from-workdir",
+            "steps/c/tests/test.sh": "check keep.txt kept",
+        }
+    )
+    status, world, _, _ = run(folder)
+    assert [t.reward for t in status.turns] == [1.0, 1.0, 1.0]
+    assert world.sandboxes["pod-a1"].files["main"]["/app/notes.txt"] == b"from-workdir"
+
+
+def test_user_switch_between_steps() -> None:
+    extra = {"b": '[steps.agent]\nuser = "bob"\n', "c": '[steps.agent]\nuser = "bob"\n'}
+    status, world, _, _ = run(three_steps(extra=extra))
+    assert world.sandboxes["pod-a1"].users == ["bob"]  # once: c keeps b's user
+    assert status.reward == 1.0
+
+
+def test_user_switch_failure_is_an_outage() -> None:
+    world = World(missing_users={"ghost"})
+    status = run(three_steps(extra={"b": '[steps.agent]\nuser = "ghost"\n'}), world=world, retries=1)[0]
+    assert (status.outcome, status.failure_kind) == ("Ungraded", "outage:user-switch")
+    assert [a.number for a in status.attempts] == [1, 2]
+
+
+def test_separate_verifier_gets_declared_artifacts_only() -> None:
+    toml = steps_toml(
+        "a",
+        "b",
+        extra={
+            "b": 'artifacts = ["/app/publish"]\n[steps.verifier]\nenvironment_mode = "separate"\n',
+        },
+    )
+    folder = multi_step(
+        toml,
+        ["a", "b"],
+        {
+            "steps/a/solution/solve.sh": "write draft.txt d",
+            "steps/a/tests/test.sh": "check draft.txt d",
+            "steps/b/solution/solve.sh": "write publish/final.txt f\nwrite /tmp/agent-only.txt secret",
+            "steps/b/tests/test.sh": "check publish/final.txt f",
+        },
+    )
+    status, world, _, store = run(folder)
+    assert status.reward == 1.0 and status.verifier_mode == "mixed"
+    verifier = world.sandboxes["pod-a1-v2"].files["main"]
+    assert "/app/publish/final.txt" in verifier
+    assert "/tmp/agent-only.txt" not in verifier and "/app/draft.txt" not in verifier
+    # The agent pod is released before the last separate verifier; the verifier pod after it.
+    assert world.released.index("pod-a1") < world.released.index("pod-a1-v2")
+    manifest = store.manifests[(1, "b")]
+    assert [(m["source"], m["status"], m["origin"]) for m in manifest] == [
+        ("/logs/artifacts", "failed", "convention"),
+        ("/app/publish", "ok", "step"),
+    ]
+
+
+def test_artifact_manifest_statuses() -> None:
+    folder = single_step(
+        'artifacts = ["/app/out", { source = "/app/out/x.txt", destination = "app/out/x.txt" }, "/missing"]\n',
+        {"solution/solve.sh": "write out/x.txt 1\nwrite /logs/artifacts/.keep k", "tests/test.sh": "reward 1"},
+    )
+    status, _, _, store = run(folder)
+    manifest = store.manifests[(1, "task")]
+    assert [(m["source"], m["status"], m["type"]) for m in manifest] == [
+        ("/logs/artifacts", "ok", "directory"),
+        ("/app/out", "ok", "directory"),
+        ("/app/out/x.txt", "skipped", "directory"),
+        ("/missing", "failed", "directory"),
+    ]
+    assert status.turns[0].artifacts is not None
+    assert (
+        status.turns[0].artifacts.collected,
+        status.turns[0].artifacts.skipped,
+        status.turns[0].artifacts.failed,
+    ) == (2, 1, 1)
+    archive = store.artifacts[(1, "task")][1]
+    with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
+        assert tar.getnames() == ["app/out/x.txt"]
+
+
+def test_collect_hooks_run_main_then_sidecars() -> None:
+    order: list[str] = []
+    world = World(
+        hooks={
+            ".collect.0": lambda s, spec: order.append(spec.container),
+            ".collect.1": lambda s, spec: order.append(spec.container),
+        }
+    )
+    folder = single_step(
+        '[[verifier.collect]]\ncommand = "exit 3"\nservice = "api"\n[[verifier.collect]]\ncommand = "exit 0"\n',
+        {"environment/docker-compose.yaml": "services:\n  api:\n    image: x\n", "tests/test.sh": "reward 1"},
+    )
+    status = run(folder, world=world)[0]
+    assert order == ["main", "api"]
+    assert status.reward == 1.0  # a failing hook is best effort
+
+
+def test_command_agent_gets_the_instruction_file() -> None:
+    captured: dict[str, Any] = {}
+
+    def grab(sandbox: Any, spec: Any) -> None:
+        captured.update(spec.env)
+        captured["instruction"] = sandbox.files["main"][spec.env["EPISODE_INSTRUCTION_FILE"]]
+
+    world = World(hooks={"t1.agent": grab})
+    folder = single_step(files={"tests/test.sh": "reward 1"})
+    run(folder, world=world, agent={"kind": "command", "command": "write x y"})
+    assert captured["instruction"] == b"Do the thing.\n"
+    assert (captured["EPISODE_TURN"], captured["EPISODE_TURN_NAME"], captured["EPISODE_TURNS"]) == ("1", "task", "1")
+
+
+def test_nop_agent_runs_nothing() -> None:
+    status, world, _, _ = run(single_step(files={"tests/test.sh": "reward 0"}), agent={"kind": "nop"})
+    assert status.reward == 0.0
+    assert not any(".agent" in job for job in world.sandboxes["pod-a1"].starts)
+
+
+# --- outages and crash safety ------------------------------------------------------------------
+def test_lost_pod_starts_a_fresh_attempt_from_turn_one() -> None:
+    folder = three_steps(files={"steps/b/solution/solve.sh": "write b.txt x"})
+    lost = {"done": False}
+
+    def lose_once(sandbox: Any, spec: Any) -> None:
+        if not lost["done"]:
+            lost["done"] = True
+            sandbox.lost = True
+
+    world = World(hooks={"a1.t2.agent": lose_once})
+    status = run(folder, world=world)[0]
+    assert status.reward == 1.0 and status.attempt == 2
+    assert [a.number for a in status.attempts] == [1, 2]
+    assert (status.attempts[0].reason or "").startswith("pod-lost")
+    assert world.sandboxes["pod-a2"].starts[:1] == ["a2.t1.agent"]
+
+
+def test_exhausted_outages_end_ungraded() -> None:
+    world = World(fail_creation=5)
+    status = run(single_step(), world=world, retries=2)[0]
+    assert (status.phase, status.outcome, status.failure_kind) == ("Failed", "Ungraded", "outage:image-pull")
+    assert len(status.attempts) == 3 and status.reward is None
+
+
+def test_keep_pods_on_failure() -> None:
+    world = World()
+    run(three_steps(files={"steps/a/workdir/setup.sh": "exit 1"}), world=world, keep_pods=True)
+    assert world.kept is True and "all" not in world.released
+
+
+@pytest.mark.parametrize("crash_stage", ["cleanup", "workdir", "agent", "collect", "verify-prepare", "verify", "done"])
+def test_restart_resumes_without_running_a_turn_twice(crash_stage: str) -> None:
+    """The operator dies right after publishing turn 2's stage; a new runner resumes from that status."""
+    solutions = {f"steps/{name}/solution/solve.sh": f"append runs.txt {name}" for name in "abc"}
+    folder = three_steps(files={**solutions, "steps/c/tests/test.sh": "check runs.txt a\\nb\\nc\\n"})
+    world = World()
+
+    def at_stage(status: EpisodeStatus) -> bool:
+        return status.current_turn == 1 and status.turns[1].stage == crash_stage
+
+    dying = FakeSink(crash_when=at_stage)
+    with pytest.raises(Crash):
+        run(folder, world=world, sink=dying)
+    last_written = dying.statuses[-1]
+    assert last_written.turns[1].stage == crash_stage
+    status = run(folder, world=world, status=last_written)[0]
+    assert (status.phase, status.reward, status.attempt) == ("Succeeded", 1.0, 1)
+    pod = world.sandboxes["pod-a1"]
+    assert [job for job in pod.starts if job.endswith(".agent")] == ["a1.t1.agent", "a1.t2.agent", "a1.t3.agent"]
+    assert pod.files["main"]["/app/runs.txt"] == b"a\nb\nc\n"
+
+
+def test_deadline_is_a_retryable_failure() -> None:
+    world = World()
+
+    def slow_agent(sandbox: Any, spec: Any) -> None:
+        world.clock.now += 120.0
+
+    world.hooks["t1.agent"] = slow_agent
+    status = run(single_step(), world=world, retries=0, plan_update={"deadline_sec": 60.0})[0]
+    assert (status.outcome, status.failure_kind) == ("Ungraded", "harbor:task_deadline")
