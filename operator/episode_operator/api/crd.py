@@ -84,12 +84,24 @@ def structural(node: Any, definitions: dict[str, Any]) -> Any:
     return result
 
 
-def schema_of(model: type[EpisodeSpec] | type[EpisodeStatus]) -> dict[str, Any]:
-    """The structural schema of one model, by camelCase names."""
+def schema_of(model: type[EpisodeSpec] | type[EpisodeStatus], *, defaults: bool = True) -> dict[str, Any]:
+    """The structural schema of one model, by camelCase names.
+
+    ``defaults=False`` drops every ``default``: the operator writes the whole status, so
+    defaults there only cost (a 1.20 API server even refuses an empty-string one).
+    """
     raw = model.model_json_schema(by_alias=True, mode="validation")
     schema = structural(raw, raw.get("$defs", {}))
     assert isinstance(schema, dict)
-    return schema
+    return schema if defaults else _without_defaults(schema)
+
+
+def _without_defaults(node: Any) -> Any:
+    if isinstance(node, dict):
+        return {key: _without_defaults(value) for key, value in node.items() if key != "default"}
+    if isinstance(node, list):
+        return [_without_defaults(item) for item in node]
+    return node
 
 
 def episode_crd() -> dict[str, Any]:
@@ -126,7 +138,7 @@ def episode_crd() -> dict[str, Any]:
                                 "kind": {"type": "string"},
                                 "metadata": {"type": "object"},
                                 "spec": schema_of(EpisodeSpec),
-                                "status": schema_of(EpisodeStatus),
+                                "status": schema_of(EpisodeStatus, defaults=False),
                             },
                         }
                     },

@@ -1,0 +1,139 @@
+"""Fixtures for the cluster tier: the project's real Kubernetes, a client and a namespace per test.
+
+The cluster comes from `hack/cluster` (or any cluster named by KUBECONFIG_EPISODE). Outside CI
+a missing cluster skips these tests and says which command to run; in CI (env CI non-empty) the
+session brings the cluster up itself, and a cluster that is still unavailable fails the tests:
+CI must never pass by skipping them.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import NoReturn
+
+import pytest
+from kubernetes import client, config
+from kubernetes.client.exceptions import ApiException
+
+HERE = Path(__file__).resolve().parent
+HACK_CLUSTER = HERE.parents[1] / "hack" / "cluster"
+DEFAULT_STATE_DIR = "/var/lib/episode-operator/cluster"
+START_COMMAND = "sudo hack/cluster up && sudo hack/cluster images"
+
+SANDBOX_IMAGE = "episode-operator.local/sandbox:bookworm"
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Mark every test under tests/cluster with `cluster` (this hook sees the whole session)."""
+    for item in items:
+        if HERE in Path(item.path).resolve().parents:
+            item.add_marker(pytest.mark.cluster)
+
+
+def in_ci() -> bool:
+    """CI is any environment with CI set to a non-empty value."""
+    return bool(os.environ.get("CI"))
+
+
+def unavailable(reason: str) -> NoReturn:
+    """Fail in CI, skip elsewhere."""
+    if in_ci():
+        pytest.fail(f"test cluster unavailable in CI: {reason}", pytrace=False)
+    pytest.skip(f"test cluster unavailable: {reason}; start it with `{START_COMMAND}`")
+
+
+def hack_cluster(verb: str, timeout: float) -> subprocess.CompletedProcess[str]:
+    """Run `hack/cluster <verb>`, capturing its output."""
+    return subprocess.run([str(HACK_CLUSTER), verb], capture_output=True, text=True, timeout=timeout, check=False)
+
+
+def last_line(text: str) -> str:
+    """The last non-empty line of a command's output, for short messages."""
+    lines = [line for line in text.splitlines() if line.strip()]
+    return lines[-1] if lines else "(no output)"
+
+
+@pytest.fixture(scope="session")
+def kubeconfig() -> Path:
+    """Path of the admin kubeconfig of a running cluster (brought up here in CI)."""
+    explicit = os.environ.get("KUBECONFIG_EPISODE")
+    if explicit:
+        if not Path(explicit).is_file():
+            unavailable(f"KUBECONFIG_EPISODE={explicit} is not a file")
+        return Path(explicit)
+    state_dir = Path(os.environ.get("EPISODE_CLUSTER_DIR") or DEFAULT_STATE_DIR)
+    status = hack_cluster("status", timeout=60)
+    if status.returncode != 0 and not in_ci():
+        unavailable(last_line(status.stderr + status.stdout).removeprefix("hack/cluster status: error: "))
+    if in_ci():
+        # In CI the session owns the cluster: `up` reuses a healthy one, `images` is a no-op when
+        # the cached images are already loaded.
+        for verb in ("up", "images") if status.returncode != 0 else ("images",):
+            result = hack_cluster(verb, timeout=3600)
+            if result.returncode != 0:
+                unavailable(f"`hack/cluster {verb}` failed:\n{result.stderr[-4000:]}")
+    return state_dir / "kubeconfig"
+
+
+@pytest.fixture(scope="session")
+def api_client(kubeconfig: Path) -> Iterator[client.ApiClient]:
+    """A Kubernetes client for the test cluster, checked to answer."""
+    api = config.new_client_from_config(config_file=str(kubeconfig))  # type: ignore[no-untyped-call]
+    try:
+        client.VersionApi(api).get_code(_request_timeout=10)
+    except Exception as error:  # any failure to talk to it means "unavailable"
+        api.close()
+        unavailable(f"API server of {kubeconfig} does not answer: {error}")
+    yield api
+    api.close()
+
+
+@pytest.fixture(scope="session")
+def core(api_client: client.ApiClient) -> client.CoreV1Api:
+    """The core/v1 API of the test cluster."""
+    return client.CoreV1Api(api_client)
+
+
+@pytest.fixture(scope="session")
+def sandbox_image() -> str:
+    """The Debian test image `hack/cluster images` loads; pods must use imagePullPolicy: Never."""
+    return SANDBOX_IMAGE
+
+
+def namespace_name(test_name: str) -> str:
+    """A fresh DNS-1123 namespace name that still says which test made it."""
+    stem = re.sub(r"[^a-z0-9]+", "-", test_name.lower()).strip("-")[:40].strip("-")
+    return f"t-{stem}-{uuid.uuid4().hex[:6]}"
+
+
+def wait_for_default_service_account(core: client.CoreV1Api, namespace: str, timeout: float = 60) -> None:
+    """Pods are refused until the controller-manager has created the namespace's default SA."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            core.read_namespaced_service_account("default", namespace)
+            return
+        except ApiException as error:
+            if error.status != 404 or time.monotonic() > deadline:
+                raise
+        time.sleep(0.2)
+
+
+@pytest.fixture
+def namespace(core: client.CoreV1Api, request: pytest.FixtureRequest) -> Iterator[str]:
+    """A new namespace for one test, deleted afterwards (the deletion is not awaited)."""
+    name = namespace_name(request.node.name.removeprefix("test_"))
+    core.create_namespace(
+        client.V1Namespace(metadata=client.V1ObjectMeta(name=name, labels={"episode-operator.dev/test": "true"}))
+    )
+    try:
+        wait_for_default_service_account(core, name)
+        yield name
+    finally:
+        core.delete_namespace(name, propagation_policy="Background")
