@@ -1,0 +1,405 @@
+"""The commands the operator execs in a sandbox pod, and how to read their answers.
+
+The operator never holds an exec stream for the lifetime of a command. At seed it places a
+small POSIX-shell supervisor (``supervisor.sh``, shipped in this package) at
+``SUPERVISOR_PATH`` in an emptyDir shared by the pod's containers; afterwards every command
+(setup.sh, healthcheck, agent, collect hooks, test.sh, the oracle's solve.sh) runs as a *job*
+under it. This module is pure: it builds each exec as a :class:`Command` (argv plus optional
+stdin bytes) and parses each answer, so the kube layer only ships bytes and the protocol is
+tested against the real script without a cluster.
+
+Protocol (``sh SUPERVISOR_PATH VERB ...``; values are always separate argv entries, never
+spliced into shell text, so any character survives):
+
+``start ID [--user U] [--timeout S] [--kill-after S] [--cwd DIR] [--output PATH]
+[--shell bash|sh] [--env NAME=VALUE]... [--wait S] -- COMMAND``
+    Creates ``jobs/ID/`` atomically (mkdir) and launches ``<shell> -c COMMAND`` detached, in
+    its own session and process group, stdin from /dev/null, stdout and stderr appended to
+    PATH (default ``jobs/ID/output``), bounded by a watchdog (TERM to the group at the
+    timeout, KILL ``--kill-after`` seconds later, default 5). If ``jobs/ID`` exists nothing
+    is started: the answer is the existing job's state, so retries never run a command twice.
+    ``--wait S`` waits up to S seconds for the job before answering. The default ``--cwd``
+    is the working directory recorded when the supervisor was placed in this container. With
+    ``--user`` (name or uid; a uid without a passwd entry gets gid 0 and HOME=/, as under
+    docker) HOME, USER and LOGNAME are the user's unless ``--env`` sets them. Environment
+    names starting with ``_EO_`` are reserved.
+``wait ID S`` / ``status ID`` / ``kill ID``
+    The state after a bounded long poll / now / after TERM, then KILL after kill-after.
+``output ID BYTES``
+    The last BYTES bytes of the job's output file, raw.
+
+A state is one line: ``id=ID phase=running|exited|unstartable|unknown [exit_code=N]
+[timed_out=0|1] [started_at=EPOCH] [finished_at=EPOCH] [reason=PERCENT-ENCODED]``. A job is
+*unstartable* when its shell is missing, its user does not exist or cannot be switched to,
+or its directory or output file is unusable; it never hangs. A job whose supervising process
+vanished (e.g. an agent ran ``kill -9 -1``) reads ``phase=exited`` with no exit code and a
+``reason`` starting with ``lost:``.
+
+Helpers, one exec each: ``probe`` (``key=value`` lines, values percent-encoded),
+``upload DEST BYTES`` (a tar on stdin), ``download [--exclude P]... -- PATH...`` (a tar on
+stdout), ``read -- FILE...`` (framed contents, see :func:`parse_files`), ``clear -- PATH...``,
+``chown-workdir USER DIR``. A verb exits 0 when it did its work (a job's own failure is in
+its state), 1 when the operation failed and 2 when the call was malformed, with one line on
+stderr either way.
+
+Execs use Kubernetes' websocket v4 protocol, whose stdin cannot be half-closed: every verb
+that reads stdin reads a known length with ``head -c``. Argument lists too large for an exec
+URL travel on stdin too (``--argv-stdin BYTES``; :func:`_command` decides).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from importlib import resources
+from typing import cast, get_args
+from urllib.parse import unquote_to_bytes
+
+from episode_operator.runtime.sandbox import JobPhase, JobSpec, JobState
+
+SUPERVISOR_DIR = "/episode-operator"
+SUPERVISOR_PATH = f"{SUPERVISOR_DIR}/supervisor.sh"
+
+#: Seconds between TERM and KILL when a job runs out of time or is killed (``timeout -k``).
+DEFAULT_KILL_AFTER_SEC = 5.0
+
+#: Above this many bytes of arguments a command sends them on stdin: exec arguments travel
+#: in the request URL, which API servers and proxies bound.
+ARGV_STDIN_THRESHOLD = 16 * 1024
+
+_PHASES: frozenset[str] = frozenset(get_args(JobPhase))
+_ID_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789._-")
+_NAME_START = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz_")
+_NAME_CHARS = _NAME_START | frozenset("0123456789")
+
+# The first exec into a pod: write the script from stdin (exactly N bytes, then atomically
+# into place, so a running job's shell keeps reading the old inode), then let the script
+# record the exec's working directory (the container's) and print the probe.
+_PLACEMENT = """\
+d=$1 n=$2 t=$1/.supervisor.sh.$$
+mkdir -p "$d/jobs" "$d/tmp" || { echo "placement: cannot create $d/jobs" >&2; exit 1; }
+head -c "$n" >"$t" || { echo "placement: cannot write $t" >&2; exit 1; }
+s=$(($(wc -c <"$t")))
+[ "$s" -eq "$n" ] || { rm -f "$t"; echo "placement: got $s of $n bytes" >&2; exit 1; }
+chmod 0755 "$t" && mv -f "$t" "$d/supervisor.sh" || { echo "placement: cannot install $d/supervisor.sh" >&2; exit 1; }
+exec sh "$d/supervisor.sh" place
+"""
+
+
+@dataclass(frozen=True)
+class Command:
+    """One exec: the argv to run and the bytes to send on its stdin (None: no stdin)."""
+
+    argv: list[str]
+    stdin: bytes | None = None
+
+
+def script_text() -> str:
+    """The supervisor script as shipped in the package (package-data ``**/*.sh``)."""
+    return resources.files("episode_operator.runtime").joinpath("supervisor.sh").read_text(encoding="utf-8")
+
+
+def placement(directory: str = SUPERVISOR_DIR) -> Command:
+    """The first exec: install the supervisor in ``directory`` and answer the probe.
+
+    Safe to repeat (an operator restart re-places it): the script is replaced atomically and
+    existing jobs are kept. The exec's working directory (the container's) is recorded as the
+    default ``cwd`` of jobs, per container (mount namespace) since the pod's containers share
+    the directory; a container never placed into falls back to the last placement's. Parse
+    the answer with :func:`parse_probe`.
+    """
+    script = script_text().encode("utf-8")
+    return Command(["sh", "-c", _PLACEMENT, "sh", directory, str(len(script))], stdin=script)
+
+
+def start(spec: JobSpec, *, wait_sec: float = 0.0, kill_after_sec: float = DEFAULT_KILL_AFTER_SEC) -> Command:
+    """Start ``spec`` unless its id exists; answers the job's state (parse with :func:`parse_state`).
+
+    ``wait_sec`` > 0 waits that long for the job in the same exec, saving a round trip for
+    short jobs. A non-finite ``spec.timeout_sec`` means no bound.
+    """
+    _check_id(spec.id)
+    args = ["start", spec.id]
+    if math.isfinite(spec.timeout_sec):
+        if spec.timeout_sec <= 0:
+            raise ValueError(f"job {spec.id}: timeout_sec must be positive, got {spec.timeout_sec}")
+        args += ["--timeout", _seconds(spec.timeout_sec, "timeout_sec")]
+    args += ["--kill-after", _seconds(kill_after_sec, "kill_after_sec")]
+    args += ["--shell", spec.shell]
+    if spec.user is not None:
+        user = str(spec.user)
+        if not user or ":" in user or "\n" in user or (isinstance(spec.user, int) and spec.user < 0):
+            raise ValueError(f"job {spec.id}: invalid user {spec.user!r}")
+        args += ["--user", user]
+    if spec.cwd is not None:
+        args += ["--cwd", spec.cwd]
+    if spec.output is not None:
+        args += ["--output", spec.output]
+    for name, value in spec.env.items():
+        if not name or name[0] not in _NAME_START or not set(name) <= _NAME_CHARS or name.startswith("_EO_"):
+            raise ValueError(f"job {spec.id}: invalid environment variable name {name!r} (_EO_* is reserved)")
+        args += ["--env", f"{name}={value}"]
+    if wait_sec > 0:
+        args += ["--wait", _seconds(wait_sec, "wait_sec")]
+    args += ["--", spec.command]
+    return _command(args)
+
+
+def wait(job_id: str, max_wait_sec: float) -> Command:
+    """A bounded long poll: the state once the job is done or after ``max_wait_sec``.
+
+    The exec lasts up to ``max_wait_sec`` plus a little: give its transport more time.
+    """
+    _check_id(job_id)
+    return _command(["wait", job_id, _seconds(max_wait_sec, "max_wait_sec")])
+
+
+def status(job_id: str) -> Command:
+    """The job's state now."""
+    _check_id(job_id)
+    return _command(["status", job_id])
+
+
+def kill(job_id: str) -> Command:
+    """TERM the job's process group, KILL it after the job's kill-after delay; answers the state.
+
+    The exec lasts up to the job's kill-after delay plus about three seconds.
+    """
+    _check_id(job_id)
+    return _command(["kill", job_id])
+
+
+def output(job_id: str, limit: int) -> Command:
+    """The last ``limit`` bytes of the job's output file (raw stdout of the exec)."""
+    _check_id(job_id)
+    if limit < 0:
+        raise ValueError(f"output limit must be >= 0, got {limit}")
+    return _command(["output", job_id, str(limit)])
+
+
+def probe() -> Command:
+    """Facts about the container: working directory, user, available tools (see :func:`parse_probe`)."""
+    return _command(["probe"])
+
+
+def upload(archive: bytes, destination: str) -> Command:
+    """Extract the tar ``archive`` into ``destination`` as root.
+
+    Modes are kept, files are owned by root, files of the same name are replaced, nothing is
+    removed and directories that exist keep their owner and mode.
+    """
+    _check_arg(destination, "destination")
+    if not destination:
+        raise ValueError("upload destination must not be empty")
+    return Command(["sh", SUPERVISOR_PATH, "upload", destination, str(len(archive))], stdin=archive)
+
+
+def download(paths: Sequence[str], exclude: Sequence[str] = ()) -> Command:
+    """A tar of the absolute ``paths`` on stdout, member names relative to ``/``.
+
+    Paths that do not exist are left out (no paths: an empty archive). ``exclude`` patterns
+    are tar's ``--exclude`` (GNU semantics; busybox tar cannot exclude and fails). The exit
+    status must be checked: a failure can come after part of the archive was written.
+    """
+    args = ["download"]
+    for pattern in exclude:
+        args += ["--exclude", pattern]
+    args.append("--")
+    for path in paths:
+        if not path.startswith("/"):
+            raise ValueError(f"download paths must be absolute, got {path!r}")
+        args.append(path)
+    return _command(args)
+
+
+def read_files(paths: Sequence[str]) -> Command:
+    """The contents of small files, framed (see :func:`parse_files`)."""
+    return _command(["read", "--", *paths])
+
+
+def clear(paths: Sequence[str]) -> Command:
+    """Reset grading paths before a turn.
+
+    A directory is emptied (dotfiles too) and kept with mode 0777; a file or symlink is
+    deleted; a path ending in ``/`` must be a directory: whatever else is there is removed
+    and a missing one is created with mode 0777. Other missing paths are ignored.
+    """
+    for path in paths:
+        if not path.strip("/"):
+            raise ValueError(f"refusing to clear {path!r}")
+    return _command(["clear", "--", *paths])
+
+
+def chown_workdir(user: str | int, directory: str | None = None) -> Command:
+    """Make ``user`` (name or uid) own ``directory`` itself, not its content.
+
+    ``directory`` None is the working directory recorded at placement; a missing directory
+    is created. Fails (exit 1) for a user name without a passwd entry; uids always work.
+    """
+    name = str(user)
+    if not name or (isinstance(user, int) and user < 0):
+        raise ValueError(f"invalid user {user!r}")
+    return _command(["chown-workdir", name, directory or ""])
+
+
+def parse_state(job_id: str, stdout: bytes) -> JobState:
+    """Read the one-line state the supervisor prints after start, wait, status and kill.
+
+    Unknown keys are ignored (a newer script may say more); anything that is not a state of
+    ``job_id`` raises ValueError, since acting on a misread state could re-run or lose a turn.
+    """
+    text = stdout.decode("utf-8", errors="replace")
+    lines = [line for line in text.splitlines() if line.startswith("id=")]
+    if not lines:
+        raise ValueError(f"no job state in supervisor answer for {job_id}: {_excerpt(stdout)}")
+    fields: dict[str, str] = {}
+    for token in lines[-1].split():
+        key, sep, value = token.partition("=")
+        if not sep or not key:
+            raise ValueError(f"malformed field {token!r} in supervisor answer for {job_id}: {_excerpt(stdout)}")
+        fields[key] = value
+    if fields.get("id") != job_id:
+        raise ValueError(f"supervisor answered for job {fields.get('id')!r}, not {job_id!r}")
+    phase = fields.get("phase", "")
+    if phase not in _PHASES:
+        raise ValueError(f"unknown phase {phase!r} in supervisor answer for {job_id}")
+    try:
+        exit_code = int(fields["exit_code"]) if "exit_code" in fields else None
+        started_at = float(fields["started_at"]) if "started_at" in fields else None
+        finished_at = float(fields["finished_at"]) if "finished_at" in fields else None
+    except ValueError as error:
+        raise ValueError(f"malformed number in supervisor answer for {job_id}: {error}") from None
+    timed_out = fields.get("timed_out", "0")
+    if timed_out not in ("0", "1"):
+        raise ValueError(f"malformed timed_out {timed_out!r} in supervisor answer for {job_id}")
+    reason = _decode(fields["reason"]) if "reason" in fields else None
+    return JobState(
+        id=job_id,
+        phase=cast(JobPhase, phase),  # checked against JobPhase above
+        exit_code=exit_code,
+        timed_out=timed_out == "1",
+        reason=reason,
+        started_at=started_at,
+        finished_at=finished_at,
+    )
+
+
+def parse_probe(stdout: bytes) -> dict[str, str]:
+    """Read ``key=value`` lines (values percent-encoded) into a dict of decoded values.
+
+    Keys: ``version``, ``workdir``, ``user``, ``uid``, ``has_<tool>`` (0/1) for bash,
+    timeout, tar, gzip, find, setsid, runuser, setpriv, su, head; ``tar`` (gnu, busybox,
+    other or empty), ``can_switch_user`` and ``can_switch_uid`` (0/1: whether jobs can run
+    as a named user / as a uid without a passwd entry).
+    """
+    facts: dict[str, str] = {}
+    for line in stdout.decode("utf-8", errors="replace").splitlines():
+        if not line.strip():
+            continue
+        key, sep, value = line.partition("=")
+        if not sep or not key:
+            raise ValueError(f"malformed probe line {line!r}")
+        facts[key] = _decode(value)
+    if "workdir" not in facts:
+        raise ValueError(f"probe answer without a workdir: {_excerpt(stdout)}")
+    return facts
+
+
+def parse_files(stdout: bytes, paths: Sequence[str]) -> dict[str, bytes | None]:
+    """Read the answer of :func:`read_files`: per path, its bytes, or None if not a readable file.
+
+    Framing: for each requested path in order, a header line ``<length> <percent-encoded
+    path>`` (length -1: no such regular file), then exactly ``length`` raw bytes.
+    """
+    result: dict[str, bytes | None] = {}
+    pos = 0
+    for path in paths:
+        end = stdout.find(b"\n", pos)
+        if end < 0:
+            raise ValueError(f"read answer ends before the header of {path!r}")
+        header = stdout[pos:end].decode("ascii", errors="replace")
+        length_text, sep, encoded = header.partition(" ")
+        try:
+            length = int(length_text)
+        except ValueError:
+            raise ValueError(f"malformed read header {header!r}") from None
+        if not sep or unquote_to_bytes(encoded) != path.encode("utf-8") or length < -1:
+            raise ValueError(f"read header {header!r} does not frame {path!r}")
+        pos = end + 1
+        if length < 0:
+            result[path] = None
+            continue
+        if pos + length > len(stdout):
+            raise ValueError(f"read answer is short of the {length} bytes of {path!r}")
+        result[path] = stdout[pos : pos + length]
+        pos += length
+    if pos != len(stdout):
+        raise ValueError(f"{len(stdout) - pos} unexpected bytes after the read answer")
+    return result
+
+
+def _command(args: list[str]) -> Command:
+    """``sh SUPERVISOR_PATH *args``, or the args on stdin when too long for an exec URL."""
+    for arg in args:
+        _check_arg(arg, "argument")
+    encoded = [arg.encode("utf-8") for arg in args]
+    if sum(len(arg) for arg in encoded) <= ARGV_STDIN_THRESHOLD:
+        return Command(["sh", SUPERVISOR_PATH, *args])
+    payload = b" ".join(str(len(arg)).encode() for arg in encoded) + b"\n" + b"".join(encoded)
+    return Command(["sh", SUPERVISOR_PATH, "--argv-stdin", str(len(payload))], stdin=payload)
+
+
+def _check_id(job_id: str) -> None:
+    """Job ids name directories and appear unquoted in state lines: keep them plain."""
+    if not job_id or job_id.startswith(".") or len(job_id) > 200 or not set(job_id) <= _ID_CHARS:
+        raise ValueError(f"invalid job id {job_id!r}: want 1-200 of [A-Za-z0-9._-], not starting with a dot")
+
+
+def _check_arg(value: str, what: str) -> None:
+    """An argv entry cannot hold a NUL byte (C strings end there)."""
+    if "\0" in value:
+        raise ValueError(f"{what} contains a NUL character: {value[:80]!r}")
+
+
+def _seconds(value: float, what: str) -> str:
+    """A duration as the script reads it: plain decimal digits, no exponent, no sign."""
+    if not math.isfinite(value) or value < 0:
+        raise ValueError(f"{what} must be a finite number >= 0, got {value}")
+    text = f"{value:.3f}".rstrip("0").rstrip(".")
+    return text or "0"
+
+
+def _decode(value: str) -> str:
+    """Undo the script's percent-encoding (bytes are UTF-8; invalid sequences replaced)."""
+    return unquote_to_bytes(value).decode("utf-8", errors="replace")
+
+
+def _excerpt(stdout: bytes, limit: int = 200) -> str:
+    """A short printable piece of a bad answer, for error messages."""
+    return repr(stdout[:limit]) + ("…" if len(stdout) > limit else "")
+
+
+__all__ = [
+    "ARGV_STDIN_THRESHOLD",
+    "DEFAULT_KILL_AFTER_SEC",
+    "SUPERVISOR_DIR",
+    "SUPERVISOR_PATH",
+    "Command",
+    "chown_workdir",
+    "clear",
+    "download",
+    "kill",
+    "output",
+    "parse_files",
+    "parse_probe",
+    "parse_state",
+    "placement",
+    "probe",
+    "read_files",
+    "script_text",
+    "start",
+    "status",
+    "upload",
+    "wait",
+]

@@ -1,0 +1,866 @@
+#!/bin/sh
+# episode-operator in-pod job supervisor.
+#
+# The operator never holds an exec stream for the lifetime of a command. It places this
+# script in the pod (/episode-operator/supervisor.sh, an emptyDir shared by the pod's
+# containers) and runs every command as a *job*: one short exec starts it detached, bounded
+# long-poll execs wait for it, and its exit code is written atomically to a file. Starting a
+# job whose id exists only reports its state, so a restarted operator or a dropped websocket
+# never runs a command twice and never loses an exit code. supervisor.py builds the argv of
+# every verb and parses every answer; see its docstring for the protocol.
+#
+# Portability: POSIX sh only (dash, busybox ash). Tools: coreutils or busybox; util-linux
+# (setsid, setpriv, runuser) and GNU tar are used when present.
+#
+# Layout, relative to this script's directory:
+#   workdir           the working directory of the last placement's exec (the container's)
+#   workdir.<mntns>   the same per container (mount namespace): jobs default to it
+#   tmp/              scratch files of the verbs
+#   jobs/<id>/        one job: created, command, shell, cwd, output_path, output, timeout, kill_after,
+#                     user, env/<NAME>, runner, grouped, jobpid, started_at, timed_out,
+#                     finished_at, and exactly one of exit | unstartable | lost once done.
+#
+# Exit status of a verb: 0 done (a job's own failure is reported in its state, not here),
+# 1 the operation failed, 2 the call was malformed; the message is one line on stderr.
+
+SUPERVISOR_VERSION=1
+SELF=$0
+case $SELF in /*) ;; *) SELF=$PWD/$SELF ;; esac
+BASE=${SELF%/*}
+JOBS=$BASE/jobs
+TMPD=$BASE/tmp
+NL='
+'
+
+# ---------------------------------------------------------------------------- helpers
+
+# One line on stderr, then exit (1: failed, 2: malformed call).
+die() {
+    printf 'supervisor: %s\n' "$(printf '%s' "$1" | tr '\n\r' '  ')" >&2
+    exit "${2:-1}"
+}
+
+usage() { die "usage: $1" 2; }
+
+# Percent-encode $1 (bytes outside [A-Za-z0-9,-./:_~] become %XX), without a newline.
+pct() {
+    [ -n "$1" ] || return 0
+    printf '%s' "$1" | od -An -v -tx1 | while read -r _pl; do
+        for _ph in $_pl; do
+            case $_ph in
+                3[0-9] | 4[1-9a-f] | 5[0-9a] | 6[1-9a-f] | 7[0-9a] | 2[c-f] | 3a | 5f | 7e)
+                    _pv=$((0x$_ph))
+                    # shellcheck disable=SC2059 # an octal escape built from a checked byte
+                    printf "\\$((_pv / 64))$((_pv / 8 % 8))$((_pv % 8))"
+                    ;;
+                *) printf '%%%s' "$_ph" ;;
+            esac
+        done
+    done
+}
+
+# Epoch seconds, with a fraction where date supports %N (GNU), whole seconds otherwise.
+now() {
+    _nt=$(date +%s.%N 2>/dev/null)
+    case $_nt in '' | *[!0-9.]*) _nt=$(date +%s) ;; esac
+    printf '%s' "$_nt"
+}
+
+# Write $2 to file $1 atomically (a reader sees the old file, no file, or all of $2).
+put() {
+    printf '%s' "$2" >"$1.tmp.$$" && mv -f "$1.tmp.$$" "$1"
+}
+
+# The exact content of file $1 (trailing newlines kept) into $_got; status 1 if unreadable.
+get() {
+    _got=$(cat "$1" 2>/dev/null && echo x) || { _got=; return 1; }
+    _got=${_got%x}
+}
+
+# A non-negative decimal number: digits, optionally a dot and digits.
+is_num() {
+    case $1 in '' | .* | *. | *[!0-9.]* | *.*.*) return 1 ;; esac
+}
+
+# Integer part of decimal $1 without leading zeros (sh arithmetic reads 08 as octal).
+int_part() {
+    _ip=${1%%.*}
+    _ip=${_ip#"${_ip%%[!0]*}"}
+    printf '%s' "${_ip:-0}"
+}
+
+# Decimal $1 rounded up to whole seconds.
+ceil() {
+    _ci=$(int_part "$1")
+    case $1 in *.*[1-9]*) _ci=$((_ci + 1)) ;; esac
+    printf '%s' "$_ci"
+}
+
+# Decimal $1 in hundredths of a second (truncated).
+hundredths() {
+    _ti=$(int_part "$1")
+    _tf=
+    case $1 in *.*) _tf=${1#*.}00 ;; *) _tf=00 ;; esac
+    _tf=${_tf%"${_tf#??}"}
+    _tf=${_tf#0}
+    printf '%s' $((_ti * 100 + _tf))
+}
+
+# Does `sleep` take fractions (GNU, busybox: yes; strict POSIX: no)? Answer cached.
+FRAC_SLEEP=
+frac_sleep() {
+    if [ -z "$FRAC_SLEEP" ]; then
+        if sleep 0.01 2>/dev/null; then FRAC_SLEEP=1; else FRAC_SLEEP=0; fi
+    fi
+    [ "$FRAC_SLEEP" = 1 ]
+}
+
+# Sleep $1 seconds (rounded up where sleep takes no fractions).
+nap() {
+    if frac_sleep; then sleep "$1"; else sleep "$(ceil "$1")"; fi
+}
+
+has() { command -v "$1" >/dev/null 2>&1; }
+
+check_id() {
+    case $1 in '' | .* | *[!A-Za-z0-9._-]*) die "invalid job id (want [A-Za-z0-9._-]+, not starting with a dot): $1" 2 ;; esac
+    [ ${#1} -le 200 ] || die "job id longer than 200 characters" 2
+}
+
+# This container's mount namespace as digits ("" if unknown): containers of a pod share this
+# directory, so placement records the working directory per container too.
+mnt_ns() {
+    _mn=$(readlink /proc/self/ns/mnt 2>/dev/null)
+    _mn=${_mn#*\[}
+    _mn=${_mn%]}
+    case $_mn in '' | *[!0-9]*) ;; *) printf '%s' "$_mn" ;; esac
+}
+
+# The working directory recorded at placement in this container, else at the last
+# placement, else /.
+default_workdir() {
+    _mn=$(mnt_ns)
+    for _wf in ${_mn:+"$BASE/workdir.$_mn"} "$BASE/workdir"; do
+        if [ -f "$_wf" ] && get "$_wf" && [ -n "$_got" ]; then
+            printf '%s' "$_got"
+            return 0
+        fi
+    done
+    printf '/'
+}
+
+# Look a user up by name or uid: sets PW_NAME PW_UID PW_GID PW_HOME; status 1 if absent.
+pw_lookup() {
+    PW_NAME='' PW_UID='' PW_GID='' PW_HOME=''
+    _pe=
+    if has getent; then
+        _pe=$(getent passwd "$1" 2>/dev/null)
+        _pe=${_pe%%"$NL"*}
+    fi
+    if [ -z "$_pe" ] && [ -r /etc/passwd ]; then
+        while IFS= read -r _pline || [ -n "$_pline" ]; do
+            _pn=${_pline%%:*}
+            _pr=${_pline#*:}
+            _pr=${_pr#*:}
+            _pu=${_pr%%:*}
+            if [ "$_pn" = "$1" ] || [ "$_pu" = "$1" ]; then
+                _pe=$_pline
+                break
+            fi
+        done </etc/passwd
+    fi
+    [ -n "$_pe" ] || return 1
+    PW_NAME=${_pe%%:*}
+    _pr=${_pe#*:}
+    _pr=${_pr#*:}
+    PW_UID=${_pr%%:*}
+    _pr=${_pr#*:}
+    PW_GID=${_pr%%:*}
+    _pr=${_pr#*:}
+    _pr=${_pr#*:}
+    PW_HOME=${_pr%%:*}
+    return 0
+}
+
+# util-linux setpriv (busybox's cannot change uids).
+setpriv_switches() {
+    has setpriv || return 1
+    case $(setpriv --help 2>&1) in *--reuid*) return 0 ;; esac
+    return 1
+}
+
+# Which tar: gnu, busybox or other ("" when absent).
+tar_flavor() {
+    has tar || return 0
+    case $(tar --version 2>&1) in
+        *'GNU tar'*) printf gnu ;;
+        *BusyBox*) printf busybox ;;
+        *) case $(tar --help 2>&1) in *BusyBox*) printf busybox ;; *) printf other ;; esac ;;
+    esac
+}
+
+# ------------------------------------------------------------------------- job state
+
+# A job is done once exactly one of exit, unstartable, lost exists.
+is_done() {
+    [ -f "$1/exit" ] || [ -f "$1/unstartable" ] || [ -f "$1/lost" ]
+}
+
+# Kill target of a job: -PGID when it has its own process group, else its pid.
+job_target() {
+    get "$1/jobpid" || return 1
+    _jt=${_got%%[!0-9]*}
+    [ -n "$_jt" ] || return 1
+    if [ -f "$1/grouped" ]; then printf '%s' "-$_jt"; else printf '%s' "$_jt"; fi
+}
+
+# Is the runner recorded in job dir $1 alive? Status 1 only when sure it is gone: it ran in
+# this pid namespace (the same container incarnation) and /proc shows no such process (a
+# zombie or a reused pid counts as gone). From another container we cannot tell: alive.
+runner_alive() {
+    [ -r /proc/self/stat ] || return 0
+    get "$1/runner" || return 0
+    # shellcheck disable=SC2086 # fields: pid starttime pidns
+    set -- $_got
+    [ $# -ge 3 ] || return 0
+    _rpid=$1 _rstart=$2 _rns=$3
+    _ns=$(readlink /proc/self/ns/pid 2>/dev/null) || return 0
+    [ "$_ns" = "$_rns" ] || return 0
+    _st=$(cat "/proc/$_rpid/stat" 2>/dev/null) || return 1
+    # shellcheck disable=SC2086 # fields after "pid (comm) ": state is 1st, starttime 20th
+    set -- ${_st##*) }
+    [ $# -ge 20 ] || return 1
+    [ "$1" != Z ] && [ "${20}" = "$_rstart" ]
+}
+
+# Record a job whose runner vanished (killed, e.g. by an agent's `kill -9 -1`) or was never
+# launched as lost, killing whatever is left of it: it must not run on unbounded.
+check_lost() {
+    is_done "$1" && return 0
+    if [ -f "$1/runner" ]; then
+        runner_alive "$1" && return 0
+        _why='lost: the supervising process died without recording an exit code'
+    elif [ -f "$1/created" ] && get "$1/created"; then
+        _age=$(($(int_part "$(date +%s)") - $(int_part "$_got")))
+        [ "$_age" -gt 60 ] || return 0
+        _why='lost: the job was never launched'
+    else
+        return 0
+    fi
+    is_done "$1" && return 0
+    if _tg=$(job_target "$1"); then kill -KILL "$_tg" 2>/dev/null; fi
+    [ -f "$1/finished_at" ] || put "$1/finished_at" "$(now)"
+    put "$1/lost" "$_why"
+}
+
+# The one-line state of job $1.
+print_state() {
+    _d=$JOBS/$1
+    if [ ! -d "$_d" ]; then
+        printf 'id=%s phase=unknown\n' "$1"
+        return 0
+    fi
+    check_lost "$_d"
+    _line="id=$1"
+    _reason=
+    _tmo=0
+    [ -f "$_d/timed_out" ] && _tmo=1
+    if [ -f "$_d/exit" ]; then
+        get "$_d/exit"
+        _code=${_got%%[!0-9]*}
+        _line="$_line phase=exited exit_code=${_code:-255} timed_out=$_tmo"
+    elif [ -f "$_d/unstartable" ]; then
+        get "$_d/unstartable"
+        _reason=$_got
+        _line="$_line phase=unstartable"
+    elif [ -f "$_d/lost" ]; then
+        get "$_d/lost"
+        _reason=$_got
+        _line="$_line phase=exited timed_out=$_tmo"
+    else
+        _line="$_line phase=running timed_out=$_tmo"
+    fi
+    if get "$_d/started_at" && is_num "$_got"; then _line="$_line started_at=$_got"; fi
+    if get "$_d/finished_at" && is_num "$_got"; then _line="$_line finished_at=$_got"; fi
+    if [ -n "$_reason" ]; then
+        printf '%s reason=%s\n' "$_line" "$(pct "$_reason")"
+    else
+        printf '%s\n' "$_line"
+    fi
+}
+
+# Poll job $1 for up to $2 seconds: every 0.05 s for the first half second (short jobs are
+# common), every 0.1 s up to 1.5 s, then every 0.2 s.
+wait_done() {
+    _wd=$JOBS/$1
+    _left=$(hundredths "$2")
+    _round=0
+    while [ -d "$_wd" ] && ! is_done "$_wd" && [ "$_left" -gt 0 ]; do
+        if ! frac_sleep; then
+            _step=100
+        elif [ "$_round" -lt 10 ]; then
+            _step=5
+        elif [ "$_round" -lt 20 ]; then
+            _step=10
+        else
+            _step=20
+        fi
+        [ "$_step" -le "$_left" ] || _step=$_left
+        nap "$((_step / 100)).$((_step / 10 % 10))$((_step % 10))"
+        _left=$((_left - _step))
+        _round=$((_round + 1))
+        [ $((_round % 10)) -eq 0 ] && check_lost "$_wd"
+    done
+}
+
+# ------------------------------------------------------------------------------ verbs
+
+# Parse the options of `start` (all of "$@"); with $_write_env = 1, also write env/<NAME>.
+start_opts() {
+    _user='' _timeout='' _kill_after=5 _cwd='' _output='' _shell=bash _wait=0 _cmd=''
+    _opt=
+    _ncmd=-1
+    for _a in "$@"; do
+        if [ "$_ncmd" -ge 0 ]; then
+            _cmd=$_a
+            _ncmd=$((_ncmd + 1))
+            continue
+        fi
+        if [ -z "$_opt" ]; then
+            case $_a in
+                --) _ncmd=0 ;;
+                --user | --timeout | --kill-after | --cwd | --output | --shell | --env | --wait) _opt=$_a ;;
+                *) usage "start: unknown option: $_a" ;;
+            esac
+            continue
+        fi
+        case $_opt in
+            --user)
+                case $_a in '' | *:* | *"$NL"*) usage "start: invalid user: $_a" ;; esac
+                _user=$_a
+                ;;
+            --timeout) is_num "$_a" || usage "start: --timeout wants seconds: $_a"; _timeout=$_a ;;
+            --kill-after) is_num "$_a" || usage "start: --kill-after wants seconds: $_a"; _kill_after=$_a ;;
+            --cwd) _cwd=$_a ;;
+            --output) _output=$_a ;;
+            --shell) case $_a in bash | sh) _shell=$_a ;; *) usage "start: --shell wants bash or sh: $_a" ;; esac ;;
+            --env)
+                case $_a in *=*) ;; *) usage "start: --env wants NAME=VALUE: $_a" ;; esac
+                case ${_a%%=*} in '' | [0-9]* | *[!A-Za-z0-9_]* | _EO_*) usage "start: invalid variable name: ${_a%%=*}" ;; esac
+                if [ "$_write_env" = 1 ]; then
+                    put "$_d/env/${_a%%=*}" "${_a#*=}" || die "start: cannot record the environment in $_d"
+                fi
+                ;;
+            --wait) is_num "$_a" || usage "start: --wait wants seconds: $_a"; _wait=$_a ;;
+        esac
+        _opt=
+    done
+    [ -z "$_opt" ] || usage "start: $_opt needs a value"
+    [ "$_ncmd" -eq 1 ] || usage 'start ID [OPTIONS] -- COMMAND (exactly one command argument)'
+}
+
+cmd_start() {
+    [ $# -ge 1 ] || usage 'start ID [OPTIONS] -- COMMAND'
+    _id=$1
+    shift
+    check_id "$_id"
+    _write_env=0
+    start_opts "$@"
+    _d=$JOBS/$_id
+    mkdir -p "$JOBS" 2>/dev/null
+    if mkdir "$_d" 2>/dev/null; then
+        put "$_d/created" "$(now)" || die "start: cannot write in $_d"
+        _wdir=$(default_workdir)
+        case $_cwd in
+            '') _cwd=$_wdir ;;
+            /*) ;;
+            *) _cwd=${_wdir%/}/$_cwd ;;
+        esac
+        case $_output in
+            '') _output=$_d/output ;;
+            /*) ;;
+            *) _output=${_cwd%/}/$_output ;;
+        esac
+        { put "$_d/command" "$_cmd" &&
+            put "$_d/shell" "$_shell" &&
+            put "$_d/cwd" "$_cwd" &&
+            put "$_d/output_path" "$_output" &&
+            put "$_d/kill_after" "$_kill_after" &&
+            { [ -z "$_timeout" ] || put "$_d/timeout" "$_timeout"; } &&
+            { [ -z "$_user" ] || put "$_d/user" "$_user"; } &&
+            (umask 077 && mkdir "$_d/env"); } || die "start: cannot record the job in $_d"
+        _write_env=1
+        start_opts "$@"
+        launch_runner "$_id"
+    elif [ ! -d "$_d" ]; then
+        die "start: cannot create $_d"
+    fi
+    [ "$_wait" = 0 ] || wait_done "$_id" "$_wait"
+    print_state "$_id"
+}
+
+# Start the runner of job $1 detached: its own session, stdio away from the exec's streams
+# (an exec ends only when every holder of its stdout has closed it).
+launch_runner() {
+    _log=$JOBS/$1/supervisor.log
+    if has setsid && case $(setsid --help 2>&1) in *--fork*) true ;; *) false ;; esac; then
+        # Not `&`: a non-interactive shell's background commands ignore SIGINT and SIGQUIT,
+        # and a job must see them as docker exec would.
+        setsid -f sh "$SELF" _run "$1" fg </dev/null >>"$_log" 2>&1
+    elif has setsid; then
+        setsid sh "$SELF" _run "$1" bg </dev/null >>"$_log" 2>&1 &
+    else
+        sh "$SELF" _run "$1" bg </dev/null >>"$_log" 2>&1 &
+    fi
+}
+
+# The runner: one per job, alive for the job's main process. $2: fg|bg (how it was started).
+cmd_run() {
+    _id=$1
+    _how=${2:-fg}
+    _d=$JOBS/$_id
+    [ -d "$_d" ] || exit 1
+    _stat=$(cat /proc/$$/stat 2>/dev/null)
+    # shellcheck disable=SC2086
+    [ -n "$_stat" ] && set -- ${_stat##*) } && put "$_d/runner" "$$ ${20} $(readlink /proc/self/ns/pid 2>/dev/null)"
+    [ -f "$_d/runner" ] || put "$_d/runner" "$$"
+
+    get "$_d/command"; _cmd=$_got
+    get "$_d/shell"; _shell=$_got
+    get "$_d/cwd"; _cwd=$_got
+    get "$_d/output_path"; _out=$_got
+    get "$_d/kill_after"; _ka=$_got
+    _timeout=
+    [ -f "$_d/timeout" ] && get "$_d/timeout" && _timeout=$_got
+    _user=
+    [ -f "$_d/user" ] && get "$_d/user" && _user=$_got
+
+    # Every program the job's launch runs is resolved now: the job's environment (its PATH,
+    # IFS, ...) is applied only in the subshells that exec it, never in the runner.
+    _sp=$(command -v "$_shell" 2>/dev/null)
+    case $_sp in /*) ;; *) unstartable "shell not found: $_shell" ;; esac
+    _EO_CAT=$(command -v cat)
+    _shbin=$(command -v sh)
+
+    # How to become the user. Every tool here keeps the environment it is given.
+    _tool=none
+    if [ -n "$_user" ]; then
+        if pw_lookup "$_user"; then
+            :
+        else
+            case $_user in
+                *[!0-9]*) unstartable "no such user: $_user" ;;
+                *) PW_NAME='' PW_UID=$_user PW_GID=0 PW_HOME=/ ;; # as docker: gid 0, HOME /
+            esac
+        fi
+        if setpriv_switches; then
+            _tool=setpriv
+        elif [ -n "$PW_NAME" ] && has runuser; then
+            _tool=runuser
+        elif [ -n "$PW_NAME" ] && has su; then
+            _tool=su
+        elif [ -z "$PW_NAME" ]; then
+            unstartable "cannot switch to uid $_user (no passwd entry) without util-linux setpriv"
+        else
+            unstartable "cannot switch to user $_user: none of setpriv, runuser, su"
+        fi
+        _toolbin=$(command -v "$_tool")
+    fi
+    case $_tool in
+        none) set -- "$_sp" -c ;;
+        setpriv)
+            if [ -n "$PW_NAME" ]; then _groups=--init-groups; else _groups=--clear-groups; fi
+            set -- "$_toolbin" --reuid="$PW_UID" --regid="$PW_GID" "$_groups" -- "$_sp" -c
+            ;;
+        runuser) set -- "$_toolbin" -m -u "$PW_NAME" -- "$_sp" -c ;;
+        su)
+            # util-linux su -c runs the command in a new session, out of reach of a TERM
+            # to the job's process group; --session-command keeps it in ours.
+            _suc=-c
+            case $("$_toolbin" --help 2>&1) in *--session-command*) _suc=--session-command ;; esac
+            set -- "$_toolbin" -m -s "$_sp" "$PW_NAME" "$_suc"
+            ;;
+    esac
+
+    # Preflight as the job's user: the switch works, the shell runs, the directory is usable.
+    cd / || true
+    _perr=$_d/preflight.err
+    # shellcheck disable=SC2016 # expanded by the preflight shell
+    if ! (job_env && export EPISODE_OPERATOR_CWD="$_cwd" && exec "$@" 'cd "$EPISODE_OPERATOR_CWD"') \
+        </dev/null >"$_perr" 2>&1; then
+        get "$_perr"
+        _msg=${_got%%"$NL"*}
+        unstartable "cannot start ${_user:+as user $_user }in $_cwd: ${_msg:-the user switch or the shell failed}"
+    fi
+    cd "$_cwd" 2>/dev/null || unstartable "cannot enter $_cwd"
+    _odir=${_out%/*}
+    [ -z "$_odir" ] || mkdir -p "$_odir" 2>/dev/null
+    { : >>"$_out"; } 2>/dev/null || unstartable "cannot open the output file $_out"
+    [ -f "$_d/cancel" ] && unstartable "killed before it started"
+
+    # Job-control-less background shells ignore SIGINT/SIGQUIT; reset them where env can.
+    if [ "$_how" = bg ] && case $(env --help 2>&1) in *default-signal*) true ;; *) false ;; esac; then
+        set -- "$(command -v env)" --default-signal=INT,QUIT "$@"
+    fi
+    # The wrapper that records the job's pid (kept through exec); in its own session and
+    # process group when setsid exists, so that TERM and KILL reach all of the job.
+    # shellcheck disable=SC2016 # expanded by the wrapper shell
+    set -- "$_shbin" -c 'printf "%s\n" "$$" >"$0" && exec "$@"' "$_d/jobpid" "$@" "$_cmd"
+    if has setsid; then
+        set -- "$(command -v setsid)" "$@"
+        put "$_d/grouped" 1
+    fi
+
+    put "$_d/started_at" "$(now)"
+    [ -z "$_timeout" ] || watchdog </dev/null >/dev/null 2>&1 &
+    # The job runs in the foreground of the runner: a background command of a shell without
+    # job control would start with SIGINT and SIGQUIT ignored, unlike under docker exec.
+    (job_env && exec "$@") </dev/null >>"$_out" 2>&1
+    _rc=$?
+    # The watchdog sees `exit` and leaves; after a timeout it still owes the KILL to
+    # whatever ignored TERM.
+    put "$_d/finished_at" "$(now)"
+    put "$_d/exit" "$_rc"
+    exit 0
+}
+
+# In a subshell about to exec the job (or its preflight): export the job's environment, over
+# the runner's (the start exec's, the container's). Variables set from here on all start
+# with _EO_ (reserved), so that no job variable can clobber them.
+job_env() {
+    if [ -n "$_user" ]; then
+        export HOME="${PW_HOME:-/}"
+        if [ -n "$PW_NAME" ]; then
+            export USER="$PW_NAME" LOGNAME="$PW_NAME"
+        else
+            unset USER LOGNAME
+        fi
+    fi
+    for _EO_f in "$_d"/env/*; do
+        [ -f "$_EO_f" ] || continue
+        _EO_v=$("$_EO_CAT" "$_EO_f" && echo x) || return 1
+        export "${_EO_f##*/}=${_EO_v%x}"
+    done
+    return 0
+}
+
+# The bound of a job (in the runner, as a background subshell): TERM its process group at
+# the timeout, KILL it kill_after seconds later. It sleeps in steps of at most a second and
+# leaves once the job is done: a single long sleep would outlive a short job (killing it
+# from the runner races with starting it).
+watchdog() {
+    _left=$(hundredths "$_timeout")
+    while [ "$_left" -gt 0 ]; do
+        is_done "$_d" && exit 0
+        if [ "$_left" -ge 100 ]; then
+            sleep 1
+            _left=$((_left - 100))
+        else
+            nap "0.$((_left / 10))$((_left % 10))"
+            _left=0
+        fi
+    done
+    is_done "$_d" && exit 0
+    : >"$_d/timed_out"
+    # The job's pid is written by its wrapper: wait a little if it has not been yet.
+    _n=0
+    while ! _tg=$(job_target "$_d"); do
+        _n=$((_n + 1))
+        [ "$_n" -le 20 ] || exit 0
+        nap 0.1
+    done
+    kill -TERM "$_tg" 2>/dev/null
+    nap "$_ka"
+    kill -KILL "$_tg" 2>/dev/null
+    exit 0
+}
+
+# End the runner: the job cannot start, for reason $1.
+unstartable() {
+    put "$_d/finished_at" "$(now)"
+    put "$_d/unstartable" "$1"
+    exit 0
+}
+
+cmd_wait() {
+    [ $# -eq 2 ] || usage 'wait ID SECONDS'
+    check_id "$1"
+    is_num "$2" || usage "wait: SECONDS must be a number: $2"
+    wait_done "$1" "$2"
+    print_state "$1"
+}
+
+cmd_status() {
+    [ $# -eq 1 ] || usage 'status ID'
+    check_id "$1"
+    print_state "$1"
+}
+
+cmd_kill() {
+    [ $# -eq 1 ] || usage 'kill ID'
+    check_id "$1"
+    _d=$JOBS/$1
+    if [ -d "$_d" ] && ! is_done "$_d"; then
+        : >"$_d/cancel"
+        get "$_d/kill_after"
+        _ka=$_got
+        is_num "$_ka" || _ka=5
+        # A runner in its preflight writes the job's pid within moments, or sees `cancel`.
+        _n=0
+        while ! is_done "$_d" && ! job_target "$_d" >/dev/null && [ "$_n" -lt 20 ]; do
+            nap 0.1
+            _n=$((_n + 1))
+        done
+        if ! is_done "$_d" && _tg=$(job_target "$_d"); then
+            kill -TERM "$_tg" 2>/dev/null
+            wait_done "$1" "$_ka"
+            is_done "$_d" || kill -KILL "$_tg" 2>/dev/null
+        fi
+        wait_done "$1" 2
+    fi
+    print_state "$1"
+}
+
+cmd_output() {
+    [ $# -eq 2 ] || usage 'output ID BYTES'
+    check_id "$1"
+    case $2 in '' | *[!0-9]*) usage "output: BYTES must be a whole number: $2" ;; esac
+    [ -d "$JOBS/$1" ] || die "output: no such job: $1"
+    get "$JOBS/$1/output_path" || die "output: job $1 has no recorded output path"
+    [ -f "$_got" ] || return 0
+    [ "$2" -gt 0 ] || return 0
+    tail -c "$2" "$_got" || die "output: cannot read $_got"
+}
+
+cmd_probe() {
+    printf 'version=%s\n' "$SUPERVISOR_VERSION"
+    printf 'workdir=%s\n' "$(pct "$PWD")"
+    _uid=$(id -u 2>/dev/null)
+    if [ -z "$_uid" ]; then
+        while read -r _k _v _rest; do
+            [ "$_k" = Uid: ] && _uid=$_v && break
+        done </proc/self/status
+    fi
+    _un=$(id -un 2>/dev/null) || _un=$_uid
+    printf 'user=%s\nuid=%s\n' "$(pct "$_un")" "$_uid"
+    for _t in bash timeout tar gzip find setsid runuser setpriv su head; do
+        if has "$_t"; then printf 'has_%s=1\n' "$_t"; else printf 'has_%s=0\n' "$_t"; fi
+    done
+    printf 'tar=%s\n' "$(tar_flavor)"
+    # Which users jobs can become: named users (setpriv, runuser or su), bare uids (setpriv).
+    _sw=0 _swu=0
+    if setpriv_switches; then
+        _sw=1 _swu=1
+    elif has runuser || has su; then
+        _sw=1
+    fi
+    printf 'can_switch_user=%s\ncan_switch_uid=%s\n' "$_sw" "$_swu"
+}
+
+# Placement's second half: record the exec's working directory (the container's) for jobs.
+cmd_place() {
+    mkdir -p "$JOBS" "$TMPD" || die "place: cannot create $JOBS"
+    put "$BASE/workdir" "$PWD" || die "place: cannot write $BASE/workdir"
+    _mn=$(mnt_ns)
+    [ -z "$_mn" ] || put "$BASE/workdir.$_mn" "$PWD" || die "place: cannot write $BASE/workdir.$_mn"
+    cmd_probe
+}
+
+cmd_upload() {
+    [ $# -eq 2 ] || usage 'upload DEST BYTES'
+    _dest=$1
+    case $2 in '' | *[!0-9]*) usage "upload: BYTES must be a whole number: $2" ;; esac
+    [ -n "$_dest" ] || usage 'upload: empty DEST'
+    has tar || die 'upload: no tar in this container'
+    mkdir -p "$_dest" 2>/dev/null || die "upload: cannot create $_dest"
+    mkdir -p "$TMPD" || die "upload: cannot create $TMPD"
+    _tmp=$TMPD/upload.$$
+    trap 'rm -f "$_tmp" "$_tmp.dirs" "$_tmp.err"' EXIT
+    # Exactly BYTES: stdin of an exec cannot be half-closed, so reading to EOF would hang.
+    head -c "$2" >"$_tmp" || die 'upload: cannot read the archive from stdin'
+    _got=$(($(wc -c <"$_tmp")))
+    [ "$_got" -eq "$2" ] || die "upload: got $_got of $2 bytes"
+    if [ "$(tar_flavor)" = gnu ]; then
+        tar -x -p --no-same-owner --no-overwrite-dir -f "$_tmp" -C "$_dest" 2>"$_tmp.err" ||
+            die "upload: tar failed: $(cat "$_tmp.err")"
+        return 0
+    fi
+    # Other tars (busybox) reset existing directories to the archive's mode: note each
+    # existing directory the archive names, and give it back its mode and owner afterwards.
+    : >"$_tmp.dirs"
+    tar -tvf "$_tmp" 2>/dev/null | while read -r _perm _own _size _date _time _name; do
+        case $_perm in d*) ;; *) continue ;; esac
+        _name=${_name%/}
+        _p=${_dest%/}/$_name
+        if [ -d "$_p" ] && [ ! -L "$_p" ]; then
+            _meta=$(stat -c '%a %u %g' "$_p" 2>/dev/null) && printf '%s %s\n' "$_meta" "$_p"
+        fi
+    done >"$_tmp.dirs"
+    tar -x -o -f "$_tmp" -C "$_dest" 2>"$_tmp.err" || die "upload: tar failed: $(cat "$_tmp.err")"
+    while read -r _m _u _g _p; do
+        chown "$_u:$_g" "$_p" 2>/dev/null
+        chmod "$_m" "$_p" 2>/dev/null
+    done <"$_tmp.dirs"
+    return 0
+}
+
+cmd_download() {
+    _n=$#
+    _mode=opt
+    _nex=0
+    _nfound=0
+    _flavor=$(tar_flavor)
+    [ -n "$_flavor" ] || die 'download: no tar in this container'
+    for _a in "$@"; do
+        case $_mode in
+            opt)
+                case $_a in
+                    --exclude) _mode=excl ;;
+                    --) _mode=paths ;;
+                    *) usage 'download [--exclude PATTERN]... -- PATH...' ;;
+                esac
+                ;;
+            excl)
+                set -- "$@" "--exclude=$_a"
+                _nex=$((_nex + 1))
+                _mode=opt
+                ;;
+            paths)
+                case $_a in /*) ;; *) usage "download: not an absolute path: $_a" ;; esac
+                [ -e "$_a" ] || [ -L "$_a" ] || continue
+                _rel=${_a#"${_a%%[!/]*}"}
+                case $_rel in
+                    '') _rel=. ;;
+                    -*) if [ "$_flavor" = gnu ]; then _rel=--add-file=$_rel; else _rel=./$_rel; fi ;;
+                esac
+                set -- "$@" "$_rel"
+                _nfound=$((_nfound + 1))
+                ;;
+        esac
+    done
+    [ "$_mode" = paths ] || usage 'download [--exclude PATTERN]... -- PATH...'
+    shift "$_n"
+    if [ "$_nex" -gt 0 ] && [ "$_flavor" != gnu ]; then
+        case $(tar --help 2>&1) in *exclude*) ;; *) die "download: this tar ($_flavor) cannot exclude" ;; esac
+    fi
+    if [ "$_nfound" -eq 0 ]; then
+        # tar refuses to write an empty archive: the end-of-archive marker alone.
+        head -c 1024 /dev/zero
+        return 0
+    fi
+    if [ "$_flavor" = gnu ]; then
+        # Files that change or vanish while read (a running agent's logs) are not failures.
+        tar -c -f - -C / --ignore-failed-read --warning=no-file-changed --warning=no-file-removed \
+            --warning=no-file-shrank "$@"
+        _rc=$?
+        [ "$_rc" -le 1 ] || die "download: tar failed with status $_rc"
+    else
+        tar -c -f - -C / "$@" || die 'download: tar failed'
+    fi
+}
+
+cmd_read() {
+    [ "${1-}" = -- ] && shift
+    mkdir -p "$TMPD" || die "read: cannot create $TMPD"
+    _tmp=$TMPD/read.$$
+    trap 'rm -f "$_tmp"' EXIT
+    for _p in "$@"; do
+        # A copy, so the length in the header is that of the bytes that follow it.
+        if [ -f "$_p" ] && cat "$_p" >"$_tmp" 2>/dev/null; then
+            printf '%s %s\n' "$(($(wc -c <"$_tmp")))" "$(pct "$_p")"
+            cat "$_tmp" || die "read: cannot copy $_p"
+        else
+            printf '%s %s\n' -1 "$(pct "$_p")"
+        fi
+    done
+}
+
+# Remove everything in directory $1, dotfiles included.
+empty_dir() {
+    if has find; then
+        find "$1" -mindepth 1 -delete 2>/dev/null && return 0
+    fi
+    rm -rf -- "${1:?}"/* "$1"/.[!.]* "$1"/..?* 2>/dev/null
+    [ -z "$(ls -A -- "$1" 2>/dev/null)" ]
+}
+
+cmd_clear() {
+    [ "${1-}" = -- ] && shift
+    for _p in "$@"; do
+        _q=$_p
+        _dir=0
+        case $_p in */) _dir=1 ;; esac
+        while :; do case $_q in */) _q=${_q%/} ;; *) break ;; esac; done
+        [ -n "$_q" ] || die "clear: refusing to clear /"
+        if [ -L "$_q" ] || { [ -e "$_q" ] && [ ! -d "$_q" ]; }; then
+            rm -f -- "$_q" || die "clear: cannot remove $_q"
+            if [ "$_dir" = 1 ]; then
+                { mkdir -p -- "$_q" && chmod 0777 "$_q"; } || die "clear: cannot create $_q"
+            fi
+        elif [ -d "$_q" ]; then
+            empty_dir "$_q" || die "clear: cannot empty $_q"
+            chmod 0777 "$_q" || die "clear: cannot chmod $_q"
+        elif [ "$_dir" = 1 ]; then
+            { mkdir -p -- "$_q" && chmod 0777 "$_q"; } || die "clear: cannot create $_q"
+        fi
+    done
+}
+
+cmd_chown_workdir() {
+    [ $# -eq 2 ] || usage 'chown-workdir USER DIR'
+    _u=$1
+    _dir=$2
+    [ -n "$_dir" ] || _dir=$(default_workdir)
+    case $_u in
+        '') usage 'chown-workdir: empty USER' ;;
+        *[!0-9]*) pw_lookup "$_u" || die "chown-workdir: no such user: $_u" ;;
+    esac
+    mkdir -p -- "$_dir" 2>/dev/null || die "chown-workdir: cannot create $_dir"
+    _err=$(chown -- "$_u" "$_dir" 2>&1) || die "chown-workdir: $_err"
+}
+
+# Arguments too long for an exec URL come on stdin: a first line of decimal byte lengths,
+# then the arguments' bytes back to back.
+argv_from_stdin() {
+    case ${1-} in '' | *[!0-9]*) usage '--argv-stdin BYTES' ;; esac
+    mkdir -p "$TMPD" || die "cannot create $TMPD"
+    _af=$TMPD/argv.$$
+    head -c "$1" >"$_af" || die 'cannot read the arguments from stdin'
+    [ "$(($(wc -c <"$_af")))" -eq "$1" ] || { rm -f "$_af"; die 'short read of the arguments'; }
+    IFS= read -r _lens <"$_af"
+    _off=$((${#_lens} + 2))
+    set --
+    for _len in $_lens; do
+        case $_len in *[!0-9]*) rm -f "$_af"; die 'malformed argument lengths' 2 ;; esac
+        _v=$(tail -c +"$_off" "$_af" | head -c "$_len"; echo x)
+        set -- "$@" "${_v%x}"
+        _off=$((_off + _len))
+    done
+    rm -f "$_af"
+    main "$@"
+}
+
+main() {
+    [ $# -ge 1 ] || usage 'supervisor.sh VERB ...'
+    _verb=$1
+    shift
+    case $_verb in
+        start) cmd_start "$@" ;;
+        wait) cmd_wait "$@" ;;
+        status) cmd_status "$@" ;;
+        kill) cmd_kill "$@" ;;
+        output) cmd_output "$@" ;;
+        probe) cmd_probe "$@" ;;
+        place) cmd_place "$@" ;;
+        upload) cmd_upload "$@" ;;
+        download) cmd_download "$@" ;;
+        read) cmd_read "$@" ;;
+        clear) cmd_clear "$@" ;;
+        chown-workdir) cmd_chown_workdir "$@" ;;
+        _run) cmd_run "$@" ;;
+        --argv-stdin) argv_from_stdin "$@" ;;
+        *) usage "unknown verb: $_verb" ;;
+    esac
+}
+
+main "$@"

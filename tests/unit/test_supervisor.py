@@ -1,0 +1,717 @@
+"""The in-pod supervisor: the real script, run by real shells with real processes.
+
+Each test places ``supervisor.sh`` in a temporary directory (as the operator's first exec
+does in a pod) and runs the argv the builders of ``runtime.supervisor`` produce, with the
+pod path swapped for the temporary one. Two flavours of "container": ``host`` (dash as sh,
+coreutils, util-linux, GNU tar: a Debian image) and ``busybox`` (a PATH of busybox applets
+only: no bash, no util-linux setpriv/runuser/su, busybox tar, find and date). Every process
+a test starts is killed in its teardown.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+import shutil
+import signal
+import stat
+import subprocess
+import tarfile
+import tempfile
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Literal
+
+import pytest
+
+from episode_operator.runtime import supervisor
+from episode_operator.runtime.sandbox import JobSpec, JobState
+from episode_operator.runtime.supervisor import SUPERVISOR_PATH, Command
+
+HOST_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+BUSYBOX = shutil.which("busybox")
+NOBODY_UID = 65534
+
+
+@dataclass
+class Pod:
+    """A supervisor placed in ``base``, run as a container of one flavour would run it."""
+
+    base: Path
+    workdir: Path
+    path: str
+    flavour: Literal["host", "busybox"]
+    extra_pids: list[int] = field(default_factory=list)
+
+    @property
+    def shell(self) -> Literal["bash", "sh"]:
+        return "bash" if self.flavour == "host" else "sh"
+
+    def argv(self, command: Command) -> list[str]:
+        argv = list(command.argv)
+        if argv[:2] == ["sh", SUPERVISOR_PATH]:
+            argv[1] = str(self.base / "supervisor.sh")
+        return argv
+
+    def popen(self, command: Command, path: str | None = None) -> subprocess.Popen[bytes]:
+        return subprocess.Popen(
+            self.argv(command),
+            stdin=subprocess.PIPE if command.stdin is not None else subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            cwd=self.base.parent,  # not the recorded workdir: jobs must not inherit the exec's
+            env={"PATH": path or self.path, "HOME": "/root", "LC_ALL": "C.UTF-8"},
+        )
+
+    def run(self, command: Command, *, ok: bool = True, path: str | None = None) -> subprocess.CompletedProcess[bytes]:
+        process = self.popen(command, path)
+        stdout, stderr = process.communicate(command.stdin, timeout=30)
+        result = subprocess.CompletedProcess(process.args, process.returncode, stdout, stderr)
+        if ok:
+            assert result.returncode == 0, result.stderr.decode(errors="replace")
+        return result
+
+    def spec(self, job_id: str, command: str, **overrides: object) -> JobSpec:
+        base = JobSpec(id=job_id, command=command, timeout_sec=60, shell=self.shell)
+        return replace(base, **overrides)  # type: ignore[arg-type]
+
+    def start(self, spec: JobSpec, *, wait_sec: float = 0.0, kill_after_sec: float = 5.0) -> JobState:
+        command = supervisor.start(spec, wait_sec=wait_sec, kill_after_sec=kill_after_sec)
+        return supervisor.parse_state(spec.id, self.run(command).stdout)
+
+    def wait(self, job_id: str, seconds: float = 10) -> JobState:
+        state = supervisor.parse_state(job_id, self.run(supervisor.wait(job_id, seconds)).stdout)
+        assert state.done, f"{job_id} still {state.phase} after {seconds}s"
+        return state
+
+    def status(self, job_id: str) -> JobState:
+        return supervisor.parse_state(job_id, self.run(supervisor.status(job_id)).stdout)
+
+    def output(self, job_id: str, limit: int = 1 << 20) -> bytes:
+        return self.run(supervisor.output(job_id, limit)).stdout
+
+    def job_file(self, job_id: str, name: str) -> str:
+        return (self.base / "jobs" / job_id / name).read_text()
+
+    def cleanup(self) -> None:
+        """KILL every process group a job or runner made, and every pid a test recorded."""
+        jobs = self.base / "jobs"
+        targets: list[int] = []
+        for job in jobs.iterdir() if jobs.is_dir() else ():
+            for name in ("jobpid", "runner"):
+                text = (job / name).read_text().split() if (job / name).is_file() else []
+                if text and text[0].isdigit():
+                    targets += [-int(text[0]), int(text[0])]
+        targets += self.extra_pids
+        for target in targets:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(target, signal.SIGKILL)
+
+
+def _applet_dir(root: Path) -> str:
+    """A PATH that holds busybox's applets and nothing else."""
+    assert BUSYBOX
+    root.mkdir()
+    applets = subprocess.run([BUSYBOX, "--list"], capture_output=True, check=True, text=True).stdout.split()
+    for applet in applets:
+        (root / applet).symlink_to(BUSYBOX)
+    return str(root)
+
+
+@pytest.fixture(scope="session")
+def busybox_path(tmp_path_factory: pytest.TempPathFactory) -> str:
+    if BUSYBOX is None:
+        pytest.skip("busybox is not installed")
+    return _applet_dir(tmp_path_factory.mktemp("busybox") / "bin")
+
+
+# What the script and the tests' jobs run: a PATH of these stands for a Debian image.
+HOST_TOOLS = (  # noqa: SIM905 (a list literal would take forty lines)
+    "sh dash bash cat mv cp rm ln ls mkdir chmod chown touch stat readlink date sleep env id od tr head tail wc "
+    "seq grep cut printf true false pwd getent find tar gzip setsid setpriv runuser su timeout"
+).split()
+
+
+def _host_path_without(root: Path, *missing: str) -> str:
+    """The host's tools minus ``missing``: an image without them."""
+    root.mkdir()
+    for tool in HOST_TOOLS:
+        found = shutil.which(tool, path=HOST_PATH)
+        if tool not in missing and found:
+            (root / tool).symlink_to(found)
+    return str(root)
+
+
+@pytest.fixture(scope="session")
+def path_without_bash(tmp_path_factory: pytest.TempPathFactory) -> str:
+    return _host_path_without(tmp_path_factory.mktemp("nobash") / "bin", "bash", "rbash")
+
+
+def _make_pod(tmp_path: Path, flavour: Literal["host", "busybox"], path: str) -> Iterator[Pod]:
+    pod = Pod(base=tmp_path / "episode-operator", workdir=tmp_path / "work", path=path, flavour=flavour)
+    pod.workdir.mkdir()
+    placement = supervisor.placement(str(pod.base))
+    process = subprocess.run(
+        placement.argv,
+        input=placement.stdin,
+        capture_output=True,
+        cwd=pod.workdir,
+        env={"PATH": path},
+        timeout=30,
+    )
+    assert process.returncode == 0, process.stderr
+    facts = supervisor.parse_probe(process.stdout)
+    assert facts["workdir"] == str(pod.workdir)
+    try:
+        yield pod
+    finally:
+        pod.cleanup()
+
+
+@pytest.fixture(params=["host", "busybox"])
+def pod(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Pod]:
+    if request.param == "host":
+        yield from _make_pod(tmp_path, "host", HOST_PATH)
+    else:
+        yield from _make_pod(tmp_path, "busybox", request.getfixturevalue("busybox_path"))
+
+
+@pytest.fixture
+def host_pod(tmp_path: Path) -> Iterator[Pod]:
+    yield from _make_pod(tmp_path, "host", HOST_PATH)
+
+
+def _alive(pid: int) -> bool:
+    """Running and not a zombie."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+# ----------------------------------------------------------------------------------- jobs
+
+
+def test_start_wait_status_round_trip(pod: Pod) -> None:
+    ok = pod.start(pod.spec("ok", "echo out; echo err >&2"))
+    failing = pod.start(pod.spec("failing", "exit 7"))
+    assert ok.phase in ("running", "exited") and failing.id == "failing"
+    done = pod.wait("ok")
+    assert (done.phase, done.exit_code, done.timed_out, done.succeeded) == ("exited", 0, False, True)
+    assert done.started_at is not None and done.finished_at is not None and done.finished_at >= done.started_at
+    assert pod.wait("failing").exit_code == 7
+    assert pod.status("failing") == pod.wait("failing")
+    assert pod.output("ok") == b"out\nerr\n"
+    assert pod.status("never-started") == JobState(id="never-started", phase="unknown")
+
+
+def test_start_with_wait_answers_a_finished_job_in_one_exec(pod: Pod) -> None:
+    state = pod.start(pod.spec("quick", "exit 3"), wait_sec=10)
+    assert (state.phase, state.exit_code) == ("exited", 3)
+
+
+def test_wait_returns_running_after_its_bound(pod: Pod) -> None:
+    pod.start(pod.spec("slow", "sleep 30"))
+    began = time.monotonic()
+    state = supervisor.parse_state("slow", pod.run(supervisor.wait("slow", 0.3)).stdout)
+    assert state.phase == "running" and state.started_at is not None
+    assert time.monotonic() - began < 5
+
+
+def test_starting_an_existing_id_runs_nothing(pod: Pod, tmp_path: Path) -> None:
+    marker = tmp_path / "runs"
+    spec = pod.spec("once", f"echo run >> '{marker}'; sleep 0.3")
+    pod.start(spec)
+    again = pod.start(replace(spec, command=f"echo other >> '{marker}'"), wait_sec=10)
+    assert again.phase == "exited"
+    assert marker.read_text() == "run\n"
+
+
+def test_concurrent_starts_of_one_id_run_it_once(pod: Pod, tmp_path: Path) -> None:
+    marker = tmp_path / "runs"
+    command = supervisor.start(pod.spec("race", f"echo run >> '{marker}'"), wait_sec=10)
+    starters = [pod.popen(command) for _ in range(6)]
+    answers = [starter.communicate(timeout=30) for starter in starters]
+    assert all(starter.returncode == 0 for starter in starters), answers
+    states = [supervisor.parse_state("race", stdout) for stdout, _ in answers]
+    assert {state.phase for state in states} == {"exited"}
+    assert marker.read_text() == "run\n"
+
+
+def test_timeout_terms_the_group_then_kills_what_ignores_term(pod: Pod) -> None:
+    pod.start(pod.spec("polite", "sleep 30", timeout_sec=0.5), kill_after_sec=0.5)
+    pod.start(pod.spec("stubborn", "trap '' TERM; sleep 30; sleep 30", timeout_sec=0.5), kill_after_sec=0.5)
+    began = time.monotonic()
+    polite, stubborn = pod.wait("polite"), pod.wait("stubborn")
+    assert time.monotonic() - began < 8
+    assert (polite.timed_out, polite.exit_code) == (True, 128 + signal.SIGTERM)
+    assert (stubborn.timed_out, stubborn.exit_code) == (True, 128 + signal.SIGKILL)
+    assert not polite.succeeded
+
+
+def test_kill_terms_then_kills(pod: Pod) -> None:
+    pod.start(pod.spec("victim", "sleep 30"))
+    pod.start(pod.spec("stubborn", "trap '' TERM; sleep 30; sleep 30"), kill_after_sec=0.5)
+    time.sleep(0.3)  # let the stubborn job install its trap
+    began = time.monotonic()
+    victim = supervisor.parse_state("victim", pod.run(supervisor.kill("victim")).stdout)
+    stubborn = supervisor.parse_state("stubborn", pod.run(supervisor.kill("stubborn")).stdout)
+    assert time.monotonic() - began < 10
+    assert (victim.phase, victim.exit_code, victim.timed_out) == ("exited", 128 + signal.SIGTERM, False)
+    assert (stubborn.phase, stubborn.exit_code) == ("exited", 128 + signal.SIGKILL)
+    again = supervisor.parse_state("victim", pod.run(supervisor.kill("victim")).stdout)
+    assert again == victim
+    assert supervisor.parse_state("ghost", pod.run(supervisor.kill("ghost")).stdout).phase == "unknown"
+
+
+AWKWARD = {
+    "SPACES": "a  b   c",
+    "QUOTES": """it's "quoted" `ticks` \\ back""",
+    "DOLLAR": "$HOME ${PATH} $(echo no) $((1+1))",
+    "NEWLINES": "line1\nline2\n\n",
+    "UNICODE": "héllo wörld ✓ 日本",
+    "EMPTY": "",
+    "EQUALS": "a=b=c",
+    "GLOB": "* ? [a-z]",
+}
+
+
+def test_environment_values_arrive_intact(pod: Pod, tmp_path: Path) -> None:
+    dump = tmp_path / "env"
+    script = "; ".join(f"printf '%s' \"${name}\" > '{dump}.{name}'" for name in AWKWARD)
+    state = pod.start(pod.spec("env", script, env=AWKWARD), wait_sec=10)
+    assert state.succeeded, pod.output("env")
+    for name, value in AWKWARD.items():
+        assert Path(f"{dump}.{name}").read_text() == value, name
+
+
+def test_the_job_environment_cannot_disturb_the_runner(pod: Pod) -> None:
+    env = {"IFS": "s/-", "PATH": f"/opt/bin:{pod.path}", "CDPATH": "/", "_d": "x", "_got": "y", "HOME": "/h"}
+    command = 'printf "%s|%s|%s|%s" "$PATH" "$_d" "$_got" "$HOME"'  # shells reset IFS themselves
+    state = pod.start(pod.spec("hostile", command, env=env, timeout_sec=30), wait_sec=10)
+    assert state.succeeded and state.started_at and state.finished_at
+    assert pod.output("hostile") == f"/opt/bin:{pod.path}|x|y|/h".encode()
+    with pytest.raises(ValueError):
+        supervisor.start(pod.spec("reserved", "true", env={"_EO_CAT": "x"}))
+
+
+def test_arguments_too_long_for_a_url_travel_on_stdin(pod: Pod, tmp_path: Path) -> None:
+    big = "x$'\"\n" * 10_000
+    spec = pod.spec("big", f"printf '%s' \"$BIG\" > '{tmp_path / 'big'}'", env={"BIG": big})
+    assert supervisor.start(spec).stdin is not None
+    assert pod.start(spec, wait_sec=10).succeeded
+    assert (tmp_path / "big").read_text() == big
+
+
+def test_working_directory_defaults_to_the_one_recorded_at_placement(pod: Pod, tmp_path: Path) -> None:
+    other = tmp_path / "other dir"
+    other.mkdir()
+    assert pod.start(pod.spec("default", "pwd"), wait_sec=10).succeeded
+    assert pod.start(pod.spec("explicit", "pwd", cwd=str(other)), wait_sec=10).succeeded
+    assert pod.output("default") == f"{pod.workdir}\n".encode()
+    assert pod.output("explicit") == f"{other}\n".encode()
+    missing = pod.start(pod.spec("missing", "pwd", cwd=str(tmp_path / "nope")), wait_sec=10)
+    assert missing.phase == "unstartable" and missing.reason and "nope" in missing.reason
+
+
+def test_output_to_a_custom_path_and_its_tail(pod: Pod, tmp_path: Path) -> None:
+    log = tmp_path / "logs" / "agent" / "out.txt"
+    state = pod.start(pod.spec("custom", "seq 1 1000; echo oops >&2", output=str(log)), wait_sec=10)
+    assert state.succeeded
+    assert log.read_text().endswith("999\n1000\noops\n")
+    assert pod.output("custom", 9) == b"000\noops\n"
+    assert pod.output("custom", 0) == b""
+    assert pod.run(supervisor.output("ghost", 10), ok=False).returncode == 1
+
+
+def test_background_processes_outlive_the_job_without_holding_it(pod: Pod, tmp_path: Path) -> None:
+    pidfile = tmp_path / "sleeper"
+    began = time.monotonic()
+    state = pod.start(pod.spec("server", f"sleep 30 & echo $! > '{pidfile}'; echo started"), wait_sec=10)
+    assert state.phase == "exited" and state.exit_code == 0
+    assert time.monotonic() - began < 5
+    sleeper = int(pidfile.read_text())
+    pod.extra_pids.append(sleeper)
+    assert _alive(sleeper)
+    assert pod.status("server").phase == "exited"
+    assert _alive(sleeper)
+
+
+def test_missing_shell_is_unstartable(pod: Pod, path_without_bash: str) -> None:
+    spec = pod.spec("nobash", "echo hi", shell="bash")
+    path = pod.path if pod.flavour == "busybox" else path_without_bash
+    command = supervisor.start(spec, wait_sec=10)
+    began = time.monotonic()
+    state = supervisor.parse_state("nobash", pod.run(command, path=path).stdout)
+    assert time.monotonic() - began < 5
+    assert state.phase == "unstartable" and state.reason == "shell not found: bash"
+    assert state.exit_code is None and not state.succeeded
+
+
+def test_unknown_user_is_unstartable(pod: Pod) -> None:
+    state = pod.start(pod.spec("ghost", "id", user="no-such-user", cwd="/"), wait_sec=10)
+    assert (state.phase, state.reason) == ("unstartable", "no such user: no-such-user")
+
+
+def test_jobs_run_as_a_named_user_or_a_bare_uid(host_pod: Pod) -> None:
+    pod = host_pod
+    command = 'id -u; id -g; echo "$HOME"'
+    assert pod.start(pod.spec("nobody", command, user="nobody", cwd="/"), wait_sec=10).succeeded
+    assert pod.start(pod.spec("uid", command, user=12345, cwd="/"), wait_sec=10).succeeded
+    assert pod.output("nobody") == f"{NOBODY_UID}\n{NOBODY_UID}\n/nonexistent\n".encode()
+    assert pod.output("uid") == b"12345\n0\n/\n"
+
+
+@pytest.fixture
+def public_dir() -> Iterator[Path]:
+    """A directory other users can traverse (pytest's tmp_path is private to root)."""
+    directory = Path(tempfile.mkdtemp(prefix="supervisor-test-"))
+    directory.chmod(0o755)
+    try:
+        yield directory
+    finally:
+        shutil.rmtree(directory)
+
+
+@pytest.mark.parametrize("missing", [("setpriv",), ("setpriv", "runuser")], ids=["runuser", "su"])
+def test_users_are_switched_with_runuser_or_su_without_setpriv(
+    host_pod: Pod, public_dir: Path, missing: tuple[str, ...]
+) -> None:
+    path = _host_path_without(public_dir / "bin", *missing)
+    command = 'id -u; echo "$HOME $E"; cut -d" " -f5 /proc/self/stat'  # uid, env, process group
+    spec = host_pod.spec("named", command, user="nobody", cwd="/", env={"E": "e"})
+    named = host_pod.run(supervisor.start(spec, wait_sec=10), path=path)
+    assert supervisor.parse_state("named", named.stdout).succeeded, named.stdout
+    group = host_pod.job_file("named", "jobpid").strip()
+    assert host_pod.output("named") == f"{NOBODY_UID}\n/nonexistent e\n{group}\n".encode()
+    bare = host_pod.run(supervisor.start(host_pod.spec("bare", "id -u", user=12345, cwd="/"), wait_sec=10), path=path)
+    state = supervisor.parse_state("bare", bare.stdout)
+    assert state.phase == "unstartable" and state.reason and "setpriv" in state.reason
+
+
+def test_a_directory_the_user_cannot_enter_is_unstartable(host_pod: Pod, tmp_path: Path) -> None:
+    private = tmp_path / "private"
+    private.mkdir(mode=0o700)
+    state = host_pod.start(host_pod.spec("denied", "pwd", user="nobody", cwd=str(private)), wait_sec=10)
+    assert state.phase == "unstartable"
+    assert state.reason and state.reason.startswith(f"cannot start as user nobody in {private}")
+
+
+def test_users_cannot_be_switched_without_setpriv_runuser_or_su(busybox_path: str, tmp_path: Path) -> None:
+    for pod in _make_pod(tmp_path, "busybox", busybox_path):
+        named = pod.start(pod.spec("named", "id", user="nobody", cwd="/"), wait_sec=10)
+        bare = pod.start(pod.spec("bare", "id", user=12345, cwd="/"), wait_sec=10)
+        assert named.phase == bare.phase == "unstartable"
+        assert named.reason == "cannot switch to user nobody: none of setpriv, runuser, su"
+        assert bare.reason and "setpriv" in bare.reason
+
+
+def test_jobs_get_default_sigint_and_sigquit(host_pod: Pod) -> None:
+    """As under docker exec: a job-control-less shell's `&` would leave them ignored."""
+    state = host_pod.start(host_pod.spec("signals", "grep SigIgn /proc/self/status"), wait_sec=10)
+    assert state.succeeded
+    ignored = int(host_pod.output("signals").split()[-1], 16)
+    assert ignored & (1 << (signal.SIGINT - 1) | 1 << (signal.SIGQUIT - 1)) == 0
+
+
+def test_a_job_whose_runner_is_killed_is_reported_lost(host_pod: Pod) -> None:
+    pod = host_pod
+    pod.start(pod.spec("orphan", "sleep 30"))
+    for _ in range(50):
+        if (pod.base / "jobs" / "orphan" / "jobpid").is_file():
+            break
+        time.sleep(0.05)
+    runner = int(pod.job_file("orphan", "runner").split()[0])
+    job = int(pod.job_file("orphan", "jobpid"))
+    os.kill(runner, signal.SIGKILL)
+    time.sleep(0.1)
+    state = pod.status("orphan")
+    assert (state.phase, state.exit_code) == ("exited", None)
+    assert state.reason and state.reason.startswith("lost:")
+    time.sleep(0.1)
+    assert not _alive(job)
+
+
+def test_a_job_never_launched_is_reported_lost(host_pod: Pod) -> None:
+    """A start exec killed between creating the job and launching its runner."""
+    job = host_pod.base / "jobs" / "stillborn"
+    job.mkdir()
+    (job / "created").write_text(str(time.time() - 120))
+    state = host_pod.status("stillborn")
+    assert (state.phase, state.reason) == ("exited", "lost: the job was never launched")
+
+
+def _session_members(session: int) -> list[int]:
+    members = []
+    for entry in Path("/proc").iterdir():
+        try:
+            fields = (entry / "stat").read_text().rpartition(")")[2].split()
+        except (FileNotFoundError, NotADirectoryError, IsADirectoryError, ProcessLookupError):
+            continue
+        if fields[3] == str(session) and fields[0] != "Z":
+            members.append(int(entry.name))
+    return members
+
+
+def test_the_runner_and_its_watchdog_leave_with_the_job(host_pod: Pod) -> None:
+    assert host_pod.start(host_pod.spec("short", "true", timeout_sec=3600), wait_sec=10).succeeded
+    runner = int(host_pod.job_file("short", "runner").split()[0])
+    deadline = time.monotonic() + 5
+    while _session_members(runner) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert _session_members(runner) == []
+
+
+def test_each_container_keeps_its_own_working_directory(host_pod: Pod, tmp_path: Path) -> None:
+    """Containers share the supervisor's emptyDir; placement in another one must not move ours."""
+    if shutil.which("unshare") is None:
+        pytest.skip("no unshare")
+    sidecar = tmp_path / "sidecar"
+    sidecar.mkdir()
+    placement = supervisor.placement(str(host_pod.base))
+    other = subprocess.run(
+        ["unshare", "--mount", *placement.argv], input=placement.stdin, capture_output=True, cwd=sidecar, timeout=30
+    )
+    assert other.returncode == 0, other.stderr
+    assert (host_pod.base / "workdir").read_text() == str(sidecar)
+    assert host_pod.start(host_pod.spec("mine", "pwd"), wait_sec=10).succeeded
+    assert host_pod.output("mine") == f"{host_pod.workdir}\n".encode()
+
+
+def test_the_script_rejects_malformed_calls(pod: Pod) -> None:
+    script = str(pod.base / "supervisor.sh")
+    for argv in (["status", "../etc"], ["start", "x", "--", "a", "b"], ["start", "x", "--timeout", "soon", "--", "a"]):
+        result = subprocess.run(["sh", script, *argv], capture_output=True, env={"PATH": pod.path}, timeout=30)
+        assert result.returncode == 2, argv
+        assert result.stderr.count(b"\n") == 1 and result.stderr.startswith(b"supervisor: ")
+    assert not (pod.base / "jobs" / "x").exists()
+
+
+# ------------------------------------------------------------------------------- helpers
+
+
+def test_probe(pod: Pod) -> None:
+    facts = supervisor.parse_probe(pod.run(supervisor.probe()).stdout)
+    assert facts["workdir"] == str(pod.base.parent)
+    assert facts["uid"] == "0" and facts["user"] == "root"
+    expected_bash = "1" if pod.flavour == "host" else "0"
+    assert facts["has_bash"] == expected_bash and facts["has_head"] == "1" and facts["has_tar"] == "1"
+    assert facts["tar"] == ("gnu" if pod.flavour == "host" else "busybox")
+    assert facts["can_switch_uid"] == expected_bash
+
+
+def _tar(members: Sequence[tuple[str, int, bytes | None]]) -> bytes:
+    """A tar of (name, mode, content) members; None content is a directory. Owned by uid 1000."""
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w") as archive:
+        for name, mode, content in members:
+            info = tarfile.TarInfo(name)
+            info.mode, info.uid, info.gid, info.mtime = mode, 1000, 1000, 1_700_000_000
+            if content is None:
+                info.type = tarfile.DIRTYPE
+                archive.addfile(info)
+            else:
+                info.size = len(content)
+                archive.addfile(info, io.BytesIO(content))
+    return buffer.getvalue()
+
+
+def test_upload_extracts_as_root_keeping_modes_and_existing_directories(pod: Pod, tmp_path: Path) -> None:
+    dest = tmp_path / "dest"
+    (dest / "app").mkdir(parents=True)
+    os.chmod(dest / "app", 0o750)
+    os.chown(dest / "app", 12345, 12345)
+    (dest / "app" / "keep.txt").write_text("keep")
+    (dest / "app" / "replace.txt").write_text("old")
+    archive = _tar(
+        [
+            ("app", 0o755, None),
+            ("app/replace.txt", 0o644, b"new"),
+            ("app/tests", 0o755, None),
+            ("app/tests/nested", 0o755, None),
+            ("app/tests/nested/run.sh", 0o755, b"#!/bin/sh\n"),
+            ("app/tests/secret", 0o600, b"\x00\xffbinary"),
+        ]
+    )
+    pod.run(supervisor.upload(archive, str(dest)))
+    app = dest / "app"
+    assert (stat.S_IMODE(app.stat().st_mode), app.stat().st_uid, app.stat().st_gid) == (0o750, 12345, 12345)
+    assert (app / "keep.txt").read_text() == "keep"
+    assert (app / "replace.txt").read_text() == "new"
+    assert stat.S_IMODE((app / "tests/nested/run.sh").stat().st_mode) == 0o755
+    assert stat.S_IMODE((app / "tests/secret").stat().st_mode) == 0o600
+    assert (app / "tests/secret").read_bytes() == b"\x00\xffbinary"
+    assert (app / "tests/secret").stat().st_uid == 0
+
+
+def test_upload_creates_its_destination_and_rejects_short_input(pod: Pod, tmp_path: Path) -> None:
+    archive = _tar([("f", 0o644, b"x")])
+    pod.run(supervisor.upload(archive, str(tmp_path / "new" / "dir")))
+    assert (tmp_path / "new" / "dir" / "f").read_text() == "x"
+    short = Command(supervisor.upload(archive, str(tmp_path / "short")).argv, stdin=archive[:100])
+    result = pod.run(short, ok=False)
+    assert result.returncode == 1 and b"got 100 of" in result.stderr
+
+
+def _names(archive: bytes) -> set[str]:
+    with tarfile.open(fileobj=io.BytesIO(archive)) as opened:
+        return set(opened.getnames())
+
+
+def test_download_names_members_from_root_and_skips_missing_paths(pod: Pod, tmp_path: Path) -> None:
+    out = tmp_path / "app" / "out"
+    (out / "sub").mkdir(parents=True)
+    (out / "x").write_text("x")
+    (out / "sub" / "y.log").write_text("y")
+    (tmp_path / "single.txt").write_text("s")
+    rel = str(tmp_path).lstrip("/")
+    paths = [str(out), str(tmp_path / "single.txt"), str(tmp_path / "missing")]
+    names = _names(pod.run(supervisor.download(paths)).stdout)
+    tree = {f"{rel}/app/out", f"{rel}/app/out/x", f"{rel}/app/out/sub"}
+    assert names == tree | {f"{rel}/app/out/sub/y.log", f"{rel}/single.txt"}
+    assert _names(pod.run(supervisor.download([str(tmp_path / "missing")])).stdout) == set()
+    excluding = supervisor.download([str(out)], exclude=["*.log"])
+    if pod.flavour == "host":
+        assert _names(pod.run(excluding).stdout) == tree
+    else:
+        result = pod.run(excluding, ok=False)
+        assert result.returncode == 1 and b"cannot exclude" in result.stderr
+
+
+def test_read_frames_binary_empty_and_missing_files(pod: Pod, tmp_path: Path) -> None:
+    binary = tmp_path / "odd name\nwith ünïcode"
+    binary.write_bytes(b"\x00\n1 /fake header\n\xff" * 3)
+    empty = tmp_path / "empty"
+    empty.write_bytes(b"")
+    reward = tmp_path / "reward.txt"
+    reward.write_text("1\n")
+    paths = [str(binary), str(empty), str(tmp_path / "missing"), str(tmp_path), str(reward)]
+    files = supervisor.parse_files(pod.run(supervisor.read_files(paths)).stdout, paths)
+    assert files == {
+        str(binary): binary.read_bytes(),
+        str(empty): b"",
+        str(tmp_path / "missing"): None,
+        str(tmp_path): None,
+        str(reward): b"1\n",
+    }
+
+
+def test_clear(pod: Pod, tmp_path: Path) -> None:
+    logs = tmp_path / "logs"
+    (logs / "verifier" / "deep").mkdir(parents=True)
+    (logs / "verifier" / "reward.txt").write_text("1")
+    (logs / "verifier" / ".hidden").write_text("h")
+    (logs / "verifier" / "..dots").write_text("d")
+    (logs / "verifier" / "deep" / "f").write_text("f")
+    os.chmod(logs / "verifier", 0o700)
+    (logs / "file.txt").write_text("f")
+    target = tmp_path / "target"
+    target.mkdir()
+    (target / "precious").write_text("p")
+    (logs / "link").symlink_to(target)
+    (logs / "dirlink").symlink_to(target)
+    (logs / "notdir").write_text("n")
+    paths = [
+        f"{logs}/verifier",
+        f"{logs}/file.txt",
+        f"{logs}/link",
+        f"{logs}/dirlink/",
+        f"{logs}/notdir/",
+        f"{logs}/created/",
+        f"{logs}/ignored",
+    ]
+    pod.run(supervisor.clear(paths))
+    verifier = logs / "verifier"
+    assert list(verifier.iterdir()) == [] and stat.S_IMODE(verifier.stat().st_mode) == 0o777
+    assert not (logs / "file.txt").exists() and not (logs / "link").is_symlink()
+    for name in ("dirlink", "notdir", "created"):
+        made = logs / name
+        assert made.is_dir() and not made.is_symlink() and stat.S_IMODE(made.stat().st_mode) == 0o777, name
+        assert list(made.iterdir()) == []
+    assert not (logs / "ignored").exists()
+    assert (target / "precious").read_text() == "p"
+    with pytest.raises(ValueError):
+        supervisor.clear(["/"])
+
+
+def test_chown_workdir_is_not_recursive_and_needs_a_real_user(pod: Pod, tmp_path: Path) -> None:
+    workdir = tmp_path / "wd"
+    (workdir / "inner").mkdir(parents=True)
+    pod.run(supervisor.chown_workdir("nobody", str(workdir)))
+    assert workdir.stat().st_uid == NOBODY_UID and (workdir / "inner").stat().st_uid == 0
+    pod.run(supervisor.chown_workdir(12345, str(workdir)))
+    assert workdir.stat().st_uid == 12345
+    pod.run(supervisor.chown_workdir(4242))  # the workdir recorded at placement
+    assert pod.workdir.stat().st_uid == 4242
+    result = pod.run(supervisor.chown_workdir("no-such-user", str(workdir)), ok=False)
+    assert result.returncode == 1
+    assert result.stderr == b"supervisor: chown-workdir: no such user: no-such-user\n"
+    assert workdir.stat().st_uid == 12345
+
+
+# ---------------------------------------------------------------------------- pure Python
+
+
+@pytest.mark.parametrize(
+    "stdout",
+    [
+        b"",
+        b"hello\n",
+        b"id=job phase=bogus\n",
+        b"id=other phase=running\n",
+        b"id=job phase=exited exit_code=abc\n",
+        b"id=job phase=exited timed_out=maybe\n",
+        b"id=job phase=exited junk\n",
+        b"id=job\n",
+    ],
+)
+def test_parse_state_refuses_garbage(stdout: bytes) -> None:
+    with pytest.raises(ValueError):
+        supervisor.parse_state("job", stdout)
+
+
+def test_parse_state_reads_every_field_and_ignores_unknown_keys() -> None:
+    line = b"id=j phase=unstartable started_at=1.5 finished_at=2 future=x reason=no%20such%20user:%20%C3%BC\n"
+    assert supervisor.parse_state("j", line) == JobState(
+        id="j", phase="unstartable", reason="no such user: ü", started_at=1.5, finished_at=2.0
+    )
+    exited = supervisor.parse_state("j", b"id=j phase=exited exit_code=0 timed_out=1\n")
+    assert exited.timed_out and not exited.succeeded and exited.done
+
+
+def test_builders_refuse_what_the_script_could_not_carry() -> None:
+    spec = JobSpec(id="ok", command="true", timeout_sec=1)
+    for bad in (replace(spec, id="../x"), replace(spec, id=".hidden"), replace(spec, id="a b"), replace(spec, id="")):
+        with pytest.raises(ValueError):
+            supervisor.start(bad)
+    with pytest.raises(ValueError):
+        supervisor.start(replace(spec, env={"1BAD": "x"}))
+    with pytest.raises(ValueError):
+        supervisor.start(replace(spec, command="a\0b"))
+    with pytest.raises(ValueError):
+        supervisor.start(replace(spec, timeout_sec=0))
+    with pytest.raises(ValueError):
+        supervisor.download(["relative/path"])
+    unbounded = supervisor.start(replace(spec, timeout_sec=float("inf"))).argv
+    assert "--timeout" not in unbounded and unbounded[:3] == ["sh", SUPERVISOR_PATH, "start"]
+
+
+def test_values_are_separate_argv_entries() -> None:
+    spec = JobSpec(id="j", command="echo '$x' \"; rm -rf /\"", timeout_sec=1.25, cwd="/a b", env={"K": "v w"})
+    argv = supervisor.start(spec, wait_sec=2).argv
+    assert argv[-2:] == ["--", spec.command]
+    assert argv[argv.index("--timeout") : argv.index("--timeout") + 2] == ["--timeout", "1.25"]
+    assert "--cwd" in argv and "/a b" in argv and "K=v w" in argv
+
+
+def test_the_script_ships_with_the_package() -> None:
+    text = supervisor.script_text()
+    assert text.startswith("#!/bin/sh\n") and "cmd_start" in text
+    placement = supervisor.placement()
+    assert placement.stdin == text.encode() and placement.argv[4:] == [
+        supervisor.SUPERVISOR_DIR,
+        str(len(text.encode())),
+    ]
