@@ -1,1 +1,102 @@
-"""kopf handlers (the only module that imports kopf): filled in by the runtime issue."""
+"""kopf wiring, the only module that imports kopf: one daemon per active Episode.
+
+A daemon (not an ``on.create`` handler) drives each Episode because a turn may outlive
+any handler's call: kopf re-spawns daemons for every existing object when the operator
+starts, and the driver resumes from the Episode's status. Progress and diff-base live in
+annotations, so kopf never writes into the status the driver owns.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import kopf
+
+from episode_operator.api.models import GROUP, PLURAL, VERSION
+from episode_operator.kube.client import KubeClient, KubeError
+from episode_operator.kube.driver import DriverSettings, drive_episode, release_episode_pods
+from episode_operator.kube.status import EpisodeGone
+
+TERMINAL = ("Succeeded", "Failed")
+
+
+@dataclass(frozen=True)
+class OperatorOptions:
+    """What ``episode-operator run`` was started with."""
+
+    namespaces: tuple[str, ...] = ()
+    data_dir: Path = Path("/var/lib/episode-operator/data")
+    kubeconfig: str | None = None
+    pull_grace_sec: float = 120.0
+    poll_interval_sec: float = 30.0
+    liveness_endpoint: str | None = None
+    extra_pod_labels: dict[str, str] = field(default_factory=dict)
+
+
+@kopf.on.startup()
+async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
+    options: OperatorOptions = memo.options
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=GROUP)
+    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(prefix=GROUP)
+    settings.persistence.finalizer = f"{GROUP}/finalizer"
+    # Explicit watch timeouts: a silently stalled watch is kopf's best-known failure mode.
+    settings.watching.server_timeout = 120
+    settings.watching.client_timeout = 150
+    settings.watching.connect_timeout = 30
+    settings.posting.level = logging.WARNING
+    memo.client = await KubeClient.connect(options.kubeconfig)
+    memo.settings = DriverSettings(
+        data_dir=options.data_dir,
+        pull_grace_sec=options.pull_grace_sec,
+        poll_interval_sec=options.poll_interval_sec,
+        extra_pod_labels=options.extra_pod_labels,
+    )
+    options.data_dir.mkdir(parents=True, exist_ok=True)
+
+
+@kopf.on.cleanup()
+async def close(memo: kopf.Memo, **_: Any) -> None:
+    client: KubeClient | None = getattr(memo, "client", None)
+    if client is not None:
+        await client.close()
+
+
+def is_active(status: kopf.Status, **_: Any) -> bool:
+    """Only Episodes that have not finished get a driver."""
+    phase: Any = status.get("phase") if status else None
+    return phase not in TERMINAL
+
+
+@kopf.daemon(
+    GROUP, VERSION, PLURAL, when=is_active, cancellation_timeout=20.0, backoff=15.0, errors=kopf.ErrorsMode.TEMPORARY
+)
+async def drive(body: kopf.Body, memo: Any, logger: Any, stopped: kopf.DaemonStopped, **_: Any) -> None:
+    try:
+        await drive_episode(memo.client, body, memo.settings, logger)
+    except EpisodeGone:
+        return
+    except asyncio.CancelledError:
+        if stopped.reason is not None and stopped.reason & kopf.DaemonStoppingReason.RESOURCE_DELETED:
+            # Deleted mid-run: stop its jobs now rather than when garbage collection gets to them.
+            try:
+                await release_episode_pods(memo.client, body["metadata"]["namespace"], body["metadata"]["name"])
+            except KubeError as error:
+                logger.warning("could not delete the pods of a deleted episode: %s", error)
+        raise
+
+
+def run_operator(options: OperatorOptions) -> None:
+    """Run the operator until interrupted (``episode-operator run``)."""
+    kopf.configure(verbose=os.environ.get("EPISODE_OPERATOR_VERBOSE") == "1")
+    kopf.run(
+        clusterwide=not options.namespaces,
+        namespaces=list(options.namespaces),
+        standalone=True,
+        memo=kopf.Memo(options=options),
+        liveness_endpoint=options.liveness_endpoint,
+    )

@@ -227,3 +227,20 @@ class Episode(ApiModel):
     metadata: dict[str, Any] = Field(default_factory=dict)
     spec: EpisodeSpec
     status: EpisodeStatus | None = None
+
+
+def episode_manifest(
+    namespace: str,
+    spec: EpisodeSpec,
+    *,
+    name: str | None = None,
+    generate_name: str | None = None,
+    labels: dict[str, str] | None = None,
+) -> dict[str, Any]:
+    """An Episode object ready to create (``name`` or ``generate_name``)."""
+    metadata: dict[str, Any] = {"namespace": namespace, "labels": labels or {}}
+    if name:
+        metadata["name"] = name
+    else:
+        metadata["generateName"] = generate_name or "episode-"
+    return {"apiVersion": API_VERSION, "kind": KIND, "metadata": metadata, "spec": spec.to_api()}

@@ -14,6 +14,7 @@ from typing import Any
 
 import click
 
+from episode_operator.cli.episodes import register
 from episode_operator.taskfolder import Problem, TaskFiles, resolve_plan, validate_task
 from episode_operator.taskfolder.loader import Validation
 
@@ -102,6 +103,9 @@ def plan(path: str, as_json: bool, timeout_multiplier: float) -> None:
         click.echo(f"  {number}. {turn.name}: " + ", ".join(str(item) for item in details))
     for warning in resolved.warnings:
         click.echo(f"  warning: {warning}")
+
+
+register(cli)
 
 
 def main(argv: Sequence[str] | None = None) -> None:

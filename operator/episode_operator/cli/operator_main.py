@@ -1,11 +1,75 @@
-"""``episode-operator``: runs the operator (filled in by the runtime issue)."""
+"""``episode-operator``: run the operator."""
 
 from __future__ import annotations
 
-import sys
+import os
+from pathlib import Path
+
+import click
+
+from episode_operator.handlers import OperatorOptions, run_operator
 
 
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="episode-operator")
 def main() -> None:
-    """Entry point of the ``episode-operator`` console script."""
-    sys.stderr.write("episode-operator: the operator runtime is not part of this build yet\n")
-    sys.exit(2)
+    """The Episode operator."""
+
+
+@main.command()
+@click.option(
+    "-n",
+    "--namespace",
+    "namespaces",
+    multiple=True,
+    help="Watch this namespace (repeatable; globs like 'eval-*' work). Default: all namespaces.",
+)
+@click.option(
+    "--data-dir",
+    type=click.Path(path_type=Path),
+    default=lambda: os.environ.get("EPISODE_OPERATOR_DATA_DIR", "/var/lib/episode-operator/data"),
+    show_default="$EPISODE_OPERATOR_DATA_DIR or /var/lib/episode-operator/data",
+    help="Where episodes' logs and artifacts are kept.",
+)
+@click.option(
+    "--kubeconfig",
+    type=click.Path(exists=True, dir_okay=False),
+    default=None,
+    help="Kubeconfig to use outside a cluster (default: $KUBECONFIG).",
+)
+@click.option(
+    "--pull-grace",
+    "pull_grace_sec",
+    type=float,
+    default=120.0,
+    show_default=True,
+    help="Seconds an image may fail to pull before the attempt counts as an outage.",
+)
+@click.option(
+    "--poll-interval",
+    "poll_interval_sec",
+    type=float,
+    default=30.0,
+    show_default=True,
+    help="Longest single wait for a job (a bounded long poll).",
+)
+@click.option("--liveness", "liveness_endpoint", default=None, help="e.g. http://0.0.0.0:8080/healthz")
+def run(
+    namespaces: tuple[str, ...],
+    data_dir: Path,
+    kubeconfig: str | None,
+    pull_grace_sec: float,
+    poll_interval_sec: float,
+    liveness_endpoint: str | None,
+) -> None:
+    """Run the operator until interrupted."""
+    run_operator(
+        OperatorOptions(
+            namespaces=namespaces,
+            data_dir=data_dir,
+            kubeconfig=kubeconfig,
+            pull_grace_sec=pull_grace_sec,
+            poll_interval_sec=poll_interval_sec,
+            liveness_endpoint=liveness_endpoint,
+        )
+    )

@@ -473,10 +473,10 @@ class EpisodeRunner:
                     ),
                 )
                 await self._save_job_log(sandbox, turn.name, f"collect-{number}", state.id, container=service)
-            for position, entry in enumerate(turn.artifacts):
+            for entry in turn.artifacts:
                 if entry.service != service:
                     continue
-                status, kind = await self._collect_artifact(sandbox, attempt, turn, position, entry, claimed)
+                status, kind = await self._collect_artifact(sandbox, attempt, turn, len(manifest), entry, claimed)
                 manifest.append(
                     {
                         "source": entry.source,
@@ -627,13 +627,15 @@ class EpisodeRunner:
         self._progress()
         self._condition("Running", "False", outcome, message)
         self._condition("Complete" if success else "Failed", "True", outcome, message)
-        await self._publish()
+        # The terminal status comes last: it ends the driver (the operator stops watching the
+        # episode), and a restart before it is published only repeats this ending.
+        await self._release_all(keep=self.config.keep_pods_on_failure and not success)
         await self.sink.event(
             "EpisodeFinished",
             f"{outcome}: {message}" + (f" ({failure_kind})" if failure_kind else ""),
             warning=not success,
         )
-        await self._release_all(keep=self.config.keep_pods_on_failure and not success)
+        await self._publish()
 
     async def _after_outage(self, outage: Outage) -> None:
         attempt = self._attempt

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+import tarfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -26,7 +27,9 @@ class EpisodeStore(Protocol):
 
     async def save_log(self, attempt: int, turn: str, name: str, data: bytes) -> None: ...
 
-    async def save_artifact(self, attempt: int, turn: str, index: int, archive: bytes) -> None: ...
+    async def save_artifact(self, attempt: int, turn: str, index: int, archive: bytes) -> None:
+        """Archive ``index`` of a turn: the tar of manifest entry ``index``."""
+        ...
 
     async def save_manifest(self, attempt: int, turn: str, manifest: list[dict[str, Any]]) -> None: ...
 
@@ -73,3 +76,80 @@ class FileStore:
 def episode_store_root(data_dir: Path, namespace: str, name: str, uid: str) -> Path:
     """The folder of one Episode in the operator's data directory."""
     return data_dir / safe(namespace) / safe(name) / safe(uid)
+
+
+@dataclass(frozen=True)
+class StoredLog:
+    attempt: int
+    turn: str
+    name: str
+    path: Path
+
+
+def stored_logs(root: Path, *, turn: str | None = None, attempt: int | None = None) -> list[StoredLog]:
+    """The logs kept for one Episode, oldest attempt first, turns in run order."""
+    logs: list[StoredLog] = []
+    for attempt_dir in sorted(root.glob("attempt-*"), key=lambda path: int(path.name.split("-")[1])):
+        number = int(attempt_dir.name.split("-")[1])
+        if attempt is not None and number != attempt:
+            continue
+        for turn_dir in sorted(attempt_dir.iterdir()):
+            if turn is not None and turn_dir.name != safe(turn):
+                continue
+            for log in sorted((turn_dir / "logs").glob("*.txt"), key=lambda path: path.stat().st_mtime_ns):
+                logs.append(StoredLog(number, turn_dir.name, log.stem, log))
+    return logs
+
+
+def latest_attempt(root: Path) -> int | None:
+    numbers = [int(path.name.split("-")[1]) for path in root.glob("attempt-*")]
+    return max(numbers) if numbers else None
+
+
+def export_artifacts(root: Path, destination: Path, *, attempt: int | None = None) -> list[Path]:
+    """Unpack the latest attempt's artifacts as ``<destination>/<turn>/<artifact destination>/…``.
+
+    Each turn also gets its ``manifest.json``. Archives come from a sandbox an agent
+    controlled, so they are unpacked with the ``data`` filter: no absolute paths, no
+    ``..``, no links leaving the folder, no device files.
+    """
+    number = attempt if attempt is not None else latest_attempt(root)
+    written: list[Path] = []
+    if number is None:
+        return written
+    for turn_dir in sorted((root / f"attempt-{number}").iterdir()):
+        artifacts = turn_dir / "artifacts"
+        manifest_path = artifacts / MANIFEST
+        if not manifest_path.is_file():
+            continue
+        target = destination / turn_dir.name
+        target.mkdir(parents=True, exist_ok=True)
+        (target / MANIFEST).write_bytes(manifest_path.read_bytes())
+        written.append(target / MANIFEST)
+        manifest = json.loads(manifest_path.read_text())
+        # Archive N holds manifest entry N (collection order).
+        for archive_path in sorted(artifacts.glob("*.tar")):
+            position = int(archive_path.stem)
+            if position < len(manifest):
+                entry = manifest[position]
+                written += _unpack_renamed(archive_path, entry["source"], entry["destination"], target)
+    return written
+
+
+def _unpack_renamed(archive_path: Path, source: str, destination: str, target: Path) -> list[Path]:
+    prefix = source.strip("/")
+    written: list[Path] = []
+    with tarfile.open(archive_path) as archive:
+        members = []
+        for member in archive.getmembers():
+            name = member.name.rstrip("/")
+            if name == prefix:
+                member.name = destination
+            elif name.startswith(prefix + "/"):
+                member.name = destination.rstrip("/") + name[len(prefix) :]
+            else:
+                continue
+            members.append(member)
+        archive.extractall(target, members=members, filter="data")
+        written += [target / member.name for member in members if member.isfile()]
+    return written

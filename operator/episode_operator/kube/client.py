@@ -1,0 +1,296 @@
+"""The one gateway to the Kubernetes API: configuration, typed errors and exec.
+
+Everything the operator does to the cluster goes through :class:`KubeClient`, built on
+``kubernetes_asyncio`` so hundreds of episodes share one event loop without a thread per
+exec. API errors are mapped once here (404 → :class:`NotFound`, 409 → :class:`Conflict`);
+callers never see the client library's exception types.
+
+Exec speaks the websocket v4 protocol a 1.20 API server offers. It cannot half-close
+stdin, so commands given ``stdin`` must read exactly its length (the supervisor's verbs
+do, with ``head -c``). Transport failures are retried with backoff: every command the
+operator sends is idempotent (jobs are started by id), so a retry never runs work twice.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+from kubernetes_asyncio import client as k8s
+from kubernetes_asyncio import config as k8s_config
+from kubernetes_asyncio.client.exceptions import ApiException
+from kubernetes_asyncio.stream import WsApiClient
+from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt, wait_exponential
+
+from episode_operator.api.models import GROUP, PLURAL, VERSION
+
+STDIN, STDOUT, STDERR, ERROR = 0, 1, 2, 3
+FRAME = 256 * 1024
+
+
+class KubeError(Exception):
+    """An API call failed; ``status`` is the HTTP status (0 for transport failures)."""
+
+    def __init__(self, message: str, *, status: int = 0) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+class NotFound(KubeError):
+    pass
+
+
+class Conflict(KubeError):
+    pass
+
+
+class ExecTransportError(KubeError):
+    """The exec websocket failed (could not connect, dropped, timed out)."""
+
+
+@dataclass(frozen=True)
+class ExecResult:
+    exit_code: int
+    stdout: bytes
+    stderr: bytes
+
+
+def _api_error(error: ApiException, what: str) -> KubeError:
+    reason = error.reason
+    try:
+        body = json.loads(error.body or "{}")
+        reason = body.get("message") or reason
+    except (ValueError, TypeError):
+        pass
+    message = f"{what}: {reason}"
+    if error.status == 404:
+        return NotFound(message, status=404)
+    if error.status == 409:
+        return Conflict(message, status=409)
+    return KubeError(message, status=error.status or 0)
+
+
+class KubeClient:
+    """Typed access to the few resources the operator uses."""
+
+    def __init__(self, api: k8s.ApiClient, ws_api: WsApiClient) -> None:
+        self.api = api
+        self.ws_api = ws_api
+        # Typed as Any: the generated client accepts plain dicts and lists where its hints
+        # name model classes, and this module is the only one that touches it.
+        self.core: Any = k8s.CoreV1Api(api)
+        self.custom: Any = k8s.CustomObjectsApi(api)
+        self.core_ws: Any = k8s.CoreV1Api(ws_api)
+
+    @classmethod
+    async def connect(cls, kubeconfig: str | None = None) -> KubeClient:
+        """In-cluster configuration inside a pod, else ``kubeconfig`` or ``$KUBECONFIG``."""
+        configuration = k8s.Configuration()
+        if os.environ.get("KUBERNETES_SERVICE_HOST") and kubeconfig is None and not os.environ.get("KUBECONFIG"):
+            k8s_config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
+        else:
+            path = kubeconfig or os.environ.get("KUBECONFIG") or str(Path.home() / ".kube" / "config")
+            await k8s_config.load_kube_config(config_file=path, client_configuration=configuration)
+        return cls(k8s.ApiClient(configuration), WsApiClient(configuration))
+
+    async def close(self) -> None:
+        await self.api.close()
+        await self.ws_api.close()
+
+    # Episodes ----------------------------------------------------------------------------
+    async def get_episode(self, namespace: str, name: str) -> dict[str, Any]:
+        try:
+            result: dict[str, Any] = await self.custom.get_namespaced_custom_object(
+                GROUP, VERSION, namespace, PLURAL, name
+            )
+            return result
+        except ApiException as error:
+            raise _api_error(error, f"episode {namespace}/{name}") from error
+
+    async def replace_episode_status(self, namespace: str, name: str, status: dict[str, Any]) -> None:
+        """Write the whole status (a JSON patch ``add /status`` replaces it, lists and maps included)."""
+        try:
+            await self.custom.patch_namespaced_custom_object_status(
+                GROUP,
+                VERSION,
+                namespace,
+                PLURAL,
+                name,
+                [{"op": "add", "path": "/status", "value": status}],
+                _content_type="application/json-patch+json",
+            )
+        except ApiException as error:
+            raise _api_error(error, f"status of episode {namespace}/{name}") from error
+
+    async def create_episode(self, manifest: dict[str, Any]) -> dict[str, Any]:
+        namespace = manifest["metadata"]["namespace"]
+        try:
+            created: dict[str, Any] = await self.custom.create_namespaced_custom_object(
+                GROUP, VERSION, namespace, PLURAL, manifest
+            )
+            return created
+        except ApiException as error:
+            raise _api_error(error, f"episode in {namespace}") from error
+
+    async def list_episodes(self, namespace: str | None, selector: str | None = None) -> list[dict[str, Any]]:
+        try:
+            if namespace is None:
+                result = await self.custom.list_cluster_custom_object(GROUP, VERSION, PLURAL, label_selector=selector)
+            else:
+                result = await self.custom.list_namespaced_custom_object(
+                    GROUP, VERSION, namespace, PLURAL, label_selector=selector
+                )
+        except ApiException as error:
+            raise _api_error(error, "episodes") from error
+        return list(result.get("items", []))
+
+    # ConfigMaps, events --------------------------------------------------------------------
+    async def apply_config_map(self, manifest: dict[str, Any]) -> None:
+        """Create a ConfigMap, or leave it: packed tasks are content-addressed, so one that exists is the same."""
+        namespace = manifest["metadata"]["namespace"]
+        try:
+            await self.core.create_namespaced_config_map(namespace, manifest)
+        except ApiException as error:
+            if error.status != 409:
+                raise _api_error(error, f"configmap {namespace}/{manifest['metadata']['name']}") from error
+
+    async def get_config_map(self, namespace: str, name: str) -> Any:
+        try:
+            return await self.core.read_namespaced_config_map(name, namespace)
+        except ApiException as error:
+            raise _api_error(error, f"configmap {namespace}/{name}") from error
+
+    async def create_event(self, namespace: str, event: dict[str, Any]) -> None:
+        try:
+            await self.core.create_namespaced_event(namespace, event)
+        except ApiException as error:
+            raise _api_error(error, "event") from error
+
+    # Pods ---------------------------------------------------------------------------------
+    async def create_pod(self, namespace: str, manifest: dict[str, Any]) -> None:
+        try:
+            await self.core.create_namespaced_pod(namespace, manifest)
+        except ApiException as error:
+            raise _api_error(error, f"pod {namespace}/{manifest['metadata']['name']}") from error
+
+    async def read_pod(self, namespace: str, name: str) -> Any:
+        try:
+            return await self.core.read_namespaced_pod(name, namespace)
+        except ApiException as error:
+            raise _api_error(error, f"pod {namespace}/{name}") from error
+
+    async def delete_pod(self, namespace: str, name: str, *, grace_seconds: int = 1) -> None:
+        """Delete a pod; a pod that is already gone is fine."""
+        try:
+            await self.core.delete_namespaced_pod(name, namespace, grace_period_seconds=grace_seconds)
+        except ApiException as error:
+            if error.status != 404:
+                raise _api_error(error, f"pod {namespace}/{name}") from error
+
+    async def list_pods(self, namespace: str, selector: str) -> list[Any]:
+        try:
+            pods = await self.core.list_namespaced_pod(namespace, label_selector=selector)
+        except ApiException as error:
+            raise _api_error(error, f"pods {selector} in {namespace}") from error
+        return list(pods.items)
+
+    # Exec ---------------------------------------------------------------------------------
+    async def exec(
+        self,
+        namespace: str,
+        pod: str,
+        container: str,
+        argv: Sequence[str],
+        *,
+        stdin: bytes | None = None,
+        timeout_sec: float = 60.0,
+        attempts: int = 4,
+    ) -> ExecResult:
+        """Run ``argv`` in a container and return its exit code and output.
+
+        Transport failures are retried (``attempts`` in all); a missing pod is
+        :class:`NotFound` at once.
+        """
+        retrying = AsyncRetrying(
+            stop=stop_after_attempt(attempts),
+            wait=wait_exponential(multiplier=0.2, max=3.0),
+            retry=retry_if_exception_type(ExecTransportError),
+            reraise=True,
+        )
+        async for attempt in retrying:
+            with attempt:
+                return await self._exec_once(namespace, pod, container, argv, stdin, timeout_sec)
+        raise AssertionError("unreachable")
+
+    async def _exec_once(
+        self, namespace: str, pod: str, container: str, argv: Sequence[str], stdin: bytes | None, timeout_sec: float
+    ) -> ExecResult:
+        stdout, stderr = bytearray(), bytearray()
+        status: dict[str, Any] | None = None
+        try:
+            async with asyncio.timeout(timeout_sec):
+                connection = await self.core_ws.connect_get_namespaced_pod_exec(
+                    pod,
+                    namespace,
+                    command=list(argv),
+                    container=container,
+                    stdin=stdin is not None,
+                    stdout=True,
+                    stderr=True,
+                    tty=False,
+                    _preload_content=False,
+                )
+                async with connection as websocket:
+                    if stdin:
+                        for start in range(0, len(stdin), FRAME):
+                            await websocket.send_bytes(bytes([STDIN]) + stdin[start : start + FRAME])
+                    async for message in websocket:
+                        if message.type in (aiohttp.WSMsgType.CLOSE, aiohttp.WSMsgType.CLOSED):
+                            break
+                        if message.type == aiohttp.WSMsgType.ERROR:
+                            raise ExecTransportError(f"exec in {pod}/{container}: websocket error {message.data!r}")
+                        data = message.data if isinstance(message.data, bytes) else message.data.encode()
+                        if not data:
+                            continue
+                        channel, payload = data[0], data[1:]
+                        if channel == STDOUT:
+                            stdout += payload
+                        elif channel == STDERR:
+                            stderr += payload
+                        elif channel == ERROR and payload:
+                            status = json.loads(payload)
+        except aiohttp.WSServerHandshakeError as error:
+            if error.status == 404:
+                raise NotFound(f"pod {namespace}/{pod} not found", status=404) from error
+            raise ExecTransportError(
+                f"exec in {pod}/{container}: {error.status} {error.message}", status=error.status
+            ) from error
+        except ApiException as error:
+            if error.status == 404:
+                raise NotFound(f"pod {namespace}/{pod} not found", status=404) from error
+            raise ExecTransportError(
+                f"exec in {pod}/{container}: {error.status} {error.reason}", status=error.status or 0
+            ) from error
+        except (aiohttp.ClientError, OSError) as error:
+            raise ExecTransportError(f"exec in {pod}/{container}: {type(error).__name__}: {error}") from error
+        except TimeoutError:
+            raise ExecTransportError(f"exec in {pod}/{container}: no answer within {timeout_sec:.0f} s") from None
+        if status is None:
+            raise ExecTransportError(f"exec in {pod}/{container}: the connection closed without an exit status")
+        return ExecResult(_exit_code(status, pod, container), bytes(stdout), bytes(stderr))
+
+
+def _exit_code(status: dict[str, Any], pod: str, container: str) -> int:
+    if status.get("status") == "Success":
+        return 0
+    for cause in (status.get("details") or {}).get("causes") or []:
+        if cause.get("reason") == "ExitCode":
+            return int(cause.get("message", "1"))
+    # No exit code: the command could not run at all (no such binary, container gone…).
+    raise ExecTransportError(f"exec in {pod}/{container}: {status.get('message') or status}")

@@ -1,0 +1,232 @@
+"""Pod manifests for an episode's sandboxes (pure builders, no API calls).
+
+The agent pod: the task image as ``main`` with its own ENTRYPOINT kept and a keep-alive
+as its arguments, every compose sidecar as another container reachable by its service
+name (``hostAliases`` → 127.0.0.1), an ``emptyDir`` at ``/episode-operator`` shared by
+all containers for the supervisor and its jobs, no service-account token, resources from
+``[environment]``. A verifier pod is the same shape with the verifier's image and
+environment and no sidecars. Both are owned by the Episode, so deleting it deletes them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from episode_operator.api.models import API_VERSION, KIND, EpisodeSpec
+from episode_operator.runtime.supervisor import SUPERVISOR_DIR
+from episode_operator.taskfolder.compose import Sidecar
+from episode_operator.taskfolder.models import EnvironmentConfig
+
+LABEL_PREFIX = "episode-operator.dev"
+EPISODE_LABEL = f"{LABEL_PREFIX}/episode"
+ATTEMPT_LABEL = f"{LABEL_PREFIX}/attempt"
+ROLE_LABEL = f"{LABEL_PREFIX}/role"
+TURN_LABEL = f"{LABEL_PREFIX}/turn"
+MANAGED_BY = {"app.kubernetes.io/managed-by": "episode-operator"}
+SUPERVISOR_VOLUME = "episode-operator"
+# PID 1 of main: waits for ever, and exits at once on TERM so pods go away promptly.
+KEEP_ALIVE = ["sh", "-c", "trap 'exit 0' TERM INT; while :; do sleep 3600 & wait $!; done"]
+NAME_LIMIT = 63
+
+
+@dataclass(frozen=True)
+class EpisodeRef:
+    """The owning Episode, as pods and events refer to it."""
+
+    name: str
+    namespace: str
+    uid: str
+
+    def owner_reference(self) -> dict[str, Any]:
+        return {
+            "apiVersion": API_VERSION,
+            "kind": KIND,
+            "name": self.name,
+            "uid": self.uid,
+            "controller": True,
+            "blockOwnerDeletion": True,
+        }
+
+
+@dataclass(frozen=True)
+class SandboxPod:
+    """What differs between the agent pod and a verifier pod."""
+
+    role: str
+    attempt: int
+    image: str
+    environment: EnvironmentConfig
+    env: Mapping[str, str] = field(default_factory=dict)
+    sidecars: Sequence[Sidecar] = ()
+    turn: int | None = None
+
+
+def short_name(base: str, suffix: str, limit: int = NAME_LIMIT) -> str:
+    """``base-suffix`` as a DNS-1123 label of at most ``limit`` characters, unique by a hash when cut."""
+    name = f"{base}-{suffix}"
+    if len(name) <= limit:
+        return name
+    digest = hashlib.sha256(base.encode()).hexdigest()[:8]
+    keep = limit - len(suffix) - len(digest) - 2
+    return f"{base[:keep].rstrip('-.')}-{digest}-{suffix}"
+
+
+def label_value(value: str) -> str:
+    """A label value (at most 63 characters) that still identifies ``value``."""
+    if len(value) <= NAME_LIMIT:
+        return value
+    return f"{value[:54].rstrip('-._')}-{hashlib.sha256(value.encode()).hexdigest()[:8]}"
+
+
+def agent_pod_name(episode: str, attempt: int) -> str:
+    return short_name(episode, f"a{attempt}")
+
+
+def verifier_pod_name(episode: str, attempt: int, turn: int) -> str:
+    return short_name(episode, f"a{attempt}-v{turn + 1}")
+
+
+def episode_selector(episode: str) -> str:
+    """The label selector of every pod of an Episode."""
+    return f"{EPISODE_LABEL}={label_value(episode)}"
+
+
+def resources_of(environment: EnvironmentConfig) -> dict[str, Any]:
+    """Requests and limits from ``[environment]``: cpus, memory_mb, storage_mb, gpus."""
+    quantities: dict[str, str] = {}
+    if environment.cpus:
+        quantities["cpu"] = str(environment.cpus)
+    if environment.memory_mb:
+        quantities["memory"] = f"{environment.memory_mb}Mi"
+    if environment.storage_mb:
+        quantities["ephemeral-storage"] = f"{environment.storage_mb}Mi"
+    resources: dict[str, Any] = {}
+    if quantities:
+        resources = {"requests": dict(quantities), "limits": dict(quantities)}
+    if environment.gpus:
+        resources.setdefault("limits", {})["nvidia.com/gpu"] = str(environment.gpus)
+    return resources
+
+
+def _env_list(env: Mapping[str, str]) -> list[dict[str, str]]:
+    return [{"name": name, "value": value} for name, value in env.items()]
+
+
+def _sidecar_container(sidecar: Sidecar, task_image: str) -> dict[str, Any]:
+    container: dict[str, Any] = {
+        "name": sidecar.name,
+        "image": sidecar.image or task_image,
+        "imagePullPolicy": "IfNotPresent",
+        "env": _env_list(sidecar.env),
+        "volumeMounts": [{"name": SUPERVISOR_VOLUME, "mountPath": SUPERVISOR_DIR}]
+        + [
+            {"name": _volume_name(volume.name), "mountPath": volume.mount_path, "readOnly": volume.read_only}
+            for volume in sidecar.volumes
+        ],
+    }
+    if sidecar.command is not None:
+        container["command"] = sidecar.command
+    if sidecar.args is not None:
+        container["args"] = sidecar.args
+    if sidecar.ports:
+        container["ports"] = [{"containerPort": port} for port in sidecar.ports]
+    if sidecar.working_dir:
+        container["workingDir"] = sidecar.working_dir
+    security: dict[str, Any] = {}
+    if sidecar.run_as_user is not None:
+        security["runAsUser"] = sidecar.run_as_user
+    if sidecar.run_as_group is not None:
+        security["runAsGroup"] = sidecar.run_as_group
+    if security:
+        container["securityContext"] = security
+    if sidecar.resources:
+        container["resources"] = sidecar.resources
+    if sidecar.probe is not None:
+        probe = sidecar.probe
+        container["readinessProbe"] = {
+            "exec": {"command": ["sh", "-c", probe.command]},
+            "periodSeconds": max(1, math.ceil(probe.interval_sec)),
+            "timeoutSeconds": max(1, math.ceil(probe.timeout_sec)),
+            "failureThreshold": max(1, probe.retries),
+            "initialDelaySeconds": math.ceil(probe.start_period_sec),
+        }
+    return container
+
+
+def _volume_name(compose_name: str) -> str:
+    cleaned = re.sub(r"[^a-z0-9-]", "-", compose_name.lower()).strip("-") or "volume"
+    return short_name("compose", cleaned)
+
+
+def sandbox_pod(
+    episode: EpisodeRef, spec: EpisodeSpec, pod: SandboxPod, *, extra_labels: Mapping[str, str]
+) -> dict[str, Any]:
+    """The manifest of one sandbox pod of ``episode``."""
+    name = (
+        agent_pod_name(episode.name, pod.attempt)
+        if pod.turn is None
+        else verifier_pod_name(episode.name, pod.attempt, pod.turn)
+    )
+    labels = {
+        **MANAGED_BY,
+        **extra_labels,
+        EPISODE_LABEL: label_value(episode.name),
+        ATTEMPT_LABEL: str(pod.attempt),
+        ROLE_LABEL: pod.role,
+    }
+    if pod.turn is not None:
+        labels[TURN_LABEL] = str(pod.turn + 1)
+    main: dict[str, Any] = {
+        "name": "main",
+        "image": pod.image,
+        "imagePullPolicy": "IfNotPresent",
+        "args": KEEP_ALIVE,
+        "env": _env_list(pod.env),
+        "volumeMounts": [{"name": SUPERVISOR_VOLUME, "mountPath": SUPERVISOR_DIR}],
+    }
+    if pod.role == "agent":
+        main["env"] += spec.agent.env
+        if spec.agent.env_from:
+            main["envFrom"] = spec.agent.env_from
+    if pod.environment.workdir:
+        main["workingDir"] = pod.environment.workdir
+    resources = spec.resources if spec.resources is not None and pod.role == "agent" else resources_of(pod.environment)
+    if resources:
+        main["resources"] = resources
+    volumes: list[dict[str, Any]] = [{"name": SUPERVISOR_VOLUME, "emptyDir": {}}]
+    for volume_name in sorted({volume.name for sidecar in pod.sidecars for volume in sidecar.volumes}):
+        volumes.append({"name": _volume_name(volume_name), "emptyDir": {}})
+    pod_spec: dict[str, Any] = {
+        "restartPolicy": "Never",
+        "automountServiceAccountToken": False,
+        "enableServiceLinks": False,
+        "terminationGracePeriodSeconds": 5,
+        "containers": [main, *(_sidecar_container(sidecar, pod.image) for sidecar in pod.sidecars)],
+        "volumes": volumes,
+    }
+    if pod.sidecars:
+        pod_spec["hostAliases"] = [{"ip": "127.0.0.1", "hostnames": [sidecar.name for sidecar in pod.sidecars]}]
+    if spec.node_selector:
+        pod_spec["nodeSelector"] = spec.node_selector
+    if spec.tolerations:
+        pod_spec["tolerations"] = spec.tolerations
+    if spec.runtime_class_name:
+        pod_spec["runtimeClassName"] = spec.runtime_class_name
+    if spec.image_pull_secrets:
+        pod_spec["imagePullSecrets"] = spec.image_pull_secrets
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": name,
+            "namespace": episode.namespace,
+            "labels": labels,
+            "ownerReferences": [episode.owner_reference()],
+        },
+        "spec": pod_spec,
+    }

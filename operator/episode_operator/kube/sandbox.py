@@ -1,0 +1,280 @@
+"""The Kubernetes implementation of the runtime's sandbox: pods, exec and the supervisor.
+
+:class:`KubeSandbox` turns each runtime operation into one exec of a supervisor verb
+(the command lines come from :mod:`episode_operator.runtime.supervisor`, so this module only
+ships them). :class:`KubeProvider` creates an episode's pods, waits until they can work —
+telling an image that cannot be pulled from one that is still coming — places the
+supervisor and removes the pods when the runtime lets them go.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from episode_operator.api.models import EpisodeSpec
+from episode_operator.kube.client import ExecTransportError, KubeClient, KubeError, NotFound
+from episode_operator.kube.pods import (
+    EpisodeRef,
+    SandboxPod,
+    agent_pod_name,
+    episode_selector,
+    sandbox_pod,
+    verifier_pod_name,
+)
+from episode_operator.runtime import supervisor
+from episode_operator.runtime.sandbox import MAIN_CONTAINER, CommandFailed, JobSpec, JobState, SandboxError
+from episode_operator.taskfolder import EpisodePlan
+from episode_operator.taskfolder.plan import VerifierPlan
+
+# Waiting reasons that never resolve by waiting; the others get a grace period first.
+HOPELESS_WAITING = {"ErrImageNeverPull", "InvalidImageName"}
+PULL_WAITING = {"ErrImagePull", "ImagePullBackOff"}
+CONFIG_WAITING = {"CreateContainerConfigError", "CreateContainerError", "RunContainerError"}
+EXEC_MARGIN_SEC = 30.0
+
+
+@dataclass
+class KubeSandbox:
+    """One running pod, driven through its supervisor."""
+
+    client: KubeClient
+    namespace: str
+    name: str
+    workdir: str = "/"
+    facts: dict[str, str] = field(default_factory=dict)
+
+    async def _run(
+        self, command: supervisor.Command, *, container: str = MAIN_CONTAINER, timeout_sec: float = 60.0
+    ) -> bytes:
+        try:
+            result = await self.client.exec(
+                self.namespace, self.name, container, command.argv, stdin=command.stdin, timeout_sec=timeout_sec
+            )
+        except NotFound as error:
+            raise SandboxError(f"pod {self.name} is gone", kind="pod-lost") from error
+        except ExecTransportError as error:
+            raise SandboxError(str(error), kind=await self._transport_kind()) from error
+        except KubeError as error:
+            raise SandboxError(str(error), kind="api") from error
+        if result.exit_code != 0:
+            detail = result.stderr.decode("utf-8", "replace").strip() or f"exit {result.exit_code}"
+            raise CommandFailed(f"{command.argv[2] if len(command.argv) > 2 else command.argv[0]}: {detail}")
+        return result.stdout
+
+    async def _transport_kind(self) -> str:
+        """After exec gave up: was the pod lost, or only the connection?"""
+        try:
+            pod = await self.client.read_pod(self.namespace, self.name)
+        except NotFound:
+            return "pod-lost"
+        except KubeError:
+            return "exec"
+        if pod.metadata.deletion_timestamp or pod.status.phase in ("Failed", "Succeeded"):
+            return "pod-lost"
+        return "exec"
+
+    async def place_supervisor(self, sidecars: Sequence[str] = ()) -> None:
+        """Put the supervisor in the pod and learn its working directory (idempotent).
+
+        Placing it from a sidecar too records that container's own working directory, the
+        default ``cwd`` of its collect hooks. A sidecar without ``sh`` cannot run hooks; its
+        hooks then fail when they run, best effort as Gym treats them.
+        """
+        output = await self._run(supervisor.placement())
+        self.facts = supervisor.parse_probe(output)
+        self.workdir = self.facts.get("workdir") or "/"
+        for container in sidecars:
+            with contextlib.suppress(CommandFailed, SandboxError):
+                await self._run(supervisor.placement(), container=container)
+
+    async def start_job(self, spec: JobSpec, *, wait_sec: float = 0.0) -> JobState:
+        output = await self._run(
+            supervisor.start(spec, wait_sec=wait_sec), container=spec.container, timeout_sec=wait_sec + EXEC_MARGIN_SEC
+        )
+        return supervisor.parse_state(spec.id, output)
+
+    async def wait_job(self, job_id: str, *, container: str = MAIN_CONTAINER, max_wait_sec: float) -> JobState:
+        output = await self._run(
+            supervisor.wait(job_id, max_wait_sec), container=container, timeout_sec=max_wait_sec + EXEC_MARGIN_SEC
+        )
+        return supervisor.parse_state(job_id, output)
+
+    async def job_output(self, job_id: str, *, container: str = MAIN_CONTAINER, limit: int) -> bytes:
+        return await self._run(supervisor.output(job_id, limit), container=container)
+
+    async def upload(self, archive: bytes, destination: str, *, container: str = MAIN_CONTAINER) -> None:
+        await self._run(supervisor.upload(archive, destination), container=container, timeout_sec=300.0)
+
+    async def download(
+        self, paths: Sequence[str], *, container: str = MAIN_CONTAINER, exclude: Sequence[str] = ()
+    ) -> bytes:
+        return await self._run(supervisor.download(paths, exclude), container=container, timeout_sec=300.0)
+
+    async def read_files(self, paths: Sequence[str], *, container: str = MAIN_CONTAINER) -> dict[str, bytes | None]:
+        output = await self._run(supervisor.read_files(paths), container=container)
+        return supervisor.parse_files(output, paths)
+
+    async def clear(self, paths: Sequence[str], *, container: str = MAIN_CONTAINER) -> None:
+        await self._run(supervisor.clear(paths), container=container)
+
+    async def switch_user(self, user: str | int, workdir: str | None) -> None:
+        await self._run(supervisor.chown_workdir(user, workdir or self.workdir))
+
+
+@dataclass
+class KubeProvider:
+    """Creates, re-attaches and removes one Episode's pods."""
+
+    client: KubeClient
+    episode: EpisodeRef
+    spec: EpisodeSpec
+    plan: EpisodePlan
+    image: str
+    main_env: Mapping[str, str]
+    extra_labels: Mapping[str, str] = field(default_factory=dict)
+    pull_grace_sec: float = 120.0
+    poll_sec: float = 0.25
+    clock: Callable[[], float] = time.monotonic
+
+    async def agent(self, attempt: int) -> KubeSandbox:
+        pod = SandboxPod(
+            role="agent",
+            attempt=attempt,
+            image=self.image,
+            environment=self.plan.environment,
+            env=self.main_env,
+            sidecars=self.plan.sidecars,
+        )
+        return await self._ready(pod)
+
+    async def verifier(self, attempt: int, turn: int, plan: VerifierPlan) -> KubeSandbox:
+        assert plan.environment is not None
+        pod = SandboxPod(
+            role="verifier",
+            attempt=attempt,
+            image=plan.image or self.image,
+            environment=plan.environment,
+            env=plan.environment.env,
+            turn=turn,
+        )
+        return await self._ready(pod)
+
+    async def release_verifier(self, attempt: int, turn: int) -> None:
+        await self._delete(verifier_pod_name(self.episode.name, attempt, turn))
+
+    async def release_agent(self, attempt: int) -> None:
+        await self._delete(agent_pod_name(self.episode.name, attempt))
+
+    async def release_all(self, *, keep: bool) -> None:
+        if keep:
+            return
+        try:
+            pods = await self.client.list_pods(self.episode.namespace, episode_selector(self.episode.name))
+        except KubeError as error:
+            raise SandboxError(str(error), kind="api") from error
+        for pod in pods:
+            await self._delete(pod.metadata.name)
+
+    async def _delete(self, name: str) -> None:
+        try:
+            await self.client.delete_pod(self.episode.namespace, name)
+        except KubeError as error:
+            raise SandboxError(str(error), kind="api") from error
+
+    async def _ready(self, pod: SandboxPod) -> KubeSandbox:
+        manifest = sandbox_pod(self.episode, self.spec, pod, extra_labels=self.extra_labels)
+        name = manifest["metadata"]["name"]
+        try:
+            try:
+                await self.client.read_pod(self.episode.namespace, name)
+            except NotFound:
+                await self.client.create_pod(self.episode.namespace, manifest)
+            await self._wait_running(name, pod.environment.build_timeout_sec)
+        except KubeError as error:
+            raise SandboxError(f"pod {name}: {error}", kind="api") from error
+        sandbox = KubeSandbox(self.client, self.episode.namespace, name)
+        try:
+            await sandbox.place_supervisor([sidecar.name for sidecar in pod.sidecars])
+        except CommandFailed as error:
+            raise SandboxError(f"cannot place the supervisor in {name}: {error}", kind="supervisor") from error
+        return sandbox
+
+    async def _wait_running(self, name: str, start_timeout_sec: float) -> None:
+        """Until every container runs and the sidecars are ready; outages are told apart by reason."""
+        started = self.clock()
+        pulling_since: float | None = None
+        while True:
+            try:
+                pod = await self.client.read_pod(self.episode.namespace, name)
+            except NotFound:
+                raise SandboxError(f"pod {name} was deleted while starting", kind="pod-lost") from None
+            verdict = pod_verdict(pod)
+            if verdict.ready:
+                return
+            if verdict.lost:
+                raise SandboxError(f"pod {name}: {verdict.message}", kind="pod-lost")
+            if verdict.waiting in HOPELESS_WAITING:
+                raise SandboxError(f"pod {name}: {verdict.message}", kind="image-pull")
+            now = self.clock()
+            if verdict.waiting in PULL_WAITING | CONFIG_WAITING:
+                pulling_since = pulling_since if pulling_since is not None else now
+                if now - pulling_since > self.pull_grace_sec:
+                    kind = "image-pull" if verdict.waiting in PULL_WAITING else "container-config"
+                    raise SandboxError(f"pod {name}: {verdict.message}", kind=kind)
+            else:
+                pulling_since = None
+            if now - started > start_timeout_sec:
+                raise SandboxError(
+                    f"pod {name} not ready after {start_timeout_sec:.0f} s: {verdict.message}", kind="start-timeout"
+                )
+            await asyncio.sleep(self.poll_sec)
+
+
+@dataclass(frozen=True)
+class PodVerdict:
+    ready: bool
+    lost: bool
+    waiting: str | None
+    message: str
+
+
+def pod_verdict(pod: Any) -> PodVerdict:
+    """Read a pod's state: ready to work, lost, or waiting (and why)."""
+    status = pod.status
+    if pod.metadata.deletion_timestamp:
+        return PodVerdict(False, True, None, "is being deleted")
+    if status.phase in ("Failed", "Succeeded"):
+        reason = status.reason or status.phase
+        return PodVerdict(False, True, None, f"{reason}: {status.message or 'a container exited'}")
+    statuses = list(status.container_statuses or [])
+    for container in statuses:
+        terminated = container.state.terminated if container.state else None
+        if terminated is not None:
+            return PodVerdict(
+                False,
+                True,
+                None,
+                f"container {container.name} exited with {terminated.exit_code} ({terminated.reason}): "
+                f"{(terminated.message or '').strip()[:300]}",
+            )
+    for container in statuses:
+        waiting = container.state.waiting if container.state else None
+        if waiting is not None and waiting.reason not in (None, "ContainerCreating", "PodInitializing"):
+            return PodVerdict(
+                False, False, waiting.reason, f"container {container.name}: {waiting.reason}: {waiting.message or ''}"
+            )
+    if (
+        status.phase == "Running"
+        and statuses
+        and all(c.ready or (c.name == MAIN_CONTAINER and c.state.running) for c in statuses)
+    ):
+        return PodVerdict(True, False, None, "running")
+    for condition in status.conditions or []:
+        if condition.type == "PodScheduled" and condition.status == "False":
+            return PodVerdict(False, False, None, f"not scheduled: {condition.message or condition.reason}")
+    return PodVerdict(False, False, None, f"phase {status.phase}")

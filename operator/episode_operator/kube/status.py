@@ -1,0 +1,71 @@
+"""Writing an Episode's status and its Kubernetes Events."""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from episode_operator.api.models import API_VERSION, KIND, EpisodeStatus
+from episode_operator.kube.client import KubeClient, KubeError, NotFound
+from episode_operator.kube.pods import EpisodeRef
+from episode_operator.runtime.episode import timestamp
+
+COMPONENT = "episode-operator"
+
+
+class EpisodeGone(Exception):
+    """The Episode was deleted while we were writing to it."""
+
+
+@dataclass
+class KubeStatusSink:
+    """The runtime's :class:`~episode_operator.runtime.episode.StatusSink` for one Episode."""
+
+    client: KubeClient
+    episode: EpisodeRef
+    generation: int | None = None
+    logger: logging.Logger = field(default_factory=lambda: logging.getLogger("episode_operator"))
+
+    async def publish(self, status: EpisodeStatus) -> None:
+        status.observed_generation = self.generation
+        try:
+            await self.client.replace_episode_status(self.episode.namespace, self.episode.name, status.to_api())
+        except NotFound as error:
+            raise EpisodeGone(str(error)) from error
+
+    async def event(self, reason: str, message: str, *, warning: bool = False) -> None:
+        """Post an Event on the Episode; losing one is logged, never fatal."""
+        (self.logger.warning if warning else self.logger.info)("%s: %s", reason, message)
+        try:
+            await self.client.create_event(
+                self.episode.namespace, event_manifest(self.episode, reason, message, warning)
+            )
+        except KubeError as error:
+            self.logger.warning("could not post event %s: %s", reason, error)
+
+
+def event_manifest(episode: EpisodeRef, reason: str, message: str, warning: bool) -> dict[str, Any]:
+    now = time.time()
+    stamp = timestamp(now)
+    return {
+        "apiVersion": "v1",
+        "kind": "Event",
+        "metadata": {"name": f"{episode.name[:200]}.{int(now * 1e6):x}", "namespace": episode.namespace},
+        "involvedObject": {
+            "apiVersion": API_VERSION,
+            "kind": KIND,
+            "name": episode.name,
+            "namespace": episode.namespace,
+            "uid": episode.uid,
+        },
+        "reason": reason,
+        "message": message[:1024],
+        "type": "Warning" if warning else "Normal",
+        "source": {"component": COMPONENT},
+        "reportingComponent": COMPONENT,
+        "firstTimestamp": stamp,
+        "lastTimestamp": stamp,
+        "count": 1,
+    }
