@@ -1,0 +1,209 @@
+"""The operator under test: the CRD installed, the operator running as a real process, Episodes.
+
+The operator runs as its console script (``episode-operator run``), a process of its own
+with its pid recorded, so a test can kill it and start another as a crash would. It
+watches namespaces by a glob (``t-*`` for the shared one), so a test that needs an
+operator to itself uses another prefix.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import yaml
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+
+REPO = Path(__file__).resolve().parents[2]
+CRD_PATH = REPO / "crds" / "episodes.episode-operator.dev.yaml"
+TASKS = Path(__file__).resolve().parent / "tasks"
+EXAMPLES = REPO / "examples" / "tasks"
+GROUP, VERSION, PLURAL = "episode-operator.dev", "v1alpha1", "episodes"
+TERMINAL = ("Succeeded", "Failed")
+
+
+def install_crd(api: client.ApiClient, timeout: float = 60) -> None:
+    """Create or update the Episode CRD and wait until it is served."""
+    extensions = client.ApiextensionsV1Api(api)
+    manifest = yaml.safe_load(CRD_PATH.read_text())
+    name = manifest["metadata"]["name"]
+    try:
+        extensions.create_custom_resource_definition(manifest)
+    except ApiException as error:
+        if error.status != 409:
+            raise
+        current = extensions.read_custom_resource_definition(name)
+        manifest["metadata"]["resourceVersion"] = current.metadata.resource_version
+        extensions.replace_custom_resource_definition(name, manifest)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        crd = extensions.read_custom_resource_definition(name)
+        if any(c.type == "Established" and c.status == "True" for c in crd.status.conditions or []):
+            return
+        time.sleep(0.2)
+    raise TimeoutError(f"CRD {name} not established after {timeout} s")
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+class OperatorProcess:
+    """``episode-operator run`` as a subprocess, started and stopped by its pid."""
+
+    def __init__(self, kubeconfig: Path, data_dir: Path, log_path: Path, namespaces: str) -> None:
+        self.kubeconfig = kubeconfig
+        self.data_dir = data_dir
+        self.log_path = log_path
+        self.namespaces = namespaces
+        self.process: subprocess.Popen[bytes] | None = None
+        self.port = free_port()
+
+    def start(self, timeout: float = 60) -> None:
+        command = [
+            str(Path(sys.executable).parent / "episode-operator"),
+            "run",
+            "--namespace",
+            self.namespaces,
+            "--data-dir",
+            str(self.data_dir),
+            "--kubeconfig",
+            str(self.kubeconfig),
+            "--pull-grace",
+            "5",
+            "--poll-interval",
+            "5",
+            "--liveness",
+            f"http://127.0.0.1:{self.port}/healthz",
+        ]
+        log = self.log_path.open("ab")
+        self.process = subprocess.Popen(
+            command, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "KUBECONFIG": str(self.kubeconfig)}
+        )
+        log.close()
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"the operator exited with {self.process.returncode}:\n{self.log_tail()}")
+            with (
+                contextlib.suppress(OSError),
+                urllib.request.urlopen(f"http://127.0.0.1:{self.port}/healthz", timeout=1) as answer,
+            ):
+                if answer.status == 200:
+                    return
+            time.sleep(0.2)
+        raise TimeoutError(f"the operator did not become healthy in {timeout} s:\n{self.log_tail()}")
+
+    def kill(self) -> None:
+        """SIGKILL, as a crash: no cleanup runs."""
+        if self.process is not None and self.process.poll() is None:
+            os.kill(self.process.pid, signal.SIGKILL)
+            self.process.wait(timeout=30)
+
+    def stop(self) -> None:
+        if self.process is None or self.process.poll() is not None:
+            return
+        os.kill(self.process.pid, signal.SIGTERM)
+        try:
+            self.process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.kill(self.process.pid, signal.SIGKILL)
+            self.process.wait(timeout=30)
+
+    def log_tail(self, lines: int = 60) -> str:
+        if not self.log_path.exists():
+            return "(no log)"
+        return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+
+
+@contextlib.contextmanager
+def running_operator(kubeconfig: Path, data_dir: Path, log_path: Path, namespaces: str) -> Iterator[OperatorProcess]:
+    operator = OperatorProcess(kubeconfig, data_dir, log_path, namespaces)
+    operator.start()
+    try:
+        yield operator
+    finally:
+        operator.stop()
+
+
+# Episodes --------------------------------------------------------------------------------------
+def folder_files(folder: Path, edits: Mapping[str, str | None] | None = None) -> dict[str, str]:
+    """A task folder as the ``inline.files`` of an Episode; ``edits`` replace or (None) remove files."""
+    files = {
+        path.relative_to(folder).as_posix(): path.read_text() for path in sorted(folder.rglob("*")) if path.is_file()
+    }
+    for path, content in (edits or {}).items():
+        if content is None:
+            files.pop(path, None)
+        else:
+            files[path] = content
+    return files
+
+
+def episode_spec(
+    folder: Path | None = None,
+    *,
+    files: dict[str, str] | None = None,
+    edits: Mapping[str, str | None] | None = None,
+    agent: dict[str, Any] | None = None,
+    **extra: Any,
+) -> dict[str, Any]:
+    inline = files if files is not None else folder_files(folder, edits) if folder else {}
+    return {"task": {"inline": {"files": inline}}, "agent": agent or {"kind": "oracle"}, **extra}
+
+
+def create_episode(api: client.ApiClient, namespace: str, name: str, spec: dict[str, Any]) -> None:
+    body = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "Episode", "metadata": {"name": name}, "spec": spec}
+    client.CustomObjectsApi(api).create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, body)
+
+
+def read_episode(api: client.ApiClient, namespace: str, name: str) -> dict[str, Any]:
+    result: dict[str, Any] = client.CustomObjectsApi(api).get_namespaced_custom_object(
+        GROUP, VERSION, namespace, PLURAL, name
+    )
+    return result
+
+
+def wait_for_episode(
+    api: client.ApiClient, namespace: str, name: str, operator: OperatorProcess, timeout: float = 240
+) -> dict[str, Any]:
+    """The Episode's status once it is Succeeded or Failed."""
+    deadline = time.monotonic() + timeout
+    status: dict[str, Any] = {}
+    while time.monotonic() < deadline:
+        status = read_episode(api, namespace, name).get("status") or {}
+        if status.get("phase") in TERMINAL:
+            return status
+        time.sleep(0.5)
+    raise TimeoutError(
+        f"episode {namespace}/{name} not finished after {timeout} s: {status}\noperator log:\n{operator.log_tail()}"
+    )
+
+
+def run_episode(
+    api: client.ApiClient,
+    namespace: str,
+    name: str,
+    spec: dict[str, Any],
+    operator: OperatorProcess,
+    timeout: float = 240,
+) -> dict[str, Any]:
+    create_episode(api, namespace, name, spec)
+    return wait_for_episode(api, namespace, name, operator, timeout)
+
+
+def pods_of(core: client.CoreV1Api, namespace: str, episode: str) -> list[str]:
+    pods = core.list_namespaced_pod(namespace, label_selector=f"episode-operator.dev/episode={episode}")
+    return [pod.metadata.name for pod in pods.items if not pod.metadata.deletion_timestamp]

@@ -1,0 +1,391 @@
+"""Episodes on the real cluster: the operator runs task folders and scores them as Gym does."""
+
+from __future__ import annotations
+
+import base64
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+
+from tests.cluster.harness import (
+    EXAMPLES,
+    TASKS,
+    OperatorProcess,
+    create_episode,
+    episode_spec,
+    install_crd,
+    pods_of,
+    read_episode,
+    run_episode,
+    running_operator,
+    wait_for_episode,
+)
+
+SCORED = TASKS / "scored-steps"
+
+
+@pytest.fixture(scope="session")
+def operator(
+    kubeconfig: Path, api_client: client.ApiClient, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[OperatorProcess]:
+    install_crd(api_client)
+    root = tmp_path_factory.mktemp("operator")
+    with running_operator(kubeconfig, root / "data", root / "operator.log", "t-*") as process:
+        yield process
+
+
+def wants(*rewards: str) -> dict[str, str]:
+    """Edits making step one, two, three of scored-steps ask for these rewards."""
+    return {
+        f"steps/{step}/solution/solve.sh": f"echo {reward} > /app/reward-wanted.txt\n"
+        for step, reward in zip(("one", "two", "three"), rewards, strict=True)
+    }
+
+
+def scored(
+    strategy: str = "mean",
+    *,
+    edits: dict[str, str | None] | None = None,
+    step_tables: dict[str, str] | None = None,
+    rewards: tuple[str, str, str] = ("1", "1", "1"),
+) -> dict[str, Any]:
+    toml = (SCORED / "task.toml").read_text().replace('"mean"', f'"{strategy}"')
+    for step, table in (step_tables or {}).items():
+        toml = toml.replace(f'name = "{step}"\n', f'name = "{step}"\n{table}\n')
+    return episode_spec(SCORED, edits={"task.toml": toml, **wants(*rewards), **(edits or {})})
+
+
+# --- the examples -------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("example", "reward", "turns"),
+    [
+        ("hello", 1.0, "1/1"),
+        ("three-step-ledger", 1.0, "3/3"),
+        ("separate-verifier-handoff", 1.0, "2/2"),
+        ("sidecar-lookup", 1.0, "1/1"),
+    ],
+)
+def test_examples_succeed(
+    example: str,
+    reward: float,
+    turns: str,
+    api_client: client.ApiClient,
+    namespace: str,
+    operator: OperatorProcess,
+    kubeconfig: Path,
+) -> None:
+    status = run_episode(api_client, namespace, example, episode_spec(EXAMPLES / example), operator)
+    assert (status["phase"], status["outcome"], status["reward"], status["progress"]) == (
+        "Succeeded",
+        "Graded",
+        reward,
+        turns,
+    ), status
+    printed = subprocess.run(
+        ["kubectl", f"--kubeconfig={kubeconfig}", "get", "episodes", "-n", namespace],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    header, row = printed.splitlines()[:2]
+    assert header.split()[:5] == ["NAME", "PHASE", "REWARD", "TURNS", "OUTCOME"]
+    assert row.split()[:5] == [example, "Succeeded", "1", turns, "Graded"]
+
+
+def test_separate_verifier_sees_declared_artifacts_only(
+    api_client: client.ApiClient, namespace: str, operator: OperatorProcess
+) -> None:
+    status = run_episode(
+        api_client, namespace, "handoff", episode_spec(EXAMPLES / "separate-verifier-handoff"), operator
+    )
+    assert status["turns"][1]["verifierRewards"] == {"reward": 1.0, "published": 1.0, "isolated": 1.0}
+    assert status["verifierMode"] == "mixed"
+
+
+def test_sidecar_by_name_and_collect_hook_in_the_sidecar(
+    api_client: client.ApiClient, namespace: str, operator: OperatorProcess, kubeconfig: Path, tmp_path: Path
+) -> None:
+    run_episode(api_client, namespace, "sidecar", episode_spec(EXAMPLES / "sidecar-lookup"), operator)
+    result = subprocess.run(
+        [
+            str(Path(sys.executable).parent / "kubectl-episode"),
+            "artifacts",
+            "sidecar",
+            str(tmp_path / "out"),
+            "-n",
+            namespace,
+            "--kubeconfig",
+            str(kubeconfig),
+            "--data-dir",
+            str(operator.data_dir),
+        ],
+        capture_output=True,
+        text=True,
+    )
+    assert result.returncode == 0, result.stderr
+    assert (tmp_path / "out" / "task" / "api" / "served.txt").read_text().strip() == "tangerine-42"
+
+
+# --- roll-up and gates ----------------------------------------------------------------------------
+@pytest.mark.parametrize(("strategy", "expected"), [("mean", 0.5), ("final", 0.25)])
+def test_mean_and_final(
+    strategy: str, expected: float, api_client: client.ApiClient, namespace: str, operator: OperatorProcess
+) -> None:
+    status = run_episode(api_client, namespace, strategy, scored(strategy, rewards=("1", "0.25", "0.25")), operator)
+    assert status["reward"] == expected
+    assert [turn["reward"] for turn in status["turns"]] == [1.0, 0.25, 0.25]
+
+
+def test_min_reward_miss_stops_the_episode(
+    api_client: client.ApiClient, namespace: str, operator: OperatorProcess
+) -> None:
+    spec = scored(step_tables={"two": "min_reward = 0.5"}, rewards=("1", "0.25", "1"))
+    status = run_episode(api_client, namespace, "gated", spec, operator)
+    assert status["stoppedAfterTurn"] == "two"
+    assert [turn["phase"] for turn in status["turns"]] == ["Succeeded", "Succeeded", "Skipped"]
+    assert status["reward"] == 0.625
+
+
+def test_setup_failing_at_step_one_is_terminal(
+    api_client: client.ApiClient, namespace: str, operator: OperatorProcess
+) -> None:
+    status = run_episode(
+        api_client, namespace, "setup-one", scored(edits={"steps/one/workdir/setup.sh": "exit 3\n"}), operator
+    )
+    assert (status["phase"], status["outcome"], status["failureKind"]) == (
+        "Failed",
+        "TerminalFailure",
+        "harbor:step_setup_failed",
+    )
+    assert status.get("reward") is None and len(status["attempts"]) == 1
+
+
+def test_setup_failing_at_step_two_is_a_measured_zero(
+    api_client: client.ApiClient, namespace: str, operator: OperatorProcess
+) -> None:
+    status = run_episode(
+        api_client,
+        namespace,
+        "setup-two",
+        scored(edits={"steps/two/workdir/setup.sh": "echo broken >&2; exit 1\n"}),
+        operator,
+    )
+    assert (status["phase"], status["outcome"], status["reward"]) == ("Succeeded", "Graded", 0.5)
+    assert status["turns"][1]["failureKind"] == "harbor:step_setup_failed"
+    assert status["stoppedAfterTurn"] == "two"
+
+
+def test_step_healthcheck_passes_only_after_its_start_period(
+    api_client: client.ApiClient, namespace: str, operator: OperatorProcess
+) -> None:
+    # Ready 3 s after setup.sh; retries = 0 would fail the first counted attempt, so passing proves
+    # the attempts before t0 + start_period did not count.
+    table = (
+        '[steps.healthcheck]\ncommand = "test -f /tmp/ready"\nstart_period_sec = 8.0\n'
+        "start_interval_sec = 1.0\ninterval_sec = 1.0\nretries = 0\ntimeout_sec = 5.0"
+    )
+    edits = {"steps/two/workdir/setup.sh": "(sleep 3; touch /tmp/ready) > /dev/null 2>&1 &\n"}
+    status = run_episode(api_client, namespace, "health", scored(step_tables={"two": table}, edits=edits), operator)
+    assert status["reward"] == 1.0, status
+
+
+def test_no_reward_file_is_a_measured_zero(
+    api_client: client.ApiClient, namespace: str, operator: OperatorProcess
+) -> None:
+    edits = {"steps/two/tests/test.sh": "echo 'this verifier forgot the reward'\n"}
+    status = run_episode(api_client, namespace, "no-reward", scored(edits=edits), operator)
+    assert status["reward"] == 0.5 and status["stoppedAfterTurn"] == "two"
+    assert status["turns"][1]["rewardValid"] is False
+    assert "neither reward.json nor reward.txt" in status["turns"][1]["message"]
+
+
+def test_reward_json_beats_reward_txt_and_the_exit_code(
+    api_client: client.ApiClient, namespace: str, operator: OperatorProcess
+) -> None:
+    test_sh = "echo '{\"reward\": 0.75}' > /logs/verifier/reward.json\necho 1 > /logs/verifier/reward.txt\nexit 7\n"
+    spec = episode_spec(EXAMPLES / "hello", edits={"tests/test.sh": test_sh})
+    assert run_episode(api_client, namespace, "json-wins", spec, operator)["reward"] == 0.75
+
+
+# --- turn state --------------------------------------------------------------------------------
+def test_state_between_turns(api_client: client.ApiClient, namespace: str, operator: OperatorProcess) -> None:
+    """Files and processes stay; workdir/ replaces; grading files go; the user switches."""
+    status = run_episode(api_client, namespace, "turn-state", episode_spec(TASKS / "turn-state"), operator)
+    assert status["turns"][1]["verifierRewards"] == {
+        "reward": 1.0,
+        "workdir_replaced": 1.0,
+        "kept": 1.0,
+        "process_alive": 1.0,
+        "user_switched": 1.0,
+        "owner_switched": 1.0,
+        "tests_cleared": 1.0,
+        "verifier_cleared": 1.0,
+    }
+
+
+def test_command_agent_with_a_secret(
+    api_client: client.ApiClient, core: client.CoreV1Api, namespace: str, operator: OperatorProcess, kubeconfig: Path
+) -> None:
+    core.create_namespaced_secret(
+        namespace,
+        client.V1Secret(
+            metadata=client.V1ObjectMeta(name="model-key"),
+            data={"API_TOKEN": base64.b64encode(b"s3cret-token").decode()},
+        ),
+    )
+    command = 'cp "$EPISODE_INSTRUCTION_FILE" /app/instruction-seen.md && printf %s "$API_TOKEN" > /app/token.txt'
+    test_sh = (
+        '[ "$(cat /app/token.txt)" = s3cret-token ] && grep -q "Hello, world" /app/instruction-seen.md '
+        "&& echo 1 > /logs/verifier/reward.txt || echo 0 > /logs/verifier/reward.txt\n"
+    )
+    spec = episode_spec(
+        EXAMPLES / "hello",
+        edits={"tests/test.sh": test_sh},
+        agent={"kind": "command", "command": command, "envFrom": [{"secretRef": {"name": "model-key"}}]},
+    )
+    status = run_episode(api_client, namespace, "command-agent", spec, operator)
+    assert status["reward"] == 1.0, status
+    assert status["turns"][0]["agentExitCode"] == 0
+
+
+# --- crash safety --------------------------------------------------------------------------------
+def test_operator_killed_during_an_agent_turn(
+    kubeconfig: Path, api_client: client.ApiClient, core: client.CoreV1Api, tmp_path: Path
+) -> None:
+    """SIGKILL the operator mid-turn, start a new one: same reward, the turn ran once, its output kept."""
+    install_crd(api_client)
+    namespace = f"crash-{int(time.time() * 1000) % 10**8:x}"
+    core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=namespace)))
+    try:
+        command = "echo run >> /app/runs.txt; echo agent-started; sleep 12; echo agent-finished"
+        test_sh = (
+            '[ "$(grep -c run /app/runs.txt)" = 1 ] && echo 1 > /logs/verifier/reward.txt '
+            "|| echo 0 > /logs/verifier/reward.txt\n"
+        )
+        spec = episode_spec(
+            EXAMPLES / "hello", edits={"tests/test.sh": test_sh}, agent={"kind": "command", "command": command}
+        )
+        first = OperatorProcess(kubeconfig, tmp_path / "data", tmp_path / "operator.log", "crash-*")
+        first.start()
+        try:
+            _wait_for_service_account(core, namespace)
+            create_episode(api_client, namespace, "crash", spec)
+            deadline = time.monotonic() + 120
+            while time.monotonic() < deadline:
+                turns = (read_episode(api_client, namespace, "crash").get("status") or {}).get("turns") or [{}]
+                if turns[0].get("stage") == "agent":
+                    break
+                time.sleep(0.2)
+            else:
+                raise AssertionError(f"the agent turn never started:\n{first.log_tail()}")
+            time.sleep(2)
+        finally:
+            first.kill()
+        with running_operator(kubeconfig, tmp_path / "data", tmp_path / "operator.log", "crash-*") as second:
+            status = wait_for_episode(api_client, namespace, "crash", second)
+            assert (status["phase"], status["reward"], status["attempt"]) == ("Succeeded", 1.0, 1), status
+            logs = subprocess.run(
+                [
+                    str(Path(sys.executable).parent / "kubectl-episode"),
+                    "logs",
+                    "crash",
+                    "-n",
+                    namespace,
+                    "--kubeconfig",
+                    str(kubeconfig),
+                    "--data-dir",
+                    str(tmp_path / "data"),
+                    "--turn",
+                    "task",
+                ],
+                capture_output=True,
+                text=True,
+            )
+            assert "agent-started" in logs.stdout and "agent-finished" in logs.stdout, logs.stdout + logs.stderr
+    finally:
+        core.delete_namespace(namespace)
+
+
+def _wait_for_service_account(core: client.CoreV1Api, namespace: str) -> None:
+    from tests.cluster.conftest import wait_for_default_service_account
+
+    wait_for_default_service_account(core, namespace)
+
+
+# --- bad input ---------------------------------------------------------------------------------
+def test_bad_input_fails_clearly_and_the_operator_keeps_serving(
+    api_client: client.ApiClient, core: client.CoreV1Api, namespace: str, operator: OperatorProcess
+) -> None:
+    broken = episode_spec(EXAMPLES / "hello", edits={"task.toml": "[environment\n"})
+    no_image_toml = (
+        (EXAMPLES / "hello" / "task.toml")
+        .read_text()
+        .replace('docker_image = "episode-operator.local/sandbox:bookworm"\n', "")
+    )
+    no_image = episode_spec(EXAMPLES / "hello", edits={"task.toml": no_image_toml})
+    missing_image = episode_spec(
+        EXAMPLES / "hello", image="episode-operator.local/does-not-exist:1", retries={"outages": 0}
+    )
+    for name, spec in (("broken", broken), ("no-image", no_image), ("missing-image", missing_image)):
+        create_episode(api_client, namespace, name, spec)
+    with pytest.raises(ApiException) as unknown_kind:
+        create_episode(api_client, namespace, "unknown-kind", episode_spec(EXAMPLES / "hello", agent={"kind": "human"}))
+    assert unknown_kind.value.status == 422 and "spec.agent.kind" in unknown_kind.value.body
+
+    broken_status = wait_for_episode(api_client, namespace, "broken", operator)
+    assert (broken_status["phase"], broken_status["failureKind"]) == ("Failed", "harbor:invalid_task")
+    assert "task.toml: TOML syntax error" in broken_status["message"]
+    no_image_status = wait_for_episode(api_client, namespace, "no-image", operator)
+    assert no_image_status["failureKind"] == "harbor:seed_refused"
+    assert "environment.docker_image: not set, and the Episode gives no spec.image" in no_image_status["message"]
+    missing = wait_for_episode(api_client, namespace, "missing-image", operator)
+    assert (missing["phase"], missing["outcome"], missing["failureKind"]) == ("Failed", "Ungraded", "outage:image-pull")
+    assert "does-not-exist" in missing["message"]
+    assert pods_of(core, namespace, "missing-image") == []
+    # The operator is still serving.
+    assert run_episode(api_client, namespace, "after", episode_spec(EXAMPLES / "hello"), operator)["reward"] == 1.0
+
+
+def test_deleting_a_running_episode_removes_its_pods(
+    api_client: client.ApiClient, core: client.CoreV1Api, namespace: str, operator: OperatorProcess
+) -> None:
+    spec = episode_spec(EXAMPLES / "hello", agent={"kind": "command", "command": "sleep 600"})
+    create_episode(api_client, namespace, "doomed", spec)
+    deadline = time.monotonic() + 120
+    while not pods_of(core, namespace, "doomed"):
+        assert time.monotonic() < deadline, operator.log_tail()
+        time.sleep(0.5)
+    client.CustomObjectsApi(api_client).delete_namespaced_custom_object(
+        "episode-operator.dev", "v1alpha1", namespace, "episodes", "doomed"
+    )
+    deadline = time.monotonic() + 60
+    while pods_of(core, namespace, "doomed") or _exists(api_client, namespace, "doomed"):
+        assert time.monotonic() < deadline, f"pods or episode left: {pods_of(core, namespace, 'doomed')}"
+        time.sleep(0.5)
+
+
+def _exists(api_client: client.ApiClient, namespace: str, name: str) -> bool:
+    try:
+        read_episode(api_client, namespace, name)
+        return True
+    except ApiException as error:
+        if error.status == 404:
+            return False
+        raise
+
+
+def test_finished_episode_pods_are_removed(
+    api_client: client.ApiClient, core: client.CoreV1Api, namespace: str, operator: OperatorProcess
+) -> None:
+    run_episode(api_client, namespace, "tidy", episode_spec(EXAMPLES / "hello"), operator)
+    deadline = time.monotonic() + 30
+    while pods_of(core, namespace, "tidy"):
+        assert time.monotonic() < deadline
+        time.sleep(0.5)
