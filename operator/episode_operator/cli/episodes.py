@@ -310,6 +310,7 @@ def follow(kubeconfig: str | None, namespace: str, name: str, timeout: float) ->
                 await asyncio.sleep(1.0)
 
     status = with_client(kubeconfig, watch)
+    console.print()
     if status.phase not in TERMINAL:
         raise click.ClickException(f"episode {namespace}/{name} still {status.phase} after {timeout:.0f} s")
     console.print(

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 from pathlib import Path
 
 import click
 
+from episode_operator.api.crd import episode_crd
 from episode_operator.handlers import OperatorOptions, run_operator
+from episode_operator.kube.client import KubeClient, KubeError
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -73,3 +76,27 @@ def run(
             liveness_endpoint=liveness_endpoint,
         )
     )
+
+
+@main.command()
+@click.option(
+    "--kubeconfig",
+    type=click.Path(exists=True, dir_okay=False),
+    default=None,
+    help="Kubeconfig to use (default: $KUBECONFIG).",
+)
+def install_crd(kubeconfig: str | None) -> None:
+    """Create or update the Episode CRD (generated from this version's models) and wait until it is served."""
+
+    async def apply() -> str:
+        client = await KubeClient.connect(kubeconfig)
+        try:
+            return await client.apply_crd(episode_crd())
+        finally:
+            await client.close()
+
+    try:
+        action = asyncio.run(apply())
+    except KubeError as error:
+        raise click.ClickException(str(error)) from error
+    click.echo(f"customresourcedefinition/{episode_crd()['metadata']['name']} {action}")

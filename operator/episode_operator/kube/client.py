@@ -150,6 +150,36 @@ class KubeClient:
             raise _api_error(error, "episodes") from error
         return list(result.get("items", []))
 
+    async def apply_crd(self, manifest: dict[str, Any], *, timeout_sec: float = 60.0) -> str:
+        """Create or update a CustomResourceDefinition and wait until it is served; says which."""
+        extensions: Any = k8s.ApiextensionsV1Api(self.api)
+        name = manifest["metadata"]["name"]
+        try:
+            try:
+                await extensions.create_custom_resource_definition(manifest)
+                action = "created"
+            except ApiException as error:
+                if error.status != 409:
+                    raise
+                current = await extensions.read_custom_resource_definition(name)
+                manifest = {
+                    **manifest,
+                    "metadata": {**manifest["metadata"], "resourceVersion": current.metadata.resource_version},
+                }
+                await extensions.replace_custom_resource_definition(name, manifest)
+                action = "updated"
+            async with asyncio.timeout(timeout_sec):
+                while True:
+                    crd = await extensions.read_custom_resource_definition(name)
+                    conditions = crd.status.conditions or []
+                    if any(c.type == "Established" and c.status == "True" for c in conditions):
+                        return action
+                    await asyncio.sleep(0.2)
+        except ApiException as error:
+            raise _api_error(error, f"customresourcedefinition {name}") from error
+        except TimeoutError:
+            raise KubeError(f"customresourcedefinition {name} not established after {timeout_sec:.0f} s") from None
+
     # ConfigMaps, events --------------------------------------------------------------------
     async def apply_config_map(self, manifest: dict[str, Any]) -> None:
         """Create a ConfigMap, or leave it: packed tasks are content-addressed, so one that exists is the same."""
