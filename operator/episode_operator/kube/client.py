@@ -14,9 +14,10 @@ operator sends is idempotent (jobs are started by id), so a retry never runs wor
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -59,6 +60,15 @@ class ExecResult:
     exit_code: int
     stdout: bytes
     stderr: bytes
+
+
+@contextlib.contextmanager
+def _api_call(what: str) -> Iterator[None]:
+    """Translate the client library's errors about ``what`` into this module's."""
+    try:
+        yield
+    except ApiException as error:
+        raise _api_error(error, what) from error
 
 
 def _api_error(error: ApiException, what: str) -> KubeError:
@@ -105,17 +115,15 @@ class KubeClient:
 
     # Episodes ----------------------------------------------------------------------------
     async def get_episode(self, namespace: str, name: str) -> dict[str, Any]:
-        try:
+        with _api_call(f"episode {namespace}/{name}"):
             result: dict[str, Any] = await self.custom.get_namespaced_custom_object(
                 GROUP, VERSION, namespace, PLURAL, name
             )
-            return result
-        except ApiException as error:
-            raise _api_error(error, f"episode {namespace}/{name}") from error
+        return result
 
     async def replace_episode_status(self, namespace: str, name: str, status: dict[str, Any]) -> None:
         """Write the whole status (a JSON patch ``add /status`` replaces it, lists and maps included)."""
-        try:
+        with _api_call(f"status of episode {namespace}/{name}"):
             await self.custom.patch_namespaced_custom_object_status(
                 GROUP,
                 VERSION,
@@ -125,36 +133,30 @@ class KubeClient:
                 [{"op": "add", "path": "/status", "value": status}],
                 _content_type="application/json-patch+json",
             )
-        except ApiException as error:
-            raise _api_error(error, f"status of episode {namespace}/{name}") from error
 
     async def create_episode(self, manifest: dict[str, Any]) -> dict[str, Any]:
         namespace = manifest["metadata"]["namespace"]
-        try:
+        with _api_call(f"episode in {namespace}"):
             created: dict[str, Any] = await self.custom.create_namespaced_custom_object(
                 GROUP, VERSION, namespace, PLURAL, manifest
             )
-            return created
-        except ApiException as error:
-            raise _api_error(error, f"episode in {namespace}") from error
+        return created
 
     async def list_episodes(self, namespace: str | None, selector: str | None = None) -> list[dict[str, Any]]:
-        try:
+        with _api_call("episodes"):
             if namespace is None:
                 result = await self.custom.list_cluster_custom_object(GROUP, VERSION, PLURAL, label_selector=selector)
             else:
                 result = await self.custom.list_namespaced_custom_object(
                     GROUP, VERSION, namespace, PLURAL, label_selector=selector
                 )
-        except ApiException as error:
-            raise _api_error(error, "episodes") from error
         return list(result.get("items", []))
 
     async def apply_crd(self, manifest: dict[str, Any], *, timeout_sec: float = 60.0) -> str:
         """Create or update a CustomResourceDefinition and wait until it is served; says which."""
         extensions: Any = k8s.ApiextensionsV1Api(self.api)
         name = manifest["metadata"]["name"]
-        try:
+        with _api_call(f"customresourcedefinition {name}"):
             try:
                 await extensions.create_custom_resource_definition(manifest)
                 action = "created"
@@ -162,72 +164,54 @@ class KubeClient:
                 if error.status != 409:
                     raise
                 current = await extensions.read_custom_resource_definition(name)
-                manifest = {
-                    **manifest,
-                    "metadata": {**manifest["metadata"], "resourceVersion": current.metadata.resource_version},
-                }
-                await extensions.replace_custom_resource_definition(name, manifest)
+                metadata = {**manifest["metadata"], "resourceVersion": current.metadata.resource_version}
+                await extensions.replace_custom_resource_definition(name, {**manifest, "metadata": metadata})
                 action = "updated"
-            async with asyncio.timeout(timeout_sec):
-                while True:
-                    crd = await extensions.read_custom_resource_definition(name)
-                    conditions = crd.status.conditions or []
-                    if any(c.type == "Established" and c.status == "True" for c in conditions):
-                        return action
-                    await asyncio.sleep(0.2)
-        except ApiException as error:
-            raise _api_error(error, f"customresourcedefinition {name}") from error
-        except TimeoutError:
-            raise KubeError(f"customresourcedefinition {name} not established after {timeout_sec:.0f} s") from None
+            deadline = asyncio.get_running_loop().time() + timeout_sec
+            while asyncio.get_running_loop().time() < deadline:
+                crd = await extensions.read_custom_resource_definition(name)
+                if any(c.type == "Established" and c.status == "True" for c in crd.status.conditions or []):
+                    return action
+                await asyncio.sleep(0.2)
+        raise KubeError(f"customresourcedefinition {name} not established after {timeout_sec:.0f} s")
 
     # ConfigMaps, events --------------------------------------------------------------------
     async def apply_config_map(self, manifest: dict[str, Any]) -> None:
         """Create a ConfigMap, or leave it: packed tasks are content-addressed, so one that exists is the same."""
-        namespace = manifest["metadata"]["namespace"]
         try:
-            await self.core.create_namespaced_config_map(namespace, manifest)
-        except ApiException as error:
-            if error.status != 409:
-                raise _api_error(error, f"configmap {namespace}/{manifest['metadata']['name']}") from error
+            with _api_call(f"configmap {manifest['metadata']['namespace']}/{manifest['metadata']['name']}"):
+                await self.core.create_namespaced_config_map(manifest["metadata"]["namespace"], manifest)
+        except Conflict:
+            pass
 
     async def get_config_map(self, namespace: str, name: str) -> Any:
-        try:
+        with _api_call(f"configmap {namespace}/{name}"):
             return await self.core.read_namespaced_config_map(name, namespace)
-        except ApiException as error:
-            raise _api_error(error, f"configmap {namespace}/{name}") from error
 
     async def create_event(self, namespace: str, event: dict[str, Any]) -> None:
-        try:
+        with _api_call("event"):
             await self.core.create_namespaced_event(namespace, event)
-        except ApiException as error:
-            raise _api_error(error, "event") from error
 
     # Pods ---------------------------------------------------------------------------------
     async def create_pod(self, namespace: str, manifest: dict[str, Any]) -> None:
-        try:
+        with _api_call(f"pod {namespace}/{manifest['metadata']['name']}"):
             await self.core.create_namespaced_pod(namespace, manifest)
-        except ApiException as error:
-            raise _api_error(error, f"pod {namespace}/{manifest['metadata']['name']}") from error
 
     async def read_pod(self, namespace: str, name: str) -> Any:
-        try:
+        with _api_call(f"pod {namespace}/{name}"):
             return await self.core.read_namespaced_pod(name, namespace)
-        except ApiException as error:
-            raise _api_error(error, f"pod {namespace}/{name}") from error
 
     async def delete_pod(self, namespace: str, name: str, *, grace_seconds: int = 1) -> None:
         """Delete a pod; a pod that is already gone is fine."""
         try:
-            await self.core.delete_namespaced_pod(name, namespace, grace_period_seconds=grace_seconds)
-        except ApiException as error:
-            if error.status != 404:
-                raise _api_error(error, f"pod {namespace}/{name}") from error
+            with _api_call(f"pod {namespace}/{name}"):
+                await self.core.delete_namespaced_pod(name, namespace, grace_period_seconds=grace_seconds)
+        except NotFound:
+            pass
 
     async def list_pods(self, namespace: str, selector: str) -> list[Any]:
-        try:
+        with _api_call(f"pods {selector} in {namespace}"):
             pods = await self.core.list_namespaced_pod(namespace, label_selector=selector)
-        except ApiException as error:
-            raise _api_error(error, f"pods {selector} in {namespace}") from error
         return list(pods.items)
 
     # Exec ---------------------------------------------------------------------------------

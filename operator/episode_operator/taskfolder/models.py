@@ -18,7 +18,7 @@ import math
 import re
 from collections import Counter
 from pathlib import PurePosixPath
-from typing import Annotated, Any, ClassVar, Literal, get_args
+from typing import Annotated, Any, ClassVar, Literal, Self, get_args
 
 from pydantic import (
     AliasGenerator,
@@ -163,9 +163,19 @@ def _nested_settings(annotation: Any) -> type[TaskSettings] | None:
     return None
 
 
-def _check_network(network_mode: str | None, allowed_hosts: list[str] | None) -> None:
-    if allowed_hosts is not None and network_mode != "allowlist":
-        raise ValueError('allowed_hosts is only valid with network_mode = "allowlist"')
+class NetworkChecks(TaskSettings):
+    """The ``network_mode`` / ``allowed_hosts`` rules shared by environments and phase overrides."""
+
+    @field_validator("allowed_hosts", check_fields=False)
+    @classmethod
+    def _hosts(cls, value: list[str] | None) -> list[str] | None:
+        return None if value is None else normalize_allowed_hosts(value)
+
+    @model_validator(mode="after")
+    def _network(self) -> Self:
+        if getattr(self, "allowed_hosts", None) is not None and getattr(self, "network_mode", None) != "allowlist":
+            raise ValueError('allowed_hosts is only valid with network_mode = "allowlist"')
+        return self
 
 
 class Healthcheck(TaskSettings):
@@ -227,7 +237,7 @@ class TpuSpec(TaskSettings):
         return value.strip()
 
 
-class EnvironmentConfig(TaskSettings):
+class EnvironmentConfig(NetworkChecks):
     """``[environment]``, and the same schema for a verifier environment."""
 
     legacy_keys: ClassVar[frozenset[str]] = frozenset({"image", "memory", "storage", "allow_internet"})
@@ -279,32 +289,12 @@ class EnvironmentConfig(TaskSettings):
     def _lowercase_os(cls, value: Any) -> Any:
         return value.lower() if isinstance(value, str) else value
 
-    @field_validator("allowed_hosts")
-    @classmethod
-    def _hosts(cls, value: list[str] | None) -> list[str] | None:
-        return None if value is None else normalize_allowed_hosts(value)
 
-    @model_validator(mode="after")
-    def _network(self) -> EnvironmentConfig:
-        _check_network(self.network_mode, self.allowed_hosts)
-        return self
-
-
-class PhaseNetwork(TaskSettings):
+class PhaseNetwork(NetworkChecks):
     """Network override for one phase (``[agent]``, ``[verifier]`` and their step tables)."""
 
     network_mode: NetworkMode | None = None
     allowed_hosts: list[str] | None = None
-
-    @field_validator("allowed_hosts")
-    @classmethod
-    def _hosts(cls, value: list[str] | None) -> list[str] | None:
-        return None if value is None else normalize_allowed_hosts(value)
-
-    @model_validator(mode="after")
-    def _network(self) -> PhaseNetwork:
-        _check_network(self.network_mode, self.allowed_hosts)
-        return self
 
     @property
     def restricts_network(self) -> bool:
