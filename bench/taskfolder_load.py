@@ -92,8 +92,10 @@ def main() -> None:
         "steps": options.steps,
         "files": len(mapping),
         "runs": options.runs,
-        "cases": {name: {"best_s": best, "median_s": median, "ratio_to_baseline": best / base}
-                  for name, (best, median) in results.items()},
+        "cases": {
+            name: {"best_s": best, "median_s": median, "ratio_to_baseline": best / base}
+            for name, (best, median) in results.items()
+        },
     }
     (OUT / "taskfolder_load.json").write_text(json.dumps(report, indent=2) + "\n")
 

@@ -281,7 +281,7 @@ def test_artifact_manifest_statuses() -> None:
         status.turns[0].artifacts.skipped,
         status.turns[0].artifacts.failed,
     ) == (2, 1, 1)
-    archive = store.artifacts[(1, "task")][1]
+    archive = store.artifacts[(1, "task")][1]  # archive N is manifest entry N
     with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
         assert tar.getnames() == ["app/out/x.txt"]
 
