@@ -19,8 +19,11 @@ import kopf
 
 from episode_operator.api.models import GROUP, PLURAL, VERSION
 from episode_operator.kube.client import KubeClient, KubeError
-from episode_operator.kube.driver import DriverSettings, drive_episode, release_episode_pods
+from episode_operator.kube.driver import DriverSettings, announce_waiting, drive_episode, release_episode_pods
 from episode_operator.kube.status import EpisodeGone
+from episode_operator.runtime.metrics import Metrics
+from episode_operator.runtime.server import serve
+from episode_operator.runtime.slots import FifoSlots
 
 TERMINAL = ("Succeeded", "Failed")
 
@@ -35,6 +38,9 @@ class OperatorOptions:
     pull_grace_sec: float = 120.0
     poll_interval_sec: float = 30.0
     liveness_endpoint: str | None = None
+    metrics_host: str = "0.0.0.0"
+    metrics_port: int | None = 8080
+    max_active_episodes: int = 0
     extra_pod_labels: dict[str, str] = field(default_factory=dict)
 
 
@@ -49,7 +55,12 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) 
     settings.watching.client_timeout = 150
     settings.watching.connect_timeout = 30
     settings.posting.level = logging.WARNING
-    memo.client = await KubeClient.connect(options.kubeconfig)
+    memo.metrics = Metrics()
+    memo.slots = FifoSlots(options.max_active_episodes)
+    memo.client = await KubeClient.connect(options.kubeconfig, metrics=memo.metrics)
+    memo.server = None
+    if options.metrics_port is not None:
+        memo.server = await serve(memo.metrics, options.data_dir, options.metrics_host, options.metrics_port)
     memo.settings = DriverSettings(
         data_dir=options.data_dir,
         pull_grace_sec=options.pull_grace_sec,
@@ -64,6 +75,9 @@ async def close(memo: kopf.Memo, **_: Any) -> None:
     client: KubeClient | None = getattr(memo, "client", None)
     if client is not None:
         await client.close()
+    server = getattr(memo, "server", None)
+    if server is not None:
+        await server.cleanup()
 
 
 def is_active(status: kopf.Status, **_: Any) -> bool:
@@ -76,8 +90,22 @@ def is_active(status: kopf.Status, **_: Any) -> bool:
     GROUP, VERSION, PLURAL, when=is_active, cancellation_timeout=20.0, backoff=15.0, errors=kopf.ErrorsMode.TEMPORARY
 )
 async def drive(body: kopf.Body, memo: Any, logger: Any, stopped: kopf.DaemonStopped, **_: Any) -> None:
+    metadata = body["metadata"]
+    slots: FifoSlots = memo.slots
+    if slots.would_wait() or slots.waiting:
+        await announce_waiting(memo.client, body, slots.active)
+    metrics: Metrics = memo.metrics
+    waiting = True
+    metrics.pending.inc()
     try:
-        await drive_episode(memo.client, body, memo.settings, logger)
+        async with slots.slot((metadata.get("creationTimestamp", ""), metadata["namespace"], metadata["name"])):
+            waiting = False
+            metrics.pending.dec()
+            metrics.active.inc()
+            try:
+                await drive_episode(memo.client, body, memo.settings, logger, observer=metrics)
+            finally:
+                metrics.active.dec()
     except EpisodeGone:
         return
     except asyncio.CancelledError:
@@ -88,6 +116,9 @@ async def drive(body: kopf.Body, memo: Any, logger: Any, stopped: kopf.DaemonSto
             except KubeError as error:
                 logger.warning("could not delete the pods of a deleted episode: %s", error)
         raise
+    finally:
+        if waiting:
+            metrics.pending.dec()
 
 
 def run_operator(options: OperatorOptions) -> None:

@@ -21,6 +21,8 @@ import pytest
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
+from tests.cluster.harness import OperatorProcess, install_crd, running_operator
+
 HERE = Path(__file__).resolve().parent
 HACK_CLUSTER = HERE.parents[1] / "hack" / "cluster"
 DEFAULT_STATE_DIR = "/var/lib/episode-operator/cluster"
@@ -106,10 +108,19 @@ def sandbox_image() -> str:
     return SANDBOX_IMAGE
 
 
+def namespace_prefix() -> str:
+    """Prefix of this session's namespaces (``t-``); two sessions sharing a cluster set different ones.
+
+    The session's operator watches ``<prefix>*``, so another session's operator never drives
+    this session's Episodes.
+    """
+    return os.environ.get("EPISODE_TEST_NAMESPACE_PREFIX", "t-")
+
+
 def namespace_name(test_name: str) -> str:
     """A fresh DNS-1123 namespace name that still says which test made it."""
     stem = re.sub(r"[^a-z0-9]+", "-", test_name.lower()).strip("-")[:40].strip("-")
-    return f"t-{stem}-{uuid.uuid4().hex[:6]}"
+    return f"{namespace_prefix()}{stem}-{uuid.uuid4().hex[:6]}"
 
 
 def wait_for_default_service_account(core: client.CoreV1Api, namespace: str, timeout: float = 60) -> None:
@@ -137,3 +148,14 @@ def namespace(core: client.CoreV1Api, request: pytest.FixtureRequest) -> Iterato
         yield name
     finally:
         core.delete_namespace(name, propagation_policy="Background")
+
+
+@pytest.fixture(scope="session")
+def operator(
+    kubeconfig: Path, api_client: client.ApiClient, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[OperatorProcess]:
+    """The operator as its own process, watching this session's namespaces, the CRD installed."""
+    install_crd(api_client)
+    root = tmp_path_factory.mktemp("operator")
+    with running_operator(kubeconfig, root / "data", root / "operator.log", f"{namespace_prefix()}*") as process:
+        yield process

@@ -63,13 +63,17 @@ def free_port() -> int:
 class OperatorProcess:
     """``episode-operator run`` as a subprocess, started and stopped by its pid."""
 
-    def __init__(self, kubeconfig: Path, data_dir: Path, log_path: Path, namespaces: str) -> None:
+    def __init__(
+        self, kubeconfig: Path, data_dir: Path, log_path: Path, namespaces: str, extra_args: tuple[str, ...] = ()
+    ) -> None:
+        self.extra_args = extra_args
         self.kubeconfig = kubeconfig
         self.data_dir = data_dir
         self.log_path = log_path
         self.namespaces = namespaces
         self.process: subprocess.Popen[bytes] | None = None
         self.port = free_port()
+        self.metrics_port = free_port()
 
     def start(self, timeout: float = 60) -> None:
         command = [
@@ -87,6 +91,9 @@ class OperatorProcess:
             "5",
             "--liveness",
             f"http://127.0.0.1:{self.port}/healthz",
+            "--metrics-port",
+            str(self.metrics_port),
+            *self.extra_args,
         ]
         log = self.log_path.open("ab")
         self.process = subprocess.Popen(

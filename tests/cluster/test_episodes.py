@@ -6,7 +6,7 @@ import base64
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +14,7 @@ import pytest
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
+from tests.cluster.conftest import namespace_prefix, wait_for_default_service_account
 from tests.cluster.harness import (
     EXAMPLES,
     TASKS,
@@ -29,16 +30,6 @@ from tests.cluster.harness import (
 )
 
 SCORED = TASKS / "scored-steps"
-
-
-@pytest.fixture(scope="session")
-def operator(
-    kubeconfig: Path, api_client: client.ApiClient, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[OperatorProcess]:
-    install_crd(api_client)
-    root = tmp_path_factory.mktemp("operator")
-    with running_operator(kubeconfig, root / "data", root / "operator.log", "t-*") as process:
-        yield process
 
 
 def wants(*rewards: str) -> dict[str, str]:
@@ -261,7 +252,7 @@ def test_operator_killed_during_an_agent_turn(
 ) -> None:
     """SIGKILL the operator mid-turn, start a new one: same reward, the turn ran once, its output kept."""
     install_crd(api_client)
-    namespace = f"crash-{int(time.time() * 1000) % 10**8:x}"
+    namespace = f"crash-{namespace_prefix()}{int(time.time() * 1000) % 10**8:x}"
     core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=namespace)))
     try:
         command = "echo run >> /app/runs.txt; echo agent-started; sleep 12; echo agent-finished"
@@ -272,10 +263,11 @@ def test_operator_killed_during_an_agent_turn(
         spec = episode_spec(
             EXAMPLES / "hello", edits={"tests/test.sh": test_sh}, agent={"kind": "command", "command": command}
         )
-        first = OperatorProcess(kubeconfig, tmp_path / "data", tmp_path / "operator.log", "crash-*")
+        glob = f"crash-{namespace_prefix()}*"
+        first = OperatorProcess(kubeconfig, tmp_path / "data", tmp_path / "operator.log", glob)
         first.start()
         try:
-            _wait_for_service_account(core, namespace)
+            wait_for_default_service_account(core, namespace)
             create_episode(api_client, namespace, "crash", spec)
             deadline = time.monotonic() + 120
             while time.monotonic() < deadline:
@@ -288,7 +280,7 @@ def test_operator_killed_during_an_agent_turn(
             time.sleep(2)
         finally:
             first.kill()
-        with running_operator(kubeconfig, tmp_path / "data", tmp_path / "operator.log", "crash-*") as second:
+        with running_operator(kubeconfig, tmp_path / "data", tmp_path / "operator.log", glob) as second:
             status = wait_for_episode(api_client, namespace, "crash", second)
             assert (status["phase"], status["reward"], status["attempt"]) == ("Succeeded", 1.0, 1), status
             logs = subprocess.run(
@@ -311,12 +303,6 @@ def test_operator_killed_during_an_agent_turn(
             assert "agent-started" in logs.stdout and "agent-finished" in logs.stdout, logs.stdout + logs.stderr
     finally:
         core.delete_namespace(namespace)
-
-
-def _wait_for_service_account(core: client.CoreV1Api, namespace: str) -> None:
-    from tests.cluster.conftest import wait_for_default_service_account
-
-    wait_for_default_service_account(core, namespace)
 
 
 # --- bad input ---------------------------------------------------------------------------------
@@ -389,3 +375,26 @@ def test_finished_episode_pods_are_removed(
     while pods_of(core, namespace, "tidy"):
         assert time.monotonic() < deadline
         time.sleep(0.5)
+
+
+def test_metrics_move_after_an_episode(api_client: client.ApiClient, namespace: str, operator: OperatorProcess) -> None:
+    def scrape() -> dict[str, float]:
+        text = urllib.request.urlopen(f"http://127.0.0.1:{operator.metrics_port}/metrics", timeout=5).read().decode()
+        samples: dict[str, float] = {}
+        for line in text.splitlines():
+            if line and not line.startswith("#"):
+                name, _, value = line.rpartition(" ")
+                samples[name] = float(value)
+        return samples
+
+    before = scrape()
+    run_episode(api_client, namespace, "measured", episode_spec(EXAMPLES / "hello"), operator)
+    after = scrape()
+    graded = 'episode_operator_episodes_total{failure_kind="",outcome="Graded"}'
+    assert after[graded] == before.get(graded, 0) + 1
+    assert after['episode_operator_turns_total{failure_kind="",result="graded"}'] >= 1
+    for phase in ("pod_start", "agent", "collect", "verify"):
+        key = f'episode_operator_phase_duration_seconds_count{{phase="{phase}"}}'
+        assert after[key] == before.get(key, 0) + 1, key
+    assert after["episode_operator_episode_reward_count"] == before.get("episode_operator_episode_reward_count", 0) + 1
+    assert after["episode_operator_active_episodes"] == 0

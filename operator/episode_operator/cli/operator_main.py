@@ -56,7 +56,21 @@ def main() -> None:
     show_default=True,
     help="Longest single wait for a job (a bounded long poll).",
 )
-@click.option("--liveness", "liveness_endpoint", default=None, help="e.g. http://0.0.0.0:8080/healthz")
+@click.option("--liveness", "liveness_endpoint", default=None, help="e.g. http://0.0.0.0:8081/healthz")
+@click.option(
+    "--metrics-port",
+    type=int,
+    default=8080,
+    show_default=True,
+    help="Port of /metrics and of the kept logs and artifacts; 0 turns it off.",
+)
+@click.option(
+    "--max-active-episodes",
+    type=click.IntRange(min=0),
+    default=0,
+    show_default=True,
+    help="Drive at most this many Episodes at once (0: no limit); the rest wait Pending, oldest first.",
+)
 def run(
     namespaces: tuple[str, ...],
     data_dir: Path,
@@ -64,6 +78,8 @@ def run(
     pull_grace_sec: float,
     poll_interval_sec: float,
     liveness_endpoint: str | None,
+    metrics_port: int,
+    max_active_episodes: int,
 ) -> None:
     """Run the operator until interrupted."""
     run_operator(
@@ -74,6 +90,8 @@ def run(
             pull_grace_sec=pull_grace_sec,
             poll_interval_sec=poll_interval_sec,
             liveness_endpoint=liveness_endpoint,
+            metrics_port=metrics_port or None,
+            max_active_episodes=max_active_episodes,
         )
     )
 

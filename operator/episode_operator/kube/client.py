@@ -27,9 +27,10 @@ from kubernetes_asyncio import client as k8s
 from kubernetes_asyncio import config as k8s_config
 from kubernetes_asyncio.client.exceptions import ApiException
 from kubernetes_asyncio.stream import WsApiClient
-from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt, wait_exponential
+from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, stop_after_attempt, wait_exponential
 
 from episode_operator.api.models import GROUP, PLURAL, VERSION
+from episode_operator.runtime.metrics import Metrics
 
 STDIN, STDOUT, STDERR, ERROR = 0, 1, 2, 3
 FRAME = 256 * 1024
@@ -89,7 +90,8 @@ def _api_error(error: ApiException, what: str) -> KubeError:
 class KubeClient:
     """Typed access to the few resources the operator uses."""
 
-    def __init__(self, api: k8s.ApiClient, ws_api: WsApiClient) -> None:
+    def __init__(self, api: k8s.ApiClient, ws_api: WsApiClient, *, metrics: Metrics | None = None) -> None:
+        self.metrics = metrics
         self.api = api
         self.ws_api = ws_api
         # Typed as Any: the generated client accepts plain dicts and lists where its hints
@@ -99,7 +101,7 @@ class KubeClient:
         self.core_ws: Any = k8s.CoreV1Api(ws_api)
 
     @classmethod
-    async def connect(cls, kubeconfig: str | None = None) -> KubeClient:
+    async def connect(cls, kubeconfig: str | None = None, *, metrics: Metrics | None = None) -> KubeClient:
         """In-cluster configuration inside a pod, else ``kubeconfig`` or ``$KUBECONFIG``."""
         configuration = k8s.Configuration()
         if os.environ.get("KUBERNETES_SERVICE_HOST") and kubeconfig is None and not os.environ.get("KUBECONFIG"):
@@ -107,7 +109,7 @@ class KubeClient:
         else:
             path = kubeconfig or os.environ.get("KUBECONFIG") or str(Path.home() / ".kube" / "config")
             await k8s_config.load_kube_config(config_file=path, client_configuration=configuration)
-        return cls(k8s.ApiClient(configuration), WsApiClient(configuration))
+        return cls(k8s.ApiClient(configuration), WsApiClient(configuration), metrics=metrics)
 
     async def close(self) -> None:
         await self.api.close()
@@ -235,12 +237,19 @@ class KubeClient:
             stop=stop_after_attempt(attempts),
             wait=wait_exponential(multiplier=0.2, max=3.0),
             retry=retry_if_exception_type(ExecTransportError),
+            before_sleep=self._count_retry,
             reraise=True,
         )
         async for attempt in retrying:
             with attempt:
                 return await self._exec_once(namespace, pod, container, argv, stdin, timeout_sec)
         raise AssertionError("unreachable")
+
+    def _count_retry(self, state: RetryCallState) -> None:
+        if self.metrics is not None:
+            error = state.outcome.exception() if state.outcome else None
+            status = getattr(error, "status", 0)
+            self.metrics.exec_errors.labels("handshake" if status else "transport").inc()
 
     async def _exec_once(
         self, namespace: str, pod: str, container: str, argv: Sequence[str], stdin: bytes | None, timeout_sec: float

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import logging
 import time
 from collections.abc import Mapping, Sequence
@@ -26,7 +27,7 @@ from episode_operator.kube.client import KubeClient, KubeError, NotFound
 from episode_operator.kube.pods import EpisodeRef, episode_selector
 from episode_operator.kube.sandbox import KubeProvider
 from episode_operator.kube.status import KubeStatusSink
-from episode_operator.runtime.episode import EpisodeConfig, EpisodeRunner, timestamp
+from episode_operator.runtime.episode import EpisodeConfig, EpisodeObserver, EpisodeRunner, timestamp
 from episode_operator.runtime.store import FileStore, episode_store_root
 from episode_operator.taskfolder import EpisodePlan, Problem, TaskFiles, resolve_plan, seed_refusals, validate_task
 from episode_operator.taskfolder.envtemplates import UnresolvedTemplate, resolve_env_templates
@@ -55,7 +56,12 @@ class TaskSourceError(Exception):
 
 
 async def drive_episode(
-    client: KubeClient, body: Mapping[str, Any], settings: DriverSettings, logger: logging.Logger
+    client: KubeClient,
+    body: Mapping[str, Any],
+    settings: DriverSettings,
+    logger: logging.Logger,
+    *,
+    observer: EpisodeObserver | None = None,
 ) -> EpisodeStatus:
     """Run the Episode in ``body`` from its current status to a terminal phase."""
     metadata = body["metadata"]
@@ -114,7 +120,7 @@ async def drive_episode(
         backoff_base_sec=settings.backoff_base_sec,
     )
     store = FileStore(episode_store_root(settings.data_dir, episode.namespace, episode.name, episode.uid))
-    return await EpisodeRunner(config, provider, sink, store).run(status)
+    return await EpisodeRunner(config, provider, sink, store, observer=observer).run(status)
 
 
 async def read_task_files(client: KubeClient, namespace: str, source: TaskSource, wait_sec: float) -> TaskFiles:
@@ -225,3 +231,15 @@ async def release_episode_pods(client: KubeClient, namespace: str, name: str) ->
     """Delete every pod of an Episode (it was deleted while running)."""
     for pod in await client.list_pods(namespace, episode_selector(name)):
         await client.delete_pod(namespace, pod.metadata.name, grace_seconds=0)
+
+
+async def announce_waiting(client: KubeClient, body: Mapping[str, Any], active: int) -> None:
+    """Mark a not-yet-started Episode Pending while it waits for a free slot (best effort)."""
+    status = EpisodeStatus.model_validate(body.get("status") or {})
+    if status.phase not in (None, "Pending"):
+        return
+    status.phase = "Pending"
+    status.message = f"waiting: {active} episode(s) running, the operator's maxActiveEpisodes"
+    metadata = body["metadata"]
+    with contextlib.suppress(KubeError):
+        await client.replace_episode_status(metadata["namespace"], metadata["name"], status.to_api())

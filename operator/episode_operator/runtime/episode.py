@@ -16,9 +16,10 @@ idempotent steps, and never runs a turn twice.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import math
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import PurePosixPath
@@ -98,6 +99,32 @@ class _EpisodeEnds(Exception):
         self.failure_kind = failure_kind
 
 
+class EpisodeObserver(Protocol):
+    """What the runner tells about its work, e.g. for metrics."""
+
+    def phase_finished(self, phase: str, seconds: float) -> None: ...
+
+    def turn_finished(self, result: str, failure_kind: str | None) -> None: ...
+
+    def outage(self, kind: str) -> None: ...
+
+    def episode_finished(self, outcome: str, failure_kind: str | None, reward: float | None) -> None: ...
+
+
+class _Unobserved:
+    def phase_finished(self, phase: str, seconds: float) -> None:
+        pass
+
+    def turn_finished(self, result: str, failure_kind: str | None) -> None:
+        pass
+
+    def outage(self, kind: str) -> None:
+        pass
+
+    def episode_finished(self, outcome: str, failure_kind: str | None, reward: float | None) -> None:
+        pass
+
+
 class StatusSink(Protocol):
     """Where the runner reports: the Episode's status subresource and its events."""
 
@@ -145,6 +172,7 @@ class EpisodeRunner:
         clock: Callable[[], float] = time.time,
         monotonic: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+        observer: EpisodeObserver | None = None,
     ) -> None:
         self.config = config
         self.plan = config.plan
@@ -154,6 +182,7 @@ class EpisodeRunner:
         self.clock = clock
         self.monotonic = monotonic
         self.sleep = sleep
+        self.observer: EpisodeObserver = observer or _Unobserved()
         self.status = EpisodeStatus()
         self._agent_sandbox: Sandbox | None = None
         # Healthcheck attempts of this runner never collide with a crashed runner's.
@@ -229,7 +258,8 @@ class EpisodeRunner:
     async def _agent(self) -> Sandbox:
         if self._agent_sandbox is None:
             try:
-                self._agent_sandbox = await self.provider.agent(self._attempt.number)
+                async with self._timed("pod_start"):
+                    self._agent_sandbox = await self.provider.agent(self._attempt.number)
             except SandboxError as error:
                 raise Outage(error.kind, str(error)) from error
             if self.status.pod_name != self._agent_sandbox.name:
@@ -282,10 +312,12 @@ class EpisodeRunner:
                 await self._prepare_workdir(index)
                 await self._stage(record, "setup")
             if record.stage == "setup":
-                await self._setup(index)
+                async with self._timed("setup"):
+                    await self._setup(index)
                 await self._stage(record, "healthcheck")
             if record.stage == "healthcheck":
-                await self._step_healthcheck(index)
+                async with self._timed("healthcheck"):
+                    await self._step_healthcheck(index)
                 await self._stage(record, "agent")
         except _PreparationFailed as failure:
             if index == 0:
@@ -298,12 +330,15 @@ class EpisodeRunner:
             await self._finish_turn(index, TurnScore(valid=False), failure.failure_kind, str(failure))
             return True
         if record.stage == "agent":
-            await self._run_agent(index)
+            async with self._timed("agent"):
+                await self._run_agent(index)
             await self._stage(record, "collect")
         if record.stage == "collect":
-            await self._collect(index)
+            async with self._timed("collect"):
+                await self._collect(index)
             await self._stage(record, "verify-prepare")
-        return await self._verify(index)
+        async with self._timed("verify"):
+            return await self._verify(index)
 
     def _stopped(self, index: int) -> bool:
         """Whether a finished turn stopped the episode: no valid reward, a failure, or a missed gate."""
@@ -587,6 +622,9 @@ class EpisodeRunner:
             record.message = message
         record.finished_at = timestamp(self.clock())
         record.stage = "done"
+        self.observer.turn_finished(
+            "failed" if failure_kind else "graded" if score.valid else "measured_zero", failure_kind
+        )
         self._progress()
         await self._publish()
         reward = "no valid reward" if not score.valid else f"reward {score.reward}"
@@ -627,6 +665,7 @@ class EpisodeRunner:
         self._progress()
         self._condition("Running", "False", outcome, message)
         self._condition("Complete" if success else "Failed", "True", outcome, message)
+        self.observer.episode_finished(outcome, failure_kind, self.status.reward)
         # The terminal status comes last: it ends the driver (the operator stops watching the
         # episode), and a restart before it is published only repeats this ending.
         await self._release_all(keep=self.config.keep_pods_on_failure and not success)
@@ -640,6 +679,7 @@ class EpisodeRunner:
     async def _after_outage(self, outage: Outage) -> None:
         attempt = self._attempt
         attempt.reason = f"{outage.kind}: {outage}"
+        self.observer.outage(outage.kind)
         attempt.finished_at = timestamp(self.clock())
         await self.sink.event("Outage", f"attempt {attempt.number}: {attempt.reason}", warning=True)
         self._agent_sandbox = None
@@ -658,6 +698,14 @@ class EpisodeRunner:
         await self._publish()
 
     # Helpers ---------------------------------------------------------------------------
+    @contextlib.asynccontextmanager
+    async def _timed(self, phase: str) -> AsyncIterator[None]:
+        started = self.monotonic()
+        try:
+            yield
+        finally:
+            self.observer.phase_finished(phase, self.monotonic() - started)
+
     async def _job(self, sandbox: Sandbox, spec: JobSpec) -> JobState:
         """Run a supervised job to its end, re-attaching if it already exists."""
         self._check_deadline()

@@ -1,0 +1,79 @@
+"""Prometheus metrics: what someone running thousands of episodes watches.
+
+Outcomes and failure kinds are kept apart as everywhere else (an outage is never a
+reward), phase durations show where an episode's time goes (pod start, setup, agent,
+collect, verify), and exec transport errors show a struggling API server before it
+becomes outages.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+PHASE_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800, 3600, 7200, 28800)
+REWARD_BUCKETS = (0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0)
+
+
+class Metrics:
+    """The operator's metrics in their own registry (tests create as many as they like)."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry or CollectorRegistry()
+        self.episodes = Counter(
+            "episode_operator_episodes",
+            "Episodes finished, by outcome and failure kind.",
+            ["outcome", "failure_kind"],
+            registry=self.registry,
+        )
+        self.turns = Counter(
+            "episode_operator_turns",
+            "Turns finished: graded, measured_zero (no valid reward), failed (preparation).",
+            ["result", "failure_kind"],
+            registry=self.registry,
+        )
+        self.outages = Counter(
+            "episode_operator_outages",
+            "Attempts lost to an outage, by kind; never scored.",
+            ["kind"],
+            registry=self.registry,
+        )
+        self.phase_seconds = Histogram(
+            "episode_operator_phase_duration_seconds",
+            "Time spent per phase of a turn or episode.",
+            ["phase"],
+            buckets=PHASE_BUCKETS,
+            registry=self.registry,
+        )
+        self.rewards = Histogram(
+            "episode_operator_episode_reward",
+            "Rewards of graded episodes.",
+            buckets=REWARD_BUCKETS,
+            registry=self.registry,
+        )
+        self.exec_errors = Counter(
+            "episode_operator_exec_errors",
+            "Exec transport failures (each retried), by kind.",
+            ["kind"],
+            registry=self.registry,
+        )
+        self.active = Gauge("episode_operator_active_episodes", "Episodes being driven now.", registry=self.registry)
+        self.pending = Gauge(
+            "episode_operator_pending_episodes",
+            "Episodes waiting for a free slot (maxActiveEpisodes).",
+            registry=self.registry,
+        )
+
+    # The runtime's EpisodeObserver ------------------------------------------------------
+    def phase_finished(self, phase: str, seconds: float) -> None:
+        self.phase_seconds.labels(phase).observe(seconds)
+
+    def turn_finished(self, result: str, failure_kind: str | None) -> None:
+        self.turns.labels(result, failure_kind or "").inc()
+
+    def outage(self, kind: str) -> None:
+        self.outages.labels(kind).inc()
+
+    def episode_finished(self, outcome: str, failure_kind: str | None, reward: float | None) -> None:
+        self.episodes.labels(outcome, failure_kind or "").inc()
+        if outcome == "Graded" and reward is not None:
+            self.rewards.observe(reward)
