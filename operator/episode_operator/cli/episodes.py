@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import io
 import os
 import sys
+import tarfile
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -17,14 +19,13 @@ from rich.live import Live
 from rich.table import Table
 
 from episode_operator.api.models import AgentSpec, EpisodeSpec, EpisodeStatus, TaskSource, episode_manifest
-from episode_operator.kube.client import KubeClient, KubeError
+from episode_operator.kube.client import KubeClient, KubeError, NotFound
 from episode_operator.kube.tasks import TaskTooLarge, task_config_map
 from episode_operator.runtime.store import episode_store_root, export_artifacts, stored_logs
 from episode_operator.taskfolder import TaskFiles, validate_task
 
 T = TypeVar("T")
 TERMINAL = ("Succeeded", "Failed")
-DEFAULT_DATA_DIR = "/var/lib/episode-operator/data"
 
 
 def with_client(kubeconfig: str | None, action: Callable[[KubeClient], Awaitable[T]]) -> T:
@@ -221,53 +222,137 @@ def register(cli: click.Group) -> None:
     @cluster_options
     @click.option("--turn", default=None, help="Only this turn.")
     @click.option("--attempt", type=int, default=None, help="Only this attempt (default: all).")
-    @click.option(
-        "--data-dir",
-        default=lambda: os.environ.get("EPISODE_OPERATOR_DATA_DIR", DEFAULT_DATA_DIR),
-        show_default="$EPISODE_OPERATOR_DATA_DIR",
-        help="The operator's data directory.",
-    )
+    @operator_options
     def logs(
-        name: str, namespace: str, kubeconfig: str | None, turn: str | None, attempt: int | None, data_dir: str
+        name: str,
+        namespace: str,
+        kubeconfig: str | None,
+        turn: str | None,
+        attempt: int | None,
+        data_dir: str | None,
+        operator_namespace: str,
+        operator_service: str,
     ) -> None:
         """Print the logs an Episode's turns left (agent, setup, verifier, hooks)."""
-        root = _episode_root(kubeconfig, namespace, name, data_dir)
-        found = stored_logs(root, turn=turn, attempt=attempt)
-        if not found:
+        source = _kept(kubeconfig, namespace, name, data_dir, operator_namespace, operator_service)
+        text = source.logs(turn=turn, attempt=attempt)
+        if not text:
             raise click.ClickException(f"no logs kept for {namespace}/{name}" + (f" turn {turn}" if turn else ""))
-        for log in found:
-            click.echo(f"==> attempt {log.attempt} turn {log.turn}: {log.name} <==")
-            click.echo(log.path.read_bytes().decode("utf-8", "replace"), nl=False)
-            click.echo()
+        click.echo(text, nl=False)
 
     @cli.command()
     @click.argument("name")
     @click.argument("destination", type=click.Path(file_okay=False, path_type=Path))
     @cluster_options
-    @click.option(
-        "--data-dir",
-        default=lambda: os.environ.get("EPISODE_OPERATOR_DATA_DIR", DEFAULT_DATA_DIR),
-        show_default="$EPISODE_OPERATOR_DATA_DIR",
-        help="The operator's data directory.",
-    )
-    def artifacts(name: str, destination: Path, namespace: str, kubeconfig: str | None, data_dir: str) -> None:
+    @operator_options
+    def artifacts(
+        name: str,
+        destination: Path,
+        namespace: str,
+        kubeconfig: str | None,
+        data_dir: str | None,
+        operator_namespace: str,
+        operator_service: str,
+    ) -> None:
         """Copy an Episode's artifacts (latest attempt) into DESTINATION/<turn>/."""
-        root = _episode_root(kubeconfig, namespace, name, data_dir)
-        written = export_artifacts(root, destination)
+        source = _kept(kubeconfig, namespace, name, data_dir, operator_namespace, operator_service)
+        written = source.artifacts(destination)
         if not written:
             raise click.ClickException(f"no artifacts kept for {namespace}/{name}")
-        click.echo(f"{len(written)} file(s) under {destination}")
+        click.echo(f"{written} file(s) under {destination}")
 
 
-def _episode_root(kubeconfig: str | None, namespace: str, name: str, data_dir: str) -> Path:
+def operator_options(command: Callable[..., Any]) -> Callable[..., Any]:
+    """Where the operator keeps logs and artifacts: its data directory here, or its Service."""
+    command = click.option(
+        "--operator-service",
+        default=lambda: os.environ.get("EPISODE_OPERATOR_SERVICE", "episode-operator"),
+        show_default="episode-operator",
+        help="The in-cluster operator's Service.",
+    )(command)
+    command = click.option(
+        "--operator-namespace",
+        default=lambda: os.environ.get("EPISODE_OPERATOR_NAMESPACE", "episode-operator-system"),
+        show_default="episode-operator-system",
+        help="The in-cluster operator's namespace.",
+    )(command)
+    command = click.option(
+        "--data-dir",
+        default=lambda: os.environ.get("EPISODE_OPERATOR_DATA_DIR"),
+        show_default="$EPISODE_OPERATOR_DATA_DIR",
+        help="The data directory of an operator running on this machine; without it the in-cluster "
+        "operator is asked through the API server's service proxy.",
+    )(command)
+    return command
+
+
+class _LocalStore:
+    def __init__(self, root: Path) -> None:
+        self.root = root
+
+    def logs(self, *, turn: str | None, attempt: int | None) -> str:
+        parts = []
+        for log in stored_logs(self.root, turn=turn, attempt=attempt):
+            text = log.path.read_bytes().decode("utf-8", "replace")
+            parts.append(f"==> attempt {log.attempt} turn {log.turn}: {log.name} <==\n{text}\n")
+        return "".join(parts)
+
+    def artifacts(self, destination: Path) -> int:
+        return len(export_artifacts(self.root, destination))
+
+
+class _RemoteStore:
+    def __init__(self, kubeconfig: str | None, namespace: str, service: str, path: str) -> None:
+        self.kubeconfig, self.namespace, self.service, self.path = kubeconfig, namespace, service, path
+
+    def _get(self, suffix: str, query: dict[str, str]) -> bytes | None:
+        async def fetch(client: KubeClient) -> bytes | None:
+            try:
+                return await client.service_get(self.namespace, f"{self.service}:http", self.path + suffix, query)
+            except NotFound as error:
+                if "no such service" in str(error):
+                    raise click.ClickException(
+                        f"no operator Service {self.namespace}/{self.service} (set --operator-namespace and "
+                        "--operator-service, or --data-dir for an operator running on this machine)"
+                    ) from error
+                return None
+
+        return with_client(self.kubeconfig, fetch)
+
+    def logs(self, *, turn: str | None, attempt: int | None) -> str:
+        query = {key: str(value) for key, value in (("turn", turn), ("attempt", attempt)) if value is not None}
+        body = self._get("/logs", query)
+        return "" if body is None else body.decode("utf-8", "replace")
+
+    def artifacts(self, destination: Path) -> int:
+        body = self._get("/artifacts.tar.gz", {})
+        if body is None:
+            return 0
+        destination.mkdir(parents=True, exist_ok=True)
+        with tarfile.open(fileobj=io.BytesIO(body), mode="r:gz") as archive:
+            members = archive.getmembers()
+            archive.extractall(destination, filter="data")
+        return sum(1 for member in members if member.isfile())
+
+
+def _kept(
+    kubeconfig: str | None,
+    namespace: str,
+    name: str,
+    data_dir: str | None,
+    operator_namespace: str,
+    operator_service: str,
+) -> _LocalStore | _RemoteStore:
     async def fetch(client: KubeClient) -> dict[str, Any]:
         return await client.get_episode(namespace, name)
 
     uid = with_client(kubeconfig, fetch)["metadata"]["uid"]
-    root = episode_store_root(Path(data_dir), namespace, name, uid)
-    if not root.is_dir():
-        raise click.ClickException(f"{root}: not found; is --data-dir the operator's data directory?")
-    return root
+    if data_dir:
+        root = episode_store_root(Path(data_dir), namespace, name, uid)
+        if not root.is_dir():
+            raise click.ClickException(f"{root}: not found; is --data-dir the operator's data directory?")
+        return _LocalStore(root)
+    return _RemoteStore(kubeconfig, operator_namespace, operator_service, f"/v1/episodes/{namespace}/{name}/{uid}")
 
 
 def _reward(value: Any) -> str:

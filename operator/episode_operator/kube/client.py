@@ -216,6 +216,30 @@ class KubeClient:
             pods = await self.core.list_namespaced_pod(namespace, label_selector=selector)
         return list(pods.items)
 
+    # Services ------------------------------------------------------------------------------
+    async def service_get(self, namespace: str, service: str, path: str, query: dict[str, str] | None = None) -> bytes:
+        """GET ``path`` of a Service through the API server's proxy (RBAC: ``services/proxy`` get)."""
+        what = f"service {namespace}/{service}{path}"
+        with _api_call(what):
+            response = await self.api.call_api(
+                f"/api/v1/namespaces/{namespace}/services/{service}/proxy{path}",
+                "GET",
+                query_params=list((query or {}).items()),
+                auth_settings=["BearerToken"],
+                _preload_content=False,
+                _return_http_data_only=True,
+            )
+            body: bytes = await response.read()
+        if response.status == 404:
+            # The API server answers JSON when the Service itself is missing; the service answers text.
+            detail = "no such service" if body.startswith(b"{") else body.decode("utf-8", "replace").strip()
+            raise NotFound(f"{what}: {detail}", status=404)
+        if response.status >= 400:
+            raise KubeError(
+                f"{what}: {response.status} {body[:300].decode('utf-8', 'replace')}", status=response.status
+            )
+        return body
+
     # Exec ---------------------------------------------------------------------------------
     async def exec(
         self,
