@@ -19,7 +19,13 @@ import kopf
 
 from episode_operator.api.models import GROUP, PLURAL, VERSION
 from episode_operator.kube.client import KubeClient, KubeError
-from episode_operator.kube.driver import DriverSettings, announce_waiting, drive_episode, release_episode_pods
+from episode_operator.kube.driver import (
+    DriverSettings,
+    announce_waiting,
+    drive_episode,
+    release_episode_pods,
+    suspend_episode,
+)
 from episode_operator.kube.status import EpisodeGone
 from episode_operator.runtime.metrics import Metrics
 from episode_operator.runtime.server import serve
@@ -80,10 +86,23 @@ async def close(memo: kopf.Memo, **_: Any) -> None:
         await server.cleanup()
 
 
-def is_active(status: kopf.Status, **_: Any) -> bool:
-    """Only Episodes that have not finished get a driver."""
+def is_active(status: kopf.Status, spec: kopf.Spec, **_: Any) -> bool:
+    """Episodes that have not finished and are not suspended get a driver."""
     phase: Any = status.get("phase") if status else None
-    return phase not in TERMINAL
+    return phase not in TERMINAL and not spec.get("suspend")
+
+
+def is_suspended(status: kopf.Status, spec: kopf.Spec, **_: Any) -> bool:
+    phase: Any = status.get("phase") if status else None
+    return phase not in TERMINAL and bool(spec.get("suspend"))
+
+
+@kopf.on.resume(GROUP, VERSION, PLURAL, when=is_suspended)
+@kopf.on.create(GROUP, VERSION, PLURAL, when=is_suspended)
+@kopf.on.update(GROUP, VERSION, PLURAL, when=is_suspended)
+async def hold(body: kopf.Body, memo: Any, **_: Any) -> None:
+    """A suspended Episode waits Pending (e.g. for Kueue to admit it); it starts when unsuspended."""
+    await suspend_episode(memo.client, body)
 
 
 @kopf.daemon(
@@ -109,12 +128,16 @@ async def drive(body: kopf.Body, memo: Any, logger: Any, stopped: kopf.DaemonSto
     except EpisodeGone:
         return
     except asyncio.CancelledError:
-        if stopped.reason is not None and stopped.reason & kopf.DaemonStoppingReason.RESOURCE_DELETED:
-            # Deleted mid-run: stop its jobs now rather than when garbage collection gets to them.
-            try:
-                await release_episode_pods(memo.client, body["metadata"]["namespace"], body["metadata"]["name"])
-            except KubeError as error:
-                logger.warning("could not delete the pods of a deleted episode: %s", error)
+        reason = stopped.reason or kopf.DaemonStoppingReason(0)
+        try:
+            if reason & kopf.DaemonStoppingReason.RESOURCE_DELETED:
+                # Deleted mid-run: stop its jobs now rather than when garbage collection gets to them.
+                await release_episode_pods(memo.client, metadata["namespace"], metadata["name"])
+            elif reason & kopf.DaemonStoppingReason.FILTERS_MISMATCH and body.get("spec", {}).get("suspend"):
+                # Suspended mid-run (e.g. preempted by Kueue): stop its pods; it starts over when resumed.
+                await suspend_episode(memo.client, body)
+        except KubeError as error:
+            logger.warning("could not stop the pods of episode %s: %s", metadata["name"], error)
         raise
     finally:
         if waiting:

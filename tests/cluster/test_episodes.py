@@ -398,3 +398,46 @@ def test_metrics_move_after_an_episode(api_client: client.ApiClient, namespace: 
         assert after[key] == before.get(key, 0) + 1, key
     assert after["episode_operator_episode_reward_count"] == before.get("episode_operator_episode_reward_count", 0) + 1
     assert after["episode_operator_active_episodes"] == 0
+
+
+def test_suspend_holds_an_episode_and_resume_starts_it_over(
+    api_client: client.ApiClient, core: client.CoreV1Api, namespace: str, operator: OperatorProcess
+) -> None:
+    """spec.suspend (how Kueue admits or preempts): held Pending without pods; a resumed run starts over."""
+    episodes = client.CustomObjectsApi(api_client)
+    command = "echo run >> /app/runs.txt; sleep 8; echo 'Hello, world!' > /app/hello.txt"
+    spec = episode_spec(EXAMPLES / "hello", agent={"kind": "command", "command": command}, suspend=True)
+    body = {
+        "apiVersion": "episode-operator.dev/v1alpha1",
+        "kind": "Episode",
+        "metadata": {"name": "queued", "labels": {"kueue.x-k8s.io/queue-name": "evals"}},
+        "spec": spec,
+    }
+    episodes.create_namespaced_custom_object("episode-operator.dev", "v1alpha1", namespace, "episodes", body)
+
+    def status() -> dict[str, Any]:
+        return read_episode(api_client, namespace, "queued").get("status") or {}
+
+    def set_suspend(value: bool) -> None:
+        episodes.patch_namespaced_custom_object(
+            "episode-operator.dev", "v1alpha1", namespace, "episodes", "queued", {"spec": {"suspend": value}}
+        )
+
+    def wait_until(predicate: Any, what: str, timeout: float = 60) -> None:
+        deadline = time.monotonic() + timeout
+        while not predicate():
+            assert time.monotonic() < deadline, f"{what}: {status()}\n{operator.log_tail()}"
+            time.sleep(0.3)
+
+    wait_until(lambda: status().get("phase") == "Pending", "held Pending")
+    time.sleep(2)
+    assert pods_of(core, namespace, "queued") == [] and "suspended" in status()["message"]
+    set_suspend(False)
+    wait_until(lambda: (status().get("turns") or [{}])[0].get("stage") == "agent", "running its agent")
+    pods = core.list_namespaced_pod(namespace, label_selector="episode-operator.dev/episode=queued").items
+    assert pods and pods[0].metadata.labels["kueue.x-k8s.io/queue-name"] == "evals"
+    set_suspend(True)  # preempted mid-turn
+    wait_until(lambda: status().get("phase") == "Pending" and not pods_of(core, namespace, "queued"), "stopped")
+    set_suspend(False)
+    final = wait_for_episode(api_client, namespace, "queued", operator)
+    assert (final["phase"], final["reward"], final["attempt"]) == ("Succeeded", 1.0, 1), final

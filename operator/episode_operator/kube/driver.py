@@ -32,6 +32,8 @@ from episode_operator.runtime.store import FileStore, episode_store_root
 from episode_operator.taskfolder import EpisodePlan, Problem, TaskFiles, resolve_plan, seed_refusals, validate_task
 from episode_operator.taskfolder.envtemplates import UnresolvedTemplate, resolve_env_templates
 
+# Kueue's queue label: an Episode's is copied to its pods.
+QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 FAILURE_INVALID_SPEC = "episode:invalid_spec"
 FAILURE_TASK_SOURCE = "episode:task_source"
 FAILURE_INVALID_TASK = "harbor:invalid_task"
@@ -98,15 +100,9 @@ async def drive_episode(
         )
     image = spec.image or plan.environment.docker_image
     assert image is not None
+    labels = {**settings.extra_pod_labels, **queue_labels(metadata.get("labels") or {})}
     provider = KubeProvider(
-        client,
-        episode,
-        spec,
-        plan,
-        image,
-        main_env,
-        extra_labels=settings.extra_pod_labels,
-        pull_grace_sec=settings.pull_grace_sec,
+        client, episode, spec, plan, image, main_env, extra_labels=labels, pull_grace_sec=settings.pull_grace_sec
     )
     config = EpisodeConfig(
         plan=plan,
@@ -243,3 +239,24 @@ async def announce_waiting(client: KubeClient, body: Mapping[str, Any], active: 
     metadata = body["metadata"]
     with contextlib.suppress(KubeError):
         await client.replace_episode_status(metadata["namespace"], metadata["name"], status.to_api())
+
+
+async def suspend_episode(client: KubeClient, body: Mapping[str, Any]) -> None:
+    """Hold a suspended Episode: no pods, status Pending; a run it had starts over when resumed.
+
+    Suspension is not an outage (the attempt counter stays); it is how a queue such as Kueue
+    keeps an Episode from running, or takes its resources back.
+    """
+    metadata = body["metadata"]
+    await release_episode_pods(client, metadata["namespace"], metadata["name"])
+    previous = EpisodeStatus.model_validate(body.get("status") or {})
+    status = EpisodeStatus(phase="Pending", message="suspended (spec.suspend)", task=previous.task)
+    if previous.phase == "Running":
+        status.message = "suspended while running; it starts over from turn 1 when resumed"
+    with contextlib.suppress(NotFound):
+        await client.replace_episode_status(metadata["namespace"], metadata["name"], status.to_api())
+
+
+def queue_labels(labels: Mapping[str, str]) -> dict[str, str]:
+    """The labels of an Episode its pods carry too (Kueue's queue name)."""
+    return {QUEUE_LABEL: labels[QUEUE_LABEL]} if QUEUE_LABEL in labels else {}
