@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import json
 import subprocess
 import sys
 import time
@@ -10,6 +11,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+import jsonschema
 import pytest
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
@@ -28,6 +30,7 @@ from tests.cluster.harness import (
     running_operator,
     wait_for_episode,
 )
+from tests.gym_row_schema import GYM_ROW
 
 SCORED = TASKS / "scored-steps"
 
@@ -441,3 +444,35 @@ def test_suspend_holds_an_episode_and_resume_starts_it_over(
     set_suspend(False)
     final = wait_for_episode(api_client, namespace, "queued", operator)
     assert (final["phase"], final["reward"], final["attempt"]) == ("Succeeded", 1.0, 1), final
+
+
+def test_export_gym_jsonl(
+    api_client: client.ApiClient, namespace: str, operator: OperatorProcess, kubeconfig: Path, tmp_path: Path
+) -> None:
+    run_episode(api_client, namespace, "good", episode_spec(EXAMPLES / "three-step-ledger"), operator)
+    run_episode(
+        api_client, namespace, "bad", episode_spec(EXAMPLES / "hello", edits={"task.toml": "[oops\n"}), operator
+    )
+    result = subprocess.run(
+        [
+            str(Path(sys.executable).parent / "kubectl-episode"),
+            "export",
+            "-n",
+            namespace,
+            "--kubeconfig",
+            str(kubeconfig),
+            "--format",
+            "gym-jsonl",
+            "-o",
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+    )
+    assert result.returncode == 0, result.stderr
+    rollouts = [json.loads(line) for line in (tmp_path / "rollouts.jsonl").read_text().splitlines()]
+    failures = [json.loads(line) for line in (tmp_path / "rollouts_failures.jsonl").read_text().splitlines()]
+    for row in rollouts + failures:
+        jsonschema.validate(row, GYM_ROW)
+    assert [(row["episode"], row["reward"], len(row["turns"])) for row in rollouts] == [(f"{namespace}/good", 1.0, 3)]
+    assert [(row["episode"], row["failure_kind"]) for row in failures] == [(f"{namespace}/bad", "harbor:invalid_task")]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import io
+import json
 import os
 import sys
 import tarfile
@@ -18,6 +19,7 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
+from episode_operator.api.export import FAILURES, ROLLOUTS, split_rows
 from episode_operator.api.models import AgentSpec, EpisodeSpec, EpisodeStatus, TaskSource, episode_manifest
 from episode_operator.kube.client import KubeClient, KubeError, NotFound
 from episode_operator.kube.tasks import TaskTooLarge, task_config_map
@@ -71,6 +73,7 @@ def _pack_manifest(directory: str, namespace: str) -> dict[str, Any]:
 
 def register(cli: click.Group) -> None:
     """Add the cluster commands to the ``kubectl-episode`` group."""
+    register_export(cli)
 
     @cli.command()
     @click.argument("directory", type=click.Path(exists=True, file_okay=False))
@@ -260,6 +263,48 @@ def register(cli: click.Group) -> None:
         if not written:
             raise click.ClickException(f"no artifacts kept for {namespace}/{name}")
         click.echo(f"{written} file(s) under {destination}")
+
+
+def register_export(cli: click.Group) -> None:
+    @cli.command()
+    @click.argument("names", nargs=-1)
+    @cluster_options
+    @click.option("-A", "--all-namespaces", is_flag=True)
+    @click.option("-l", "--selector", default=None, help="Label selector, e.g. episode-operator.dev/set=NAME.")
+    @click.option("--format", "output_format", type=click.Choice(["gym-jsonl"]), default="gym-jsonl", show_default=True)
+    @click.option(
+        "-o",
+        "--output",
+        type=click.Path(file_okay=False, path_type=Path),
+        default=Path("."),
+        show_default=True,
+        help="Folder for rollouts.jsonl and rollouts_failures.jsonl.",
+    )
+    def export(
+        names: tuple[str, ...],
+        namespace: str,
+        kubeconfig: str | None,
+        all_namespaces: bool,
+        selector: str | None,
+        output_format: str,
+        output: Path,
+    ) -> None:
+        """Write finished Episodes as Gym rows: graded to rollouts.jsonl, the rest to rollouts_failures.jsonl."""
+
+        async def fetch(client: KubeClient) -> list[dict[str, Any]]:
+            if names:
+                return [await client.get_episode(namespace, name) for name in names]
+            return await client.list_episodes(None if all_namespaces else namespace, selector)
+
+        rollouts, failures = split_rows(with_client(kubeconfig, fetch))
+        output.mkdir(parents=True, exist_ok=True)
+        for filename, rows in ((ROLLOUTS, rollouts), (FAILURES, failures)):
+            with (output / filename).open("w") as stream:
+                for row in rows:
+                    stream.write(json.dumps(row, sort_keys=True) + "\n")
+        click.echo(
+            f"{len(rollouts)} rollout(s) to {output / ROLLOUTS}, {len(failures)} failure(s) to {output / FAILURES}"
+        )
 
 
 def operator_options(command: Callable[..., Any]) -> Callable[..., Any]:
