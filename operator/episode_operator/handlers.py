@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -27,6 +28,7 @@ from episode_operator.kube.driver import (
     suspend_episode,
 )
 from episode_operator.kube.status import EpisodeGone
+from episode_operator.runtime.episode import parse_timestamp
 from episode_operator.runtime.metrics import Metrics
 from episode_operator.runtime.server import serve
 from episode_operator.runtime.slots import FifoSlots
@@ -142,6 +144,21 @@ async def drive(body: kopf.Body, memo: Any, logger: Any, stopped: kopf.DaemonSto
     finally:
         if waiting:
             metrics.pending.dec()
+
+
+def has_ttl(status: kopf.Status, spec: kopf.Spec, **_: Any) -> bool:
+    phase: Any = status.get("phase") if status else None
+    return phase in TERMINAL and spec.get("ttlSecondsAfterFinished") is not None and bool(status.get("finishedAt"))
+
+
+@kopf.daemon(GROUP, VERSION, PLURAL, when=has_ttl, cancellation_timeout=5.0, backoff=30.0)
+async def expire(body: kopf.Body, memo: Any, **_: Any) -> None:
+    """Delete a finished Episode ``spec.ttlSecondsAfterFinished`` after it finished (as Jobs do)."""
+    metadata, spec, status = body["metadata"], body["spec"], body["status"]
+    remaining = parse_timestamp(status["finishedAt"]) + float(spec["ttlSecondsAfterFinished"]) - time.time()
+    if remaining > 0:
+        await asyncio.sleep(remaining)
+    await memo.client.delete_episode(metadata["namespace"], metadata["name"])
 
 
 def run_operator(options: OperatorOptions) -> None:

@@ -476,3 +476,14 @@ def test_export_gym_jsonl(
         jsonschema.validate(row, GYM_ROW)
     assert [(row["episode"], row["reward"], len(row["turns"])) for row in rollouts] == [(f"{namespace}/good", 1.0, 3)]
     assert [(row["episode"], row["failure_kind"]) for row in failures] == [(f"{namespace}/bad", "harbor:invalid_task")]
+
+
+def test_ttl_deletes_a_finished_episode(
+    api_client: client.ApiClient, namespace: str, operator: OperatorProcess
+) -> None:
+    spec = episode_spec(EXAMPLES / "hello", ttlSecondsAfterFinished=2)
+    assert run_episode(api_client, namespace, "short-lived", spec, operator)["phase"] == "Succeeded"
+    deadline = time.monotonic() + 30
+    while _exists(api_client, namespace, "short-lived"):
+        assert time.monotonic() < deadline, operator.log_tail()
+        time.sleep(0.5)

@@ -144,6 +144,14 @@ class KubeClient:
             )
         return created
 
+    async def delete_episode(self, namespace: str, name: str) -> None:
+        """Delete an Episode; one already gone is fine."""
+        try:
+            with _api_call(f"episode {namespace}/{name}"):
+                await self.custom.delete_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name)
+        except NotFound:
+            pass
+
     async def list_episodes(self, namespace: str | None, selector: str | None = None) -> list[dict[str, Any]]:
         with _api_call("episodes"):
             if namespace is None:
