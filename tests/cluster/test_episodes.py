@@ -487,3 +487,80 @@ def test_ttl_deletes_a_finished_episode(
     while _exists(api_client, namespace, "short-lived"):
         assert time.monotonic() < deadline, operator.log_tail()
         time.sleep(0.5)
+
+
+def test_network_policies_follow_the_phases(
+    api_client: client.ApiClient, namespace: str, operator: OperatorProcess
+) -> None:
+    """no-network baseline, an allowlist for the agent: the pod's NetworkPolicy says so in each phase.
+
+    The test cluster's bridge CNI stores NetworkPolicies without enforcing them; what is
+    checked is what a policy-capable CNI would enforce.
+    """
+    networking = client.NetworkingV1Api(api_client)
+    toml = (
+        '[agent]\nnetwork_mode = "allowlist"\nallowed_hosts = ["198.18.0.0/24", "pypi.org"]\n'
+        '[environment]\ndocker_image = "episode-operator.local/sandbox:bookworm"\nworkdir = "/app"\n'
+        'network_mode = "no-network"\n'
+    )
+    seen: dict[str, Any] = {}
+    command = "sleep 3; echo 'Hello, world!' > /app/hello.txt"
+    create_episode(
+        api_client,
+        namespace,
+        "fenced",
+        episode_spec(EXAMPLES / "hello", edits={"task.toml": toml}, agent={"kind": "command", "command": command}),
+    )
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        status = read_episode(api_client, namespace, "fenced").get("status") or {}
+        stage = (status.get("turns") or [{}])[0].get("stage")
+        for policy in networking.list_namespaced_network_policy(namespace).items:
+            seen.setdefault(stage, policy.spec.to_dict())
+        if status.get("phase") in ("Succeeded", "Failed"):
+            break
+        time.sleep(0.2)
+    assert status["phase"] == "Succeeded", status
+    agent = seen["agent"]
+    assert agent["pod_selector"]["match_labels"]["episode-operator.dev/role"] == "agent"
+    assert agent["policy_types"] == ["Ingress", "Egress"] and not agent["ingress"]
+    assert agent["egress"][0]["to"][0]["ip_block"]["cidr"] == "198.18.0.0/24"
+    assert agent["egress"][1]["ports"][0]["port"] == 53  # a hostname entry can only open DNS
+    baseline = seen.get("collect") or seen.get("verify-prepare") or seen.get("verify")
+    assert baseline is not None and baseline["egress"] in (None, [])  # no-network again after the agent
+    deadline = time.monotonic() + 30
+    while networking.list_namespaced_network_policy(namespace).items:
+        assert time.monotonic() < deadline, "the NetworkPolicy outlived the episode's pods"
+        time.sleep(0.5)
+
+
+def test_sandbox_pods_are_confined(
+    api_client: client.ApiClient, core: client.CoreV1Api, namespace: str, operator: OperatorProcess
+) -> None:
+    spec = episode_spec(
+        EXAMPLES / "sidecar-lookup",
+        debug={"keepPods": True},
+        edits={"tests/test.sh": "echo 0 > /logs/verifier/reward.txt\n"},
+    )
+    spec["agent"] = {"kind": "command", "command": "exit 3"}
+    status = run_episode(api_client, namespace, "confined", spec, operator)
+    assert status["reward"] == 0.0
+    # keepPods keeps the sandbox of an episode that did not succeed… but this one is Graded: gone.
+    pods = core.list_namespaced_pod(namespace).items
+    assert all(p.metadata.deletion_timestamp for p in pods)
+    failing = episode_spec(
+        EXAMPLES / "hello",
+        debug={"keepPods": True},
+        edits={
+            "task.toml": (EXAMPLES / "hello" / "task.toml").read_text() + '\n[[steps]]\nname = "x"\n',
+            "steps/x/instruction.md": "x",
+            "steps/x/workdir/setup.sh": "exit 1\n",
+        },
+    )
+    assert run_episode(api_client, namespace, "kept", failing, operator)["outcome"] == "TerminalFailure"
+    kept = core.read_namespaced_pod("kept-a1", namespace)
+    assert kept.metadata.deletion_timestamp is None
+    assert kept.spec.automount_service_account_token is False
+    assert kept.spec.security_context.seccomp_profile.type == "RuntimeDefault"
+    main = kept.spec.containers[0].security_context
+    assert main.allow_privilege_escalation is False and main.capabilities.drop == ["NET_RAW"]

@@ -26,7 +26,7 @@ from typing import Any
 
 from episode_operator.api.models import EpisodeStatus
 from episode_operator.runtime.sandbox import CommandFailed, JobSpec, JobState, SandboxError
-from episode_operator.taskfolder.plan import VerifierPlan
+from episode_operator.taskfolder.plan import NetworkPolicy, VerifierPlan
 
 WORKDIR = "/app"
 
@@ -215,6 +215,7 @@ class World:
     clear_fails: bool = False
     fail_creation: int = 0  # the next N sandbox creations fail as image pulls
     hooks: dict[str, Any] = field(default_factory=dict)  # job id suffix → callable(sandbox, spec)
+    networks: list[str] = field(default_factory=list)  # the agent pod's network modes, as they changed
 
     def before_job(self, sandbox: FakeSandbox, spec: JobSpec) -> None:
         for suffix, hook in self.hooks.items():
@@ -245,6 +246,10 @@ class FakeProvider:
         name = f"pod-a{attempt}-v{turn + 1}"
         self.verifier_plans[name] = plan
         return self.world.sandbox(name)
+
+    async def apply_network(self, attempt: int, policy: NetworkPolicy) -> None:
+        if not self.world.networks or self.world.networks[-1] != policy.mode:
+            self.world.networks.append(policy.mode)
 
     async def release_verifier(self, attempt: int, turn: int) -> None:
         self.world.released.append(f"pod-a{attempt}-v{turn + 1}")

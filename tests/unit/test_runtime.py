@@ -385,3 +385,13 @@ def test_deadline_is_a_retryable_failure() -> None:
     world.hooks["t1.agent"] = slow_agent
     status = run(single_step(), world=world, retries=0, plan_update={"deadline_sec": 60.0})[0]
     assert (status.outcome, status.failure_kind) == ("Ungraded", "harbor:task_deadline")
+
+
+def test_phase_network_overrides() -> None:
+    """[agent] and [verifier] network overrides hold during their phase only; the baseline otherwise."""
+    toml = (
+        '[agent]\nnetwork_mode = "no-network"\n[verifier]\nnetwork_mode = "allowlist"\nallowed_hosts = ["10.0.0.1"]\n'
+    )
+    world = World()
+    run(single_step(toml, {"tests/test.sh": "reward 1"}), world=world)
+    assert world.networks == ["public", "no-network", "public", "allowlist"]

@@ -115,6 +115,17 @@ class DebugSpec(ApiModel):
     keep_pods: bool = Field(default=False, description="Keep the sandbox pods of a failed episode for inspection.")
 
 
+class SandboxSecurity(ApiModel):
+    allow_privilege_escalation: bool = Field(
+        default=False,
+        description="Let task processes gain privileges through setuid binaries (sudo, su). Off, "
+        "the sandbox runs with no_new_privs.",
+    )
+    seccomp_profile: Literal["RuntimeDefault", "Unconfined"] = Field(
+        default="RuntimeDefault", description="The seccomp profile of every sandbox container."
+    )
+
+
 class EpisodeSpec(ApiModel):
     free_form: ClassVar[frozenset[str]] = frozenset({"resources", "tolerations", "image_pull_secrets"})
 
@@ -146,6 +157,7 @@ class EpisodeSpec(ApiModel):
         default=None, ge=0, description="Delete the Episode this long after it finished."
     )
     debug: DebugSpec = Field(default_factory=DebugSpec, description="Debugging aids.")
+    security: SandboxSecurity = Field(default_factory=SandboxSecurity, description="How sandbox pods are confined.")
     suspend: bool = Field(default=False, description="While true the episode does not start (Kueue admission).")
 
 

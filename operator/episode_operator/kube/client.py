@@ -224,6 +224,32 @@ class KubeClient:
             pods = await self.core.list_namespaced_pod(namespace, label_selector=selector)
         return list(pods.items)
 
+    # NetworkPolicies ------------------------------------------------------------------------
+    async def apply_network_policy(self, manifest: dict[str, Any]) -> None:
+        """Create a NetworkPolicy, or replace the one of the same name."""
+        networking: Any = k8s.NetworkingV1Api(self.api)
+        namespace, name = manifest["metadata"]["namespace"], manifest["metadata"]["name"]
+        with _api_call(f"networkpolicy {namespace}/{name}"):
+            try:
+                await networking.create_namespaced_network_policy(namespace, manifest)
+            except ApiException as error:
+                if error.status != 409:
+                    raise
+                await networking.replace_namespaced_network_policy(name, namespace, manifest)
+
+    async def delete_network_policies(self, namespace: str, selector: str) -> None:
+        networking: Any = k8s.NetworkingV1Api(self.api)
+        with _api_call(f"networkpolicies {selector} in {namespace}"):
+            await networking.delete_collection_namespaced_network_policy(namespace, label_selector=selector)
+
+    async def delete_network_policy(self, namespace: str, name: str) -> None:
+        networking: Any = k8s.NetworkingV1Api(self.api)
+        try:
+            with _api_call(f"networkpolicy {namespace}/{name}"):
+                await networking.delete_namespaced_network_policy(name, namespace)
+        except NotFound:
+            pass
+
     # Services ------------------------------------------------------------------------------
     async def service_get(self, namespace: str, service: str, path: str, query: dict[str, str] | None = None) -> bytes:
         """GET ``path`` of a Service through the API server's proxy (RBAC: ``services/proxy`` get)."""

@@ -21,6 +21,7 @@ from episode_operator.api.models import API_VERSION, KIND, EpisodeSpec
 from episode_operator.runtime.supervisor import SUPERVISOR_DIR
 from episode_operator.taskfolder.compose import Sidecar
 from episode_operator.taskfolder.models import EnvironmentConfig
+from episode_operator.taskfolder.plan import NetworkPolicy
 
 LABEL_PREFIX = "episode-operator.dev"
 EPISODE_LABEL = f"{LABEL_PREFIX}/episode"
@@ -64,6 +65,7 @@ class SandboxPod:
     env: Mapping[str, str] = field(default_factory=dict)
     sidecars: Sequence[Sidecar] = ()
     turn: int | None = None
+    network: NetworkPolicy = field(default_factory=NetworkPolicy)
 
 
 def short_name(base: str, suffix: str, limit: int = NAME_LIMIT) -> str:
@@ -113,11 +115,23 @@ def resources_of(environment: EnvironmentConfig) -> dict[str, Any]:
     return resources
 
 
+def container_security(spec: EpisodeSpec) -> dict[str, Any]:
+    """Every sandbox container: no privilege escalation unless asked, no raw sockets.
+
+    The default capabilities otherwise stay: tasks run as root and install packages, and the
+    supervisor switches users and changes the working directory's owner.
+    """
+    return {
+        "allowPrivilegeEscalation": spec.security.allow_privilege_escalation,
+        "capabilities": {"drop": ["NET_RAW"]},
+    }
+
+
 def _env_list(env: Mapping[str, str]) -> list[dict[str, str]]:
     return [{"name": name, "value": value} for name, value in env.items()]
 
 
-def _sidecar_container(sidecar: Sidecar, task_image: str) -> dict[str, Any]:
+def _sidecar_container(sidecar: Sidecar, task_image: str, spec: EpisodeSpec) -> dict[str, Any]:
     container: dict[str, Any] = {
         "name": sidecar.name,
         "image": sidecar.image or task_image,
@@ -137,13 +151,12 @@ def _sidecar_container(sidecar: Sidecar, task_image: str) -> dict[str, Any]:
         container["ports"] = [{"containerPort": port} for port in sidecar.ports]
     if sidecar.working_dir:
         container["workingDir"] = sidecar.working_dir
-    security: dict[str, Any] = {}
+    security: dict[str, Any] = container_security(spec)
     if sidecar.run_as_user is not None:
         security["runAsUser"] = sidecar.run_as_user
     if sidecar.run_as_group is not None:
         security["runAsGroup"] = sidecar.run_as_group
-    if security:
-        container["securityContext"] = security
+    container["securityContext"] = security
     if sidecar.resources:
         container["resources"] = sidecar.resources
     if sidecar.probe is not None:
@@ -188,6 +201,7 @@ def sandbox_pod(
         "args": KEEP_ALIVE,
         "env": _env_list(pod.env),
         "volumeMounts": [{"name": SUPERVISOR_VOLUME, "mountPath": SUPERVISOR_DIR}],
+        "securityContext": container_security(spec),
     }
     if pod.role == "agent":
         main["env"] += spec.agent.env
@@ -206,7 +220,8 @@ def sandbox_pod(
         "automountServiceAccountToken": False,
         "enableServiceLinks": False,
         "terminationGracePeriodSeconds": 5,
-        "containers": [main, *(_sidecar_container(sidecar, pod.image) for sidecar in pod.sidecars)],
+        "containers": [main, *(_sidecar_container(sidecar, pod.image, spec) for sidecar in pod.sidecars)],
+        "securityContext": {"seccompProfile": {"type": spec.security.seccomp_profile}},
         "volumes": volumes,
     }
     if pod.sidecars:

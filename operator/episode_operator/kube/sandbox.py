@@ -18,18 +18,27 @@ from typing import Any
 
 from episode_operator.api.models import EpisodeSpec
 from episode_operator.kube.client import ExecTransportError, KubeClient, KubeError, NotFound
+from episode_operator.kube.network import network_policy
 from episode_operator.kube.pods import (
+    ATTEMPT_LABEL,
+    EPISODE_LABEL,
+    ROLE_LABEL,
+    TURN_LABEL,
     EpisodeRef,
     SandboxPod,
     agent_pod_name,
     episode_selector,
+    label_value,
     sandbox_pod,
     verifier_pod_name,
 )
 from episode_operator.runtime import supervisor
 from episode_operator.runtime.sandbox import MAIN_CONTAINER, CommandFailed, JobSpec, JobState, SandboxError
 from episode_operator.taskfolder import EpisodePlan
-from episode_operator.taskfolder.plan import VerifierPlan
+from episode_operator.taskfolder.plan import NetworkPolicy, VerifierPlan, baseline_policy
+
+PUBLIC = NetworkPolicy()
+
 
 # Waiting reasons that never resolve by waiting; the others get a grace period first.
 HOPELESS_WAITING = {"ErrImageNeverPull", "InvalidImageName"}
@@ -58,7 +67,8 @@ class KubeSandbox:
         except NotFound as error:
             raise SandboxError(f"pod {self.name} is gone", kind="pod-lost") from error
         except ExecTransportError as error:
-            raise SandboxError(str(error), kind=await self._transport_kind()) from error
+            kind, detail = await self._transport_kind()
+            raise SandboxError(f"{error}; {detail}" if detail else str(error), kind=kind) from error
         except KubeError as error:
             raise SandboxError(str(error), kind="api") from error
         if result.exit_code != 0:
@@ -66,17 +76,21 @@ class KubeSandbox:
             raise CommandFailed(f"{command.argv[2] if len(command.argv) > 2 else command.argv[0]}: {detail}")
         return result.stdout
 
-    async def _transport_kind(self) -> str:
-        """After exec gave up: was the pod lost, or only the connection?"""
+    async def _transport_kind(self) -> tuple[str, str]:
+        """After exec gave up: was the pod lost, a container killed (e.g. OOM), or only the connection?"""
         try:
             pod = await self.client.read_pod(self.namespace, self.name)
         except NotFound:
-            return "pod-lost"
+            return "pod-lost", f"pod {self.name} is gone"
         except KubeError:
-            return "exec"
-        if pod.metadata.deletion_timestamp or pod.status.phase in ("Failed", "Succeeded"):
-            return "pod-lost"
-        return "exec"
+            return "exec", ""
+        verdict = pod_verdict(pod)
+        if verdict.lost:
+            kind = "container-exited" if verdict.message.startswith("container ") else "pod-lost"
+            if (pod.status.reason or "") in ("Evicted", "NodeLost", "Shutdown", "Terminated"):
+                kind = "pod-lost"
+            return kind, f"pod {self.name}: {verdict.message}"
+        return "exec", ""
 
     async def place_supervisor(self, sidecars: Sequence[str] = ()) -> None:
         """Put the supervisor in the pod and learn its working directory (idempotent).
@@ -141,6 +155,31 @@ class KubeProvider:
     poll_sec: float = 0.25
     clock: Callable[[], float] = time.monotonic
 
+    _applied: dict[str, NetworkPolicy] = field(default_factory=dict)
+
+    async def apply_network(self, attempt: int, policy: NetworkPolicy) -> None:
+        await self._network(agent_pod_name(self.episode.name, attempt), self._selector(attempt, "agent", None), policy)
+
+    def _selector(self, attempt: int, role: str, turn: int | None) -> dict[str, str]:
+        labels = {EPISODE_LABEL: label_value(self.episode.name), ATTEMPT_LABEL: str(attempt), ROLE_LABEL: role}
+        if turn is not None:
+            labels[TURN_LABEL] = str(turn + 1)
+        return labels
+
+    async def _network(self, name: str, selector: dict[str, str], policy: NetworkPolicy) -> None:
+        """Create, replace or delete the pod's NetworkPolicy so that it says ``policy``."""
+        if self._applied.get(name, PUBLIC) == policy:
+            return
+        manifest = network_policy(self.episode, name, selector, policy)
+        try:
+            if manifest is None:
+                await self.client.delete_network_policy(self.episode.namespace, name)
+            else:
+                await self.client.apply_network_policy(manifest)
+        except KubeError as error:
+            raise SandboxError(f"cannot set the network policy of {name}: {error}", kind="api") from error
+        self._applied[name] = policy
+
     async def agent(self, attempt: int) -> KubeSandbox:
         pod = SandboxPod(
             role="agent",
@@ -149,6 +188,7 @@ class KubeProvider:
             environment=self.plan.environment,
             env=self.main_env,
             sidecars=self.plan.sidecars,
+            network=baseline_policy(self.plan.environment),
         )
         return await self._ready(pod)
 
@@ -161,6 +201,7 @@ class KubeProvider:
             environment=plan.environment,
             env=plan.environment.env,
             turn=turn,
+            network=plan.network,
         )
         return await self._ready(pod)
 
@@ -179,6 +220,12 @@ class KubeProvider:
             raise SandboxError(str(error), kind="api") from error
         for pod in pods:
             await self._delete(pod.metadata.name)
+        if self._applied or self.plan.environment.network_mode != "public":
+            try:
+                await self.client.delete_network_policies(self.episode.namespace, episode_selector(self.episode.name))
+            except KubeError as error:
+                raise SandboxError(str(error), kind="api") from error
+            self._applied.clear()
 
     async def _delete(self, name: str) -> None:
         try:
@@ -189,6 +236,8 @@ class KubeProvider:
     async def _ready(self, pod: SandboxPod) -> KubeSandbox:
         manifest = sandbox_pod(self.episode, self.spec, pod, extra_labels=self.extra_labels)
         name = manifest["metadata"]["name"]
+        # The policy exists before the pod, so a restricted sandbox is never briefly open.
+        await self._network(name, self._selector(pod.attempt, pod.role, pod.turn), pod.network)
         try:
             try:
                 await self.client.read_pod(self.episode.namespace, name)

@@ -48,7 +48,7 @@ from episode_operator.runtime.store import EpisodeStore
 from episode_operator.taskfolder import EpisodePlan, TaskFiles, TurnPlan
 from episode_operator.taskfolder.healthcheck import poll_healthcheck
 from episode_operator.taskfolder.models import MAIN_SERVICE
-from episode_operator.taskfolder.plan import ArtifactPlan
+from episode_operator.taskfolder.plan import ArtifactPlan, NetworkPolicy, baseline_policy
 from episode_operator.taskfolder.rewards import (
     TurnScore,
     check_min_reward,
@@ -183,6 +183,7 @@ class EpisodeRunner:
         self.monotonic = monotonic
         self.sleep = sleep
         self.observer: EpisodeObserver = observer or _Unobserved()
+        self._baseline = baseline_policy(self.plan.environment)
         self.status = EpisodeStatus()
         self._agent_sandbox: Sandbox | None = None
         # Healthcheck attempts of this runner never collide with a crashed runner's.
@@ -309,6 +310,7 @@ class EpisodeRunner:
                 await self._cleanup(index)
                 await self._stage(record, "workdir")
             if record.stage == "workdir":
+                await self._network(self._baseline)
                 await self._prepare_workdir(index)
                 await self._stage(record, "setup")
             if record.stage == "setup":
@@ -330,10 +332,12 @@ class EpisodeRunner:
             await self._finish_turn(index, TurnScore(valid=False), failure.failure_kind, str(failure))
             return True
         if record.stage == "agent":
+            await self._network(turn.agent.network)
             async with self._timed("agent"):
                 await self._run_agent(index)
             await self._stage(record, "collect")
         if record.stage == "collect":
+            await self._network(self._baseline)
             async with self._timed("collect"):
                 await self._collect(index)
             await self._stage(record, "verify-prepare")
@@ -346,6 +350,13 @@ class EpisodeRunner:
         if not record.reward_valid or record.failure_kind:
             return True
         return check_min_reward(self.plan.turns[index].min_reward, record.verifier_rewards) is not None
+
+    async def _network(self, policy: NetworkPolicy) -> None:
+        """The agent pod's network for the phase about to run (Harbor's phase overrides)."""
+        try:
+            await self.provider.apply_network(self._attempt.number, policy)
+        except SandboxError as error:
+            raise Outage(error.kind, str(error)) from error
 
     async def _stage(self, record: TurnStatus, stage: str) -> None:
         record.stage = stage
@@ -552,6 +563,8 @@ class EpisodeRunner:
             # The agent's sandbox stops before the last turn's separate verifier starts
             # (after the stage is recorded, so a restart never collects from a new pod).
             await self._release_agent()
+        if not separate:
+            await self._network(turn.verifier.network)
         sandbox = await self._verifier_sandbox(index)
         tests = mapped_tar(self.config.files, turn.tests)
         if record.stage == "verify-prepare":

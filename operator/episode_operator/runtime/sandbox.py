@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
-from episode_operator.taskfolder.plan import VerifierPlan
+from episode_operator.taskfolder.plan import NetworkPolicy, VerifierPlan
 
 MAIN_CONTAINER = "main"
 JobPhase = Literal["running", "exited", "unstartable", "unknown"]
@@ -125,6 +125,10 @@ class SandboxProvider(Protocol):
 
     async def verifier(self, attempt: int, turn: int, plan: VerifierPlan) -> Sandbox:
         """A fresh verifier sandbox for a separate turn (re-attached if it exists)."""
+        ...
+
+    async def apply_network(self, attempt: int, policy: NetworkPolicy) -> None:
+        """Put the agent pod under ``policy`` for the phase about to run (a no-op when unchanged)."""
         ...
 
     async def release_verifier(self, attempt: int, turn: int) -> None: ...

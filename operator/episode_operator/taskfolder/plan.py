@@ -352,10 +352,15 @@ class _TurnResolver:
         )
 
 
+def baseline_policy(environment: EnvironmentConfig) -> NetworkPolicy:
+    """A sandbox's own network: its environment's ``network_mode`` and ``allowed_hosts``."""
+    return NetworkPolicy(mode=environment.network_mode, allowed_hosts=environment.allowed_hosts or [])
+
+
 def _phase_network(baseline: EnvironmentConfig, phase: PhaseNetwork) -> NetworkPolicy:
     if phase.network_mode is not None:
         return NetworkPolicy(mode=phase.network_mode, allowed_hosts=phase.allowed_hosts or [])
-    return NetworkPolicy(mode=baseline.network_mode, allowed_hosts=baseline.allowed_hosts or [])
+    return baseline_policy(baseline)
 
 
 def _environment_files(task: LoadedTask) -> str | None:

@@ -1,0 +1,76 @@
+"""NetworkPolicies for tasks that restrict the network (``no-network``, ``allowlist``).
+
+One policy per sandbox pod, selected by the pod's labels. ``no-network`` denies all
+ingress and egress (containers of the pod still reach each other on 127.0.0.1);
+``allowlist`` allows egress to the listed IP addresses and CIDR ranges. A NetworkPolicy
+cannot name hosts: hostname entries only open DNS, and enforcing them needs a DNS-aware
+CNI (e.g. Cilium's ``toFQDNs``) — the operator says so in an Event. Enforcement of any
+NetworkPolicy needs a policy-capable CNI; the project's test cluster (a plain bridge)
+stores them but does not enforce them.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from collections.abc import Mapping
+from typing import Any
+
+from episode_operator.kube.pods import EPISODE_LABEL, EpisodeRef, label_value
+from episode_operator.taskfolder.plan import NetworkPolicy
+
+DNS_PORTS = [{"protocol": "UDP", "port": 53}, {"protocol": "TCP", "port": 53}]
+
+
+def ip_entries(policy: NetworkPolicy) -> list[str]:
+    """The allowlist entries a NetworkPolicy can express (addresses and ranges, as CIDRs)."""
+    cidrs = []
+    for host in policy.allowed_hosts:
+        try:
+            cidrs.append(ipaddress.ip_network(host, strict=False).with_prefixlen)
+        except ValueError:
+            continue
+    return cidrs
+
+
+def hostname_entries(policy: NetworkPolicy) -> list[str]:
+    """The allowlist entries a NetworkPolicy cannot express (hostnames and ``*.`` wildcards)."""
+    return [host for host in policy.allowed_hosts if not _is_network(host)]
+
+
+def _is_network(host: str) -> bool:
+    try:
+        ipaddress.ip_network(host, strict=False)
+    except ValueError:
+        return False
+    return True
+
+
+def network_policy(
+    episode: EpisodeRef, name: str, pod_labels: Mapping[str, str], policy: NetworkPolicy
+) -> dict[str, Any] | None:
+    """The NetworkPolicy of one sandbox pod, or None for the public network."""
+    if policy.mode == "public":
+        return None
+    egress: list[dict[str, Any]] = []
+    if policy.mode == "allowlist":
+        cidrs = ip_entries(policy)
+        if cidrs:
+            egress.append({"to": [{"ipBlock": {"cidr": cidr}} for cidr in cidrs]})
+        if hostname_entries(policy):
+            egress.append({"ports": DNS_PORTS})
+    return {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": {
+            "name": name,
+            "namespace": episode.namespace,
+            "labels": {"app.kubernetes.io/managed-by": "episode-operator", EPISODE_LABEL: label_value(episode.name)},
+            "ownerReferences": [episode.owner_reference()],
+        },
+        "spec": {
+            "podSelector": {"matchLabels": dict(pod_labels)},
+            "policyTypes": ["Ingress", "Egress"],
+            "ingress": [],
+            "egress": egress,
+        },
+    }
