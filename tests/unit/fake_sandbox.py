@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from episode_operator.api.models import EpisodeStatus
-from episode_operator.runtime.sandbox import CommandFailed, JobSpec, JobState, SandboxError
+from episode_operator.runtime.sandbox import CommandFailed, FileContent, JobSpec, JobState, SandboxError
 from episode_operator.taskfolder.plan import NetworkPolicy, VerifierPlan
 
 WORKDIR = "/app"
@@ -67,6 +67,7 @@ class FakeSandbox:
         self.starts: list[str] = []  # ids of jobs that actually ran
         self.users: list[str | int] = []
         self.lost = False
+        self.modified: dict[str, float] = {}  # fake modification times, where a test sets them
 
     # Sandbox protocol ----------------------------------------------------------------
     def _alive(self) -> None:
@@ -122,10 +123,10 @@ class FakeSandbox:
                     tar.addfile(info)
         return buffer.getvalue()
 
-    async def read_files(self, paths: Sequence[str], *, container: str = "main") -> dict[str, bytes | None]:
+    async def read_files(self, paths: Sequence[str], *, container: str = "main") -> dict[str, FileContent]:
         self._alive()
         files = self.files.setdefault(container, {})
-        return {path: files.get(path) for path in paths}
+        return {path: FileContent(files.get(path), self.modified.get(path)) for path in paths}
 
     async def clear(self, paths: Sequence[str], *, container: str = "main") -> None:
         self._alive()
@@ -186,7 +187,15 @@ class FakeSandbox:
         data = output.getvalue() or f"ran {spec.id}\n".encode()
         if spec.output:
             files[spec.output] = data
-        state = JobState(spec.id, "exited", exit_code=code, timed_out=timed_out, reason=reason)
+        state = JobState(
+            spec.id,
+            "exited",
+            exit_code=code,
+            timed_out=timed_out,
+            reason=reason,
+            started_at=self.clock.now,
+            finished_at=self.clock.now,
+        )
         return JobRecord(spec, state, data)
 
     def _script(self, command: str, files: dict[str, bytes]) -> str:

@@ -395,3 +395,17 @@ def test_phase_network_overrides() -> None:
     world = World()
     run(single_step(toml, {"tests/test.sh": "reward 1"}), world=world)
     assert world.networks == ["public", "no-network", "public", "allowlist"]
+
+
+def test_reward_file_changed_after_test_sh_is_refused() -> None:
+    """A process left behind that rewrites the reward after test.sh exited: the turn counts 0."""
+    world = World()
+
+    def tamper(sandbox: Any, spec: Any) -> None:
+        sandbox.modified["/logs/verifier/reward.txt"] = 2_000_000_000.0  # after the job's end
+
+    world.hooks["t1.verify"] = tamper
+    status, _, sink, _ = run(single_step(files={"tests/test.sh": "reward 1"}), world=world)
+    assert (status.reward, status.turns[0].reward_valid) == (0.0, False)
+    assert "changed after test.sh exited" in (status.turns[0].message or "")
+    assert any(reason == "RewardTampered" for reason, _, _ in sink.events)

@@ -590,13 +590,18 @@ def test_read_frames_binary_empty_and_missing_files(pod: Pod, tmp_path: Path) ->
     reward.write_text("1\n")
     paths = [str(binary), str(empty), str(tmp_path / "missing"), str(tmp_path), str(reward)]
     files = supervisor.parse_files(pod.run(supervisor.read_files(paths)).stdout, paths)
-    assert files == {
+    assert {path: content.data for path, content in files.items()} == {
         str(binary): binary.read_bytes(),
         str(empty): b"",
         str(tmp_path / "missing"): None,
         str(tmp_path): None,
         str(reward): b"1\n",
     }
+    # Modification times come along (whole seconds under busybox), to tell a reward file
+    # written after test.sh exited.
+    assert files[str(tmp_path / "missing")].modified is None
+    modified = files[str(reward)].modified
+    assert modified is not None and abs(modified - reward.stat().st_mtime) < 1.0
 
 
 def test_clear(pod: Pod, tmp_path: Path) -> None:

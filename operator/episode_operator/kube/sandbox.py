@@ -33,7 +33,14 @@ from episode_operator.kube.pods import (
     verifier_pod_name,
 )
 from episode_operator.runtime import supervisor
-from episode_operator.runtime.sandbox import MAIN_CONTAINER, CommandFailed, JobSpec, JobState, SandboxError
+from episode_operator.runtime.sandbox import (
+    MAIN_CONTAINER,
+    CommandFailed,
+    FileContent,
+    JobSpec,
+    JobState,
+    SandboxError,
+)
 from episode_operator.taskfolder import EpisodePlan
 from episode_operator.taskfolder.plan import NetworkPolicy, VerifierPlan, baseline_policy
 
@@ -71,6 +78,13 @@ class KubeSandbox:
             raise SandboxError(f"{error}; {detail}" if detail else str(error), kind=kind) from error
         except KubeError as error:
             raise SandboxError(str(error), kind="api") from error
+        if result.exit_code >= 128:
+            # Killed by a signal: the pod may be going away under the command.
+            kind, detail = await self._transport_kind()
+            if kind != "exec":
+                raise SandboxError(
+                    f"{command.argv[2] if len(command.argv) > 2 else command.argv[0]} was killed; {detail}", kind=kind
+                )
         if result.exit_code != 0:
             detail = result.stderr.decode("utf-8", "replace").strip() or f"exit {result.exit_code}"
             raise CommandFailed(f"{command.argv[2] if len(command.argv) > 2 else command.argv[0]}: {detail}")
@@ -129,7 +143,7 @@ class KubeSandbox:
     ) -> bytes:
         return await self._run(supervisor.download(paths, exclude), container=container, timeout_sec=300.0)
 
-    async def read_files(self, paths: Sequence[str], *, container: str = MAIN_CONTAINER) -> dict[str, bytes | None]:
+    async def read_files(self, paths: Sequence[str], *, container: str = MAIN_CONTAINER) -> dict[str, FileContent]:
         output = await self._run(supervisor.read_files(paths), container=container)
         return supervisor.parse_files(output, paths)
 

@@ -369,7 +369,9 @@ class EpisodeRunner:
         try:
             await sandbox.clear([f"{TESTS}/", f"{LOGS_VERIFIER}/", TRAJECTORY])
         except (SandboxError, CommandFailed) as error:
-            raise Outage("clear-grading-files", f"cannot clear the previous turn's grading files: {error}") from error
+            raise _outage(
+                error, "clear-grading-files", f"cannot clear the previous turn's grading files: {error}"
+            ) from error
 
     async def _prepare_workdir(self, index: int) -> None:
         turn = self.plan.turns[index]
@@ -380,7 +382,7 @@ class EpisodeRunner:
             try:
                 await sandbox.switch_user(user, sandbox.workdir)
             except (SandboxError, CommandFailed) as error:
-                raise Outage("user-switch", f"cannot switch to user {user!r}: {error}") from error
+                raise _outage(error, "user-switch", f"cannot switch to user {user!r}: {error}") from error
         if turn.workdir is None:
             return
         try:
@@ -453,7 +455,7 @@ class EpisodeRunner:
                 await sandbox.clear([f"{SOLUTION}/"])
                 await sandbox.upload(folder_tar(self.config.files, turn.solution), SOLUTION)
             except (SandboxError, CommandFailed) as error:
-                raise Outage("place-solution", f"cannot place the oracle's solution: {error}") from error
+                raise _outage(error, "place-solution", f"cannot place the oracle's solution: {error}") from error
             spec = JobSpec(
                 id=self._job_id(index, "agent"),
                 command=f"bash {SOLUTION}/solve.sh",
@@ -467,7 +469,7 @@ class EpisodeRunner:
             try:
                 await sandbox.upload(text_tar({instruction: turn.instruction}), INSTRUCTIONS)
             except (SandboxError, CommandFailed) as error:
-                raise Outage("place-instruction", f"cannot place the instruction: {error}") from error
+                raise _outage(error, "place-instruction", f"cannot place the instruction: {error}") from error
             assert agent.command is not None
             spec = JobSpec(
                 id=self._job_id(index, "agent"),
@@ -576,7 +578,7 @@ class EpisodeRunner:
                         await sandbox.upload(archive, "/")
                 await sandbox.upload(tests, TESTS)
             except (SandboxError, CommandFailed) as error:
-                raise Outage("clear-grading-files", f"cannot prepare verification: {error}") from error
+                raise _outage(error, "clear-grading-files", f"cannot prepare verification: {error}") from error
             await self._stage(record, "verify")
         state = await self._job(
             sandbox,
@@ -598,8 +600,30 @@ class EpisodeRunner:
         try:
             files = await sandbox.read_files([REWARD_JSON, REWARD_TXT])
         except (SandboxError, CommandFailed) as error:
-            raise Outage("read-reward", f"cannot read the reward files: {error}") from error
-        result = parse_reward_files(files.get(REWARD_JSON), files.get(REWARD_TXT))
+            raise _outage(error, "read-reward", f"cannot read the reward files: {error}") from error
+        tampered = [
+            path
+            for path, content in files.items()
+            if content.data is not None and _changed_after(content.modified, state.finished_at)
+        ]
+        if tampered:
+            # Something kept writing after test.sh exited (e.g. a process the agent left in a
+            # shared sandbox): the file is not the verifier's, so there is no valid reward.
+            await self._finish_turn(
+                index,
+                TurnScore(valid=False),
+                None,
+                f"no valid reward file: {', '.join(tampered)} changed after test.sh exited",
+            )
+            if separate:
+                await self._release_verifier(index)
+            await self.sink.event(
+                "RewardTampered",
+                f"turn {turn.name}: {', '.join(tampered)} changed after test.sh exited; the turn counts 0",
+                warning=True,
+            )
+            return True
+        result = parse_reward_files(files[REWARD_JSON].data, files[REWARD_TXT].data)
         if result.rewards is None:
             timed_out = " (the verifier timed out)" if state.timed_out else ""
             await self._finish_turn(
@@ -803,3 +827,15 @@ def _overlaps(first: str, second: str) -> bool:
     a = PurePosixPath(first.rstrip("/") or ".")
     b = PurePosixPath(second.rstrip("/") or ".")
     return a == b or a in b.parents or b in a.parents
+
+
+def _changed_after(modified: float | None, finished: float | None) -> bool:
+    """A file modified after a job's end (both by the container's clock; unknown times never count)."""
+    return modified is not None and finished is not None and modified > finished
+
+
+def _outage(error: SandboxError | CommandFailed, kind: str, message: str) -> Outage:
+    """The outage for a failed sandbox step: the sandbox's own kind (pod lost…) when it has one."""
+    if isinstance(error, SandboxError):
+        return Outage(error.kind, message)
+    return Outage(kind, message)

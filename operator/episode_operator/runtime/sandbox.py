@@ -60,6 +60,14 @@ class JobState:
         return self.phase == "exited" and self.exit_code == 0 and not self.timed_out
 
 
+@dataclass(frozen=True)
+class FileContent:
+    """A file read from a sandbox: its bytes (None: no such regular file) and modification time."""
+
+    data: bytes | None
+    modified: float | None = None
+
+
 class SandboxError(Exception):
     """The sandbox failed under us (pod lost, image pull, exec transport…): an outage.
 
@@ -103,8 +111,8 @@ class Sandbox(Protocol):
         """A tar of ``paths`` (absolute), member names relative to ``/``; missing paths are left out."""
         ...
 
-    async def read_files(self, paths: Sequence[str], *, container: str = MAIN_CONTAINER) -> dict[str, bytes | None]:
-        """The contents of small files; None for a path that is not a regular file."""
+    async def read_files(self, paths: Sequence[str], *, container: str = MAIN_CONTAINER) -> dict[str, FileContent]:
+        """The contents and modification times of small files."""
         ...
 
     async def clear(self, paths: Sequence[str], *, container: str = MAIN_CONTAINER) -> None:

@@ -56,7 +56,7 @@ from importlib import resources
 from typing import cast, get_args
 from urllib.parse import unquote_to_bytes
 
-from episode_operator.runtime.sandbox import JobPhase, JobSpec, JobState
+from episode_operator.runtime.sandbox import FileContent, JobPhase, JobSpec, JobState
 
 SUPERVISOR_DIR = "/episode-operator"
 SUPERVISOR_PATH = f"{SUPERVISOR_DIR}/supervisor.sh"
@@ -306,37 +306,45 @@ def parse_probe(stdout: bytes) -> dict[str, str]:
     return facts
 
 
-def parse_files(stdout: bytes, paths: Sequence[str]) -> dict[str, bytes | None]:
-    """Read the answer of :func:`read_files`: per path, its bytes, or None if not a readable file.
+def parse_files(stdout: bytes, paths: Sequence[str]) -> dict[str, FileContent]:
+    """Read the answer of :func:`read_files`: per path, its bytes and modification time.
 
     Framing: for each requested path in order, a header line ``<length> <percent-encoded
-    path>`` (length -1: no such regular file), then exactly ``length`` raw bytes.
+    path> [<mtime>]`` (length -1: no such regular file), then exactly ``length`` raw bytes.
     """
-    result: dict[str, bytes | None] = {}
+    result: dict[str, FileContent] = {}
     pos = 0
     for path in paths:
         end = stdout.find(b"\n", pos)
         if end < 0:
             raise ValueError(f"read answer ends before the header of {path!r}")
         header = stdout[pos:end].decode("ascii", errors="replace")
-        length_text, sep, encoded = header.partition(" ")
+        fields = header.split(" ")
         try:
-            length = int(length_text)
+            length = int(fields[0])
         except ValueError:
             raise ValueError(f"malformed read header {header!r}") from None
-        if not sep or unquote_to_bytes(encoded) != path.encode("utf-8") or length < -1:
+        if len(fields) < 2 or unquote_to_bytes(fields[1]) != path.encode("utf-8") or length < -1:
             raise ValueError(f"read header {header!r} does not frame {path!r}")
         pos = end + 1
         if length < 0:
-            result[path] = None
+            result[path] = FileContent(None, None)
             continue
         if pos + length > len(stdout):
             raise ValueError(f"read answer is short of the {length} bytes of {path!r}")
-        result[path] = stdout[pos : pos + length]
+        result[path] = FileContent(stdout[pos : pos + length], _mtime(fields[2] if len(fields) > 2 else "-"))
         pos += length
     if pos != len(stdout):
         raise ValueError(f"{len(stdout) - pos} unexpected bytes after the read answer")
     return result
+
+
+def _mtime(text: str) -> float | None:
+    try:
+        value = float(text)
+    except ValueError:
+        return None
+    return value if math.isfinite(value) else None
 
 
 def _command(args: list[str]) -> Command:

@@ -767,7 +767,9 @@ cmd_read() {
     for _p in "$@"; do
         # A copy, so the length in the header is that of the bytes that follow it.
         if [ -f "$_p" ] && cat "$_p" >"$_tmp" 2>/dev/null; then
-            printf '%s %s\n' "$(($(wc -c <"$_tmp")))" "$(pct "$_p")"
+            # The modification time lets the operator refuse a reward file changed after test.sh.
+            _mt=$(stat -c %.9Y "$_p" 2>/dev/null || stat -c %Y "$_p" 2>/dev/null || echo -)
+            printf '%s %s %s\n' "$(($(wc -c <"$_tmp")))" "$(pct "$_p")" "$_mt"
             cat "$_tmp" || die "read: cannot copy $_p"
         else
             printf '%s %s\n' -1 "$(pct "$_p")"
