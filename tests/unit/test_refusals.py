@@ -486,6 +486,8 @@ REFUSALS: list[tuple[str, dict[str, str], str, str | None, str]] = [
         "environment.tpu.topology",
         "invalid TPU topology",
     ),
+    # Found by the property tests: a non-array [[steps]] is a schema error, not a crash
+    ("steps-not-an-array", single_step("steps = true\n"), "task.toml", "steps", "valid list"),
     # Gym's step-name rule and uniqueness
     (
         "steps-bad-name",

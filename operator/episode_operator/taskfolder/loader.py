@@ -303,7 +303,8 @@ def _legacy_keys_used(data: dict[str, Any]) -> list[tuple[str, str]]:
     verifier = data.get("verifier")
     if isinstance(verifier, dict):
         tables.append(("verifier.environment", verifier.get("environment")))
-    for index, step in enumerate(data.get("steps") or []):
+    steps = data.get("steps")
+    for index, step in enumerate(steps if isinstance(steps, list) else []):
         if isinstance(step, dict) and isinstance(step.get("verifier"), dict):
             tables.append((f"steps[{index}].verifier.environment", step["verifier"].get("environment")))
     for prefix, table in tables:
