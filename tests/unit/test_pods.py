@@ -1,0 +1,108 @@
+"""Pod manifests (pure builders): what every sandbox pod must and must not carry."""
+
+from __future__ import annotations
+
+import pytest
+
+from episode_operator.api.models import EpisodeSpec
+from episode_operator.kube.network import network_policy
+from episode_operator.kube.pods import EpisodeRef, SandboxPod, agent_pod_name, sandbox_pod, short_name
+from episode_operator.taskfolder import TaskFiles, load_task, resolve_plan
+from episode_operator.taskfolder.plan import NetworkPolicy
+from tests.conftest import EXAMPLE_TASKS
+
+EPISODE = EpisodeRef("ledger", "evals", "uid-1")
+SPEC = EpisodeSpec.model_validate(
+    {
+        "task": {"inline": {"files": {}}},
+        "agent": {
+            "kind": "command",
+            "command": "run",
+            "env": [{"name": "API_TOKEN", "value": "secret"}],
+            "envFrom": [{"secretRef": {"name": "model-key"}}],
+        },
+        "nodeSelector": {"pool": "eval"},
+        "runtimeClassName": "gvisor",
+    }
+)
+
+
+def sidecar_plan():  # type: ignore[no-untyped-def]
+    return resolve_plan(load_task(TaskFiles.from_directory(EXAMPLE_TASKS / "sidecar-lookup")))
+
+
+def test_agent_pod() -> None:
+    plan = sidecar_plan()
+    pod = sandbox_pod(
+        EPISODE,
+        SPEC,
+        SandboxPod("agent", 1, "img:1", plan.environment, {"A": "1"}, plan.sidecars),
+        extra_labels={"kueue.x-k8s.io/queue-name": "evals"},
+    )
+    spec = pod["spec"]
+    assert pod["metadata"]["ownerReferences"][0] == {
+        "apiVersion": "episode-operator.dev/v1alpha1",
+        "kind": "Episode",
+        "name": "ledger",
+        "uid": "uid-1",
+        "controller": True,
+        "blockOwnerDeletion": True,
+    }
+    assert pod["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "evals"
+    assert (spec["restartPolicy"], spec["automountServiceAccountToken"], spec["enableServiceLinks"]) == (
+        "Never",
+        False,
+        False,
+    )
+    assert spec["hostAliases"] == [{"ip": "127.0.0.1", "hostnames": ["api"]}]
+    assert (spec["nodeSelector"], spec["runtimeClassName"]) == ({"pool": "eval"}, "gvisor")
+    assert spec["securityContext"] == {"seccompProfile": {"type": "RuntimeDefault"}}
+    main, api = spec["containers"]
+    assert "command" not in main  # the image's ENTRYPOINT is kept; the keep-alive is its argument
+    assert main["args"][0] == "sh"
+    # Secrets reach the agent's container only: not the sidecars (nor, below, verifier pods).
+    assert {"name": "API_TOKEN", "value": "secret"} in main["env"]
+    assert main["envFrom"] == [{"secretRef": {"name": "model-key"}}]
+    assert "envFrom" not in api and all(entry["name"] != "API_TOKEN" for entry in api["env"])
+    for container in (main, api):
+        assert container["securityContext"]["allowPrivilegeEscalation"] is False
+        assert container["securityContext"]["capabilities"] == {"drop": ["NET_RAW"]}
+        assert {"name": "episode-operator", "mountPath": "/episode-operator"} in container["volumeMounts"]
+    assert api["image"] == "img:1"  # ${MAIN_IMAGE_NAME}
+    assert api["readinessProbe"]["exec"]["command"][:2] == ["sh", "-c"]
+    assert api["resources"] == {"limits": {"cpu": "500m", "memory": "128Mi"}}
+
+
+def test_verifier_pod_gets_no_agent_secrets() -> None:
+    plan = resolve_plan(load_task(TaskFiles.from_directory(EXAMPLE_TASKS / "separate-verifier-handoff")))
+    verifier = plan.turns[1].verifier
+    assert verifier.environment is not None
+    pod = sandbox_pod(
+        EPISODE, SPEC, SandboxPod("verifier", 1, "img:1", verifier.environment, {}, turn=1), extra_labels={}
+    )
+    main = pod["spec"]["containers"][0]
+    assert pod["metadata"]["name"] == "ledger-a1-v2"
+    assert pod["metadata"]["labels"]["episode-operator.dev/turn"] == "2"
+    assert "envFrom" not in main and main["env"] == []
+    assert main["resources"] == {"requests": {"cpu": "1", "memory": "256Mi"}, "limits": {"cpu": "1", "memory": "256Mi"}}
+
+
+@pytest.mark.parametrize("name", ["a", "x" * 63, "y" * 200])
+def test_names_fit_a_label(name: str) -> None:
+    pod_name = agent_pod_name(name, 12)
+    assert len(pod_name) <= 63 and pod_name.endswith("-a12")
+    assert short_name("x" * 200, "a1") != short_name("x" * 199 + "z", "a1")  # cut names stay distinct
+
+
+def test_network_policies() -> None:
+    labels = {"episode-operator.dev/episode": "ledger"}
+    assert network_policy(EPISODE, "p", labels, NetworkPolicy()) is None
+    closed = network_policy(EPISODE, "p", labels, NetworkPolicy(mode="no-network"))
+    assert closed is not None and closed["spec"]["egress"] == [] and closed["spec"]["ingress"] == []
+    allow = network_policy(
+        EPISODE, "p", labels, NetworkPolicy(mode="allowlist", allowed_hosts=["10.1.2.3", "::1", "*.pypi.org"])
+    )
+    assert allow is not None
+    egress = allow["spec"]["egress"]
+    assert egress[0] == {"to": [{"ipBlock": {"cidr": "10.1.2.3/32"}}, {"ipBlock": {"cidr": "::1/128"}}]}
+    assert egress[1]["ports"][0] == {"protocol": "UDP", "port": 53}
