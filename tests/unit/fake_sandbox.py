@@ -20,8 +20,9 @@ from __future__ import annotations
 import io
 import json
 import tarfile
+from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from episode_operator.api.models import EpisodeStatus
@@ -68,6 +69,8 @@ class FakeSandbox:
         self.users: list[str | int] = []
         self.lost = False
         self.modified: dict[str, float] = {}  # fake modification times, where a test sets them
+        self.uploads: list[str] = []
+        self.calls: Counter[str] = Counter()  # how many round trips each operation cost
 
     # Sandbox protocol ----------------------------------------------------------------
     def _alive(self) -> None:
@@ -75,6 +78,7 @@ class FakeSandbox:
             raise SandboxError(f"pod {self.name} was deleted", kind="pod-lost")
 
     async def start_job(self, spec: JobSpec, *, wait_sec: float = 0.0) -> JobState:
+        self.calls["start_job"] += 1
         self._alive()
         key = (spec.container, spec.id)
         if key not in self.jobs:
@@ -82,20 +86,40 @@ class FakeSandbox:
             self.world.before_job(self, spec)
             self.jobs[key] = self._execute(spec)
         self._alive()
-        return self.jobs[key].state
+        return self._answer(spec)
 
-    async def wait_job(self, job_id: str, *, container: str = "main", max_wait_sec: float) -> JobState:
+    async def wait_job(self, spec: JobSpec, *, max_wait_sec: float) -> JobState:
+        self.calls["wait_job"] += 1
         self._alive()
-        record = self.jobs.get((container, job_id))
-        return record.state if record else JobState(job_id, "unknown")
+        return self._answer(spec)
+
+    def _answer(self, spec: JobSpec) -> JobState:
+        """The final state with what the spec asks back, as the supervisor's answer carries it."""
+        record = self.jobs.get((spec.container, spec.id))
+        if record is None:
+            return JobState(spec.id, "unknown")
+        files = None
+        if spec.read_after:
+            files = {
+                path: FileContent(self.files[spec.container].get(path), self.modified.get(path))
+                for path in spec.read_after
+            }
+        output = record.output[-spec.tail :] if spec.tail > 0 else None
+        return replace(record.state, output=output, files=files)
 
     async def job_output(self, job_id: str, *, container: str = "main", limit: int) -> bytes:
+        self.calls["job_output"] += 1
         self._alive()
         record = self.jobs[(container, job_id)]
         return record.output[-limit:]
 
-    async def upload(self, archive: bytes, destination: str, *, container: str = "main") -> None:
+    async def upload(
+        self, archive: bytes, destination: str, *, container: str = "main", clear: Sequence[str] = ()
+    ) -> None:
+        self.calls["upload"] += 1
         self._alive()
+        self._clear(clear, container)
+        self.uploads.append(destination)
         if destination in self.world.broken_uploads:
             raise CommandFailed(f"tar: cannot unpack into {destination}")
         files = self.files.setdefault(container, {})
@@ -107,6 +131,7 @@ class FakeSandbox:
                     files[_join(destination, member.name)] = extracted.read()
 
     async def download(self, paths: Sequence[str], *, container: str = "main", exclude: Sequence[str] = ()) -> bytes:
+        self.calls["download"] += 1
         self._alive()
         files = self.files.setdefault(container, {})
         buffer = io.BytesIO()
@@ -124,14 +149,19 @@ class FakeSandbox:
         return buffer.getvalue()
 
     async def read_files(self, paths: Sequence[str], *, container: str = "main") -> dict[str, FileContent]:
+        self.calls["read_files"] += 1
         self._alive()
         files = self.files.setdefault(container, {})
         return {path: FileContent(files.get(path), self.modified.get(path)) for path in paths}
 
     async def clear(self, paths: Sequence[str], *, container: str = "main") -> None:
+        self.calls["clear"] += 1
         self._alive()
         if self.world.clear_fails:
             raise CommandFailed("rm: Permission denied")
+        self._clear(paths, container)
+
+    def _clear(self, paths: Sequence[str], container: str) -> None:
         files = self.files.setdefault(container, {})
         for path in paths:
             prefix = path.rstrip("/") + "/"
@@ -139,6 +169,7 @@ class FakeSandbox:
                 del files[name]
 
     async def switch_user(self, user: str | int, workdir: str | None) -> None:
+        self.calls["switch_user"] += 1
         self._alive()
         if user in self.world.missing_users:
             raise CommandFailed(f"no such user: {user}")

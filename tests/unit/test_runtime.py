@@ -354,7 +354,11 @@ def test_keep_pods_on_failure() -> None:
     assert world.kept is True and "all" not in world.released
 
 
-@pytest.mark.parametrize("crash_stage", ["cleanup", "workdir", "agent", "collect", "verify-prepare", "verify", "done"])
+# Every stage the runner publishes (healthcheck and collect are passed through unpublished).
+PUBLISHED_STAGES = ["cleanup", "workdir", "setup", "agent", "verify-prepare", "verify", "done"]
+
+
+@pytest.mark.parametrize("crash_stage", PUBLISHED_STAGES)
 def test_restart_resumes_without_running_a_turn_twice(crash_stage: str) -> None:
     """The operator dies right after publishing turn 2's stage; a new runner resumes from that status."""
     solutions = {f"steps/{name}/solution/solve.sh": f"append runs.txt {name}" for name in "abc"}
@@ -409,3 +413,19 @@ def test_reward_file_changed_after_test_sh_is_refused() -> None:
     assert (status.reward, status.turns[0].reward_valid) == (0.0, False)
     assert "changed after test.sh exited" in (status.turns[0].message or "")
     assert any(reason == "RewardTampered" for reason, _, _ in sink.events)
+
+
+def test_published_stages_are_exactly_those_a_restart_can_meet() -> None:
+    sink = FakeSink()
+    run(three_steps(files={"steps/b/workdir/setup.sh": "exit 0"}), sink=sink)
+    seen = {turn.stage for status in sink.statuses for turn in status.turns if turn.stage}
+    assert seen == set(PUBLISHED_STAGES)
+
+
+def test_a_short_job_costs_one_call() -> None:
+    """Output tail and reward files come back with the final state: no separate fetches."""
+    world = World()
+    run(single_step(files={"tests/test.sh": "reward 1"}), world=world)
+    pod = world.sandboxes["pod-a1"]
+    assert pod.uploads == ["/solution", "/tests"]  # each with its clear, in the same call
+    assert pod.calls == {"upload": 2, "start_job": 2, "download": 1}  # solve.sh, test.sh; /logs/artifacts

@@ -83,7 +83,8 @@ class Pod:
         return supervisor.parse_state(spec.id, self.run(command).stdout)
 
     def wait(self, job_id: str, seconds: float = 10) -> JobState:
-        state = supervisor.parse_state(job_id, self.run(supervisor.wait(job_id, seconds)).stdout)
+        spec = JobSpec(id=job_id, command="", timeout_sec=1)
+        state = supervisor.parse_state(job_id, self.run(supervisor.wait(spec, seconds)).stdout)
         assert state.done, f"{job_id} still {state.phase} after {seconds}s"
         return state
 
@@ -216,7 +217,8 @@ def test_start_with_wait_answers_a_finished_job_in_one_exec(pod: Pod) -> None:
 def test_wait_returns_running_after_its_bound(pod: Pod) -> None:
     pod.start(pod.spec("slow", "sleep 30"))
     began = time.monotonic()
-    state = supervisor.parse_state("slow", pod.run(supervisor.wait("slow", 0.3)).stdout)
+    slow = JobSpec(id="slow", command="", timeout_sec=1)
+    state = supervisor.parse_state("slow", pod.run(supervisor.wait(slow, 0.3)).stdout)
     assert state.phase == "running" and state.started_at is not None
     assert time.monotonic() - began < 5
 
@@ -720,3 +722,43 @@ def test_the_script_ships_with_the_package() -> None:
         supervisor.SUPERVISOR_DIR,
         str(len(text.encode())),
     ]
+
+
+def test_final_answer_brings_the_output_tail_and_files(pod: Pod, tmp_path: Path) -> None:
+    """--tail and --then-read ride on start and wait once the job is done: no extra exec."""
+    reward = tmp_path / "reward.txt"
+    spec = JobSpec(
+        id="verify",
+        command=f"echo lots of output; echo 0.5 > {reward}",
+        timeout_sec=10,
+        shell="sh",
+        tail=8,
+        read_after=(str(reward), str(tmp_path / "reward.json")),
+    )
+    state = supervisor.parse_answer(spec, pod.run(supervisor.start(spec, wait_sec=5)).stdout)
+    assert state.succeeded and state.output == b" output\n"
+    assert state.files is not None
+    assert state.files[str(reward)].data == b"0.5\n" and state.files[str(tmp_path / "reward.json")].data is None
+    again = supervisor.parse_answer(spec, pod.run(supervisor.wait(spec, 1)).stdout)
+    assert again == state
+    # While the job runs, only the state comes back.
+    slow = JobSpec(id="slow-tail", command="sleep 2", timeout_sec=10, shell="sh", tail=100, read_after=(str(reward),))
+    running = supervisor.parse_answer(slow, pod.run(supervisor.start(slow)).stdout)
+    assert running.phase == "running" and running.output is None and running.files is None
+    done = supervisor.parse_answer(slow, pod.run(supervisor.wait(slow, 10)).stdout)
+    assert done.succeeded and done.output == b"" and done.files is not None
+
+
+def test_upload_clears_first_in_the_same_exec(pod: Pod, tmp_path: Path) -> None:
+    target = tmp_path / "solution"
+    target.mkdir()
+    (target / "stale.sh").write_text("old")
+    archive = io.BytesIO()
+    with tarfile.open(fileobj=archive, mode="w") as tar:
+        info = tarfile.TarInfo("solve.sh")
+        info.size = 4
+        tar.addfile(info, io.BytesIO(b"new\n"))
+    pod.run(supervisor.upload(archive.getvalue(), str(target), clear=[f"{target}/"]))
+    assert sorted(path.name for path in target.iterdir()) == ["solve.sh"]
+    with pytest.raises(ValueError, match="refusing to clear"):
+        supervisor.upload(b"", "/x", clear=["/"])

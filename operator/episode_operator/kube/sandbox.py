@@ -124,19 +124,21 @@ class KubeSandbox:
         output = await self._run(
             supervisor.start(spec, wait_sec=wait_sec), container=spec.container, timeout_sec=wait_sec + EXEC_MARGIN_SEC
         )
-        return supervisor.parse_state(spec.id, output)
+        return supervisor.parse_answer(spec, output)
 
-    async def wait_job(self, job_id: str, *, container: str = MAIN_CONTAINER, max_wait_sec: float) -> JobState:
+    async def wait_job(self, spec: JobSpec, *, max_wait_sec: float) -> JobState:
         output = await self._run(
-            supervisor.wait(job_id, max_wait_sec), container=container, timeout_sec=max_wait_sec + EXEC_MARGIN_SEC
+            supervisor.wait(spec, max_wait_sec), container=spec.container, timeout_sec=max_wait_sec + EXEC_MARGIN_SEC
         )
-        return supervisor.parse_state(job_id, output)
+        return supervisor.parse_answer(spec, output)
 
     async def job_output(self, job_id: str, *, container: str = MAIN_CONTAINER, limit: int) -> bytes:
         return await self._run(supervisor.output(job_id, limit), container=container)
 
-    async def upload(self, archive: bytes, destination: str, *, container: str = MAIN_CONTAINER) -> None:
-        await self._run(supervisor.upload(archive, destination), container=container, timeout_sec=300.0)
+    async def upload(
+        self, archive: bytes, destination: str, *, container: str = MAIN_CONTAINER, clear: Sequence[str] = ()
+    ) -> None:
+        await self._run(supervisor.upload(archive, destination, clear=clear), container=container, timeout_sec=300.0)
 
     async def download(
         self, paths: Sequence[str], *, container: str = MAIN_CONTAINER, exclude: Sequence[str] = ()

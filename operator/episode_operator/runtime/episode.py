@@ -20,7 +20,7 @@ import contextlib
 import math
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from pathlib import PurePosixPath
 from typing import Any, Literal, Protocol
@@ -288,7 +288,7 @@ class EpisodeRunner:
                     env=self._agent_env(0),
                 ),
             )
-            await self._save_job_log(sandbox, "seed", "agent-setup", state.id)
+            await self._save_job_log(sandbox, "seed", "agent-setup", state)
             if not state.succeeded:
                 raise _EpisodeEnds("Ungraded", FAILURE_AGENT_SETUP, f"the agent's setup {self._describe(state)}")
 
@@ -316,7 +316,8 @@ class EpisodeRunner:
             if record.stage == "setup":
                 async with self._timed("setup"):
                     await self._setup(index)
-                await self._stage(record, "healthcheck")
+                # Not published: a restart here re-attaches to setup.sh and polls again.
+                record.stage = "healthcheck"
             if record.stage == "healthcheck":
                 async with self._timed("healthcheck"):
                     await self._step_healthcheck(index)
@@ -335,7 +336,8 @@ class EpisodeRunner:
             await self._network(turn.agent.network)
             async with self._timed("agent"):
                 await self._run_agent(index)
-            await self._stage(record, "collect")
+            # Not published: collecting again after a restart re-attaches to the agent's job.
+            record.stage = "collect"
         if record.stage == "collect":
             await self._network(self._baseline)
             async with self._timed("collect"):
@@ -407,7 +409,7 @@ class EpisodeRunner:
                 user=turn.agent.user,
             ),
         )
-        await self._save_job_log(sandbox, turn.name, "setup", state.id)
+        await self._save_job_log(sandbox, turn.name, "setup", state)
         if state.phase == "unstartable":
             raise Outage("run-command", f"setup.sh cannot start: {state.reason}")
         if not state.succeeded:
@@ -452,8 +454,7 @@ class EpisodeRunner:
         if agent.kind == "oracle":
             assert turn.solution is not None
             try:
-                await sandbox.clear([f"{SOLUTION}/"])
-                await sandbox.upload(folder_tar(self.config.files, turn.solution), SOLUTION)
+                await sandbox.upload(folder_tar(self.config.files, turn.solution), SOLUTION, clear=[f"{SOLUTION}/"])
             except (SandboxError, CommandFailed) as error:
                 raise _outage(error, "place-solution", f"cannot place the oracle's solution: {error}") from error
             spec = JobSpec(
@@ -479,7 +480,7 @@ class EpisodeRunner:
                 env={**self._agent_env(index), "EPISODE_INSTRUCTION_FILE": f"{INSTRUCTIONS}/{instruction}"},
             )
         state = await self._job(sandbox, spec)
-        await self._save_job_log(sandbox, turn.name, "agent", state.id)
+        await self._save_job_log(sandbox, turn.name, "agent", state)
         if state.phase == "unstartable":
             raise Outage("run-command", f"the agent cannot start: {state.reason}")
         record.agent_exit_code = state.exit_code
@@ -520,7 +521,7 @@ class EpisodeRunner:
                         container=service,
                     ),
                 )
-                await self._save_job_log(sandbox, turn.name, f"collect-{number}", state.id, container=service)
+                await self._save_job_log(sandbox, turn.name, f"collect-{number}", state, container=service)
             for entry in turn.artifacts:
                 if entry.service != service:
                     continue
@@ -570,13 +571,15 @@ class EpisodeRunner:
         sandbox = await self._verifier_sandbox(index)
         tests = mapped_tar(self.config.files, turn.tests)
         if record.stage == "verify-prepare":
+            # The grading folders are emptied in the same exec as the first upload.
+            grading = [f"{TESTS}/", f"{LOGS_VERIFIER}/"]
             try:
-                await sandbox.clear([f"{TESTS}/", f"{LOGS_VERIFIER}/"])
                 if separate:
                     # Declared artifacts only, at their original absolute paths.
                     for archive in await self.store.artifact_archives(self._attempt.number, turn.name):
-                        await sandbox.upload(archive, "/")
-                await sandbox.upload(tests, TESTS)
+                        await sandbox.upload(archive, "/", clear=grading)
+                        grading = []
+                await sandbox.upload(tests, TESTS, clear=grading)
             except (SandboxError, CommandFailed) as error:
                 raise _outage(error, "clear-grading-files", f"cannot prepare verification: {error}") from error
             await self._stage(record, "verify")
@@ -589,18 +592,21 @@ class EpisodeRunner:
                 user=turn.verifier.user,
                 env=turn.verifier.env,
                 output=TEST_STDOUT,
+                read_after=(REWARD_JSON, REWARD_TXT),
             ),
         )
-        await self._save_job_log(sandbox, turn.name, "verifier", state.id)
+        await self._save_job_log(sandbox, turn.name, "verifier", state)
         if state.phase == "unstartable":
             record.phase = "Failed"
             record.failure_kind = FAILURE_VERIFIER
             record.message = f"test.sh cannot start: {state.reason}"
             raise _EpisodeEnds("Masked", FAILURE_VERIFIER, f"turn {turn.name}: test.sh cannot start: {state.reason}")
-        try:
-            files = await sandbox.read_files([REWARD_JSON, REWARD_TXT])
-        except (SandboxError, CommandFailed) as error:
-            raise _outage(error, "read-reward", f"cannot read the reward files: {error}") from error
+        files = state.files
+        if files is None:  # a job that ended before this runner asked for its files
+            try:
+                files = await sandbox.read_files([REWARD_JSON, REWARD_TXT])
+            except (SandboxError, CommandFailed) as error:
+                raise _outage(error, "read-reward", f"cannot read the reward files: {error}") from error
         tampered = [
             path
             for path, content in files.items()
@@ -744,8 +750,14 @@ class EpisodeRunner:
             self.observer.phase_finished(phase, self.monotonic() - started)
 
     async def _job(self, sandbox: Sandbox, spec: JobSpec) -> JobState:
-        """Run a supervised job to its end, re-attaching if it already exists."""
+        """Run a supervised job to its end, re-attaching if it already exists.
+
+        The final answer also carries the output's tail (for the kept logs) and any files
+        the spec asks for, so a short job costs one exec.
+        """
         self._check_deadline()
+        if spec.tail == 0:
+            spec = replace(spec, tail=self.config.log_limit)
         try:
             state = await sandbox.start_job(
                 spec, wait_sec=min(spec.timeout_sec + KILL_AFTER_SEC, self.config.poll_interval_sec)
@@ -753,9 +765,7 @@ class EpisodeRunner:
             while not state.done:
                 if state.phase == "unknown":
                     raise Outage("lost-job", f"job {spec.id} vanished from the sandbox")
-                state = await sandbox.wait_job(
-                    spec.id, container=spec.container, max_wait_sec=self.config.poll_interval_sec
-                )
+                state = await sandbox.wait_job(spec, max_wait_sec=self.config.poll_interval_sec)
         except SandboxError as error:
             raise Outage(error.kind, str(error)) from error
         self._check_deadline()
@@ -768,12 +778,14 @@ class EpisodeRunner:
             raise Outage(FAILURE_DEADLINE, f"past the episode deadline of {self.plan.deadline_sec:.0f} s")
 
     async def _save_job_log(
-        self, sandbox: Sandbox, turn: str, name: str, job_id: str, *, container: str = MAIN_CONTAINER
+        self, sandbox: Sandbox, turn: str, name: str, state: JobState, *, container: str = MAIN_CONTAINER
     ) -> None:
-        try:
-            output = await sandbox.job_output(job_id, container=container, limit=self.config.log_limit)
-        except (SandboxError, CommandFailed):
-            return  # logs are best effort; the outcome does not depend on them
+        output = state.output
+        if output is None:  # a job that ended before this runner asked for its tail
+            try:
+                output = await sandbox.job_output(state.id, container=container, limit=self.config.log_limit)
+            except (SandboxError, CommandFailed):
+                return  # logs are best effort; the outcome does not depend on them
         await self.store.save_log(self._attempt.number, turn, name, output)
 
     def _job_id(self, index: int, stage: str) -> str:

@@ -37,6 +37,18 @@ class JobSpec:
     output: str | None = None
     shell: Literal["bash", "sh"] = "bash"
     container: str = MAIN_CONTAINER
+    # Brought back with the final state, saving an exec each: the output's last ``tail`` bytes
+    # and the files at ``read_after`` (e.g. the reward files of test.sh).
+    tail: int = 0
+    read_after: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class FileContent:
+    """A file read from a sandbox: its bytes (None: no such regular file) and modification time."""
+
+    data: bytes | None
+    modified: float | None = None
 
 
 @dataclass(frozen=True)
@@ -50,6 +62,8 @@ class JobState:
     reason: str | None = None
     started_at: float | None = None
     finished_at: float | None = None
+    output: bytes | None = None
+    files: Mapping[str, FileContent] | None = None
 
     @property
     def done(self) -> bool:
@@ -58,14 +72,6 @@ class JobState:
     @property
     def succeeded(self) -> bool:
         return self.phase == "exited" and self.exit_code == 0 and not self.timed_out
-
-
-@dataclass(frozen=True)
-class FileContent:
-    """A file read from a sandbox: its bytes (None: no such regular file) and modification time."""
-
-    data: bytes | None
-    modified: float | None = None
 
 
 class SandboxError(Exception):
@@ -93,7 +99,7 @@ class Sandbox(Protocol):
         """Start ``spec`` unless a job with its id exists; its state, after up to ``wait_sec`` for it to end."""
         ...
 
-    async def wait_job(self, job_id: str, *, container: str = MAIN_CONTAINER, max_wait_sec: float) -> JobState:
+    async def wait_job(self, spec: JobSpec, *, max_wait_sec: float) -> JobState:
         """The job's state once it is done, or after ``max_wait_sec`` (a bounded long poll)."""
         ...
 
@@ -101,8 +107,13 @@ class Sandbox(Protocol):
         """The last ``limit`` bytes of the job's output file."""
         ...
 
-    async def upload(self, archive: bytes, destination: str, *, container: str = MAIN_CONTAINER) -> None:
-        """Extract a tar into ``destination`` as root: modes kept, same names replaced, nothing removed."""
+    async def upload(
+        self, archive: bytes, destination: str, *, container: str = MAIN_CONTAINER, clear: Sequence[str] = ()
+    ) -> None:
+        """Extract a tar into ``destination`` as root: modes kept, same names replaced, nothing removed.
+
+        ``clear`` paths are cleared first (as :meth:`clear` does), in the same round trip.
+        """
         ...
 
     async def download(

@@ -51,7 +51,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from importlib import resources
 from typing import cast, get_args
 from urllib.parse import unquote_to_bytes
@@ -142,17 +142,30 @@ def start(spec: JobSpec, *, wait_sec: float = 0.0, kill_after_sec: float = DEFAU
         args += ["--env", f"{name}={value}"]
     if wait_sec > 0:
         args += ["--wait", _seconds(wait_sec, "wait_sec")]
+    args += _extras(spec)
     args += ["--", spec.command]
     return _command(args)
 
 
-def wait(job_id: str, max_wait_sec: float) -> Command:
+def _extras(spec: JobSpec) -> list[str]:
+    """The options that bring the output's tail and the ``read_after`` files back with a final state."""
+    args: list[str] = []
+    if spec.tail > 0:
+        args += ["--tail", str(int(spec.tail))]
+    for path in spec.read_after:
+        _check_arg(path, "read_after path")
+        args += ["--then-read", path]
+    return args
+
+
+def wait(spec: JobSpec, max_wait_sec: float) -> Command:
     """A bounded long poll: the state once the job is done or after ``max_wait_sec``.
 
-    The exec lasts up to ``max_wait_sec`` plus a little: give its transport more time.
+    The exec lasts up to ``max_wait_sec`` plus a little: give its transport more time. Once
+    the job is done the answer carries what ``spec`` asks back (see :func:`parse_answer`).
     """
-    _check_id(job_id)
-    return _command(["wait", job_id, _seconds(max_wait_sec, "max_wait_sec")])
+    _check_id(spec.id)
+    return _command(["wait", spec.id, _seconds(max_wait_sec, "max_wait_sec"), *_extras(spec)])
 
 
 def status(job_id: str) -> Command:
@@ -183,16 +196,23 @@ def probe() -> Command:
     return _command(["probe"])
 
 
-def upload(archive: bytes, destination: str) -> Command:
+def upload(archive: bytes, destination: str, *, clear: Sequence[str] = ()) -> Command:
     """Extract the tar ``archive`` into ``destination`` as root.
 
     Modes are kept, files are owned by root, files of the same name are replaced, nothing is
-    removed and directories that exist keep their owner and mode.
+    removed and directories that exist keep their owner and mode. ``clear`` paths are cleared
+    first (as :func:`clear` does), in the same exec.
     """
     _check_arg(destination, "destination")
     if not destination:
         raise ValueError("upload destination must not be empty")
-    return Command(["sh", SUPERVISOR_PATH, "upload", destination, str(len(archive))], stdin=archive)
+    options: list[str] = []
+    for path in clear:
+        if not path.strip("/"):
+            raise ValueError(f"refusing to clear {path!r}")
+        _check_arg(path, "clear path")
+        options += ["--clear", path]
+    return Command(["sh", SUPERVISOR_PATH, "upload", *options, destination, str(len(archive))], stdin=archive)
 
 
 def download(paths: Sequence[str], exclude: Sequence[str] = ()) -> Command:
@@ -304,6 +324,28 @@ def parse_probe(stdout: bytes) -> dict[str, str]:
     if "workdir" not in facts:
         raise ValueError(f"probe answer without a workdir: {_excerpt(stdout)}")
     return facts
+
+
+def parse_answer(spec: JobSpec, stdout: bytes) -> JobState:
+    """Read the answer of :func:`start` or :func:`wait` for ``spec``: the state line, then, once
+    the job is done, the output's tail (``tail <length>`` and its bytes) and the read frames
+    of ``spec.read_after``, as asked."""
+    end = stdout.find(b"\n")
+    line, rest = (stdout, b"") if end < 0 else (stdout[: end + 1], stdout[end + 1 :])
+    state = parse_state(spec.id, line)
+    if not state.done or (spec.tail <= 0 and not spec.read_after):
+        return state
+    output: bytes | None = None
+    if spec.tail > 0:
+        end = rest.find(b"\n")
+        header = rest[:end].decode("ascii", errors="replace") if end >= 0 else ""
+        word, _, length_text = header.partition(" ")
+        if word != "tail" or not length_text.isdigit() or end + 1 + int(length_text) > len(rest):
+            raise ValueError(f"malformed output tail in the answer for {spec.id}: {_excerpt(rest)}")
+        output = rest[end + 1 : end + 1 + int(length_text)]
+        rest = rest[end + 1 + int(length_text) :]
+    files = parse_files(rest, spec.read_after) if spec.read_after else None
+    return replace(state, output=output, files=files)
 
 
 def parse_files(stdout: bytes, paths: Sequence[str]) -> dict[str, FileContent]:

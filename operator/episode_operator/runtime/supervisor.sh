@@ -329,7 +329,8 @@ start_opts() {
         if [ -z "$_opt" ]; then
             case $_a in
                 --) _ncmd=0 ;;
-                --user | --timeout | --kill-after | --cwd | --output | --shell | --env | --wait) _opt=$_a ;;
+                --user | --timeout | --kill-after | --cwd | --output | --shell | --env | --wait | --tail | --then-read)
+                    _opt=$_a ;;
                 *) usage "start: unknown option: $_a" ;;
             esac
             continue
@@ -352,6 +353,8 @@ start_opts() {
                 fi
                 ;;
             --wait) is_num "$_a" || usage "start: --wait wants seconds: $_a"; _wait=$_a ;;
+            --tail) case $_a in '' | *[!0-9]*) usage "start: --tail wants bytes: $_a" ;; esac ;;
+            --then-read) ;;
         esac
         _opt=
     done
@@ -397,6 +400,32 @@ cmd_start() {
     fi
     [ "$_wait" = 0 ] || wait_done "$_id" "$_wait"
     print_state "$_id"
+    print_extras "$_id" "$@"
+}
+
+# Once job $1 is done, what the options in "$2..." ask for after its state line, in their
+# order: --tail N (the last N bytes of its output, as "tail <length>" and the bytes) and
+# --then-read PATH (a read frame). Saves the operator an exec for each.
+print_extras() {
+    _xd=$JOBS/$1
+    shift
+    is_done "$_xd" || return 0
+    _xopt=
+    for _xa in "$@"; do
+        [ "$_xa" = -- ] && break
+        case $_xopt in
+            --tail)
+                _xt=
+                if get "$_xd/output_path" && [ -f "$_got" ] && [ "$_xa" -gt 0 ]; then _xt=$_got; fi
+                read_scratch
+                if [ -n "$_xt" ]; then tail -c "$_xa" "$_xt" >"$_tmp" 2>/dev/null || : >"$_tmp"; else : >"$_tmp"; fi
+                printf 'tail %s\n' "$(($(wc -c <"$_tmp")))"
+                cat "$_tmp"
+                ;;
+            --then-read) read_scratch; read_frame "$_xa" ;;
+        esac
+        case $_xa in --tail | --then-read) _xopt=$_xa ;; *) _xopt= ;; esac
+    done
 }
 
 # Start the runner of job $1 detached: its own session, stdio away from the exec's streams
@@ -583,11 +612,19 @@ unstartable() {
 }
 
 cmd_wait() {
-    [ $# -eq 2 ] || usage 'wait ID SECONDS'
+    [ $# -ge 2 ] || usage 'wait ID SECONDS [--tail N] [--then-read PATH]...'
     check_id "$1"
     is_num "$2" || usage "wait: SECONDS must be a number: $2"
     wait_done "$1" "$2"
     print_state "$1"
+    _wid=$1
+    shift 2
+    _xo=
+    for _xa in "$@"; do
+        [ "$_xo" = --tail ] && case $_xa in '' | *[!0-9]*) usage "wait: --tail wants bytes: $_xa" ;; esac
+        _xo=$_xa
+    done
+    print_extras "$_wid" "$@"
 }
 
 cmd_status() {
@@ -667,7 +704,13 @@ cmd_place() {
 }
 
 cmd_upload() {
-    [ $# -eq 2 ] || usage 'upload DEST BYTES'
+    # Leading --clear PATH options: clear those first, in the same exec (e.g. /solution/).
+    while [ "${1-}" = --clear ]; do
+        [ $# -ge 2 ] || usage 'upload: --clear needs a path'
+        clear_path "$2"
+        shift 2
+    done
+    [ $# -eq 2 ] || usage 'upload [--clear PATH]... DEST BYTES'
     _dest=$1
     case $2 in '' | *[!0-9]*) usage "upload: BYTES must be a whole number: $2" ;; esac
     [ -n "$_dest" ] || usage 'upload: empty DEST'
@@ -759,21 +802,32 @@ cmd_download() {
     fi
 }
 
-cmd_read() {
-    [ "${1-}" = -- ] && shift
+# Frame one file on stdout: "<length> <percent-encoded path> <mtime>" and its bytes, or
+# "-1 <path>" when it is not a readable regular file.
+read_frame() {
+    _rp=$1
+    # A copy, so the length in the header is that of the bytes that follow it.
+    if [ -f "$_rp" ] && cat "$_rp" >"$_tmp" 2>/dev/null; then
+        # The modification time lets the operator refuse a reward file changed after test.sh.
+        _mt=$(stat -c %.9Y "$_rp" 2>/dev/null || stat -c %Y "$_rp" 2>/dev/null || echo -)
+        printf '%s %s %s\n' "$(($(wc -c <"$_tmp")))" "$(pct "$_rp")" "$_mt"
+        cat "$_tmp" || die "read: cannot copy $_rp"
+    else
+        printf '%s %s\n' -1 "$(pct "$_rp")"
+    fi
+}
+
+read_scratch() {
     mkdir -p "$TMPD" || die "read: cannot create $TMPD"
     _tmp=$TMPD/read.$$
     trap 'rm -f "$_tmp"' EXIT
+}
+
+cmd_read() {
+    [ "${1-}" = -- ] && shift
+    read_scratch
     for _p in "$@"; do
-        # A copy, so the length in the header is that of the bytes that follow it.
-        if [ -f "$_p" ] && cat "$_p" >"$_tmp" 2>/dev/null; then
-            # The modification time lets the operator refuse a reward file changed after test.sh.
-            _mt=$(stat -c %.9Y "$_p" 2>/dev/null || stat -c %Y "$_p" 2>/dev/null || echo -)
-            printf '%s %s %s\n' "$(($(wc -c <"$_tmp")))" "$(pct "$_p")" "$_mt"
-            cat "$_tmp" || die "read: cannot copy $_p"
-        else
-            printf '%s %s\n' -1 "$(pct "$_p")"
-        fi
+        read_frame "$_p"
     done
 }
 
@@ -786,25 +840,30 @@ empty_dir() {
     [ -z "$(ls -A -- "$1" 2>/dev/null)" ]
 }
 
+clear_path() {
+    _p=$1
+    _q=$_p
+    _dir=0
+    case $_p in */) _dir=1 ;; esac
+    while :; do case $_q in */) _q=${_q%/} ;; *) break ;; esac; done
+    [ -n "$_q" ] || die "clear: refusing to clear /"
+    if [ -L "$_q" ] || { [ -e "$_q" ] && [ ! -d "$_q" ]; }; then
+        rm -f -- "$_q" || die "clear: cannot remove $_q"
+        if [ "$_dir" = 1 ]; then
+            { mkdir -p -- "$_q" && chmod 0777 "$_q"; } || die "clear: cannot create $_q"
+        fi
+    elif [ -d "$_q" ]; then
+        empty_dir "$_q" || die "clear: cannot empty $_q"
+        chmod 0777 "$_q" || die "clear: cannot chmod $_q"
+    elif [ "$_dir" = 1 ]; then
+        { mkdir -p -- "$_q" && chmod 0777 "$_q"; } || die "clear: cannot create $_q"
+    fi
+}
+
 cmd_clear() {
     [ "${1-}" = -- ] && shift
     for _p in "$@"; do
-        _q=$_p
-        _dir=0
-        case $_p in */) _dir=1 ;; esac
-        while :; do case $_q in */) _q=${_q%/} ;; *) break ;; esac; done
-        [ -n "$_q" ] || die "clear: refusing to clear /"
-        if [ -L "$_q" ] || { [ -e "$_q" ] && [ ! -d "$_q" ]; }; then
-            rm -f -- "$_q" || die "clear: cannot remove $_q"
-            if [ "$_dir" = 1 ]; then
-                { mkdir -p -- "$_q" && chmod 0777 "$_q"; } || die "clear: cannot create $_q"
-            fi
-        elif [ -d "$_q" ]; then
-            empty_dir "$_q" || die "clear: cannot empty $_q"
-            chmod 0777 "$_q" || die "clear: cannot chmod $_q"
-        elif [ "$_dir" = 1 ]; then
-            { mkdir -p -- "$_q" && chmod 0777 "$_q"; } || die "clear: cannot create $_q"
-        fi
+        clear_path "$_p"
     done
 }
 
