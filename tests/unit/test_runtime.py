@@ -362,6 +362,7 @@ PUBLISHED_STAGES = ["cleanup", "workdir", "setup", "agent", "verify-prepare", "v
 def test_restart_resumes_without_running_a_turn_twice(crash_stage: str) -> None:
     """The operator dies right after publishing turn 2's stage; a new runner resumes from that status."""
     solutions = {f"steps/{name}/solution/solve.sh": f"append runs.txt {name}" for name in "abc"}
+    solutions |= {f"steps/{name}/workdir/setup.sh": "exit 0" for name in "abc"}  # every stage is published
     folder = three_steps(files={**solutions, "steps/c/tests/test.sh": "check runs.txt a\\nb\\nc\\n"})
     world = World()
 
@@ -429,3 +430,11 @@ def test_a_short_job_costs_one_call() -> None:
     pod = world.sandboxes["pod-a1"]
     assert pod.uploads == ["/solution", "/tests"]  # each with its clear, in the same call
     assert pod.calls == {"upload": 2, "start_job": 2, "download": 1}  # solve.sh, test.sh; /logs/artifacts
+
+
+def test_stages_without_work_are_not_published() -> None:
+    """A turn without workdir/ or setup.sh writes its status fewer times."""
+    sink = FakeSink()
+    run(three_steps(), sink=sink)
+    seen = {turn.stage for status in sink.statuses for turn in status.turns if turn.stage}
+    assert seen == {"cleanup", "agent", "verify-prepare", "verify", "done"}

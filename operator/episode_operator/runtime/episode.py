@@ -306,18 +306,20 @@ class EpisodeRunner:
             await self._stage(record, "cleanup")
             await self.sink.event("TurnStarted", f"turn {index + 1}/{len(self.plan.turns)} {turn.name} started")
         try:
+            # A stage is published only where a restart must not redo what came before it:
+            # merging workdir/ (not over a setup.sh that ran) and running setup.sh.
             if record.stage == "cleanup":
                 await self._cleanup(index)
-                await self._stage(record, "workdir")
+                await self._stage(record, "workdir", publish=turn.workdir is not None)
             if record.stage == "workdir":
                 await self._network(self._baseline)
                 await self._prepare_workdir(index)
-                await self._stage(record, "setup")
+                await self._stage(record, "setup", publish=turn.setup)
             if record.stage == "setup":
                 async with self._timed("setup"):
                     await self._setup(index)
                 # Not published: a restart here re-attaches to setup.sh and polls again.
-                record.stage = "healthcheck"
+                await self._stage(record, "healthcheck", publish=False)
             if record.stage == "healthcheck":
                 async with self._timed("healthcheck"):
                     await self._step_healthcheck(index)
@@ -337,7 +339,7 @@ class EpisodeRunner:
             async with self._timed("agent"):
                 await self._run_agent(index)
             # Not published: collecting again after a restart re-attaches to the agent's job.
-            record.stage = "collect"
+            await self._stage(record, "collect", publish=False)
         if record.stage == "collect":
             await self._network(self._baseline)
             async with self._timed("collect"):
@@ -360,9 +362,10 @@ class EpisodeRunner:
         except SandboxError as error:
             raise Outage(error.kind, str(error)) from error
 
-    async def _stage(self, record: TurnStatus, stage: str) -> None:
+    async def _stage(self, record: TurnStatus, stage: str, *, publish: bool = True) -> None:
         record.stage = stage
-        await self._publish()
+        if publish:
+            await self._publish()
 
     async def _cleanup(self, index: int) -> None:
         if index == 0 or self.plan.turns[index - 1].verifier.mode != "shared":
