@@ -18,6 +18,7 @@ from typing import Any
 
 import kopf
 
+from episode_operator.api.episodeset import SET_LABEL, SET_PLURAL
 from episode_operator.api.models import GROUP, PLURAL, VERSION
 from episode_operator.kube.client import KubeClient, KubeError
 from episode_operator.kube.driver import (
@@ -27,6 +28,7 @@ from episode_operator.kube.driver import (
     release_episode_pods,
     suspend_episode,
 )
+from episode_operator.kube.episodeset import Wakeups, run_episode_set
 from episode_operator.kube.status import EpisodeGone
 from episode_operator.runtime.episode import parse_timestamp
 from episode_operator.runtime.metrics import Metrics
@@ -63,6 +65,10 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) 
     settings.watching.client_timeout = 150
     settings.watching.connect_timeout = 30
     settings.posting.level = logging.WARNING
+    if options.namespaces and not any(set(pattern) & set("*?!,") for pattern in options.namespaces):
+        # Named namespaces only: kopf needs no cluster-wide view of namespaces and CRDs, and the
+        # chart grants none (kube/rbac.py); scanning would retry forbidden listings at startup.
+        settings.scanning.disabled = True
     memo.metrics = Metrics()
     memo.slots = FifoSlots(options.max_active_episodes)
     memo.client = await KubeClient.connect(options.kubeconfig, metrics=memo.metrics)
@@ -108,9 +114,59 @@ async def hold(body: kopf.Body, memo: Any, **_: Any) -> None:
 
 
 @kopf.daemon(
-    GROUP, VERSION, PLURAL, when=is_active, cancellation_timeout=20.0, backoff=15.0, errors=kopf.ErrorsMode.TEMPORARY
+    GROUP,
+    VERSION,
+    PLURAL,
+    when=is_active,
+    # The daemon watches `stopped` itself (below); kopf's cancellation is only the last resort.
+    cancellation_backoff=60.0,
+    cancellation_timeout=20.0,
+    backoff=15.0,
+    errors=kopf.ErrorsMode.TEMPORARY,
 )
 async def drive(body: kopf.Body, memo: Any, logger: Any, stopped: kopf.DaemonStopped, **_: Any) -> None:
+    """Drive one Episode; react to why kopf stops the daemon, if it does, before it ends by itself.
+
+    - the Episode reached a terminal phase (the driver wrote it): let the driver finish;
+    - deleted mid-run: stop its pods now rather than when garbage collection gets to them;
+    - suspended mid-run (e.g. preempted by Kueue): stop its pods; it starts over when resumed;
+    - the operator is exiting: leave everything, the next operator resumes from the status.
+    """
+    metadata = body["metadata"]
+    work = asyncio.create_task(_drive_in_a_slot(body, memo, logger))
+    stop = asyncio.ensure_future(stopped.wait())
+    try:
+        await asyncio.wait({work, stop}, return_when=asyncio.FIRST_COMPLETED)
+        if not work.done():
+            reason = stopped.reason or kopf.DaemonStoppingReason(0)
+            deleted = bool(reason & kopf.DaemonStoppingReason.RESOURCE_DELETED)
+            suspended = bool(reason & kopf.DaemonStoppingReason.FILTERS_MISMATCH) and bool(
+                body.get("spec", {}).get("suspend")
+            )
+            if not (deleted or suspended or reason & kopf.DaemonStoppingReason.FILTERS_MISMATCH):
+                work.cancel()  # the operator is exiting or pausing
+            elif deleted or suspended:
+                work.cancel()
+                await asyncio.gather(work, return_exceptions=True)
+                try:
+                    if deleted:
+                        await release_episode_pods(memo.client, metadata["namespace"], metadata["name"])
+                    else:
+                        await suspend_episode(memo.client, body)
+                except KubeError as error:
+                    logger.warning("could not stop the pods of episode %s: %s", metadata["name"], error)
+                return
+        await work
+    except EpisodeGone:
+        return
+    finally:
+        stop.cancel()
+        if not work.done():
+            work.cancel()
+
+
+async def _drive_in_a_slot(body: kopf.Body, memo: Any, logger: Any) -> None:
+    """The driver, once one of the operator's maxActiveEpisodes slots is free (oldest first)."""
     metadata = body["metadata"]
     slots: FifoSlots = memo.slots
     if slots.would_wait() or slots.waiting:
@@ -127,20 +183,6 @@ async def drive(body: kopf.Body, memo: Any, logger: Any, stopped: kopf.DaemonSto
                 await drive_episode(memo.client, body, memo.settings, logger, observer=metrics)
             finally:
                 metrics.active.dec()
-    except EpisodeGone:
-        return
-    except asyncio.CancelledError:
-        reason = stopped.reason or kopf.DaemonStoppingReason(0)
-        try:
-            if reason & kopf.DaemonStoppingReason.RESOURCE_DELETED:
-                # Deleted mid-run: stop its jobs now rather than when garbage collection gets to them.
-                await release_episode_pods(memo.client, metadata["namespace"], metadata["name"])
-            elif reason & kopf.DaemonStoppingReason.FILTERS_MISMATCH and body.get("spec", {}).get("suspend"):
-                # Suspended mid-run (e.g. preempted by Kueue): stop its pods; it starts over when resumed.
-                await suspend_episode(memo.client, body)
-        except KubeError as error:
-            logger.warning("could not stop the pods of episode %s: %s", metadata["name"], error)
-        raise
     finally:
         if waiting:
             metrics.pending.dec()
@@ -171,3 +213,52 @@ def run_operator(options: OperatorOptions) -> None:
         memo=kopf.Memo(options=options),
         liveness_endpoint=options.liveness_endpoint,
     )
+
+
+# --- EpisodeSet -----------------------------------------------------------------------------------
+# One loop per open set; kube/episodeset.py decides everything. A change of the set or of one of
+# its children wakes the loop, so a freed slot is filled at once, and a resync catches the rest.
+class _QuietWakeups(logging.Filter):
+    """The wake-up handlers run on every change of a set or a child: their success is no news."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (record.levelno == logging.INFO and str(record.msg).startswith("Handler 'wake_set"))
+
+
+@kopf.on.startup()
+async def configure_episode_sets(memo: kopf.Memo, **_: Any) -> None:
+    memo.set_wakeups = Wakeups()
+    logging.getLogger("kopf.objects").addFilter(_QuietWakeups())
+
+
+def set_is_open(status: kopf.Status, **_: Any) -> bool:
+    """A set gets a loop until it is complete (no child active and none to start)."""
+    return not (status.get("completionTime") if status else None)
+
+
+@kopf.daemon(
+    GROUP,
+    VERSION,
+    SET_PLURAL,
+    when=set_is_open,
+    cancellation_backoff=1.0,  # a completing set's loop returns by itself; a deleted set's waits to be woken
+    cancellation_timeout=5.0,
+    backoff=10.0,
+    errors=kopf.ErrorsMode.TEMPORARY,
+)
+async def run_set(body: kopf.Body, memo: Any, logger: Any, stopped: kopf.DaemonStopped, **_: Any) -> None:
+    """Create and follow a set's children; every step is idempotent, so cancelling it anywhere is safe."""
+    namespace, name = body["metadata"]["namespace"], body["metadata"]["name"]
+    wakeups: Wakeups = memo.set_wakeups
+    with wakeups.registered(namespace, name) as wakeup:
+        await run_episode_set(memo.client, namespace, name, wakeup, lambda: bool(stopped), logger)
+
+
+@kopf.on.event(GROUP, VERSION, SET_PLURAL)
+def wake_set(body: kopf.Body, memo: Any, **_: Any) -> None:
+    memo.set_wakeups.wake_set(body["metadata"]["namespace"], body["metadata"]["name"])
+
+
+@kopf.on.event(GROUP, VERSION, PLURAL, labels={SET_LABEL: kopf.PRESENT})
+def wake_set_of_episode(body: kopf.Body, memo: Any, **_: Any) -> None:
+    memo.set_wakeups.wake(body["metadata"]["namespace"], body["metadata"]["labels"][SET_LABEL])

@@ -26,6 +26,7 @@ from kubernetes.client.exceptions import ApiException
 
 REPO = Path(__file__).resolve().parents[2]
 CRD_PATH = REPO / "crds" / "episodes.episode-operator.dev.yaml"
+SET_CRD_PATH = REPO / "crds" / "episodesets.episode-operator.dev.yaml"
 TASKS = Path(__file__).resolve().parent / "tasks"
 EXAMPLES = REPO / "examples" / "tasks"
 GROUP, VERSION, PLURAL = "episode-operator.dev", "v1alpha1", "episodes"
@@ -33,9 +34,14 @@ TERMINAL = ("Succeeded", "Failed")
 
 
 def install_crd(api: client.ApiClient, timeout: float = 60) -> None:
-    """Create or update the Episode CRD and wait until it is served."""
+    """Create or update the Episode and EpisodeSet CRDs and wait until they are served."""
+    for path in (CRD_PATH, SET_CRD_PATH):
+        _install_crd_file(api, path, timeout)
+
+
+def _install_crd_file(api: client.ApiClient, path: Path, timeout: float) -> None:
     extensions = client.ApiextensionsV1Api(api)
-    manifest = yaml.safe_load(CRD_PATH.read_text())
+    manifest = yaml.safe_load(path.read_text())
     name = manifest["metadata"]["name"]
     try:
         extensions.create_custom_resource_definition(manifest)

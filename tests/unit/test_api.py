@@ -2,20 +2,23 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 from pydantic import ValidationError
 
-from episode_operator.api.crd import CRD_FILE, episode_crd, render_crd
+from episode_operator.api.crd import CRD_FOLDERS, episode_crd, rendered_crds
 from episode_operator.api.models import EpisodeSpec, EpisodeStatus, TurnStatus
 from tests.conftest import REPO
 
 
-def test_committed_crd_matches_the_models() -> None:
-    committed = (REPO / "crds" / CRD_FILE).read_text()
-    assert committed == render_crd(), "run: python -m episode_operator.api.crd --write crds"
+@pytest.mark.parametrize("folder", CRD_FOLDERS, ids=str)
+@pytest.mark.parametrize("filename", sorted(rendered_crds()))
+def test_committed_crds_match_the_models(folder: Path, filename: str) -> None:
+    committed = (REPO / folder / filename).read_text()
+    assert committed == rendered_crds()[filename], "run: python -m episode_operator.api.crd --write"
 
 
 def walk(node: Any, path: str = "") -> list[tuple[str, dict[str, Any]]]:

@@ -4,7 +4,8 @@ Kubernetes wants a *structural* OpenAPI v3 schema: no ``$ref``, ``nullable`` ins
 ``null`` alternative, ``exclusiveMinimum`` as a flag, and free-form Kubernetes objects
 (resources, tolerations, env) marked ``x-kubernetes-preserve-unknown-fields`` so the API
 server keeps them. Run ``python -m episode_operator.api.crd --write`` after changing the
-models; ``tests/unit/test_crd.py`` fails while the committed file differs.
+models: it writes ``crds/`` and the Helm chart's identical copy (``helm/episode-operator/crds/``);
+the unit tests fail while either committed file differs.
 """
 
 from __future__ import annotations
@@ -15,7 +16,16 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from pydantic import BaseModel
 
+from episode_operator.api.episodeset import (
+    SET_KIND,
+    SET_PLURAL,
+    SET_SHORT_NAMES,
+    SET_SINGULAR,
+    EpisodeSetSpec,
+    EpisodeSetStatus,
+)
 from episode_operator.api.models import (
     GROUP,
     KIND,
@@ -28,12 +38,25 @@ from episode_operator.api.models import (
 )
 
 CRD_FILE = f"{PLURAL}.{GROUP}.yaml"
+# Where `--write` puts the CRD, relative to the repository: kubectl/kustomize installs and the chart.
+CRD_FOLDERS = (Path("crds"), Path("helm/episode-operator/crds"))
 PRINTER_COLUMNS = [
     {"name": "Phase", "type": "string", "jsonPath": ".status.phase"},
     {"name": "Reward", "type": "number", "jsonPath": ".status.reward"},
     {"name": "Turns", "type": "string", "jsonPath": ".status.progress"},
     {"name": "Outcome", "type": "string", "jsonPath": ".status.outcome"},
     {"name": "Failure", "type": "string", "jsonPath": ".status.failureKind", "priority": 1},
+    {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
+]
+SET_CRD_FILE = f"{SET_PLURAL}.{GROUP}.yaml"
+SET_PRINTER_COLUMNS = [
+    {"name": "Phase", "type": "string", "jsonPath": ".status.phase"},
+    {"name": "Done", "type": "string", "jsonPath": ".status.progress"},
+    {"name": "Active", "type": "integer", "jsonPath": ".status.active"},
+    {"name": "Mean", "type": "number", "jsonPath": ".status.meanReward"},
+    {"name": "Pass@1", "type": "number", "jsonPath": ".status.passAtK[0].value", "priority": 1},
+    {"name": "Infra", "type": "integer", "jsonPath": ".status.outcomes.ungraded"},
+    {"name": "Reason", "type": "string", "jsonPath": ".status.reason", "priority": 1},
     {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
 ]
 DROPPED_KEYWORDS = {"title", "$defs"}
@@ -84,7 +107,7 @@ def structural(node: Any, definitions: dict[str, Any]) -> Any:
     return result
 
 
-def schema_of(model: type[EpisodeSpec] | type[EpisodeStatus], *, defaults: bool = True) -> dict[str, Any]:
+def schema_of(model: type[BaseModel], *, defaults: bool = True) -> dict[str, Any]:
     """The structural schema of one model, by camelCase names.
 
     ``defaults=False`` drops every ``default``: the operator writes the whole status, so
@@ -154,16 +177,85 @@ def render_crd() -> str:
     return header + yaml.safe_dump(episode_crd(), sort_keys=False, width=100, allow_unicode=True)
 
 
+def episodeset_crd() -> dict[str, Any]:
+    """The CustomResourceDefinition manifest of EpisodeSet.
+
+    The Episode template carries no defaults of its own: a child gets the Episode CRD's.
+    """
+    spec = schema_of(EpisodeSetSpec)
+    spec["properties"]["template"] = _without_defaults(spec["properties"]["template"])
+    return {
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {"name": f"{SET_PLURAL}.{GROUP}"},
+        "spec": {
+            "group": GROUP,
+            "scope": "Namespaced",
+            "names": {
+                "kind": SET_KIND,
+                "listKind": f"{SET_KIND}List",
+                "plural": SET_PLURAL,
+                "singular": SET_SINGULAR,
+                "shortNames": SET_SHORT_NAMES,
+                "categories": ["episode-operator"],
+            },
+            "versions": [
+                {
+                    "name": VERSION,
+                    "served": True,
+                    "storage": True,
+                    "subresources": {"status": {}},
+                    "additionalPrinterColumns": SET_PRINTER_COLUMNS,
+                    "schema": {
+                        "openAPIV3Schema": {
+                            "type": "object",
+                            "description": "A dataset of task folders × an agent × attempts, run as child "
+                            "Episodes; their results rolled up (mean reward, pass@k).",
+                            "required": ["spec"],
+                            "properties": {
+                                "apiVersion": {"type": "string"},
+                                "kind": {"type": "string"},
+                                "metadata": {"type": "object"},
+                                "spec": spec,
+                                "status": schema_of(EpisodeSetStatus, defaults=False),
+                            },
+                        }
+                    },
+                }
+            ],
+        },
+    }
+
+
+def render_episodeset_crd() -> str:
+    """The EpisodeSet CRD as the YAML committed under ``crds/``."""
+    header = "# Generated by `python -m episode_operator.api.crd --write` from api/episodeset.py. Do not edit.\n"
+    return header + yaml.safe_dump(episodeset_crd(), sort_keys=False, width=100, allow_unicode=True)
+
+
+def rendered_crds() -> dict[str, str]:
+    """Every CRD of the operator: file name -> YAML."""
+    return {CRD_FILE: render_crd(), SET_CRD_FILE: render_episodeset_crd()}
+
+
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description="Print or write the Episode CRD.")
-    parser.add_argument("--write", type=Path, nargs="?", const=Path("crds"), help="Write into this folder.")
+    parser = argparse.ArgumentParser(description="Print or write the Episode and EpisodeSet CRDs.")
+    parser.add_argument(
+        "--write",
+        type=Path,
+        nargs="*",
+        metavar="FOLDER",
+        help=f"Write into these folders (default: {' and '.join(f'{folder}/' for folder in CRD_FOLDERS)}).",
+    )
     options = parser.parse_args(argv)
-    text = render_crd()
+    rendered = rendered_crds()
     if options.write is None:
-        sys.stdout.write(text)
+        sys.stdout.write("---\n".join(rendered.values()))
         return
-    options.write.mkdir(parents=True, exist_ok=True)
-    (options.write / CRD_FILE).write_text(text)
+    for folder in options.write or CRD_FOLDERS:
+        folder.mkdir(parents=True, exist_ok=True)
+        for filename, text in rendered.items():
+            (folder / filename).write_text(text)
 
 
 if __name__ == "__main__":

@@ -22,6 +22,7 @@ from rich.table import Table
 from episode_operator.api.export import FAILURES, ROLLOUTS, split_rows
 from episode_operator.api.models import AgentSpec, EpisodeSpec, EpisodeStatus, TaskSource, episode_manifest
 from episode_operator.kube.client import KubeClient, KubeError, NotFound
+from episode_operator.kube.episodeset import set_selector
 from episode_operator.kube.tasks import TaskTooLarge, task_config_map
 from episode_operator.runtime.store import episode_store_root, export_artifacts, stored_logs
 from episode_operator.taskfolder import TaskFiles, validate_task
@@ -271,6 +272,7 @@ def register_export(cli: click.Group) -> None:
     @cluster_options
     @click.option("-A", "--all-namespaces", is_flag=True)
     @click.option("-l", "--selector", default=None, help="Label selector, e.g. episode-operator.dev/set=NAME.")
+    @click.option("--set", "episode_set", default=None, help="The children of this EpisodeSet (with -l: both).")
     @click.option("--format", "output_format", type=click.Choice(["gym-jsonl"]), default="gym-jsonl", show_default=True)
     @click.option(
         "-o",
@@ -286,10 +288,13 @@ def register_export(cli: click.Group) -> None:
         kubeconfig: str | None,
         all_namespaces: bool,
         selector: str | None,
+        episode_set: str | None,
         output_format: str,
         output: Path,
     ) -> None:
         """Write finished Episodes as Gym rows: graded to rollouts.jsonl, the rest to rollouts_failures.jsonl."""
+        if episode_set:
+            selector = ",".join(part for part in (set_selector(episode_set), selector) if part)
 
         async def fetch(client: KubeClient) -> list[dict[str, Any]]:
             if names:

@@ -15,6 +15,7 @@ from typing import Any
 import click
 
 from episode_operator.cli.episodes import register
+from episode_operator.cli.episodesets import register_sets
 from episode_operator.taskfolder import Problem, TaskFiles, resolve_plan, validate_task
 from episode_operator.taskfolder.loader import Validation
 
@@ -106,6 +107,7 @@ def plan(path: str, as_json: bool, timeout_multiplier: float) -> None:
 
 
 register(cli)
+register_sets(cli)
 
 
 def main(argv: Sequence[str] | None = None) -> None:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import click
 
-from episode_operator.api.crd import episode_crd
+from episode_operator.api.crd import episode_crd, episodeset_crd
 from episode_operator.handlers import OperatorOptions, run_operator
 from episode_operator.kube.client import KubeClient, KubeError
 
@@ -104,17 +104,19 @@ def run(
     help="Kubeconfig to use (default: $KUBECONFIG).",
 )
 def install_crd(kubeconfig: str | None) -> None:
-    """Create or update the Episode CRD (generated from this version's models) and wait until it is served."""
+    """Create or update the Episode and EpisodeSet CRDs (generated from this version's models) until served."""
+    manifests = [episode_crd(), episodeset_crd()]
 
-    async def apply() -> str:
+    async def apply() -> list[str]:
         client = await KubeClient.connect(kubeconfig)
         try:
-            return await client.apply_crd(episode_crd())
+            return [await client.apply_crd(manifest) for manifest in manifests]
         finally:
             await client.close()
 
     try:
-        action = asyncio.run(apply())
+        actions = asyncio.run(apply())
     except KubeError as error:
         raise click.ClickException(str(error)) from error
-    click.echo(f"customresourcedefinition/{episode_crd()['metadata']['name']} {action}")
+    for manifest, action in zip(manifests, actions, strict=True):
+        click.echo(f"customresourcedefinition/{manifest['metadata']['name']} {action}")

@@ -29,6 +29,7 @@ from kubernetes_asyncio.client.exceptions import ApiException
 from kubernetes_asyncio.stream import WsApiClient
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, stop_after_attempt, wait_exponential
 
+from episode_operator.api.episodeset import SET_PLURAL
 from episode_operator.api.models import GROUP, PLURAL, VERSION
 from episode_operator.runtime.metrics import Metrics
 
@@ -185,6 +186,42 @@ class KubeClient:
                 await asyncio.sleep(0.2)
         raise KubeError(f"customresourcedefinition {name} not established after {timeout_sec:.0f} s")
 
+    async def patch_episode(self, namespace: str, name: str, patch: dict[str, Any]) -> None:
+        """A JSON merge patch of an Episode (spec.suspend, annotations)."""
+        with _api_call(f"episode {namespace}/{name}"):
+            await self.custom.patch_namespaced_custom_object(
+                GROUP, VERSION, namespace, PLURAL, name, patch, _content_type="application/merge-patch+json"
+            )
+
+    # EpisodeSets ---------------------------------------------------------------------------
+    async def get_episodeset(self, namespace: str, name: str) -> dict[str, Any]:
+        with _api_call(f"episodeset {namespace}/{name}"):
+            result: dict[str, Any] = await self.custom.get_namespaced_custom_object(
+                GROUP, VERSION, namespace, SET_PLURAL, name
+            )
+        return result
+
+    async def replace_episodeset_status(self, namespace: str, name: str, status: dict[str, Any]) -> None:
+        """Write the whole status of an EpisodeSet (as :meth:`replace_episode_status`)."""
+        with _api_call(f"status of episodeset {namespace}/{name}"):
+            await self.custom.patch_namespaced_custom_object_status(
+                GROUP,
+                VERSION,
+                namespace,
+                SET_PLURAL,
+                name,
+                [{"op": "add", "path": "/status", "value": status}],
+                _content_type="application/json-patch+json",
+            )
+
+    async def create_episodeset(self, manifest: dict[str, Any]) -> dict[str, Any]:
+        namespace = manifest["metadata"]["namespace"]
+        with _api_call(f"episodeset in {namespace}"):
+            created: dict[str, Any] = await self.custom.create_namespaced_custom_object(
+                GROUP, VERSION, namespace, SET_PLURAL, manifest
+            )
+        return created
+
     # ConfigMaps, events --------------------------------------------------------------------
     async def apply_config_map(self, manifest: dict[str, Any]) -> None:
         """Create a ConfigMap, or leave it: packed tasks are content-addressed, so one that exists is the same."""
@@ -197,6 +234,11 @@ class KubeClient:
     async def get_config_map(self, namespace: str, name: str) -> Any:
         with _api_call(f"configmap {namespace}/{name}"):
             return await self.core.read_namespaced_config_map(name, namespace)
+
+    async def list_config_maps(self, namespace: str, selector: str) -> list[Any]:
+        with _api_call(f"configmaps {selector} in {namespace}"):
+            result = await self.core.list_namespaced_config_map(namespace, label_selector=selector)
+        return list(result.items)
 
     async def create_event(self, namespace: str, event: dict[str, Any]) -> None:
         with _api_call("event"):

@@ -1,0 +1,201 @@
+"""Episodes per minute through an EpisodeSet, against the same Episodes created directly.
+
+The dataset: 20 tiny oracle task folders × 2 attempts = 40 Episodes (the acceptance test's
+shape). Cases, each in a fresh namespace with a fresh operator process, measured in one run:
+
+- ``set pN``: one EpisodeSet with ``parallelism: N``; the set controller keeps N children active;
+- ``direct limit N`` (baseline): the same 40 Episodes created at once by this script, the
+  operator started with ``--max-active-episodes N``: the same concurrency, no set controller;
+- ``direct, no limit`` (baseline): the 40 Episodes at once, every one driven concurrently.
+
+Wall time runs from the first create call to the moment the last Episode is seen finished
+(polled every 0.2 s); for a set, to the moment the set says it is complete. Usage (the
+cluster up): ``.venv/bin/python bench/episodeset_throughput.py [--parallelism 4 8] [--repeats 1]``.
+Prints a table and writes ``bench/out/episodeset_throughput.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import statistics
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the cluster-test harness
+
+from kubernetes import client, config
+from tests.cluster.harness import GROUP, PLURAL, VERSION, OperatorProcess, install_crd
+
+KUBECONFIG = Path("/var/lib/episode-operator/cluster/kubeconfig")
+OUT = Path(__file__).resolve().parent / "out"
+IMAGE = "episode-operator.local/sandbox:bookworm"
+TERMINAL = ("Succeeded", "Failed")
+PREFIX = "bench-eset-"
+TASK_TOML = f"""schema_version = "1.4"
+[agent]
+timeout_sec = 60.0
+[verifier]
+timeout_sec = 30.0
+[environment]
+docker_image = "{IMAGE}"
+workdir = "/app"
+"""
+
+
+def task_files(index: int) -> dict[str, str]:
+    reward = (1.0, 0.0, 0.5)[index % 3]
+    return {
+        "task.toml": TASK_TOML,
+        "instruction.md": f"Task {index}.\n",
+        "solution/solve.sh": f"#!/usr/bin/env bash\necho {reward} > /app/earned.txt\n",
+        "tests/test.sh": "#!/usr/bin/env bash\ncat /app/earned.txt > /logs/verifier/reward.txt\n",
+    }
+
+
+@contextlib.contextmanager
+def namespace(core: client.CoreV1Api) -> Iterator[str]:
+    name = f"{PREFIX}{uuid.uuid4().hex[:8]}"
+    core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=name)))
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            core.read_namespaced_service_account("default", name)
+            break
+        except client.exceptions.ApiException:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)
+    try:
+        yield name
+    finally:
+        core.delete_namespace(name, propagation_policy="Background")
+
+
+@contextlib.contextmanager
+def operator(root: Path, extra: tuple[str, ...] = ()) -> Iterator[OperatorProcess]:
+    process = OperatorProcess(
+        KUBECONFIG, root / "data", root / f"operator-{uuid.uuid4().hex[:6]}.log", f"{PREFIX}*", extra
+    )
+    process.start()
+    try:
+        yield process
+    finally:
+        process.stop()
+
+
+def wait_all_finished(custom: client.CustomObjectsApi, ns: str, count: int, timeout: float = 900) -> tuple[float, int]:
+    """When all ``count`` Episodes of ``ns`` are finished; and the most seen unfinished at once."""
+    deadline = time.monotonic() + timeout
+    peak = 0
+    while time.monotonic() < deadline:
+        items = custom.list_namespaced_custom_object(GROUP, VERSION, ns, PLURAL)["items"]
+        finished = sum(1 for item in items if (item.get("status") or {}).get("phase") in TERMINAL)
+        peak = max(peak, len(items) - finished)
+        if len(items) == count and finished == count:
+            return time.time(), peak
+        time.sleep(0.2)
+    raise TimeoutError(f"{ns}: not all {count} episodes finished in {timeout:.0f} s")
+
+
+def run_direct(custom: client.CustomObjectsApi, ns: str, tasks: int, attempts: int) -> tuple[float, int]:
+    started = time.time()
+    for index in range(tasks):
+        for attempt in range(1, attempts + 1):
+            body = {
+                "apiVersion": f"{GROUP}/{VERSION}",
+                "kind": "Episode",
+                "metadata": {"name": f"direct-{index}-{attempt}"},
+                "spec": {"task": {"inline": {"files": task_files(index)}}, "agent": {"kind": "oracle"}},
+            }
+            custom.create_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, body)
+    finished, peak = wait_all_finished(custom, ns, tasks * attempts)
+    return finished - started, peak
+
+
+def run_set(custom: client.CustomObjectsApi, ns: str, tasks: int, attempts: int, parallelism: int) -> tuple[float, int]:
+    spec = {
+        "dataset": {"tasks": [{"name": f"task-{i:02d}", "inline": {"files": task_files(i)}} for i in range(tasks)]},
+        "agent": {"kind": "oracle"},
+        "attempts": attempts,
+        "parallelism": parallelism,
+    }
+    body = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "EpisodeSet", "metadata": {"name": "bench"}, "spec": spec}
+    started = time.time()
+    custom.create_namespaced_custom_object(GROUP, VERSION, ns, "episodesets", body)
+    _, peak = wait_all_finished(custom, ns, tasks * attempts)
+    deadline = time.monotonic() + 120
+    while True:  # the set's own word that it is done: what a user waits for
+        status = custom.get_namespaced_custom_object(GROUP, VERSION, ns, "episodesets", "bench").get("status") or {}
+        if status.get("completionTime"):
+            break
+        assert time.monotonic() < deadline, f"the set did not complete: {status.get('progress')}"
+        time.sleep(0.2)
+    completed = time.time()
+    assert status["progress"] == f"{tasks * attempts}/{tasks * attempts}", status["progress"]
+    return completed - started, peak
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--parallelism", type=int, nargs="+", default=[4, 8])
+    parser.add_argument("--tasks", type=int, default=20)
+    parser.add_argument("--attempts", type=int, default=2)
+    parser.add_argument("--repeats", type=int, default=1)
+    options = parser.parse_args()
+    api = config.new_client_from_config(config_file=str(KUBECONFIG))  # type: ignore[no-untyped-call]
+    core, custom = client.CoreV1Api(api), client.CustomObjectsApi(api)
+    install_crd(api)
+    count = options.tasks * options.attempts
+    results: dict[str, list[tuple[float, int]]] = {}
+
+    def record(case: str, measured: tuple[float, int]) -> None:
+        results.setdefault(case, []).append(measured)
+        seconds, peak = measured
+        rate = count / seconds * 60
+        print(f"  {case:22} {seconds:7.1f} s  {rate:6.1f} episodes/min  peak unfinished {peak}", flush=True)
+
+    with tempfile.TemporaryDirectory() as temporary:
+        root = Path(temporary)
+        for _ in range(options.repeats):
+            with operator(root) as _unlimited:
+                with namespace(core) as ns:
+                    record("direct, no limit", run_direct(custom, ns, options.tasks, options.attempts))
+                for parallelism in options.parallelism:
+                    with namespace(core) as ns:
+                        record(f"set p{parallelism}", run_set(custom, ns, options.tasks, options.attempts, parallelism))
+            for parallelism in options.parallelism:
+                with operator(root, ("--max-active-episodes", str(parallelism))) as _limited, namespace(core) as ns:
+                    record(f"direct limit {parallelism}", run_direct(custom, ns, options.tasks, options.attempts))
+
+    def rate(case: str) -> float:
+        return count / statistics.median(seconds for seconds, _ in results[case]) * 60
+
+    print(
+        f"\n{options.tasks} tasks × {options.attempts} attempts = {count} Episodes; median of {options.repeats} run(s)"
+    )
+    print(f"{'case':22} {'episodes/min':>13} {'peak unfinished':>16} {'÷ direct same limit':>20} {'÷ no limit':>11}")
+    report: dict[str, Any] = {"tasks": options.tasks, "attempts": options.attempts, "cases": {}}
+    for case in results:
+        peak = max(peak for _, peak in results[case])
+        row = {"episodes_per_min": rate(case), "peak_unfinished": peak, "runs_s": [s for s, _ in results[case]]}
+        ratios = ["", ""]
+        if case.startswith("set p"):
+            parallelism = case.removeprefix("set p")
+            row["ratio_to_direct_same_limit"] = rate(case) / rate(f"direct limit {parallelism}")
+            row["ratio_to_direct_no_limit"] = rate(case) / rate("direct, no limit")
+            ratios = [f"{row['ratio_to_direct_same_limit']:.2f}", f"{row['ratio_to_direct_no_limit']:.2f}"]
+        report["cases"][case] = row
+        print(f"{case:22} {row['episodes_per_min']:13.1f} {peak:16d} {ratios[0]:>20} {ratios[1]:>11}")
+    OUT.mkdir(exist_ok=True)
+    (OUT / "episodeset_throughput.json").write_text(json.dumps(report, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,62 @@
+{{/* The chart's name. */}}
+{{- define "episode-operator.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/* The full name of the release's objects: the release name when it contains the chart's name. */}}
+{{- define "episode-operator.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- $name := default .Chart.Name .Values.nameOverride }}
+{{- if contains $name .Release.Name }}
+{{- .Release.Name | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/* Cluster-scoped objects carry the namespace too: two releases of one name in two namespaces. */}}
+{{- define "episode-operator.clusterName" -}}
+{{- printf "%s-%s" .Release.Namespace (include "episode-operator.fullname" .) | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{- define "episode-operator.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "episode-operator.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end }}
+
+{{- define "episode-operator.labels" -}}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{ include "episode-operator.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/component: operator
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+{{- end }}
+
+{{- define "episode-operator.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create }}
+{{- default (include "episode-operator.fullname" .) .Values.serviceAccount.name }}
+{{- else }}
+{{- default "default" .Values.serviceAccount.name }}
+{{- end }}
+{{- end }}
+
+{{/* "true" when a watched namespace is a pattern (kopf globs, or a "!" exclusion). */}}
+{{- define "episode-operator.namespaceGlobs" -}}
+{{- $globs := false }}
+{{- range .Values.watchNamespaces }}
+{{- if regexMatch "[*?!,]" . }}{{ $globs = true }}{{ end }}
+{{- end }}
+{{- $globs }}
+{{- end }}
+
+{{/* "true" when the namespaced rules need a ClusterRole: all namespaces, or globs. */}}
+{{- define "episode-operator.clusterwide" -}}
+{{- or (empty .Values.watchNamespaces) (eq (include "episode-operator.namespaceGlobs" .) "true") }}
+{{- end }}
+
+{{- define "episode-operator.image" -}}
+{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion (toString .Values.image.tag)) }}
+{{- end }}

@@ -1,0 +1,272 @@
+"""Pydantic models of the ``EpisodeSet`` resource: a dataset × an agent × attempts, as Episodes.
+
+An EpisodeSet is an evaluation declared in one object: which task folders (a list, a label
+selector over packed task ConfigMaps, or both), which agent, how many attempts per task
+(pass@k), how many children may be active at once. The operator turns it into child
+Episodes and rolls their results up into the set's status. Like ``Episode``'s, these models
+are the source of the CRD (:func:`episode_operator.api.crd.episodeset_crd`).
+
+The Episode template is *derived* from :class:`~episode_operator.api.models.EpisodeSpec`
+(every field but ``task`` and ``agent``), so a field added to Episodes is a field of the
+template at once, with the same description, default and bounds.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
+
+from pydantic import Field, create_model, model_validator
+
+from episode_operator.api.models import (
+    GROUP,
+    AgentSpec,
+    ApiModel,
+    Condition,
+    EpisodeSpec,
+    Outcome,
+    Phase,
+    TaskSource,
+)
+
+SET_KIND = "EpisodeSet"
+SET_PLURAL = "episodesets"
+SET_SINGULAR = "episodeset"
+SET_SHORT_NAMES = ["epis"]
+
+# Labels of every child Episode: which set, which task (sanitized ID), which task index and attempt.
+SET_LABEL = f"{GROUP}/set"
+SET_TASK_LABEL = f"{GROUP}/task"
+SET_TASK_INDEX_LABEL = f"{GROUP}/task-index"
+SET_ATTEMPT_LABEL = f"{GROUP}/set-attempt"
+# Annotations of every child: the task ID as given, and when the controller created it (µs).
+SET_TASK_NAME_ANNOTATION = f"{GROUP}/task-name"
+CREATED_AT_ANNOTATION = f"{GROUP}/created-at"
+# On a child the set suspended (and will resume): children suspended by anyone else stay so.
+SUSPENDED_BY_SET_ANNOTATION = f"{GROUP}/suspended-by-set"
+QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
+# Env of every child's agent (agents may seed sampling by attempt).
+SET_ENV = ("EPISODE_SET", "EPISODE_SET_TASK", "EPISODE_SET_TASK_INDEX", "EPISODE_SET_ATTEMPT")
+# tasks × attempts: each child has a record in the set's status, which etcd bounds (~1.5 MiB).
+MAX_CHILDREN = 5000
+
+SetPhase = Literal["Pending", "Running", "Succeeded", "Failed"]
+
+
+# --- spec ---------------------------------------------------------------------------------------
+class DatasetTask(TaskSource):
+    """One task of the dataset: a task source (inline or a packed ConfigMap) and its ID."""
+
+    name: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=253,
+        description="The task ID, unique in the set. Default: the ConfigMap's episode-operator.dev/task "
+        "label, else the ConfigMap's name; inline tasks: inline-<index>.",
+    )
+
+
+class LabelSelectorRequirement(ApiModel):
+    key: str = Field(min_length=1)
+    operator: Literal["In", "NotIn", "Exists", "DoesNotExist"]
+    values: list[str] = Field(default_factory=list)
+
+
+class LabelSelector(ApiModel):
+    match_labels: dict[str, str] = Field(default_factory=dict)
+    match_expressions: list[LabelSelectorRequirement] = Field(default_factory=list)
+
+    def render(self) -> str:
+        """The selector as the ``labelSelector`` query parameter (``a=b,c in (d,e),!f``)."""
+        parts = [f"{key}={value}" for key, value in sorted(self.match_labels.items())]
+        for requirement in self.match_expressions:
+            if requirement.operator == "Exists":
+                parts.append(requirement.key)
+            elif requirement.operator == "DoesNotExist":
+                parts.append(f"!{requirement.key}")
+            else:
+                values = ",".join(requirement.values)
+                parts.append(f"{requirement.key} {requirement.operator.lower()} ({values})")
+        return ",".join(parts)
+
+    @model_validator(mode="after")
+    def _values_for_set_operators(self) -> LabelSelector:
+        for requirement in self.match_expressions:
+            if requirement.operator in ("In", "NotIn") and not requirement.values:
+                raise ValueError(f"selector: {requirement.key} {requirement.operator} needs values")
+            if requirement.operator in ("Exists", "DoesNotExist") and requirement.values:
+                raise ValueError(f"selector: {requirement.key} {requirement.operator} takes no values")
+        if not self.match_labels and not self.match_expressions:
+            raise ValueError("selector: an empty selector would select every ConfigMap; name some labels")
+        return self
+
+
+class Dataset(ApiModel):
+    tasks: list[DatasetTask] = Field(
+        default_factory=list, description="Task sources, in order: task index i is tasks[i]."
+    )
+    selector: LabelSelector | None = Field(
+        default=None,
+        description="Packed task ConfigMaps (kubectl episode pack) in the set's namespace, after the listed "
+        "tasks, ordered by task ID. Resolved once, when the set starts.",
+    )
+
+    @model_validator(mode="after")
+    def _not_empty(self) -> Dataset:
+        if not self.tasks and self.selector is None:
+            raise ValueError("spec.dataset is empty: give tasks, a selector, or both")
+        return self
+
+
+class FailurePolicy(ApiModel):
+    max_outages: int | None = Field(
+        default=None,
+        ge=0,
+        description="Stop starting children once more than this many ended Ungraded (outages past "
+        "template.retries). Default: no limit.",
+    )
+    max_terminal_failures: int | None = Field(
+        default=None,
+        ge=0,
+        description="Stop starting children once more than this many ended TerminalFailure (a refused "
+        "task, a failed first setup). Default: no limit.",
+    )
+
+
+class _TemplateBase(ApiModel):
+    free_form: ClassVar[frozenset[str]] = EpisodeSpec.free_form
+
+
+TEMPLATE_EXCLUDED = frozenset({"task", "agent"})
+
+if TYPE_CHECKING:
+
+    class EpisodeTemplate(_TemplateBase):
+        """Every field of EpisodeSpec but task and agent (built from it at import time)."""
+
+else:
+    EpisodeTemplate = create_model(
+        "EpisodeTemplate",
+        __base__=_TemplateBase,
+        __doc__="Every field of EpisodeSpec but task and agent: what each child Episode gets.",
+        **{
+            name: (field.annotation, field)
+            for name, field in EpisodeSpec.model_fields.items()
+            if name not in TEMPLATE_EXCLUDED
+        },
+    )
+
+
+class EpisodeSetSpec(ApiModel):
+    dataset: Dataset = Field(description="The task folders to evaluate.")
+    agent: AgentSpec = Field(description="The agent of every child Episode.")
+    attempts: int = Field(default=1, ge=1, le=100, description="Child Episodes per task (the n of pass@k).")
+    parallelism: int = Field(
+        default=1,
+        ge=1,
+        le=10000,
+        description="At most this many children of the set are active (created, not yet Succeeded or Failed).",
+    )
+    template: EpisodeTemplate = Field(
+        default_factory=EpisodeTemplate,
+        description="Episode spec fields for every child (image, timeoutMultiplier, resources, retries…).",
+    )
+    failure_policy: FailurePolicy = Field(
+        default_factory=FailurePolicy, description="When the set stops starting children."
+    )
+    success_threshold: float = Field(
+        default=1.0, description="A graded child whose reward is at least this counts as a success for pass@k."
+    )
+    queue_name: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=63,
+        description="Kueue LocalQueue: children and their pods carry it as the kueue.x-k8s.io/queue-name label.",
+    )
+    suspend: bool = Field(
+        default=False,
+        description="While true no child starts, and the active children the set started are suspended "
+        "(they start over from turn 1 when resumed).",
+    )
+
+
+# --- status -------------------------------------------------------------------------------------
+class SetChildStatus(ApiModel):
+    """One child Episode (a task's attempt), as the set last observed it."""
+
+    attempt: int
+    name: str
+    phase: Phase | None = None
+    outcome: Outcome | None = None
+    reward: float | None = None
+    failure_kind: str | None = None
+    created_at: str | None = Field(default=None, description="When the controller created it (µs; annotation).")
+    finished_at: str | None = Field(default=None, description="The child's own status.finishedAt.")
+    observed_finished_at: str | None = Field(
+        default=None, description="When the controller first saw it finished (µs), before creating any other child."
+    )
+
+
+class SetTaskStatus(ApiModel):
+    """One task of the dataset and its attempts."""
+
+    index: int
+    name: str
+    config_map: str | None = Field(default=None, description="The packed task's ConfigMap, if any.")
+    children: list[SetChildStatus] = Field(default_factory=list)
+    finished: int = 0
+    graded: int = Field(default=0, description="Finished Graded: the samples of pass@k.")
+    successes: int = Field(default=0, description="Graded with reward ≥ successThreshold.")
+    mean_reward: float | None = None
+    pass_at_k: list[float] = Field(default_factory=list, description="pass@1, pass@2, … for k ≤ graded.")
+
+
+class PassAtK(ApiModel):
+    k: int
+    value: float | None = Field(default=None, description="Mean over the tasks with at least k graded attempts.")
+    tasks: int = Field(default=0, description="How many tasks the mean covers.")
+
+
+class PhaseCounts(ApiModel):
+    pending: int = 0
+    running: int = 0
+    succeeded: int = 0
+    failed: int = 0
+
+
+class OutcomeCounts(ApiModel):
+    graded: int = 0
+    masked: int = 0
+    terminal_failure: int = 0
+    ungraded: int = Field(default=0, description="Infrastructure failures (outages past retries); not in the mean.")
+
+
+class EpisodeSetStatus(ApiModel):
+    phase: SetPhase | None = None
+    reason: str | None = Field(default=None, description="Why the set stopped or failed, CamelCase.")
+    message: str | None = None
+    total: int | None = Field(default=None, description="tasks × attempts, once the dataset is resolved.")
+    created: int = 0
+    active: int = Field(default=0, description="Children created and not yet Succeeded or Failed.")
+    finished: int = 0
+    progress: str | None = Field(default=None, description="finished/total, for printing.")
+    phases: PhaseCounts = Field(default_factory=PhaseCounts)
+    outcomes: OutcomeCounts = Field(default_factory=OutcomeCounts)
+    mean_reward: float | None = Field(default=None, description="Mean reward of the Graded children.")
+    pass_at_k: list[PassAtK] = Field(default_factory=list, description="Unbiased pass@k for k = 1 … attempts.")
+    tasks: list[SetTaskStatus] = Field(default_factory=list, description="The resolved dataset, in task order.")
+    definition: str | None = Field(
+        default=None, description="sha256 of dataset, attempts, agent and template when the set started."
+    )
+    start_time: str | None = None
+    completion_time: str | None = Field(default=None, description="Set when no child is active and none will start.")
+    observed_generation: int | None = None
+    conditions: list[Condition] = Field(default_factory=list)
+
+
+def child_spec(spec: EpisodeSetSpec, task: TaskSource, env: dict[str, str]) -> EpisodeSpec:
+    """The spec of a child Episode: the template's fields, the task, the agent with ``env`` first."""
+    agent = spec.agent.model_copy(
+        update={"env": [{"name": name, "value": value} for name, value in env.items()] + list(spec.agent.env)}
+    )
+    fields: dict[str, Any] = spec.template.model_dump(mode="json", by_alias=True, exclude_unset=True)
+    return EpisodeSpec.model_validate({**fields, "task": task.to_api(), "agent": agent.to_api()})

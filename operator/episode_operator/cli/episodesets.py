@@ -1,0 +1,242 @@
+"""``kubectl-episode eval``: pack a dataset folder, create an EpisodeSet, follow it live."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import click
+import yaml
+from pydantic import ValidationError
+from rich.console import Console, Group
+from rich.live import Live
+from rich.table import Table
+
+from episode_operator.api.episodeset import SET_KIND, EpisodeSetSpec, EpisodeSetStatus, SetTaskStatus
+from episode_operator.api.models import API_VERSION
+from episode_operator.cli.episodes import cluster_options, with_client
+from episode_operator.kube.client import KubeClient
+from episode_operator.kube.tasks import TaskTooLarge, task_config_map
+from episode_operator.taskfolder import TaskFiles, validate_task
+from episode_operator.taskfolder.dataset import discover_dataset
+
+TERMINAL = ("Succeeded", "Failed")
+SHOWN_TASKS = 30
+OUTCOME_CELLS = {"Ungraded": "infra", "Masked": "masked", "TerminalFailure": "term"}
+
+
+def pack_dataset(directory: str, namespace: str) -> list[tuple[str, dict[str, Any]]]:
+    """(task ID, ConfigMap) of every task folder under ``directory``; every refusal reported at once."""
+    dataset = discover_dataset(directory)
+    problems = [problem.render() for problem in dataset.problems]
+    packed: list[tuple[str, dict[str, Any]]] = []
+    for task in dataset.tasks:
+        files = TaskFiles.from_path(task.path)
+        validation = validate_task(files)
+        if not validation.valid:
+            problems += [f"{task.path}: {problem.render()}" for problem in validation.problems]
+            continue
+        try:
+            packed.append((task.name, task_config_map(files, task=task.name, namespace=namespace)))
+        except TaskTooLarge as error:
+            problems.append(f"{task.path}: {error}")
+    if problems:
+        for problem in problems:
+            click.echo(f"  {problem}", err=True)
+        raise click.ClickException(f"{directory}: refused ({len(problems)} error(s)); nothing was created")
+    if not packed:
+        raise click.ClickException(
+            f"{directory}: no task folders (a task folder holds task.toml; hidden folders are skipped)"
+        )
+    return packed
+
+
+def register_sets(cli: click.Group) -> None:
+    """Add ``eval`` to the ``kubectl-episode`` group."""
+
+    @cli.command("eval")
+    @click.argument("dataset", type=click.Path(exists=True, file_okay=False))
+    @cluster_options
+    @click.option("--agent", type=click.Choice(["oracle", "nop", "command"]), default="oracle", show_default=True)
+    @click.option("--command", "agent_command", default=None, help="For --agent command: the shell command.")
+    @click.option("--setup", "agent_setup", default=None, help="For --agent command: run once per sandbox.")
+    @click.option("--image", default=None, help="Image for tasks without docker_image.")
+    @click.option("--attempts", type=click.IntRange(1, 100), default=1, show_default=True, help="Per task (pass@k).")
+    @click.option(
+        "--parallelism", type=click.IntRange(1, 10000), default=4, show_default=True, help="Children active at once."
+    )
+    @click.option("--name", default=None, help="EpisodeSet name (default: generated from the folder's name).")
+    @click.option("--queue-name", default=None, help="Kueue LocalQueue for the children (kueue.x-k8s.io/queue-name).")
+    @click.option("--timeout-multiplier", type=click.FloatRange(min=0, min_open=True), default=1.0, show_default=True)
+    @click.option(
+        "--success-threshold", type=float, default=1.0, show_default=True, help="Reward counted a success (pass@k)."
+    )
+    @click.option(
+        "--outage-retries", type=click.IntRange(0, 20), default=None, help="Fresh attempts of a child after an outage."
+    )
+    @click.option("--max-outages", type=click.IntRange(min=0), default=None, help="Stop after more outages.")
+    @click.option("--max-terminal-failures", type=click.IntRange(min=0), default=None, help="Stop after more.")
+    @click.option(
+        "-o",
+        "--output",
+        type=click.Choice(["name", "yaml"]),
+        default="name",
+        show_default=True,
+        help="name: create and print the set's name; yaml: only print the ConfigMaps and the set.",
+    )
+    @click.option("--wait/--no-wait", default=False, help="Show live progress until the set finishes.")
+    @click.option(
+        "--timeout", "wait_timeout", type=float, default=86400.0, show_default=True, help="With --wait: give up after."
+    )
+    def evaluate(
+        dataset: str,
+        namespace: str,
+        kubeconfig: str | None,
+        agent: str,
+        agent_command: str | None,
+        agent_setup: str | None,
+        image: str | None,
+        attempts: int,
+        parallelism: int,
+        name: str | None,
+        queue_name: str | None,
+        timeout_multiplier: float,
+        success_threshold: float,
+        outage_retries: int | None,
+        max_outages: int | None,
+        max_terminal_failures: int | None,
+        output: str,
+        wait: bool,
+        wait_timeout: float,
+    ) -> None:
+        """Evaluate every task folder under DATASET: pack them, create an EpisodeSet, follow it."""
+        packed = pack_dataset(dataset, namespace)
+        template: dict[str, Any] = {"timeoutMultiplier": timeout_multiplier}
+        if image:
+            template["image"] = image
+        if outage_retries is not None:
+            template["retries"] = {"outages": outage_retries}
+        try:
+            spec = EpisodeSetSpec.model_validate(
+                {
+                    "dataset": {
+                        "tasks": [
+                            {"name": task, "configMap": {"name": config_map["metadata"]["name"]}}
+                            for task, config_map in packed
+                        ]
+                    },
+                    "agent": {"kind": agent, "command": agent_command, "setup": agent_setup},
+                    "attempts": attempts,
+                    "parallelism": parallelism,
+                    "template": template,
+                    "successThreshold": success_threshold,
+                    "queueName": queue_name,
+                    "failurePolicy": {"maxOutages": max_outages, "maxTerminalFailures": max_terminal_failures},
+                }
+            )
+        except ValidationError as error:
+            messages = "; ".join(str(detail["msg"]).removeprefix("Value error, ") for detail in error.errors())
+            raise click.ClickException(messages) from error
+        metadata: dict[str, Any] = {"namespace": namespace}
+        if name:
+            metadata["name"] = name
+        else:
+            metadata["generateName"] = (Path(dataset).resolve().name.lower()[:40].strip("-.") or "eval") + "-"
+        given = spec.model_dump(mode="json", by_alias=True, exclude_none=True, exclude_unset=True)
+        manifest = {"apiVersion": API_VERSION, "kind": SET_KIND, "metadata": metadata, "spec": given}
+        if output == "yaml":
+            click.echo(yaml.safe_dump_all([config_map for _, config_map in packed] + [manifest], sort_keys=False))
+            return
+
+        async def create(client: KubeClient) -> dict[str, Any]:
+            await asyncio.gather(*(client.apply_config_map(config_map) for _, config_map in packed))
+            return await client.create_episodeset(manifest)
+
+        created = with_client(kubeconfig, create)
+        set_name = created["metadata"]["name"]
+        click.echo(
+            f"episodeset/{set_name} created in {namespace}: {len(packed)} task(s) × {attempts} attempt(s), "
+            f"parallelism {parallelism}"
+        )
+        if wait:
+            status = follow_set(kubeconfig, namespace, set_name, wait_timeout)
+            sys.exit(0 if status.phase == "Succeeded" else 1)
+
+
+def _number(value: float | None) -> str:
+    return "-" if value is None else f"{value:.4g}"
+
+
+def _attempt_cell(task: SetTaskStatus, attempts: int) -> str:
+    cells = []
+    records = {record.attempt: record for record in task.children}
+    for attempt in range(1, attempts + 1):
+        record = records.get(attempt)
+        if record is None:
+            cells.append("·")
+        elif record.phase not in TERMINAL:
+            cells.append("…")
+        elif record.outcome == "Graded":
+            cells.append(_number(record.reward))
+        else:
+            cells.append(OUTCOME_CELLS.get(record.outcome or "", "?"))
+    return " ".join(cells)
+
+
+def set_view(name: str, status: EpisodeSetStatus, attempts: int) -> Group:
+    """The live view of a set: one summary line and a table of its tasks."""
+    passes = "  ".join(f"pass@{row.k} {_number(row.value)}" for row in status.pass_at_k)
+    header = (
+        f"[bold]{name}[/bold]: {status.phase or 'Pending'}  {status.progress or '-'} finished, "
+        f"{status.active} active  mean {_number(status.mean_reward)}  {passes}  "
+        f"infra {status.outcomes.ungraded}  masked {status.outcomes.masked}  "
+        f"terminal {status.outcomes.terminal_failure}"
+    )
+    table = Table("#", "TASK", "ATTEMPTS", "MEAN", *(f"PASS@{k}" for k in range(1, attempts + 1)), box=None)
+    shown = sorted(status.tasks, key=lambda task: (task.finished == attempts, task.index))[:SHOWN_TASKS]
+    for task in sorted(shown, key=lambda task: task.index):
+        table.add_row(
+            str(task.index),
+            task.name,
+            _attempt_cell(task, attempts),
+            _number(task.mean_reward),
+            *(_number(task.pass_at_k[k - 1]) if len(task.pass_at_k) >= k else "-" for k in range(1, attempts + 1)),
+        )
+    parts: list[Any] = [header, table]
+    if len(status.tasks) > SHOWN_TASKS:
+        parts.append(f"… {len(status.tasks) - SHOWN_TASKS} more task(s); unfinished ones are shown first")
+    if status.message and status.phase != "Succeeded":
+        parts.append(status.message)
+    return Group(*parts)
+
+
+def follow_set(kubeconfig: str | None, namespace: str, name: str, timeout: float) -> EpisodeSetStatus:
+    """Show a set's progress live until it completes; print the result."""
+    console = Console()
+
+    async def watch(client: KubeClient) -> EpisodeSetStatus:
+        deadline = time.monotonic() + timeout
+        with Live(console=console, refresh_per_second=2, transient=False) as live:
+            while True:
+                item = await client.get_episodeset(namespace, name)
+                status = EpisodeSetStatus.model_validate(item.get("status") or {})
+                attempts = int((item.get("spec") or {}).get("attempts") or 1)
+                live.update(set_view(name, status, attempts))
+                if status.completion_time or time.monotonic() > deadline:
+                    return status
+                await asyncio.sleep(1.0)
+
+    status = with_client(kubeconfig, watch)
+    console.print()
+    if not status.completion_time:
+        raise click.ClickException(f"episodeset {namespace}/{name} still {status.phase} after {timeout:.0f} s")
+    console.print(
+        f"{status.phase}: {status.progress} finished, mean reward {_number(status.mean_reward)} "
+        f"over {status.outcomes.graded} graded; "
+        + ", ".join(f"pass@{row.k} {_number(row.value)} ({row.tasks} tasks)" for row in status.pass_at_k)
+        + (f"\n{status.message}" if status.phase == "Failed" and status.message else "")
+    )
+    return status

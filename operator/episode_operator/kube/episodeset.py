@@ -1,0 +1,560 @@
+"""The EpisodeSet controller: child Episodes for a dataset × attempts, at most ``parallelism`` active.
+
+One loop per open set (a kopf daemon runs :func:`run_episode_set`), woken when the set or
+one of its children changes and every ``resync_sec`` regardless. Each pass is level-based:
+it reads the set and *lists its children from the API server* (a quorum read, never a
+cache that may lag behind our own creates), lets :func:`~episode_operator.runtime.evaluation.plan_set`
+decide, writes the status, then acts. So a restarted operator carries on from what exists:
+
+- child names are deterministic (``<set>-<task index>-<attempt>``), so a create is
+  idempotent; 409 Conflict means the child exists (ours, or reported as a conflict);
+- the dataset is resolved once and recorded in the status before the first child exists;
+- a child first seen finished is recorded (with the time it was seen) *before* any child
+  that takes its slot is created, and a recorded finished child is never created again.
+
+For the record of how many children were active at once, each child carries the time the
+controller created it (annotation ``episode-operator.dev/created-at``, stamped before the
+create call) and the set's status carries when each child was first seen finished (stamped
+after the listing that showed it). ``[createdAt, observedFinishedAt]`` contains the child's
+whole active life, so counting overlaps of these intervals bounds the true concurrency.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import logging
+import re
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic import ValidationError
+
+from episode_operator.api.episodeset import (
+    CREATED_AT_ANNOTATION,
+    MAX_CHILDREN,
+    QUEUE_LABEL,
+    SET_ATTEMPT_LABEL,
+    SET_KIND,
+    SET_LABEL,
+    SET_TASK_INDEX_LABEL,
+    SET_TASK_LABEL,
+    SET_TASK_NAME_ANNOTATION,
+    SUSPENDED_BY_SET_ANNOTATION,
+    EpisodeSetSpec,
+    EpisodeSetStatus,
+    SetTaskStatus,
+    child_spec,
+)
+from episode_operator.api.models import API_VERSION, DEFAULT_TASK_ARCHIVE_KEY, TaskSource, episode_manifest
+from episode_operator.kube.client import Conflict, KubeClient, KubeError, NotFound
+from episode_operator.kube.pods import MANAGED_BY, NAME_LIMIT, label_value, short_name
+from episode_operator.kube.status import COMPONENT
+from episode_operator.kube.tasks import TASK_LABEL
+from episode_operator.runtime.evaluation import (
+    ChildView,
+    definition_digest,
+    parse_time,
+    plan_set,
+    precise_timestamp,
+)
+
+MESSAGE_LIMIT = 2000
+
+
+@dataclass(frozen=True)
+class SetSettings:
+    """How the set loop paces itself."""
+
+    source_wait_sec: float = 30.0  # how long a missing ConfigMap is waited for (GitOps applies in any order)
+    resync_sec: float = 30.0
+    debounce_sec: float = 0.05  # coalesce a burst of child changes into one pass
+    error_backoff_sec: float = 5.0
+
+
+@dataclass(frozen=True)
+class SetRef:
+    name: str
+    namespace: str
+    uid: str
+
+    def owner_reference(self) -> dict[str, Any]:
+        return {
+            "apiVersion": API_VERSION,
+            "kind": SET_KIND,
+            "name": self.name,
+            "uid": self.uid,
+            "controller": True,
+            "blockOwnerDeletion": True,
+        }
+
+
+class SetGone(Exception):
+    """The set was deleted."""
+
+
+class DatasetError(Exception):
+    """The dataset cannot be resolved; ``waitable`` when what is missing may still appear."""
+
+    def __init__(self, message: str, *, waitable: bool = False) -> None:
+        super().__init__(message)
+        self.waitable = waitable
+
+
+# --- names and labels ---------------------------------------------------------------------------
+def child_name(set_name: str, index: int, attempt: int) -> str:
+    """``<set>-<task index>-<attempt>``, a DNS-safe name of at most 63 characters."""
+    return short_name(set_name, f"{index}-{attempt}")
+
+
+def set_selector(set_name: str) -> str:
+    """The label selector of every child of a set."""
+    return f"{SET_LABEL}={label_value(set_name)}"
+
+
+def task_label_value(task: str) -> str:
+    """A task ID as a label value: other characters become '-', long ones keep a hash."""
+    cleaned = re.sub(r"[^A-Za-z0-9._-]+", "-", task).strip("-._")
+    if len(cleaned) > NAME_LIMIT or cleaned != task:
+        digest = hashlib.sha256(task.encode()).hexdigest()[:8]
+        cleaned = f"{cleaned[: NAME_LIMIT - 9].rstrip('-._')}-{digest}".lstrip("-")
+    return cleaned
+
+
+class Wakeups:
+    """One asyncio Event per running set loop, found by namespace and the set's label value."""
+
+    def __init__(self) -> None:
+        self._events: dict[tuple[str, str], asyncio.Event] = {}
+
+    @contextlib.contextmanager
+    def registered(self, namespace: str, set_name: str) -> Iterator[asyncio.Event]:
+        key = (namespace, label_value(set_name))
+        event = self._events[key] = asyncio.Event()
+        try:
+            yield event
+        finally:
+            if self._events.get(key) is event:
+                del self._events[key]
+
+    def wake(self, namespace: str, label: str) -> None:
+        """Wake the loop of the set whose children carry ``episode-operator.dev/set=<label>``."""
+        event = self._events.get((namespace, label))
+        if event is not None:
+            event.set()
+
+    def wake_set(self, namespace: str, set_name: str) -> None:
+        self.wake(namespace, label_value(set_name))
+
+
+# --- the loop -----------------------------------------------------------------------------------
+async def run_episode_set(
+    client: KubeClient,
+    namespace: str,
+    name: str,
+    wakeup: asyncio.Event,
+    stopped: Callable[[], bool],
+    logger: logging.Logger,
+    settings: SetSettings | None = None,
+) -> None:
+    """Reconcile the set until it is complete (or deleted, or the loop is stopped)."""
+    settings = settings or SetSettings()
+    while not stopped():
+        wakeup.clear()
+        try:
+            delay = await reconcile_episode_set(client, namespace, name, logger, settings)
+        except SetGone:
+            return
+        except KubeError as error:
+            logger.warning(
+                "episodeset %s/%s: %s; retrying in %.0f s", namespace, name, error, settings.error_backoff_sec
+            )
+            delay = settings.error_backoff_sec
+        if delay is None:
+            return
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(wakeup.wait(), delay)
+        await asyncio.sleep(settings.debounce_sec)
+
+
+async def reconcile_episode_set(
+    client: KubeClient, namespace: str, name: str, logger: logging.Logger, settings: SetSettings
+) -> float | None:
+    """One pass over the set; the seconds until the next one, or None when the set is complete."""
+    try:
+        body = await client.get_episodeset(namespace, name)
+    except NotFound:
+        raise SetGone(name) from None
+    metadata = body["metadata"]
+    if metadata.get("deletionTimestamp"):
+        return None
+    ref = SetRef(name, namespace, metadata["uid"])
+    try:
+        previous = EpisodeSetStatus.model_validate(body.get("status") or {})
+    except ValidationError:
+        previous = EpisodeSetStatus()  # not ours: start over (children are found again by label)
+    if previous.completion_time:
+        return None
+    events = SetEvents(client, ref, logger)
+    try:
+        spec = EpisodeSetSpec.model_validate(body.get("spec") or {})
+    except ValidationError as error:
+        await _finish_failed(
+            client, ref, previous, "InvalidSpec", "invalid spec: " + _validation_message(error), events
+        )
+        return None
+    definition = definition_digest(body.get("spec") or {})
+
+    if previous.definition is None:
+        resolved = await _resolve(client, ref, spec, metadata, previous, definition, settings, events)
+        if resolved is None or isinstance(resolved, float):
+            return resolved
+        previous = resolved
+
+    children = await _owned_children(client, ref)
+    now = precise_timestamp(time.time())  # after the listing: a child seen finished finished before now
+    plan = plan_set(
+        spec,
+        previous,
+        [_child_view(child) for child in children],
+        definition=definition,
+        now=now,
+        generation=metadata.get("generation"),
+    )
+    await _write_status(client, ref, previous, plan.status)
+    for reason, message, warning in plan.events:
+        await events.post(reason, message, warning=warning)
+    for child in plan.suspend:
+        await _suspend_child(client, namespace, child, suspend=True)
+    for child in plan.resume:
+        await _suspend_child(client, namespace, child, suspend=False)
+    if plan.suspend:
+        await events.post("ChildrenSuspended", f"suspended {len(plan.suspend)} active children: {plan.suspend}")
+    if plan.resume:
+        await events.post("ChildrenResumed", f"resumed {len(plan.resume)} children: {plan.resume}")
+    refusal = await _create_children(client, ref, spec, plan.status.tasks, plan.create, events)
+    if refusal is not None:
+        await _finish_failed(client, ref, plan.status, *refusal, events, when_idle=True)
+    if plan.status.completion_time:
+        return None
+    return settings.resync_sec
+
+
+# --- dataset --------------------------------------------------------------------------------------
+async def _resolve(
+    client: KubeClient,
+    ref: SetRef,
+    spec: EpisodeSetSpec,
+    metadata: Mapping[str, Any],
+    previous: EpisodeSetStatus,
+    definition: str,
+    settings: SetSettings,
+    events: SetEvents,
+) -> EpisodeSetStatus | float | None:
+    """The status with the dataset recorded (written), a delay to wait, or None when the set failed."""
+    if spec.suspend:
+        status = previous.model_copy(
+            update={"phase": "Pending", "reason": "Suspended", "message": "suspended (spec.suspend): not started"}
+        )
+        await _write_status(client, ref, previous, status)
+        return settings.resync_sec
+    try:
+        tasks = await resolve_dataset(client, ref.namespace, spec)
+    except DatasetError as error:
+        created = parse_time(metadata.get("creationTimestamp") or precise_timestamp(time.time()))
+        if error.waitable and time.time() - created < settings.source_wait_sec:
+            status = previous.model_copy(
+                update={"phase": "Pending", "reason": "WaitingForDataset", "message": f"waiting: {error}"}
+            )
+            await _write_status(client, ref, previous, status)
+            return 2.0
+        await _finish_failed(client, ref, previous, "DatasetUnavailable", str(error), events)
+        return None
+    total = len(tasks) * spec.attempts
+    if total > MAX_CHILDREN:
+        message = (
+            f"{len(tasks)} tasks × {spec.attempts} attempts = {total} children, more than a set holds "
+            f"({MAX_CHILDREN}); split the dataset into several sets"
+        )
+        await _finish_failed(client, ref, previous, "DatasetTooLarge", message, events)
+        return None
+    now = precise_timestamp(time.time())
+    status = previous.model_copy(
+        update={
+            "phase": "Running",
+            "reason": None,
+            "message": None,
+            "tasks": tasks,
+            "total": total,
+            "progress": f"0/{total}",
+            "definition": definition,
+            "start_time": now,
+        }
+    )
+    await _write_status(client, ref, previous, status)
+    await events.post("DatasetResolved", f"{len(tasks)} tasks × {spec.attempts} attempts = {total} children")
+    return status
+
+
+async def resolve_dataset(client: KubeClient, namespace: str, spec: EpisodeSetSpec) -> list[SetTaskStatus]:
+    """The dataset's tasks in order: the listed ones, then the selected ConfigMaps by task ID."""
+    tasks: list[SetTaskStatus] = []
+    where: dict[str, str] = {}
+
+    def add(name: str, config_map: str | None, origin: str) -> None:
+        if name in where:
+            raise DatasetError(
+                f"task ID {name!r} appears twice ({where[name]} and {origin}); task IDs are unique in a set"
+            )
+        where[name] = origin
+        tasks.append(SetTaskStatus(index=len(tasks), name=name, config_map=config_map))
+
+    for position, entry in enumerate(spec.dataset.tasks):
+        origin = f"spec.dataset.tasks[{position}]"
+        if entry.config_map is None:
+            add(entry.name or f"inline-{position}", None, origin)
+            continue
+        reference = entry.config_map
+        try:
+            config_map = await client.get_config_map(namespace, reference.name)
+        except NotFound:
+            raise DatasetError(f"{origin}: configmap {namespace}/{reference.name} not found", waitable=True) from None
+        except KubeError as error:
+            if _refused(error):
+                raise DatasetError(f"{origin}: {error}") from error
+            raise
+        if reference.key not in (config_map.binary_data or {}):
+            raise DatasetError(
+                f"{origin}: configmap {namespace}/{reference.name} has no binaryData key {reference.key!r}"
+            )
+        labels = config_map.metadata.labels or {}
+        add(entry.name or labels.get(TASK_LABEL) or reference.name, reference.name, origin)
+
+    if spec.dataset.selector is not None:
+        selector = spec.dataset.selector.render()
+        try:
+            found = await client.list_config_maps(namespace, selector)
+        except KubeError as error:
+            if _refused(error):
+                raise DatasetError(f"spec.dataset.selector {selector!r}: {error}") from error
+            raise
+        if not found:
+            raise DatasetError(f"spec.dataset.selector {selector!r} matches no ConfigMap in {namespace}", waitable=True)
+        selected = []
+        for config_map in found:
+            config_name = config_map.metadata.name
+            if DEFAULT_TASK_ARCHIVE_KEY not in (config_map.binary_data or {}):
+                raise DatasetError(
+                    f"configmap {namespace}/{config_name} (spec.dataset.selector) is not a packed task: "
+                    f"no binaryData key {DEFAULT_TASK_ARCHIVE_KEY!r}"
+                )
+            selected.append(((config_map.metadata.labels or {}).get(TASK_LABEL) or config_name, config_name))
+        for task_name, config_name in sorted(selected):
+            add(task_name, config_name, f"configmap {config_name}")
+    if not tasks:
+        raise DatasetError("the dataset has no tasks")
+    return tasks
+
+
+def task_source(spec: EpisodeSetSpec, task: SetTaskStatus) -> TaskSource:
+    """Where a task's files come from: its entry of ``spec.dataset.tasks``, or its selected ConfigMap."""
+    if task.index < len(spec.dataset.tasks):
+        return TaskSource.model_validate(spec.dataset.tasks[task.index].to_api())
+    assert task.config_map is not None
+    return TaskSource.model_validate({"configMap": {"name": task.config_map}})
+
+
+# --- children -------------------------------------------------------------------------------------
+def child_manifest(
+    ref: SetRef, spec: EpisodeSetSpec, task: SetTaskStatus, attempt: int, created_at: str
+) -> dict[str, Any]:
+    """A child Episode: owned by the set, named and labelled by task and attempt."""
+    env = {
+        "EPISODE_SET": ref.name,
+        "EPISODE_SET_TASK": task.name,
+        "EPISODE_SET_TASK_INDEX": str(task.index),
+        "EPISODE_SET_ATTEMPT": str(attempt),
+    }
+    labels = {
+        **MANAGED_BY,
+        SET_LABEL: label_value(ref.name),
+        SET_TASK_LABEL: task_label_value(task.name),
+        SET_TASK_INDEX_LABEL: str(task.index),
+        SET_ATTEMPT_LABEL: str(attempt),
+    }
+    if spec.queue_name:
+        labels[QUEUE_LABEL] = spec.queue_name
+    manifest = episode_manifest(
+        ref.namespace,
+        child_spec(spec, task_source(spec, task), env),
+        name=child_name(ref.name, task.index, attempt),
+        labels=labels,
+    )
+    manifest["metadata"]["annotations"] = {SET_TASK_NAME_ANNOTATION: task.name, CREATED_AT_ANNOTATION: created_at}
+    manifest["metadata"]["ownerReferences"] = [ref.owner_reference()]
+    return manifest
+
+
+def _refused(error: KubeError) -> bool:
+    """A request the API server will refuse again (bad request, invalid object), unlike 403/429/5xx."""
+    return error.status in (400, 422)
+
+
+def _owned_by(item: Mapping[str, Any], uid: str) -> bool:
+    return any(owner.get("uid") == uid for owner in item["metadata"].get("ownerReferences") or [])
+
+
+async def _owned_children(client: KubeClient, ref: SetRef) -> list[dict[str, Any]]:
+    listed = await client.list_episodes(ref.namespace, set_selector(ref.name))
+    return [item for item in listed if _owned_by(item, ref.uid)]
+
+
+def _child_view(item: Mapping[str, Any]) -> ChildView:
+    metadata = item["metadata"]
+    labels = metadata.get("labels") or {}
+    annotations = metadata.get("annotations") or {}
+    status = item.get("status") or {}
+    try:
+        index, attempt = int(labels[SET_TASK_INDEX_LABEL]), int(labels[SET_ATTEMPT_LABEL])
+    except (KeyError, ValueError):
+        index, attempt = -1, -1  # not one of ours after all: counted active, never matched to a task
+    phase = status.get("phase")
+    return ChildView(
+        index=index,
+        attempt=attempt,
+        name=metadata["name"],
+        phase=phase if phase in ("Pending", "Running", "Succeeded", "Failed") else None,
+        outcome=status.get("outcome"),
+        reward=status.get("reward"),
+        failure_kind=status.get("failureKind"),
+        created_at=annotations.get(CREATED_AT_ANNOTATION) or metadata.get("creationTimestamp"),
+        finished_at=status.get("finishedAt"),
+        suspended=bool((item.get("spec") or {}).get("suspend")),
+        suspended_by_set=annotations.get(SUSPENDED_BY_SET_ANNOTATION) == "true",
+        deleting=bool(metadata.get("deletionTimestamp")),
+    )
+
+
+async def _create_children(
+    client: KubeClient,
+    ref: SetRef,
+    spec: EpisodeSetSpec,
+    tasks: Sequence[SetTaskStatus],
+    slots: Sequence[tuple[int, int]],
+    events: SetEvents,
+) -> tuple[str, str] | None:
+    """Create the children of ``slots``; (reason, message) when one cannot be created, ever."""
+    by_index = {task.index: task for task in tasks}
+    for index, attempt in slots:
+        manifest = child_manifest(ref, spec, by_index[index], attempt, precise_timestamp(time.time()))
+        name = manifest["metadata"]["name"]
+        try:
+            await client.create_episode(manifest)
+        except KubeError as error:
+            if not isinstance(error, Conflict):
+                if _refused(error):
+                    return "ChildRefused", f"the API server refuses child {name}: {error}"
+                raise
+            try:
+                existing = await client.get_episode(ref.namespace, name)
+            except NotFound:
+                continue  # deleted in between: the next pass creates it
+            if _owned_by(existing, ref.uid) or existing["metadata"].get("deletionTimestamp"):
+                continue  # ours already, or a former set's child on its way out
+            return (
+                "NameConflict",
+                f"episode {ref.namespace}/{name} exists and is not a child of this set; rename the set or delete it",
+            )
+        await events.post("ChildCreated", f"created episode {name} (task {by_index[index].name}, attempt {attempt})")
+    return None
+
+
+async def _suspend_child(client: KubeClient, namespace: str, name: str, *, suspend: bool) -> None:
+    patch = {
+        "spec": {"suspend": suspend},
+        "metadata": {"annotations": {SUSPENDED_BY_SET_ANNOTATION: "true" if suspend else None}},
+    }
+    with contextlib.suppress(NotFound):
+        await client.patch_episode(namespace, name, patch)
+
+
+# --- status and events ----------------------------------------------------------------------------
+async def _write_status(client: KubeClient, ref: SetRef, previous: EpisodeSetStatus, status: EpisodeSetStatus) -> None:
+    """Write the status if it changed (each write wakes the loop again)."""
+    if status.to_api() == previous.to_api():
+        return
+    try:
+        await client.replace_episodeset_status(ref.namespace, ref.name, status.to_api())
+    except NotFound as error:
+        raise SetGone(str(error)) from error
+
+
+async def _finish_failed(
+    client: KubeClient,
+    ref: SetRef,
+    previous: EpisodeSetStatus,
+    reason: str,
+    message: str,
+    events: SetEvents,
+    *,
+    when_idle: bool = False,
+) -> None:
+    """Mark the set Failed for good (complete at once unless ``when_idle`` and children are active)."""
+    now = precise_timestamp(time.time())
+    message = message if len(message) <= MESSAGE_LIMIT else message[: MESSAGE_LIMIT - 3] + "..."
+    status = previous.model_copy(update={"phase": "Failed", "reason": reason, "message": message})
+    status.start_time = status.start_time or now
+    if not (when_idle and status.active):
+        status.completion_time = now
+    await _write_status(client, ref, previous, status)
+    await events.post(reason, message, warning=True)
+
+
+def _validation_message(error: ValidationError) -> str:
+    parts = []
+    for detail in error.errors(include_url=False):
+        location = ".".join(str(part) for part in detail["loc"])
+        text = str(detail["msg"]).removeprefix("Value error, ")
+        parts.append(f"spec.{location}: {text}" if location else text)
+    return "; ".join(parts)
+
+
+@dataclass
+class SetEvents:
+    """Kubernetes Events on the set; losing one is logged, never fatal."""
+
+    client: KubeClient
+    ref: SetRef
+    logger: logging.Logger
+
+    async def post(self, reason: str, message: str, *, warning: bool = False) -> None:
+        (self.logger.warning if warning else self.logger.info)("%s: %s", reason, message)
+        now = time.time()
+        stamp = precise_timestamp(now)[:19] + "Z"
+        event = {
+            "apiVersion": "v1",
+            "kind": "Event",
+            "metadata": {"name": f"{self.ref.name[:200]}.{int(now * 1e6):x}", "namespace": self.ref.namespace},
+            "involvedObject": {
+                "apiVersion": API_VERSION,
+                "kind": SET_KIND,
+                "name": self.ref.name,
+                "namespace": self.ref.namespace,
+                "uid": self.ref.uid,
+            },
+            "reason": reason,
+            "message": message[:1024],
+            "type": "Warning" if warning else "Normal",
+            "source": {"component": COMPONENT},
+            "reportingComponent": COMPONENT,
+            "firstTimestamp": stamp,
+            "lastTimestamp": stamp,
+            "count": 1,
+        }
+        try:
+            await self.client.create_event(self.ref.namespace, event)
+        except KubeError as error:
+            self.logger.warning("could not post event %s: %s", reason, error)

@@ -1,0 +1,165 @@
+"""The Kubernetes permissions of the operator and of ``kubectl episode``, declared once, as data.
+
+Least privilege only lasts if it is checked. The Helm chart renders its Role/ClusterRole rules
+from the file this module writes (``helm/episode-operator/files/rbac.yaml``; run
+``python -m episode_operator.kube.rbac --write`` after changing the lists), and
+``tests/unit/test_rbac.py`` compares the lists with what the code does: the API calls of
+``kube/client.py`` that the operator's code reaches (read with ``ast``), and the resources kopf
+watches for the registered handlers. A new call without a declared permission, or a declared
+permission nothing uses, fails that test.
+
+When: ``namespaced`` rules are needed in every watched namespace (a Role there, or a
+ClusterRole when the operator watches all namespaces or namespace globs, which RBAC cannot
+express). ``scanning`` rules (cluster-scoped) only while kopf observes the cluster: watching all
+namespaces or globs; with named namespaces only, the operator turns kopf's scanning off
+(handlers.py) and needs no ClusterRole at all. ``namespace-globs`` rules only with globs.
+``cluster``: a user's cluster-scoped permission.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from episode_operator.api.episodeset import SET_PLURAL
+from episode_operator.api.models import GROUP, PLURAL
+
+RBAC_FILE = Path("helm/episode-operator/files/rbac.yaml")
+
+When = Literal["namespaced", "scanning", "namespace-globs", "cluster"]
+
+
+@dataclass(frozen=True)
+class Permission:
+    """Some verbs on one resource (``pods/exec`` names a subresource), and why they are needed."""
+
+    api_group: str
+    resource: str
+    verbs: tuple[str, ...]
+    when: When
+    reason: str
+
+    def grants(self) -> set[tuple[str, str, str]]:
+        """(apiGroup, resource, verb) triples, the unit the tests compare."""
+        return {(self.api_group, self.resource, verb) for verb in self.verbs}
+
+
+OPERATOR_PERMISSIONS: tuple[Permission, ...] = (
+    Permission(
+        GROUP,
+        PLURAL,
+        ("get", "list", "watch", "patch", "create", "delete"),
+        "namespaced",
+        "kopf watches Episodes and patches its annotations and finalizer; EpisodeSets create, hold "
+        "and wake theirs; expired Episodes are deleted",
+    ),
+    Permission(GROUP, f"{PLURAL}/status", ("patch",), "namespaced", "the driver writes the whole status"),
+    Permission(
+        GROUP,
+        SET_PLURAL,
+        ("get", "list", "watch", "patch"),
+        "namespaced",
+        "kopf watches EpisodeSets and patches its annotations and finalizer",
+    ),
+    Permission(GROUP, f"{SET_PLURAL}/status", ("patch",), "namespaced", "an EpisodeSet's whole status"),
+    Permission("", "pods", ("create", "get", "list", "delete"), "namespaced", "agent and verifier pods"),
+    Permission("", "pods/exec", ("create", "get"), "namespaced", "jobs start and are polled by exec (websocket: get)"),
+    Permission("", "configmaps", ("get", "list"), "namespaced", "tasks packed by `kubectl episode pack`"),
+    Permission("", "events", ("create",), "namespaced", "turn and outage Events, and kopf's own"),
+    Permission(
+        "networking.k8s.io",
+        "networkpolicies",
+        ("create", "update", "delete", "deletecollection"),
+        "namespaced",
+        "the network policy of each sandbox pod",
+    ),
+    Permission(
+        "apiextensions.k8s.io",
+        "customresourcedefinitions",
+        ("list", "watch"),
+        "scanning",
+        "kopf observes CRDs, so a CRD installed or upgraded while it runs is picked up",
+    ),
+    Permission(
+        "",
+        "namespaces",
+        ("list", "watch"),
+        "namespace-globs",
+        "kopf matches namespace globs (e.g. eval-*) against the namespaces that exist",
+    ),
+)
+
+# What a person running `kubectl episode` (and `episode-operator install-crd`) needs in a namespace;
+# documented in the README, checked against kube/client.py like the operator's.
+USER_PERMISSIONS: tuple[Permission, ...] = (
+    Permission(GROUP, PLURAL, ("create", "get", "list"), "namespaced", "kubectl episode run, get, describe"),
+    Permission(GROUP, SET_PLURAL, ("create", "get"), "namespaced", "kubectl episode run of an EpisodeSet"),
+    Permission("", "configmaps", ("create",), "namespaced", "kubectl episode pack"),
+    Permission(
+        "",
+        "services/proxy",
+        ("get",),
+        "namespaced",
+        "kubectl episode logs/artifacts reach the operator's Service (in the operator's namespace)",
+    ),
+    Permission(
+        "apiextensions.k8s.io",
+        "customresourcedefinitions",
+        ("create", "get", "update"),
+        "cluster",
+        "episode-operator install-crd (cluster admins only)",
+    ),
+)
+
+
+def grants(permissions: tuple[Permission, ...], *when: When) -> set[tuple[str, str, str]]:
+    """The (apiGroup, resource, verb) triples of the permissions needed in the given cases."""
+    return {grant for permission in permissions if permission.when in when for grant in permission.grants()}
+
+
+def _rule_lines(permission: Permission) -> list[str]:
+    return [
+        f"  # {permission.reason}",
+        f'  - apiGroups: ["{permission.api_group}"]',
+        f"    resources: [{permission.resource}]",
+        f"    verbs: [{', '.join(permission.verbs)}]",
+    ]
+
+
+def render_rules() -> str:
+    """The operator's rules as the YAML the chart reads (``.Files.Get "files/rbac.yaml"``)."""
+    sections: dict[str, list[Permission]] = {
+        "namespaced": [p for p in OPERATOR_PERMISSIONS if p.when == "namespaced"],
+        "scanning": [p for p in OPERATOR_PERMISSIONS if p.when == "scanning"],
+        "namespaceGlobs": [p for p in OPERATOR_PERMISSIONS if p.when == "namespace-globs"],
+    }
+    lines = [
+        "# Generated by `python -m episode_operator.kube.rbac --write` from kube/rbac.py. Do not edit.",
+        "# namespaced: in every watched namespace (cluster-wide when watching all namespaces or globs);",
+        "# scanning: cluster-wide, when watching all namespaces or globs;",
+        "# namespaceGlobs: cluster-wide, when a watched namespace is a glob.",
+    ]
+    for section, permissions in sections.items():
+        lines.append(f"{section}:")
+        for permission in permissions:
+            lines += _rule_lines(permission)
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description="Print or write the operator's RBAC rules for the Helm chart.")
+    parser.add_argument("--write", type=Path, nargs="?", const=RBAC_FILE, help=f"Write this file ({RBAC_FILE}).")
+    options = parser.parse_args(argv)
+    text = render_rules()
+    if options.write is None:
+        sys.stdout.write(text)
+        return
+    options.write.parent.mkdir(parents=True, exist_ok=True)
+    options.write.write_text(text)
+
+
+if __name__ == "__main__":
+    main()

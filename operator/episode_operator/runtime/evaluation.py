@@ -1,0 +1,347 @@
+"""What an EpisodeSet does next, and what its children add up to (pure).
+
+The set controller (``kube/episodeset.py``) reads the set and its children from the API
+server and hands them to :func:`plan_set`, which decides everything: the new status
+(records of every child, counts, the mean, pass@k, the phase) and which children to
+create, suspend or resume. No I/O happens here, so every rule is a table-driven unit test.
+
+Scoring follows Gym: the mean reward is over *graded* children only; masked children,
+terminal failures and outages (``Ungraded``) are counted apart and left out. pass@k is the
+unbiased estimator of Chen et al. (2021), ``1 − C(n−c, k) / C(n, k)`` per task with ``n``
+graded attempts and ``c`` successes (reward ≥ ``successThreshold``), averaged over the
+tasks with ``n ≥ k``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from fractions import Fraction
+from math import comb
+from typing import Any
+
+from episode_operator.api.episodeset import (
+    EpisodeSetSpec,
+    EpisodeSetStatus,
+    FailurePolicy,
+    OutcomeCounts,
+    PassAtK,
+    PhaseCounts,
+    SetChildStatus,
+    SetTaskStatus,
+)
+from episode_operator.api.models import Condition, Outcome, Phase
+
+TERMINAL: tuple[Phase, ...] = ("Succeeded", "Failed")
+DEFINITION_FIELDS = ("dataset", "attempts", "agent", "template")
+
+
+def precise_timestamp(epoch: float) -> str:
+    """RFC 3339 in UTC with microseconds (Kubernetes' MicroTime)."""
+    return datetime.fromtimestamp(epoch, UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def parse_time(text: str) -> float:
+    """Epoch seconds of an RFC 3339 UTC time, with or without a fraction."""
+    layout = "%Y-%m-%dT%H:%M:%S.%fZ" if "." in text else "%Y-%m-%dT%H:%M:%SZ"
+    return datetime.strptime(text, layout).replace(tzinfo=UTC).timestamp()
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """Unbiased pass@k of one task: ``n`` samples, ``c`` of them successes, ``1 ≤ k ≤ n``.
+
+    The probability that ``k`` samples drawn without replacement from the ``n`` include
+    a success, computed exactly with integers.
+    """
+    if not 0 <= c <= n or not 1 <= k <= n:
+        raise ValueError(f"pass@k needs 0 ≤ c ≤ n and 1 ≤ k ≤ n, not n={n} c={c} k={k}")
+    return float(1 - Fraction(comb(n - c, k), comb(n, k)))
+
+
+def definition_digest(spec: Mapping[str, Any]) -> str:
+    """sha256 of what a set evaluates (dataset, attempts, agent, template) in the stored spec."""
+    document = {key: spec.get(key) for key in DEFINITION_FIELDS}
+    return "sha256:" + hashlib.sha256(json.dumps(document, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
+@dataclass(frozen=True)
+class ChildView:
+    """A child Episode of the set, as listed from the API server."""
+
+    index: int
+    attempt: int
+    name: str
+    phase: Phase | None = None
+    outcome: Outcome | None = None
+    reward: float | None = None
+    failure_kind: str | None = None
+    created_at: str | None = None
+    finished_at: str | None = None
+    suspended: bool = False
+    suspended_by_set: bool = False
+    deleting: bool = False
+
+    @property
+    def terminal(self) -> bool:
+        return self.phase in TERMINAL
+
+
+@dataclass
+class SetPlan:
+    """What the controller writes and does after one look at the set and its children."""
+
+    status: EpisodeSetStatus
+    create: list[tuple[int, int]] = field(default_factory=list)
+    suspend: list[str] = field(default_factory=list)
+    resume: list[str] = field(default_factory=list)
+    lost: list[str] = field(default_factory=list)
+    events: list[tuple[str, str, bool]] = field(default_factory=list)
+
+
+def record_children(
+    tasks: Sequence[SetTaskStatus], children: Sequence[ChildView], now: str
+) -> tuple[list[SetTaskStatus], list[str]]:
+    """The tasks with their child records brought up to date; and the children lost unfinished.
+
+    A finished record is final: the child may since have been deleted (a TTL, a person), and
+    it is neither replaced nor re-read. An unfinished record whose child is gone is dropped,
+    so the child is created again. ``now`` stamps the children first seen finished.
+    """
+    by_task: dict[int, dict[int, ChildView]] = {}
+    for view in children:
+        by_task.setdefault(view.index, {})[view.attempt] = view
+    updated: list[SetTaskStatus] = []
+    lost: list[str] = []
+    for task in tasks:
+        listed = by_task.get(task.index, {})
+        records = {record.attempt: record for record in task.children}
+        for attempt, view in listed.items():
+            records.setdefault(attempt, SetChildStatus(attempt=attempt, name=view.name))
+        kept: list[SetChildStatus] = []
+        for attempt, record in sorted(records.items()):
+            if record.phase in TERMINAL:
+                kept.append(record)
+                continue
+            child = listed.get(attempt)
+            if child is None:
+                lost.append(record.name)
+                continue
+            kept.append(
+                SetChildStatus(
+                    attempt=attempt,
+                    name=child.name,
+                    phase=child.phase,
+                    outcome=child.outcome if child.terminal else None,
+                    reward=child.reward if child.terminal else None,
+                    failure_kind=child.failure_kind if child.terminal else None,
+                    created_at=child.created_at,
+                    finished_at=child.finished_at if child.terminal else None,
+                    observed_finished_at=now if child.terminal else None,
+                )
+            )
+        updated.append(task.model_copy(update={"children": kept}))
+    return updated, lost
+
+
+def summarize_task(task: SetTaskStatus, threshold: float) -> SetTaskStatus:
+    """A task with its counts, mean reward and pass@k over its graded attempts."""
+    finished = [record for record in task.children if record.phase in TERMINAL]
+    rewards = [record.reward for record in finished if record.outcome == "Graded" and record.reward is not None]
+    successes = sum(1 for reward in rewards if reward >= threshold)
+    return task.model_copy(
+        update={
+            "finished": len(finished),
+            "graded": len(rewards),
+            "successes": successes,
+            "mean_reward": sum(rewards) / len(rewards) if rewards else None,
+            "pass_at_k": [pass_at_k(len(rewards), successes, k) for k in range(1, len(rewards) + 1)],
+        }
+    )
+
+
+def aggregate(tasks: Sequence[SetTaskStatus], attempts: int) -> tuple[float | None, list[PassAtK]]:
+    """Mean reward over every graded child, and pass@k (k = 1 … attempts) over the tasks with n ≥ k."""
+    rewards = [
+        record.reward
+        for task in tasks
+        for record in task.children
+        if record.phase in TERMINAL and record.outcome == "Graded" and record.reward is not None
+    ]
+    mean = sum(rewards) / len(rewards) if rewards else None
+    table = []
+    for k in range(1, attempts + 1):
+        values = [task.pass_at_k[k - 1] for task in tasks if len(task.pass_at_k) >= k]
+        table.append(PassAtK(k=k, value=sum(values) / len(values) if values else None, tasks=len(values)))
+    return mean, table
+
+
+def count(tasks: Sequence[SetTaskStatus]) -> tuple[PhaseCounts, OutcomeCounts]:
+    """Children by phase (a created child not yet Running is Pending), and finished ones by outcome."""
+    phases, outcomes = PhaseCounts(), OutcomeCounts()
+    fields = {"Graded": "graded", "Masked": "masked", "TerminalFailure": "terminal_failure", "Ungraded": "ungraded"}
+    for record in (record for task in tasks for record in task.children):
+        phase = (record.phase or "Pending").lower()
+        setattr(phases, phase, getattr(phases, phase) + 1)
+        if record.phase in TERMINAL and record.outcome is not None:
+            name = fields[record.outcome]
+            setattr(outcomes, name, getattr(outcomes, name) + 1)
+    return phases, outcomes
+
+
+def policy_verdict(outcomes: OutcomeCounts, policy: FailurePolicy) -> str | None:
+    """Why the failure policy stops the set, or None."""
+    if policy.max_outages is not None and outcomes.ungraded > policy.max_outages:
+        return (
+            f"{outcomes.ungraded} children ended Ungraded (outages), more than "
+            f"failurePolicy.maxOutages={policy.max_outages}"
+        )
+    if policy.max_terminal_failures is not None and outcomes.terminal_failure > policy.max_terminal_failures:
+        return (
+            f"{outcomes.terminal_failure} children ended TerminalFailure, more than "
+            f"failurePolicy.maxTerminalFailures={policy.max_terminal_failures}"
+        )
+    return None
+
+
+def next_children(
+    tasks: Sequence[SetTaskStatus], attempts: int, children: Sequence[ChildView], room: int
+) -> list[tuple[int, int]]:
+    """Up to ``room`` (task index, attempt) slots with no child and no record, attempt by attempt.
+
+    Attempt 1 of every task comes before attempt 2 of any, so pass@1 covers the whole
+    dataset early.
+    """
+    if room <= 0:
+        return []
+    taken = {(child.index, child.attempt) for child in children}
+    taken |= {(task.index, record.attempt) for task in tasks for record in task.children}
+    chosen: list[tuple[int, int]] = []
+    for attempt in range(1, attempts + 1):
+        for task in tasks:
+            if (task.index, attempt) not in taken:
+                chosen.append((task.index, attempt))
+                if len(chosen) == room:
+                    return chosen
+    return chosen
+
+
+def condition(kind: str, value: bool, reason: str, message: str, now: str, previous: Sequence[Condition]) -> Condition:
+    """A condition that keeps its lastTransitionTime while its status stays the same."""
+    status: Any = "True" if value else "False"
+    for old in previous:
+        if old.type == kind and old.status == status:
+            return old.model_copy(update={"reason": reason, "message": message})
+    return Condition(type=kind, status=status, reason=reason, message=message, last_transition_time=now)
+
+
+def plan_set(
+    spec: EpisodeSetSpec,
+    previous: EpisodeSetStatus,
+    children: Sequence[ChildView],
+    *,
+    definition: str,
+    now: str,
+    generation: int | None = None,
+) -> SetPlan:
+    """The next status of a resolved set (``previous.tasks`` filled) and what to do now."""
+    tasks, lost = record_children(previous.tasks, children, now)
+    tasks = [summarize_task(task, spec.success_threshold) for task in tasks]
+    mean, table = aggregate(tasks, spec.attempts)
+    phases, outcomes = count(tasks)
+    total = len(tasks) * spec.attempts
+    finished = phases.succeeded + phases.failed
+    active = [child for child in children if not child.terminal]
+    status = previous.model_copy(
+        update={
+            "tasks": tasks,
+            "total": total,
+            "created": sum(len(task.children) for task in tasks),
+            "active": len(active),
+            "finished": finished,
+            "progress": f"{finished}/{total}",
+            "phases": phases,
+            "outcomes": outcomes,
+            "mean_reward": mean,
+            "pass_at_k": table,
+            "observed_generation": generation,
+        }
+    )
+    plan = SetPlan(status=status, lost=lost)
+    for name in lost:
+        plan.events.append(("ChildLost", f"episode {name} is gone before it finished; it is created again", True))
+
+    stopped = previous.phase == "Failed"
+    if not stopped and previous.definition != definition:
+        stopped = True
+        status.phase, status.reason = "Failed", "DefinitionChanged"
+        status.message = (
+            "spec.dataset, attempts, agent or template changed after the set started; a set evaluates one "
+            "definition: create a new EpisodeSet (running children finish, none start)"
+        )
+        plan.events.append(("DefinitionChanged", status.message, True))
+    verdict = None if stopped else policy_verdict(outcomes, spec.failure_policy)
+    if verdict is not None:
+        stopped = True
+        status.phase, status.reason = "Failed", "FailurePolicy"
+        status.message = verdict + "; running children finish, no more start"
+        plan.events.append(("FailurePolicy", status.message, True))
+
+    if spec.suspend:
+        plan.suspend = [c.name for c in active if not c.suspended and not c.deleting]
+    else:
+        plan.resume = [c.name for c in active if c.suspended and c.suspended_by_set and not c.deleting]
+    if not stopped and not spec.suspend:
+        plan.create = next_children(tasks, spec.attempts, children, spec.parallelism - len(active))
+
+    if not stopped:
+        if finished == total:
+            status.phase, status.reason = "Succeeded", "Completed"
+            status.message = f"{finished} children finished"
+        elif spec.suspend:
+            status.phase = "Running" if status.created else "Pending"
+            status.reason = "Suspended"
+            status.message = f"suspended (spec.suspend): {len(active)} active children held, none start"
+        else:
+            status.phase, status.reason = "Running", None
+            status.message = None
+    # Every message is non-empty: a 1.20 API server refuses an empty string in a status.
+    failed = status.phase == "Failed"
+    status.conditions = [
+        condition(
+            "Suspended",
+            spec.suspend,
+            "SpecSuspend" if spec.suspend else "NotSuspended",
+            "spec.suspend is true: no child starts" if spec.suspend else "not suspended",
+            now,
+            previous.conditions,
+        ),
+        condition(
+            "Complete",
+            status.phase == "Succeeded",
+            "Completed" if status.phase == "Succeeded" else "InProgress",
+            f"{finished}/{total} children finished",
+            now,
+            previous.conditions,
+        ),
+        condition(
+            "Failed",
+            failed,
+            (status.reason or "Failed") if failed else "NotFailed",
+            (status.message or "failed") if failed else "not failed",
+            now,
+            previous.conditions,
+        ),
+    ]
+    if status.phase in ("Succeeded", "Failed") and not active and not plan.create and status.completion_time is None:
+        status.completion_time = now
+        plan.events.append(
+            (
+                "SetFinished",
+                f"{status.phase}: {finished}/{total} finished, mean reward " + ("-" if mean is None else f"{mean:.4g}"),
+                status.phase == "Failed",
+            )
+        )
+    return plan

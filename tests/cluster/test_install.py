@@ -1,0 +1,447 @@
+"""The operator installed in the cluster: its image, the Helm chart and the kustomize install.
+
+The image is the one `hack/cluster images` builds without Docker (the Dockerfile's image); the
+chart is installed, upgraded and uninstalled with the real Helm library (helm-python-sdk), and
+the operator runs the example tasks with exactly the chart's least-privilege RBAC.
+
+Every install here watches only its own ``inst-*`` namespaces: the rest of the cluster tier runs
+the operator as a local process watching ``t-*``, and two operators must never drive one Episode.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import helm_python as helm
+import pytest
+import yaml
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+from kubernetes.stream import stream
+
+from tests.chart import CHART, CRDS, INSTALL
+from tests.cluster.conftest import HACK_CLUSTER, in_ci, unavailable, wait_for_default_service_account
+from tests.cluster.harness import EXAMPLES, create_episode, episode_spec, install_crd, read_episode
+
+OPERATOR_IMAGE = "episode-operator.local/operator:dev"
+RELEASE = "episode-operator"
+SERVICE = "episode-operator"
+TERMINAL = ("Succeeded", "Failed")
+
+
+# Namespaces and the image ------------------------------------------------------------------------
+def new_namespace(core: client.CoreV1Api, role: str) -> str:
+    """A fresh ``inst-<role>-…`` namespace, labelled as a test's."""
+    name = f"inst-{role}-{uuid.uuid4().hex[:6]}"
+    core.create_namespace(
+        client.V1Namespace(metadata=client.V1ObjectMeta(name=name, labels={"episode-operator.dev/test": "true"}))
+    )
+    wait_for_default_service_account(core, name)
+    return name
+
+
+def delete_namespace(core: client.CoreV1Api, name: str) -> None:
+    try:
+        core.delete_namespace(name, propagation_policy="Background")
+    except ApiException as error:
+        if error.status != 404:
+            raise
+
+
+@pytest.fixture(scope="module")
+def operator_image(kubeconfig: Path, api_client: client.ApiClient) -> str:
+    """`hack/cluster images` builds the operator image (when its wheel changed) and loads it."""
+    result = subprocess.run([str(HACK_CLUSTER), "images"], capture_output=True, text=True, timeout=1800, check=False)
+    if result.returncode != 0:
+        if os.geteuid() != 0 and not in_ci():
+            unavailable(f"`hack/cluster images` needs root here: {result.stderr.strip()[-300:]}")
+        pytest.fail(f"`hack/cluster images` failed:\n{result.stderr[-4000:]}", pytrace=False)
+    assert OPERATOR_IMAGE in result.stdout.split(), result.stdout
+    install_crd(api_client)  # Helm installs crds/ only when the CRD is absent: make it this version's
+    return OPERATOR_IMAGE
+
+
+# The Helm release -----------------------------------------------------------------------------------
+@dataclass
+class Release:
+    """One release of the chart, installed into ``namespace`` and watching ``watched``."""
+
+    kubeconfig: Path
+    namespace: str
+    watched: str
+    values: dict[str, Any] = field(default_factory=dict)
+    installed: bool = False
+
+    def config(self) -> helm.Config:
+        return helm.Config(kubeconfig_path=self.kubeconfig, namespace=self.namespace)
+
+    def install(self) -> dict[str, Any]:
+        with self.config() as config:
+            release: dict[str, Any] = config.install(
+                CHART, RELEASE, self.values, namespace=self.namespace, wait="watcher", timeout=240
+            )
+        self.installed = True
+        return release
+
+    def upgrade(self, values: dict[str, Any]) -> dict[str, Any]:
+        self.values = values
+        with self.config() as config:
+            release: dict[str, Any] = config.upgrade(
+                CHART, RELEASE, values, namespace=self.namespace, wait="watcher", timeout=240
+            )
+        return release
+
+    def uninstall(self) -> None:
+        with self.config() as config:
+            config.uninstall(RELEASE, wait="watcher", timeout=120, ignore_not_found=True)
+        self.installed = False
+
+
+def release_values(watched: str, **extra: Any) -> dict[str, Any]:
+    return {
+        "watchNamespaces": [watched],
+        "pullGrace": 30,
+        "resources": {"requests": {"cpu": "50m", "memory": "128Mi"}, "limits": {"memory": "1Gi"}},
+        **extra,
+    }
+
+
+@pytest.fixture(scope="module")
+def release(kubeconfig: Path, core: client.CoreV1Api, operator_image: str) -> Iterator[Release]:
+    """The chart installed into its own namespace, watching one other namespace."""
+    operator_namespace, watched = new_namespace(core, "op"), new_namespace(core, "w")
+    installed = Release(kubeconfig, operator_namespace, watched, release_values(watched))
+    try:
+        yield installed
+    finally:
+        installed.uninstall()
+        delete_namespace(core, watched)
+        delete_namespace(core, operator_namespace)
+
+
+@pytest.fixture
+def installed(release: Release) -> Release:
+    """The release, installed (again, if a test before uninstalled it)."""
+    if not release.installed:
+        release.install()
+    return release
+
+
+# Helpers ---------------------------------------------------------------------------------------------
+def operator_pods(core: client.CoreV1Api, namespace: str) -> list[client.V1Pod]:
+    pods = core.list_namespaced_pod(namespace, label_selector=f"app.kubernetes.io/name={RELEASE}")
+    return [pod for pod in pods.items if not pod.metadata.deletion_timestamp]
+
+
+def operator_log(core: client.CoreV1Api, namespace: str) -> str:
+    logs = []
+    for pod in operator_pods(core, namespace):
+        try:
+            logs.append(core.read_namespaced_pod_log(pod.metadata.name, namespace, tail_lines=80))
+        except ApiException as error:
+            logs.append(f"(no log of {pod.metadata.name}: {error.reason})")
+    return "\n".join(logs) or "(no operator pod)"
+
+
+def run_examples(
+    api: client.ApiClient, core: client.CoreV1Api, namespace: str, operator_namespace: str, *examples: str
+) -> dict[str, dict[str, Any]]:
+    """Episodes of examples/tasks/<example> (inline files, oracle agent), all at once: their final status."""
+    names = {example: f"{example}-{uuid.uuid4().hex[:5]}" for example in examples}
+    for example, name in names.items():
+        create_episode(api, namespace, name, episode_spec(EXAMPLES / example))
+    results: dict[str, dict[str, Any]] = {}
+    deadline = time.monotonic() + 240
+    while len(results) < len(names):
+        for example, name in names.items():
+            status = read_episode(api, namespace, name).get("status") or {}
+            if status.get("phase") in TERMINAL:
+                results[example] = {"name": name, **status}
+        if time.monotonic() > deadline:
+            raise TimeoutError(
+                f"not finished in {namespace}: {sorted(set(names) - set(results))}\n"
+                f"operator log:\n{operator_log(core, operator_namespace)}"
+            )
+        time.sleep(1)
+    return results
+
+
+def service_get(core: client.CoreV1Api, namespace: str, path: str) -> str:
+    """GET a path of the operator's Service through the API server's proxy (as kubectl episode does)."""
+    response = core.connect_get_namespaced_service_proxy_with_path(
+        f"{SERVICE}:http", namespace, path.lstrip("/"), _preload_content=False
+    )
+    return str(response.data.decode())
+
+
+def can(api: client.ApiClient, user: str, verb: str, resource: str, namespace: str = "", group: str = "") -> bool:
+    """What the API server's authorizer answers for ``user`` (a SubjectAccessReview)."""
+    resource, _, subresource = resource.partition("/")
+    review = client.V1SubjectAccessReview(
+        spec=client.V1SubjectAccessReviewSpec(
+            user=user,
+            groups=["system:serviceaccounts", f"system:serviceaccounts:{user.split(':')[2]}", "system:authenticated"],
+            resource_attributes=client.V1ResourceAttributes(
+                verb=verb, resource=resource, subresource=subresource or None, namespace=namespace, group=group
+            ),
+        )
+    )
+    answer = client.AuthorizationV1Api(api).create_subject_access_review(review)
+    return bool(answer.status.allowed)
+
+
+# The chart -------------------------------------------------------------------------------------------
+def test_the_operator_runs_as_installed_with_least_privilege(
+    installed: Release, api_client: client.ApiClient, core: client.CoreV1Api
+) -> None:
+    deployment = client.AppsV1Api(api_client).read_namespaced_deployment(RELEASE, installed.namespace)
+    assert deployment.status.available_replicas == 1
+    assert deployment.spec.strategy.type == "Recreate"
+    (pod,) = operator_pods(core, installed.namespace)
+    container = pod.spec.containers[0]
+    assert container.image == OPERATOR_IMAGE
+    assert (pod.spec.security_context.run_as_user, container.security_context.read_only_root_filesystem) == (
+        65532,
+        True,
+    )
+    assert pod.status.container_statuses[0].ready
+    whoami = stream(
+        core.connect_get_namespaced_pod_exec,
+        pod.metadata.name,
+        installed.namespace,
+        command=["sh", "-c", "id -u; touch /probe 2>/dev/null && echo writable || echo read-only"],
+        stderr=True,
+        stdout=True,
+        stdin=False,
+        tty=False,
+    )
+    assert whoami.split() == ["65532", "read-only"]
+
+    account = f"system:serviceaccount:{installed.namespace}:{RELEASE}"
+    watched = installed.watched
+    allowed = [
+        ("create", "pods", watched, ""),
+        ("create", "pods/exec", watched, ""),
+        ("patch", "episodes/status", watched, "episode-operator.dev"),
+        ("watch", "episodes", watched, "episode-operator.dev"),
+    ]
+    denied = [
+        ("create", "pods", installed.namespace, ""),  # its own namespace is not watched
+        ("create", "pods", "default", ""),
+        ("list", "episodes", "", "episode-operator.dev"),  # nothing cluster-wide with named namespaces
+        ("list", "namespaces", "", ""),
+        ("list", "customresourcedefinitions", "", "apiextensions.k8s.io"),
+        ("get", "secrets", watched, ""),
+        ("update", "pods", watched, ""),
+        ("delete", "configmaps", watched, ""),
+    ]
+    assert [can(api_client, account, *check) for check in allowed] == [True] * len(allowed)
+    assert [can(api_client, account, *check) for check in denied] == [False] * len(denied)
+
+
+def test_the_examples_reach_their_rewards_in_cluster(
+    installed: Release, api_client: client.ApiClient, core: client.CoreV1Api
+) -> None:
+    results = run_examples(api_client, core, installed.watched, installed.namespace, "hello", "three-step-ledger")
+    summary = {example: (status["phase"], status.get("reward")) for example, status in results.items()}
+    assert summary == {"hello": ("Succeeded", 1.0), "three-step-ledger": ("Succeeded", 1.0)}, results
+    assert results["three-step-ledger"]["progress"] == "3/3"
+
+    # The Service serves /metrics and every Episode's kept logs, through the API server's proxy.
+    metrics = service_get(core, installed.namespace, "/metrics")
+    graded = [
+        line
+        for line in metrics.splitlines()
+        if line.startswith('episode_operator_episodes_total{failure_kind="",outcome="Graded"}')
+    ]
+    assert graded and float(graded[0].split()[-1]) >= 2, metrics[:2000]
+    ledger = read_episode(api_client, installed.watched, results["three-step-ledger"]["name"])
+    path = f"/v1/episodes/{installed.watched}/{ledger['metadata']['name']}/{ledger['metadata']['uid']}/logs"
+    assert "attempt 1 turn" in service_get(core, installed.namespace, path)
+
+    # Exactly the chart's permissions were enough: nothing was refused.
+    log = "\n".join(
+        core.read_namespaced_pod_log(p.metadata.name, installed.namespace)
+        for p in operator_pods(core, installed.namespace)
+    )
+    assert "forbidden" not in log.lower(), log[-4000:]
+
+
+def test_an_upgrade_replaces_the_operator_and_episodes_still_run(
+    installed: Release, api_client: client.ApiClient, core: client.CoreV1Api
+) -> None:
+    apps = client.AppsV1Api(api_client)
+    before = apps.read_namespaced_deployment(RELEASE, installed.namespace)
+    (old_pod,) = operator_pods(core, installed.namespace)
+    values = release_values(
+        installed.watched, maxActiveEpisodes=1, logLevel="verbose", podLabels={"episode-operator.dev/upgraded": "yes"}
+    )
+    upgraded = installed.upgrade(values)
+    assert upgraded["status"] == "deployed" and upgraded["revision"] >= 2, upgraded
+
+    after = apps.read_namespaced_deployment(RELEASE, installed.namespace)
+    assert after.metadata.generation > before.metadata.generation
+    container = after.spec.template.spec.containers[0]
+    assert "--max-active-episodes=1" in container.args
+    assert {env.name: env.value for env in container.env}["EPISODE_OPERATOR_VERBOSE"] == "1"
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        pods = operator_pods(core, installed.namespace)
+        if [p.metadata.labels.get("episode-operator.dev/upgraded") for p in pods] == ["yes"] and all(
+            s.ready for s in pods[0].status.container_statuses or []
+        ):
+            break
+        time.sleep(1)
+    (new_pod,) = operator_pods(core, installed.namespace)
+    assert new_pod.metadata.name != old_pod.metadata.name
+    assert new_pod.metadata.labels["episode-operator.dev/upgraded"] == "yes"
+
+    status = run_examples(api_client, core, installed.watched, installed.namespace, "hello")["hello"]
+    assert (status["phase"], status.get("reward")) == ("Succeeded", 1.0), status
+
+
+def test_uninstall_leaves_nothing_but_the_crd(
+    installed: Release, api_client: client.ApiClient, core: client.CoreV1Api
+) -> None:
+    installed.uninstall()
+    rbac, apps = client.RbacAuthorizationV1Api(api_client), client.AppsV1Api(api_client)
+    selector = f"app.kubernetes.io/instance={RELEASE}"
+    deadline = time.monotonic() + 90
+    while True:
+        left = {
+            "deployments": [d.metadata.name for d in apps.list_namespaced_deployment(installed.namespace).items],
+            "pods": [p.metadata.name for p in core.list_namespaced_pod(installed.namespace).items],
+            "serviceaccounts": [
+                a.metadata.name
+                for a in core.list_namespaced_service_account(installed.namespace).items
+                if a.metadata.name != "default"
+            ],
+            "services": [s.metadata.name for s in core.list_namespaced_service(installed.namespace).items],
+            "configmaps+secrets": [
+                o.metadata.name
+                for o in core.list_namespaced_secret(installed.namespace, label_selector="owner=helm").items
+                + core.list_namespaced_config_map(installed.namespace, label_selector="owner=helm").items
+            ],
+            "roles": [r.metadata.name for r in rbac.list_namespaced_role(installed.watched).items],
+            "rolebindings": [r.metadata.name for r in rbac.list_namespaced_role_binding(installed.watched).items],
+            "clusterroles": [
+                r.metadata.name
+                for r in rbac.list_cluster_role(label_selector=selector).items
+                if r.metadata.name.startswith(installed.namespace)
+            ],
+            "clusterrolebindings": [
+                r.metadata.name
+                for r in rbac.list_cluster_role_binding(label_selector=selector).items
+                if r.metadata.name.startswith(installed.namespace)
+            ],
+        }
+        if not any(left.values()) or time.monotonic() > deadline:
+            break
+        time.sleep(1)
+    assert left == {kind: [] for kind in left}
+    # Helm never deletes what crds/ installed: the CRD, and so every Episode, stays (README).
+    extensions = client.ApiextensionsV1Api(api_client)
+    assert extensions.read_custom_resource_definition("episodes.episode-operator.dev").metadata.name
+
+
+# The kustomize install -------------------------------------------------------------------------------
+def kubectl(kubeconfig: Path, *args: str, timeout: float = 180) -> str:
+    result = subprocess.run(
+        ["kubectl", f"--kubeconfig={kubeconfig}", *args], capture_output=True, text=True, timeout=timeout, check=False
+    )
+    assert result.returncode == 0, f"kubectl {' '.join(args)}:\n{result.stdout}\n{result.stderr}"
+    return result.stdout
+
+
+def test_kubectl_apply_k_installs_a_working_operator(
+    kubeconfig: Path, api_client: client.ApiClient, core: client.CoreV1Api, operator_image: str, tmp_path: Path
+) -> None:
+    """manifests/install through an overlay: its own namespace and ClusterRole names, one watched
+    namespace, and the CRDs left out (cluster-wide, shared with the other tests: deleting them
+    would delete every Episode)."""
+    if shutil.which("kubectl") is None:
+        if in_ci():
+            pytest.fail("kubectl is not installed: manifests/install cannot be checked")
+        pytest.skip("kubectl is not installed")
+    suffix = uuid.uuid4().hex[:6]
+    operator_namespace, watched = f"inst-k-{suffix}", new_namespace(core, "kw")
+    cluster_name = f"{operator_namespace}-episode-operator"
+    overlay = tmp_path / "overlay"
+    overlay.mkdir()
+    kustomization = {
+        "apiVersion": "kustomize.config.k8s.io/v1beta1",
+        "kind": "Kustomization",
+        "namespace": operator_namespace,
+        "resources": [os.path.relpath(INSTALL, overlay)],
+        "patches": [
+            *(
+                {
+                    "patch": yaml.safe_dump(
+                        {
+                            "$patch": "delete",
+                            "apiVersion": "apiextensions.k8s.io/v1",
+                            "kind": "CustomResourceDefinition",
+                            "metadata": {"name": path.name.removesuffix(".yaml")},
+                        }
+                    )
+                }
+                for path in sorted(CRDS.glob("*.yaml"))
+            ),
+            {
+                "target": {"kind": "Deployment", "name": RELEASE},
+                "patch": yaml.safe_dump(
+                    [
+                        {
+                            "op": "add",
+                            "path": "/spec/template/spec/containers/0/args/-",
+                            "value": f"--namespace={watched}",
+                        }
+                    ]
+                ),
+            },
+            {
+                "target": {"kind": "ClusterRole"},
+                "patch": yaml.safe_dump([{"op": "replace", "path": "/metadata/name", "value": cluster_name}]),
+            },
+            {
+                "target": {"kind": "ClusterRoleBinding"},
+                "patch": yaml.safe_dump(
+                    [
+                        {"op": "replace", "path": "/metadata/name", "value": cluster_name},
+                        {"op": "replace", "path": "/roleRef/name", "value": cluster_name},
+                    ]
+                ),
+            },
+        ],
+    }
+    (overlay / "kustomization.yaml").write_text(yaml.safe_dump(kustomization, sort_keys=False))
+    built = list(yaml.safe_load_all(kubectl(kubeconfig, "kustomize", str(overlay))))
+    assert sorted(o["kind"] for o in built) == [
+        "ClusterRole",
+        "ClusterRoleBinding",
+        "Deployment",
+        "Namespace",
+        "Service",
+        "ServiceAccount",
+    ]
+    try:
+        kubectl(kubeconfig, "apply", "-k", str(overlay))
+        kubectl(kubeconfig, "-n", operator_namespace, "rollout", "status", f"deployment/{RELEASE}", "--timeout=180s")
+        status = run_examples(api_client, core, watched, operator_namespace, "hello")["hello"]
+        assert (status["phase"], status.get("reward")) == ("Succeeded", 1.0), status
+    finally:
+        kubectl(kubeconfig, "delete", "-k", str(overlay), "--ignore-not-found", "--wait=false")
+        delete_namespace(core, watched)
+    assert (
+        not client.RbacAuthorizationV1Api(api_client)
+        .list_cluster_role(field_selector=f"metadata.name={cluster_name}")
+        .items
+    )

@@ -1,0 +1,182 @@
+"""The Helm chart, linted and rendered by the real Helm library (helm-python-sdk), and what is
+generated from it or must agree with it: its CRDs, its RBAC rules, manifests/install, the image."""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+import sys
+from importlib.machinery import SourceFileLoader
+from typing import Any
+
+import pytest
+import yaml
+
+from episode_operator.kube import rbac
+from tests.chart import CHART, CRDS, INSTALL, chart_crds, find, install_manifests, lint, render
+from tests.conftest import REPO
+
+
+def rules_of(objects: list[dict[str, Any]], kind: str) -> dict[str | None, set[tuple[str, str, str]]]:
+    """(apiGroup, resource, verb) granted by each Role/ClusterRole, by namespace."""
+    granted: dict[str | None, set[tuple[str, str, str]]] = {}
+    for role in find(objects, kind):
+        grants = granted.setdefault(role["metadata"].get("namespace"), set())
+        for rule in role["rules"]:
+            grants |= {(g, r, v) for g in rule["apiGroups"] for r in rule["resources"] for v in rule["verbs"]}
+    return granted
+
+
+def test_the_chart_lints_strictly() -> None:
+    for values in ({}, {"watchNamespaces": ["a", "eval-*"], "persistence": {"enabled": True}}):
+        report = lint(values)
+        assert report["errors"] == []
+        assert [m for m in report["messages"] if m["severity"] >= 2] == []
+
+
+def test_the_charts_crds_are_the_generated_ones() -> None:
+    committed = {path.name: path.read_text() for path in sorted(CRDS.glob("*.yaml"))}
+    assert "episodes.episode-operator.dev.yaml" in committed
+    assert chart_crds() == committed, "run: python -m episode_operator.api.crd --write"
+
+
+def test_manifests_install_is_the_chart_with_its_defaults() -> None:
+    on_disk = {path.name: path.read_text() for path in sorted(INSTALL.glob("*"))}
+    assert on_disk == install_manifests(), "run: hack/generate"
+
+
+def test_all_namespaces_get_one_cluster_role() -> None:
+    objects = render()
+    assert find(objects, "Role") == [] and find(objects, "RoleBinding") == []
+    assert rules_of(objects, "ClusterRole") == {None: rbac.grants(rbac.OPERATOR_PERMISSIONS, "namespaced", "scanning")}
+    (binding,) = find(objects, "ClusterRoleBinding")
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": "episode-operator", "namespace": "episode-operator-system"}
+    ]
+
+
+def test_named_namespaces_get_a_role_each_and_nothing_cluster_wide() -> None:
+    objects = render({"watchNamespaces": ["team-a", "team-b"]})
+    assert find(objects, "ClusterRole") == [] and find(objects, "ClusterRoleBinding") == []
+    namespaced = rbac.grants(rbac.OPERATOR_PERMISSIONS, "namespaced")
+    assert rules_of(objects, "Role") == {"team-a": namespaced, "team-b": namespaced}
+    assert sorted(b["metadata"]["namespace"] for b in find(objects, "RoleBinding")) == ["team-a", "team-b"]
+    args = find(objects, "Deployment")[0]["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert [a for a in args if a.startswith("--namespace")] == ["--namespace=team-a", "--namespace=team-b"]
+
+
+@pytest.mark.parametrize("pattern", ["eval-*", "team-?", "!kube-*", "a,b"])
+def test_namespace_globs_need_cluster_wide_rules_and_namespace_listing(pattern: str) -> None:
+    objects = render({"watchNamespaces": ["named", pattern]})
+    assert find(objects, "Role") == []
+    assert rules_of(objects, "ClusterRole") == {
+        None: rbac.grants(rbac.OPERATOR_PERMISSIONS, "namespaced", "scanning", "namespace-globs")
+    }
+
+
+def test_the_deployment_is_one_hardened_replica() -> None:
+    (deployment,) = find(render(), "Deployment")
+    spec = deployment["spec"]
+    assert (spec["replicas"], spec["strategy"]) == (1, {"type": "Recreate"})
+    pod = spec["template"]["spec"]
+    (container,) = pod["containers"]
+    assert pod["securityContext"] == {
+        "runAsNonRoot": True,
+        "runAsUser": 65532,
+        "runAsGroup": 65532,
+        "fsGroup": 65532,
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+    assert container["securityContext"] == {
+        "allowPrivilegeEscalation": False,
+        "privileged": False,
+        "readOnlyRootFilesystem": True,
+        "runAsNonRoot": True,
+        "capabilities": {"drop": ["ALL"]},
+    }
+    mounts = {m["mountPath"]: m["name"] for m in container["volumeMounts"]}
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    assert mounts == {"/var/lib/episode-operator/data": "data", "/tmp": "tmp"}
+    assert volumes["tmp"] == {"name": "tmp", "emptyDir": {}} and volumes["data"] == {"name": "data", "emptyDir": {}}
+    assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "healthz"}
+    assert container["readinessProbe"]["httpGet"] == {"path": "/metrics", "port": "http"}
+    assert {p["name"]: p["containerPort"] for p in container["ports"]} == {"http": 8080, "healthz": 8081}
+    assert "--liveness=http://0.0.0.0:8081/healthz" in container["args"]
+    assert "--metrics-port=8080" in container["args"]
+    assert container["resources"]["requests"] and container["resources"]["limits"]["memory"]
+
+
+def test_values_reach_the_operator() -> None:
+    values = {
+        "maxActiveEpisodes": 8,
+        "pullGrace": 45,
+        "logLevel": "verbose",
+        "dataDir": "/data",
+        "extraArgs": ["--poll-interval=10"],
+        "podLabels": {"team": "evals"},
+        "image": {"repository": "registry.example/episode-operator", "tag": "0.1.0", "pullPolicy": "Always"},
+        "persistence": {"enabled": True, "size": "50Gi", "storageClassName": "fast"},
+    }
+    objects = render(values)
+    (deployment,) = find(objects, "Deployment")
+    pod = deployment["spec"]["template"]
+    (container,) = pod["spec"]["containers"]
+    assert container["args"][0] == "run"
+    assert {"--max-active-episodes=8", "--pull-grace=45", "--data-dir=/data", "--poll-interval=10"} <= set(
+        container["args"]
+    )
+    assert container["env"] == [{"name": "EPISODE_OPERATOR_VERBOSE", "value": "1"}]
+    assert (container["image"], container["imagePullPolicy"]) == ("registry.example/episode-operator:0.1.0", "Always")
+    assert pod["metadata"]["labels"]["team"] == "evals"
+    (claim,) = find(objects, "PersistentVolumeClaim")
+    assert claim["spec"]["resources"]["requests"]["storage"] == "50Gi"
+    assert claim["spec"]["storageClassName"] == "fast"
+    data = next(v for v in pod["spec"]["volumes"] if v["name"] == "data")
+    assert data == {"name": "data", "persistentVolumeClaim": {"claimName": claim["metadata"]["name"]}}
+
+
+def test_an_unknown_log_level_is_refused() -> None:
+    with pytest.raises(Exception, match="logLevel"):
+        render({"logLevel": "debug"})
+
+
+def test_the_service_is_where_kubectl_episode_looks() -> None:
+    (service,) = find(render(release="ops", namespace="episode-operator-system"), "Service")
+    assert service["metadata"]["name"] == "episode-operator"
+    assert service["spec"]["ports"] == [{"name": "http", "port": 8080, "targetPort": "http", "protocol": "TCP"}]
+
+
+def test_the_service_monitor_is_a_toggle() -> None:
+    assert find(render(), "ServiceMonitor") == []
+    (monitor,) = find(render({"serviceMonitor": {"enabled": True, "labels": {"release": "prom"}}}), "ServiceMonitor")
+    assert monitor["spec"]["endpoints"] == [{"port": "http", "path": "/metrics", "interval": "30s"}]
+    assert monitor["metadata"]["labels"]["release"] == "prom"
+
+
+def test_two_releases_do_not_share_cluster_scoped_names() -> None:
+    first = {o["metadata"]["name"] for o in render(namespace="one") if "Cluster" in o["kind"]}
+    second = {o["metadata"]["name"] for o in render(namespace="two") if "Cluster" in o["kind"]}
+    assert first and not first & second
+
+
+def test_the_dockerfile_and_the_test_clusters_image_agree() -> None:
+    """Same user, venv, entrypoint and default arguments; the chart runs as that user."""
+    dockerfile = (REPO / "Dockerfile").read_text()
+    loader = SourceFileLoader("hack_cluster", str(REPO / "hack" / "cluster"))
+    spec = importlib.util.spec_from_loader("hack_cluster", loader)
+    assert spec is not None
+    cluster = importlib.util.module_from_spec(spec)
+    sys.modules["hack_cluster"] = cluster  # its dataclasses look their module up
+    try:
+        loader.exec_module(cluster)
+    finally:
+        del sys.modules["hack_cluster"]
+    image = cluster.IMAGES[cluster.OPERATOR_IMAGE]
+    assert re.search(r"^USER (\d+):(\d+)$", dockerfile, re.M).groups() == tuple(image.user.split(":"))  # type: ignore[union-attr]
+    assert re.search(r'^ENTRYPOINT \["([^"]+)"\]$', dockerfile, re.M).group(1) == image.entrypoint[0]  # type: ignore[union-attr]
+    assert re.search(r'^CMD \["([^"]+)"\]$', dockerfile, re.M).group(1) == image.cmd[0]  # type: ignore[union-attr]
+    assert f"python -m venv {cluster.OPERATOR_VENV}" in dockerfile
+    (deployment,) = find(render(), "Deployment")
+    assert str(deployment["spec"]["template"]["spec"]["securityContext"]["runAsUser"]) == image.user.split(":")[0]
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+    assert f"{values['image']['repository']}:{values['image']['tag']}" == cluster.OPERATOR_IMAGE
