@@ -159,3 +159,21 @@ def operator(
     root = tmp_path_factory.mktemp("operator")
     with running_operator(kubeconfig, root / "data", root / "operator.log", f"{namespace_prefix()}*") as process:
         yield process
+
+
+def delete_namespace_while_watched(core: client.CoreV1Api, name: str, timeout: float = 120) -> None:
+    """Delete a namespace and wait until it is gone, while its operator still runs.
+
+    Episodes carry kopf's finalizer: a namespace deleted after its operator stopped would
+    stay Terminating for ever.
+    """
+    core.delete_namespace(name, propagation_policy="Background")
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            core.read_namespace(name)
+        except ApiException as error:
+            if error.status == 404:
+                return
+            raise
+        time.sleep(0.5)

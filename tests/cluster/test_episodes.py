@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import subprocess
 import sys
@@ -16,7 +17,7 @@ import pytest
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from tests.cluster.conftest import namespace_prefix, wait_for_default_service_account
+from tests.cluster.conftest import delete_namespace_while_watched, namespace_prefix, wait_for_default_service_account
 from tests.cluster.harness import (
     EXAMPLES,
     TASKS,
@@ -304,8 +305,10 @@ def test_operator_killed_during_an_agent_turn(
                 text=True,
             )
             assert "agent-started" in logs.stdout and "agent-finished" in logs.stdout, logs.stdout + logs.stderr
+            delete_namespace_while_watched(core, namespace)  # its Episodes' finalizers need an operator
     finally:
-        core.delete_namespace(namespace)
+        with contextlib.suppress(ApiException):  # gone already when the test passed
+            core.delete_namespace(namespace, propagation_policy="Background")
 
 
 # --- bad input ---------------------------------------------------------------------------------

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from kubernetes import client
 
-from tests.cluster.conftest import namespace_prefix, wait_for_default_service_account
+from tests.cluster.conftest import delete_namespace_while_watched, namespace_prefix, wait_for_default_service_account
 from tests.cluster.harness import EXAMPLES, GROUP, PLURAL, VERSION, OperatorProcess, episode_spec, install_crd
 
 EPISODES = 200
@@ -41,8 +41,8 @@ def limited_operator(
         operator.start()
         yield namespace, operator
     finally:
+        delete_namespace_while_watched(core, namespace)
         operator.stop()
-        core.delete_namespace(namespace)
 
 
 def peak_rss_mb(pid: int) -> float:

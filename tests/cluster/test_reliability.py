@@ -25,7 +25,12 @@ from typing import Any
 import pytest
 from kubernetes import client
 
-from tests.cluster.conftest import HACK_CLUSTER, namespace_prefix, wait_for_default_service_account
+from tests.cluster.conftest import (
+    HACK_CLUSTER,
+    delete_namespace_while_watched,
+    namespace_prefix,
+    wait_for_default_service_account,
+)
 from tests.cluster.harness import (
     EXAMPLES,
     TASKS,
@@ -130,8 +135,8 @@ def private_operator(
         wait_for_default_service_account(core, namespace)
         yield namespace, operator
     finally:
+        delete_namespace_while_watched(core, namespace)
         operator.stop()
-        core.delete_namespace(namespace)
 
 
 def test_operator_killed_again_and_again(
