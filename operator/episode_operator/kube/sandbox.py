@@ -168,7 +168,9 @@ class KubeProvider:
     main_env: Mapping[str, str]
     extra_labels: Mapping[str, str] = field(default_factory=dict)
     pull_grace_sec: float = 120.0
-    poll_sec: float = 0.25
+    # Pod start is polled quickly at first (most pods run within a second), then less often.
+    poll_first_sec: float = 0.05
+    poll_max_sec: float = 1.0
     clock: Callable[[], float] = time.monotonic
 
     _applied: dict[str, NetworkPolicy] = field(default_factory=dict)
@@ -273,6 +275,7 @@ class KubeProvider:
         """Until every container runs and the sidecars are ready; outages are told apart by reason."""
         started = self.clock()
         pulling_since: float | None = None
+        pause = self.poll_first_sec
         while True:
             try:
                 pod = await self.client.read_pod(self.episode.namespace, name)
@@ -297,7 +300,8 @@ class KubeProvider:
                 raise SandboxError(
                     f"pod {name} not ready after {start_timeout_sec:.0f} s: {verdict.message}", kind="start-timeout"
                 )
-            await asyncio.sleep(self.poll_sec)
+            await asyncio.sleep(pause)
+            pause = min(pause * 1.5, self.poll_max_sec)
 
 
 @dataclass(frozen=True)

@@ -71,6 +71,19 @@ put() {
     printf '%s' "$2" >"$1.tmp.$$" && mv -f "$1.tmp.$$" "$1"
 }
 
+# Write $2 to file $1 in place: for the spec of a job whose directory was just created, which
+# nothing reads before the runner is launched (no mv to exec).
+write() {
+    printf '%s' "$2" >"$1"
+}
+
+# The first line of file $1 into $_got, without a fork: for fields that hold no newline.
+get_line() {
+    _got=
+    [ -r "$1" ] || return 1
+    IFS= read -r _got <"$1" || [ -n "$_got" ]
+}
+
 # The exact content of file $1 (trailing newlines kept) into $_got; status 1 if unreadable.
 get() {
     _got=$(cat "$1" 2>/dev/null && echo x) || { _got=; return 1; }
@@ -289,8 +302,8 @@ print_state() {
     fi
 }
 
-# Poll job $1 for up to $2 seconds: every 0.05 s for the first half second (short jobs are
-# common), every 0.1 s up to 1.5 s, then every 0.2 s.
+# Poll job $1 for up to $2 seconds: every 0.01 s for the first 0.1 s (most jobs of a turn
+# end within milliseconds), every 0.05 s up to 0.6 s, every 0.1 s up to 1.6 s, then 0.2 s.
 wait_done() {
     _wd=$JOBS/$1
     _left=$(hundredths "$2")
@@ -299,8 +312,10 @@ wait_done() {
         if ! frac_sleep; then
             _step=100
         elif [ "$_round" -lt 10 ]; then
-            _step=5
+            _step=1
         elif [ "$_round" -lt 20 ]; then
+            _step=5
+        elif [ "$_round" -lt 30 ]; then
             _step=10
         else
             _step=20
@@ -309,7 +324,7 @@ wait_done() {
         nap "$((_step / 100)).$((_step / 10 % 10))$((_step % 10))"
         _left=$((_left - _step))
         _round=$((_round + 1))
-        [ $((_round % 10)) -eq 0 ] && check_lost "$_wd"
+        [ $((_round % 20)) -eq 0 ] && check_lost "$_wd"
     done
 }
 
@@ -384,13 +399,13 @@ cmd_start() {
             /*) ;;
             *) _output=${_cwd%/}/$_output ;;
         esac
-        { put "$_d/command" "$_cmd" &&
-            put "$_d/shell" "$_shell" &&
-            put "$_d/cwd" "$_cwd" &&
-            put "$_d/output_path" "$_output" &&
-            put "$_d/kill_after" "$_kill_after" &&
-            { [ -z "$_timeout" ] || put "$_d/timeout" "$_timeout"; } &&
-            { [ -z "$_user" ] || put "$_d/user" "$_user"; } &&
+        { write "$_d/command" "$_cmd" &&
+            write "$_d/shell" "$_shell" &&
+            write "$_d/cwd" "$_cwd" &&
+            write "$_d/output_path" "$_output" &&
+            write "$_d/kill_after" "$_kill_after" &&
+            { [ -z "$_timeout" ] || write "$_d/timeout" "$_timeout"; } &&
+            { [ -z "$_user" ] || write "$_d/user" "$_user"; } &&
             (umask 077 && mkdir "$_d/env"); } || die "start: cannot record the job in $_d"
         _write_env=1
         start_opts "$@"
@@ -455,14 +470,14 @@ cmd_run() {
     [ -f "$_d/runner" ] || put "$_d/runner" "$$"
 
     get "$_d/command"; _cmd=$_got
-    get "$_d/shell"; _shell=$_got
+    get_line "$_d/shell"; _shell=$_got
     get "$_d/cwd"; _cwd=$_got
     get "$_d/output_path"; _out=$_got
-    get "$_d/kill_after"; _ka=$_got
+    get_line "$_d/kill_after"; _ka=$_got
     _timeout=
-    [ -f "$_d/timeout" ] && get "$_d/timeout" && _timeout=$_got
+    [ -f "$_d/timeout" ] && get_line "$_d/timeout" && _timeout=$_got
     _user=
-    [ -f "$_d/user" ] && get "$_d/user" && _user=$_got
+    [ -f "$_d/user" ] && get_line "$_d/user" && _user=$_got
 
     # Every program the job's launch runs is resolved now: the job's environment (its PATH,
     # IFS, ...) is applied only in the subshells that exec it, never in the runner.
@@ -512,11 +527,12 @@ cmd_run() {
     esac
 
     # Preflight as the job's user: the switch works, the shell runs, the directory is usable.
+    # (Without a switch, root's shell and directory were checked above and below.)
     cd / || true
     _perr=$_d/preflight.err
     # shellcheck disable=SC2016 # expanded by the preflight shell
-    if ! (job_env && export EPISODE_OPERATOR_CWD="$_cwd" && exec "$@" 'cd "$EPISODE_OPERATOR_CWD"') \
-        </dev/null >"$_perr" 2>&1; then
+    if [ "$_tool" != none ] && ! (job_env && export EPISODE_OPERATOR_CWD="$_cwd" &&
+        exec "$@" 'cd "$EPISODE_OPERATOR_CWD"') </dev/null >"$_perr" 2>&1; then
         get "$_perr"
         _msg=${_got%%"$NL"*}
         unstartable "cannot start ${_user:+as user $_user }in $_cwd: ${_msg:-the user switch or the shell failed}"
