@@ -9,10 +9,11 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
-from episode_operator.api.episodeset import EpisodeSetSpec, SetTaskStatus
+from episode_operator.api.episodeset import SET_KIND, EpisodeSetSpec, SetTaskStatus
 from episode_operator.api.models import EpisodeSpec
 from episode_operator.cli.kubectl_episode import cli
-from episode_operator.kube.episodeset import SetRef, child_manifest, child_name, set_selector, task_label_value
+from episode_operator.kube.episodeset import child_manifest, child_name, set_selector, task_label_value
+from episode_operator.kube.pods import OwnerRef
 from episode_operator.taskfolder.dataset import discover_dataset
 from tests.conftest import EXAMPLE_TASKS
 
@@ -71,7 +72,7 @@ def test_a_child_is_owned_labelled_and_carries_its_task_and_attempt() -> None:
             "template": {"image": "img:1", "retries": {"outages": 0}},
         }
     )
-    ref = SetRef("evals", "ns", "uid-1")
+    ref = OwnerRef("evals", "ns", "uid-1", kind=SET_KIND)
     manifest = child_manifest(ref, spec, SetTaskStatus(index=0, name="inline one"), 2, "2026-01-01T00:00:00.5Z")
     metadata = manifest["metadata"]
     assert metadata["name"] == "evals-0-2" and metadata["namespace"] == "ns"
@@ -113,7 +114,7 @@ def test_a_selected_task_comes_from_its_configmap() -> None:
         {"dataset": {"selector": {"matchLabels": {"suite": "a"}}}, "agent": {"kind": "nop"}}
     )
     task = SetTaskStatus(index=0, name="alpha", config_map="task-alpha-0123")
-    manifest = child_manifest(SetRef("s", "ns", "u"), spec, task, 1, "t")
+    manifest = child_manifest(OwnerRef("s", "ns", "u", kind=SET_KIND), spec, task, 1, "t")
     assert manifest["spec"]["task"] == {"configMap": {"name": "task-alpha-0123", "key": "task.tar.gz"}}
 
 

@@ -6,12 +6,12 @@ import pytest
 
 from episode_operator.api.models import EpisodeSpec
 from episode_operator.kube.network import network_policy
-from episode_operator.kube.pods import EpisodeRef, SandboxPod, agent_pod_name, sandbox_pod, short_name
+from episode_operator.kube.pods import OwnerRef, SandboxPod, agent_pod_name, sandbox_pod, short_name
 from episode_operator.taskfolder import TaskFiles, load_task, resolve_plan
 from episode_operator.taskfolder.plan import NetworkPolicy
 from tests.conftest import EXAMPLE_TASKS
 
-EPISODE = EpisodeRef("ledger", "evals", "uid-1")
+EPISODE = OwnerRef("ledger", "evals", "uid-1")
 SPEC = EpisodeSpec.model_validate(
     {
         "task": {"inline": {"files": {}}},

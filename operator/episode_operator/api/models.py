@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 from pydantic.alias_generators import to_camel
 
 GROUP = "episode-operator.dev"
@@ -256,3 +256,13 @@ def episode_manifest(
     else:
         metadata["generateName"] = generate_name or "episode-"
     return {"apiVersion": API_VERSION, "kind": KIND, "metadata": metadata, "spec": spec.to_api()}
+
+
+def validation_message(error: ValidationError) -> str:
+    """A spec's validation errors in one line, each located as ``spec.<path>``."""
+    parts = []
+    for detail in error.errors(include_url=False):
+        location = ".".join(str(part) for part in detail["loc"])
+        text = str(detail["msg"]).removeprefix("Value error, ")
+        parts.append(f"spec.{location}: {text}" if location else text)
+    return "; ".join(parts)

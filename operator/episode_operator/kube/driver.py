@@ -22,9 +22,16 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from episode_operator.api.models import Condition, EpisodeSpec, EpisodeStatus, TaskSource, TaskStatus
+from episode_operator.api.models import (
+    Condition,
+    EpisodeSpec,
+    EpisodeStatus,
+    TaskSource,
+    TaskStatus,
+    validation_message,
+)
 from episode_operator.kube.client import KubeClient, KubeError, NotFound
-from episode_operator.kube.pods import EpisodeRef, episode_selector
+from episode_operator.kube.pods import OwnerRef, episode_selector
 from episode_operator.kube.sandbox import KubeProvider
 from episode_operator.kube.status import KubeStatusSink
 from episode_operator.runtime.episode import EpisodeConfig, EpisodeObserver, EpisodeRunner, timestamp
@@ -67,7 +74,7 @@ async def drive_episode(
 ) -> EpisodeStatus:
     """Run the Episode in ``body`` from its current status to a terminal phase."""
     metadata = body["metadata"]
-    episode = EpisodeRef(metadata["name"], metadata["namespace"], metadata["uid"])
+    episode = OwnerRef(metadata["name"], metadata["namespace"], metadata["uid"])
     sink = KubeStatusSink(client, episode, metadata.get("generation"), logger)
     try:
         status = EpisodeStatus.model_validate(body.get("status") or {})
@@ -78,7 +85,7 @@ async def drive_episode(
     try:
         spec = EpisodeSpec.model_validate(body.get("spec") or {})
     except ValidationError as error:
-        return await _refuse(sink, status, FAILURE_INVALID_SPEC, "invalid spec: " + _validation_message(error))
+        return await _refuse(sink, status, FAILURE_INVALID_SPEC, "invalid spec: " + validation_message(error))
     try:
         files = await read_task_files(client, episode.namespace, spec.task, settings.source_wait_sec)
     except TaskSourceError as error:
@@ -187,18 +194,6 @@ def _oracle_refusals(plan: EpisodePlan, spec: EpisodeSpec) -> list[Problem]:
 def _problems(problems: Sequence[Problem]) -> str:
     text = "; ".join(problem.render() for problem in problems)
     return text if len(text) <= MESSAGE_LIMIT else text[: MESSAGE_LIMIT - 3] + "..."
-
-
-def _validation_message(error: ValidationError) -> str:
-    parts = []
-    for detail in error.errors(include_url=False):
-        location = ".".join(str(part) for part in detail["loc"])
-        parts.append(
-            f"spec.{location}: {str(detail['msg']).removeprefix('Value error, ')}"
-            if location
-            else str(detail["msg"]).removeprefix("Value error, ")
-        )
-    return "; ".join(parts)
 
 
 async def _refuse(

@@ -49,10 +49,10 @@ from episode_operator.api.episodeset import (
     SetTaskStatus,
     child_spec,
 )
-from episode_operator.api.models import API_VERSION, DEFAULT_TASK_ARCHIVE_KEY, TaskSource, episode_manifest
+from episode_operator.api.models import DEFAULT_TASK_ARCHIVE_KEY, TaskSource, episode_manifest, validation_message
 from episode_operator.kube.client import Conflict, KubeClient, KubeError, NotFound
-from episode_operator.kube.pods import MANAGED_BY, NAME_LIMIT, label_value, short_name
-from episode_operator.kube.status import COMPONENT
+from episode_operator.kube.pods import MANAGED_BY, NAME_LIMIT, OwnerRef, label_value, short_name
+from episode_operator.kube.status import post_event
 from episode_operator.kube.tasks import TASK_LABEL
 from episode_operator.runtime.evaluation import (
     ChildView,
@@ -73,23 +73,6 @@ class SetSettings:
     resync_sec: float = 30.0
     debounce_sec: float = 0.05  # coalesce a burst of child changes into one pass
     error_backoff_sec: float = 5.0
-
-
-@dataclass(frozen=True)
-class SetRef:
-    name: str
-    namespace: str
-    uid: str
-
-    def owner_reference(self) -> dict[str, Any]:
-        return {
-            "apiVersion": API_VERSION,
-            "kind": SET_KIND,
-            "name": self.name,
-            "uid": self.uid,
-            "controller": True,
-            "blockOwnerDeletion": True,
-        }
 
 
 class SetGone(Exception):
@@ -191,7 +174,7 @@ async def reconcile_episode_set(
     metadata = body["metadata"]
     if metadata.get("deletionTimestamp"):
         return None
-    ref = SetRef(name, namespace, metadata["uid"])
+    ref = OwnerRef(name, namespace, metadata["uid"], kind=SET_KIND)
     try:
         previous = EpisodeSetStatus.model_validate(body.get("status") or {})
     except ValidationError:
@@ -202,9 +185,7 @@ async def reconcile_episode_set(
     try:
         spec = EpisodeSetSpec.model_validate(body.get("spec") or {})
     except ValidationError as error:
-        await _finish_failed(
-            client, ref, previous, "InvalidSpec", "invalid spec: " + _validation_message(error), events
-        )
+        await _finish_failed(client, ref, previous, "InvalidSpec", "invalid spec: " + validation_message(error), events)
         return None
     definition = definition_digest(body.get("spec") or {})
 
@@ -246,7 +227,7 @@ async def reconcile_episode_set(
 # --- dataset --------------------------------------------------------------------------------------
 async def _resolve(
     client: KubeClient,
-    ref: SetRef,
+    ref: OwnerRef,
     spec: EpisodeSetSpec,
     metadata: Mapping[str, Any],
     previous: EpisodeSetStatus,
@@ -369,7 +350,7 @@ def task_source(spec: EpisodeSetSpec, task: SetTaskStatus) -> TaskSource:
 
 # --- children -------------------------------------------------------------------------------------
 def child_manifest(
-    ref: SetRef, spec: EpisodeSetSpec, task: SetTaskStatus, attempt: int, created_at: str
+    ref: OwnerRef, spec: EpisodeSetSpec, task: SetTaskStatus, attempt: int, created_at: str
 ) -> dict[str, Any]:
     """A child Episode: owned by the set, named and labelled by task and attempt."""
     env = {
@@ -407,7 +388,7 @@ def _owned_by(item: Mapping[str, Any], uid: str) -> bool:
     return any(owner.get("uid") == uid for owner in item["metadata"].get("ownerReferences") or [])
 
 
-async def _owned_children(client: KubeClient, ref: SetRef) -> list[dict[str, Any]]:
+async def _owned_children(client: KubeClient, ref: OwnerRef) -> list[dict[str, Any]]:
     listed = await client.list_episodes(ref.namespace, set_selector(ref.name))
     return [item for item in listed if _owned_by(item, ref.uid)]
 
@@ -440,7 +421,7 @@ def _child_view(item: Mapping[str, Any]) -> ChildView:
 
 async def _create_children(
     client: KubeClient,
-    ref: SetRef,
+    ref: OwnerRef,
     spec: EpisodeSetSpec,
     tasks: Sequence[SetTaskStatus],
     slots: Sequence[tuple[int, int]],
@@ -482,7 +463,9 @@ async def _suspend_child(client: KubeClient, namespace: str, name: str, *, suspe
 
 
 # --- status and events ----------------------------------------------------------------------------
-async def _write_status(client: KubeClient, ref: SetRef, previous: EpisodeSetStatus, status: EpisodeSetStatus) -> None:
+async def _write_status(
+    client: KubeClient, ref: OwnerRef, previous: EpisodeSetStatus, status: EpisodeSetStatus
+) -> None:
     """Write the status if it changed (each write wakes the loop again)."""
     if status.to_api() == previous.to_api():
         return
@@ -494,7 +477,7 @@ async def _write_status(client: KubeClient, ref: SetRef, previous: EpisodeSetSta
 
 async def _finish_failed(
     client: KubeClient,
-    ref: SetRef,
+    ref: OwnerRef,
     previous: EpisodeSetStatus,
     reason: str,
     message: str,
@@ -513,48 +496,13 @@ async def _finish_failed(
     await events.post(reason, message, warning=True)
 
 
-def _validation_message(error: ValidationError) -> str:
-    parts = []
-    for detail in error.errors(include_url=False):
-        location = ".".join(str(part) for part in detail["loc"])
-        text = str(detail["msg"]).removeprefix("Value error, ")
-        parts.append(f"spec.{location}: {text}" if location else text)
-    return "; ".join(parts)
-
-
 @dataclass
 class SetEvents:
     """Kubernetes Events on the set; losing one is logged, never fatal."""
 
     client: KubeClient
-    ref: SetRef
+    ref: OwnerRef
     logger: logging.Logger
 
     async def post(self, reason: str, message: str, *, warning: bool = False) -> None:
-        (self.logger.warning if warning else self.logger.info)("%s: %s", reason, message)
-        now = time.time()
-        stamp = precise_timestamp(now)[:19] + "Z"
-        event = {
-            "apiVersion": "v1",
-            "kind": "Event",
-            "metadata": {"name": f"{self.ref.name[:200]}.{int(now * 1e6):x}", "namespace": self.ref.namespace},
-            "involvedObject": {
-                "apiVersion": API_VERSION,
-                "kind": SET_KIND,
-                "name": self.ref.name,
-                "namespace": self.ref.namespace,
-                "uid": self.ref.uid,
-            },
-            "reason": reason,
-            "message": message[:1024],
-            "type": "Warning" if warning else "Normal",
-            "source": {"component": COMPONENT},
-            "reportingComponent": COMPONENT,
-            "firstTimestamp": stamp,
-            "lastTimestamp": stamp,
-            "count": 1,
-        }
-        try:
-            await self.client.create_event(self.ref.namespace, event)
-        except KubeError as error:
-            self.logger.warning("could not post event %s: %s", reason, error)
+        await post_event(self.client, self.ref, reason, message, warning=warning, logger=self.logger)

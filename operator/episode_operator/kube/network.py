@@ -15,7 +15,7 @@ import ipaddress
 from collections.abc import Mapping
 from typing import Any
 
-from episode_operator.kube.pods import EPISODE_LABEL, EpisodeRef, label_value
+from episode_operator.kube.pods import EPISODE_LABEL, OwnerRef, label_value
 from episode_operator.taskfolder.plan import NetworkPolicy
 
 DNS_PORTS = [{"protocol": "UDP", "port": 53}, {"protocol": "TCP", "port": 53}]
@@ -46,7 +46,7 @@ def _is_network(host: str) -> bool:
 
 
 def network_policy(
-    episode: EpisodeRef, name: str, pod_labels: Mapping[str, str], policy: NetworkPolicy
+    episode: OwnerRef, name: str, pod_labels: Mapping[str, str], policy: NetworkPolicy
 ) -> dict[str, Any] | None:
     """The NetworkPolicy of one sandbox pod, or None for the public network."""
     if policy.mode == "public":

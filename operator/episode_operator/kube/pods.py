@@ -36,17 +36,18 @@ NAME_LIMIT = 63
 
 
 @dataclass(frozen=True)
-class EpisodeRef:
-    """The owning Episode, as pods and events refer to it."""
+class OwnerRef:
+    """An Episode (or EpisodeSet), as the objects it owns and its events refer to it."""
 
     name: str
     namespace: str
     uid: str
+    kind: str = KIND
 
     def owner_reference(self) -> dict[str, Any]:
         return {
             "apiVersion": API_VERSION,
-            "kind": KIND,
+            "kind": self.kind,
             "name": self.name,
             "uid": self.uid,
             "controller": True,
@@ -177,7 +178,7 @@ def _volume_name(compose_name: str) -> str:
 
 
 def sandbox_pod(
-    episode: EpisodeRef, spec: EpisodeSpec, pod: SandboxPod, *, extra_labels: Mapping[str, str]
+    episode: OwnerRef, spec: EpisodeSpec, pod: SandboxPod, *, extra_labels: Mapping[str, str]
 ) -> dict[str, Any]:
     """The manifest of one sandbox pod of ``episode``."""
     name = (

@@ -24,7 +24,7 @@ from episode_operator.kube.pods import (
     EPISODE_LABEL,
     ROLE_LABEL,
     TURN_LABEL,
-    EpisodeRef,
+    OwnerRef,
     SandboxPod,
     agent_pod_name,
     episode_selector,
@@ -161,7 +161,7 @@ class KubeProvider:
     """Creates, re-attaches and removes one Episode's pods."""
 
     client: KubeClient
-    episode: EpisodeRef
+    episode: OwnerRef
     spec: EpisodeSpec
     plan: EpisodePlan
     image: str

@@ -7,9 +7,9 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from episode_operator.api.models import API_VERSION, KIND, EpisodeStatus
+from episode_operator.api.models import API_VERSION, EpisodeStatus
 from episode_operator.kube.client import KubeClient, KubeError, NotFound
-from episode_operator.kube.pods import EpisodeRef
+from episode_operator.kube.pods import OwnerRef
 from episode_operator.runtime.episode import timestamp
 
 COMPONENT = "episode-operator"
@@ -24,7 +24,7 @@ class KubeStatusSink:
     """The runtime's :class:`~episode_operator.runtime.episode.StatusSink` for one Episode."""
 
     client: KubeClient
-    episode: EpisodeRef
+    episode: OwnerRef
     generation: int | None = None
     logger: logging.Logger = field(default_factory=lambda: logging.getLogger("episode_operator"))
 
@@ -36,29 +36,33 @@ class KubeStatusSink:
             raise EpisodeGone(str(error)) from error
 
     async def event(self, reason: str, message: str, *, warning: bool = False) -> None:
-        """Post an Event on the Episode; losing one is logged, never fatal."""
-        (self.logger.warning if warning else self.logger.info)("%s: %s", reason, message)
-        try:
-            await self.client.create_event(
-                self.episode.namespace, event_manifest(self.episode, reason, message, warning)
-            )
-        except KubeError as error:
-            self.logger.warning("could not post event %s: %s", reason, error)
+        await post_event(self.client, self.episode, reason, message, warning=warning, logger=self.logger)
 
 
-def event_manifest(episode: EpisodeRef, reason: str, message: str, warning: bool) -> dict[str, Any]:
+async def post_event(
+    client: KubeClient, owner: OwnerRef, reason: str, message: str, *, warning: bool, logger: logging.Logger
+) -> None:
+    """Post an Event on an Episode or EpisodeSet, and log it; losing one is logged, never fatal."""
+    (logger.warning if warning else logger.info)("%s: %s", reason, message)
+    try:
+        await client.create_event(owner.namespace, event_manifest(owner, reason, message, warning))
+    except KubeError as error:
+        logger.warning("could not post event %s: %s", reason, error)
+
+
+def event_manifest(owner: OwnerRef, reason: str, message: str, warning: bool) -> dict[str, Any]:
     now = time.time()
     stamp = timestamp(now)
     return {
         "apiVersion": "v1",
         "kind": "Event",
-        "metadata": {"name": f"{episode.name[:200]}.{int(now * 1e6):x}", "namespace": episode.namespace},
+        "metadata": {"name": f"{owner.name[:200]}.{int(now * 1e6):x}", "namespace": owner.namespace},
         "involvedObject": {
             "apiVersion": API_VERSION,
-            "kind": KIND,
-            "name": episode.name,
-            "namespace": episode.namespace,
-            "uid": episode.uid,
+            "kind": owner.kind,
+            "name": owner.name,
+            "namespace": owner.namespace,
+            "uid": owner.uid,
         },
         "reason": reason,
         "message": message[:1024],
