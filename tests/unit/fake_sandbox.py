@@ -118,6 +118,8 @@ class FakeSandbox:
     ) -> None:
         self.calls["upload"] += 1
         self._alive()
+        if self.world.unclearable.intersection(clear):
+            raise CommandFailed("supervisor: clear: cannot remove a protected path", step="clear")
         self._clear(clear, container)
         self.uploads.append(destination)
         if destination in self.world.broken_uploads:
@@ -157,8 +159,8 @@ class FakeSandbox:
     async def clear(self, paths: Sequence[str], *, container: str = "main") -> None:
         self.calls["clear"] += 1
         self._alive()
-        if self.world.clear_fails:
-            raise CommandFailed("rm: Permission denied")
+        if self.world.unclearable.intersection(paths):
+            raise CommandFailed("supervisor: clear: cannot remove a protected path", step="clear")
         self._clear(paths, container)
 
     def _clear(self, paths: Sequence[str], container: str) -> None:
@@ -252,7 +254,7 @@ class World:
     kept: bool = False
     broken_uploads: set[str] = field(default_factory=set)
     missing_users: set[str | int] = field(default_factory=set)
-    clear_fails: bool = False
+    unclearable: set[str] = field(default_factory=set)  # paths whose clearing fails
     fail_creation: int = 0  # the next N sandbox creations fail as image pulls
     hooks: dict[str, Any] = field(default_factory=dict)  # job id suffix → callable(sandbox, spec)
     networks: list[str] = field(default_factory=list)  # the agent pod's network modes, as they changed

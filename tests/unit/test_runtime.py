@@ -10,7 +10,9 @@ from typing import Any
 import pytest
 
 from episode_operator.api.models import AgentSpec, EpisodeStatus
+from episode_operator.runtime.archive import text_tar
 from episode_operator.runtime.episode import EpisodeConfig, EpisodeRunner
+from episode_operator.runtime.sandbox import JobSpec
 from episode_operator.taskfolder import TaskFiles, load_task, resolve_plan
 from tests.unit.fake_sandbox import Crash, FakeProvider, FakeSink, MemoryStore, World
 from tests.unit.folders import multi_step, single_step, steps_toml
@@ -178,17 +180,57 @@ def test_unstartable_verifier_masks_the_episode() -> None:
 
 
 # --- turn mechanics --------------------------------------------------------------------------
-def test_grading_files_of_a_shared_turn_are_gone_before_the_next_agent() -> None:
-    seen: dict[str, bool] = {}
+# Turn b's own files decide which exec carries the cleanup of turn a's grading files.
+@pytest.mark.parametrize(
+    ("turn_b", "clears"),
+    [({}, 0), ({"steps/b/workdir/notes.txt": "n"}, 0), ({"steps/b/workdir/setup.sh": "exit 0"}, 0)],
+    ids=["agent-upload", "workdir-upload", "workdir-with-setup"],
+)
+def test_grading_files_of_a_shared_turn_are_gone_before_the_next_turn_runs_code(
+    turn_b: dict[str, str], clears: int
+) -> None:
+    """Gym's cleanup, carried by the first exec of turn b: no task code of b sees a's tests or reward."""
+    seen: dict[str, tuple[bool, bool]] = {}
 
-    def look(sandbox: Any, spec: Any) -> None:
-        files = sandbox.files["main"]
-        seen["tests"] = any(name.startswith("/tests/") for name in files)
-        seen["reward"] = "/logs/verifier/reward.txt" in files
+    def look(name: str) -> Any:
+        def hook(sandbox: Any, spec: Any) -> None:
+            files = sandbox.files["main"]
+            seen[name] = (any(n.startswith("/tests/") for n in files), "/logs/verifier/reward.txt" in files)
 
-    world = World(hooks={"t2.agent": look})
-    run(three_steps(), world=world)
-    assert seen == {"tests": False, "reward": False}
+        return hook
+
+    world = World(hooks={"t2.agent": look("agent"), "t2.setup": look("setup")})
+    status = run(three_steps(files=turn_b), world=world)[0]
+    assert status.reward == 1.0
+    assert set(seen.values()) == {(False, False)}
+    assert ("setup" in seen) == ("steps/b/workdir/setup.sh" in turn_b)
+    assert world.sandboxes["pod-a1"].calls["clear"] == clears
+
+
+def test_grading_files_before_a_healthcheck_are_cleared_in_an_exec_of_their_own() -> None:
+    toml = '[steps.healthcheck]\ncommand = "pass-after 0"\n'
+    world = World()
+    status = run(three_steps(extra={"b": toml}), world=world)[0]
+    assert status.reward == 1.0
+    assert world.sandboxes["pod-a1"].calls["clear"] == 1
+
+
+@pytest.mark.parametrize(
+    ("turn_b", "agent"),
+    [
+        ({}, {"kind": "oracle"}),
+        ({}, {"kind": "command", "command": "true"}),
+        ({"steps/b/workdir/notes.txt": "n"}, {"kind": "oracle"}),
+        ({}, {"kind": "nop"}),
+    ],
+    ids=["oracle-upload", "instruction-upload", "workdir-upload", "own-exec"],
+)
+def test_failing_to_clear_grading_files_is_an_outage(turn_b: dict[str, str], agent: dict[str, str]) -> None:
+    world = World(unclearable={"/logs/agent/trajectory.json"})  # only the cleanup between turns clears it
+    status = run(three_steps(files=turn_b), world=world, retries=0, agent=agent)[0]
+    assert (status.outcome, status.failure_kind) == ("Ungraded", "outage:clear-grading-files")
+    assert "previous turn's grading files" in (status.message or "")
+    assert [t.phase for t in status.turns][:1] == ["Succeeded"]
 
 
 def test_planted_grading_files_are_wiped_before_verification() -> None:
@@ -354,16 +396,16 @@ def test_keep_pods_on_failure() -> None:
     assert world.kept is True and "all" not in world.released
 
 
-# Every stage the runner publishes (healthcheck and collect are passed through unpublished).
-PUBLISHED_STAGES = ["cleanup", "workdir", "setup", "agent", "verify-prepare", "verify", "done"]
+# Every stage the runner publishes (healthcheck and collect are passed through unpublished). A
+# shared turn's verify-prepare has nothing to redo and its done rides on the next turn's first
+# write; a separate verifier's turn publishes both, because they end pod lifetimes.
+SHARED_TURN_STAGES = ["cleanup", "workdir", "setup", "agent", "verify"]
+SEPARATE_TURN_STAGES = [*SHARED_TURN_STAGES, "verify-prepare", "done"]
+SEPARATE = 'artifacts = ["/app/runs.txt"]\n[steps.verifier]\nenvironment_mode = "separate"\n'
 
 
-@pytest.mark.parametrize("crash_stage", PUBLISHED_STAGES)
-def test_restart_resumes_without_running_a_turn_twice(crash_stage: str) -> None:
+def crash_and_resume(folder: dict[str, str], crash_stage: str) -> tuple[EpisodeStatus, World]:
     """The operator dies right after publishing turn 2's stage; a new runner resumes from that status."""
-    solutions = {f"steps/{name}/solution/solve.sh": f"append runs.txt {name}" for name in "abc"}
-    solutions |= {f"steps/{name}/workdir/setup.sh": "exit 0" for name in "abc"}  # every stage is published
-    folder = three_steps(files={**solutions, "steps/c/tests/test.sh": "check runs.txt a\\nb\\nc\\n"})
     world = World()
 
     def at_stage(status: EpisodeStatus) -> bool:
@@ -374,10 +416,56 @@ def test_restart_resumes_without_running_a_turn_twice(crash_stage: str) -> None:
         run(folder, world=world, sink=dying)
     last_written = dying.statuses[-1]
     assert last_written.turns[1].stage == crash_stage
-    status = run(folder, world=world, status=last_written)[0]
+    return run(folder, world=world, status=last_written)[0], world
+
+
+def ledger_steps(extra: dict[str, str] | None = None) -> dict[str, str]:
+    """Three steps appending to one ledger; every stage has work, so every stage is published."""
+    files = {f"steps/{name}/solution/solve.sh": f"append runs.txt {name}" for name in "abc"}
+    files |= {f"steps/{name}/workdir/setup.sh": "exit 0" for name in "abc"}
+    return three_steps(extra=extra, files={**files, "steps/c/tests/test.sh": "check runs.txt a\\nb\\nc\\n"})
+
+
+@pytest.mark.parametrize("crash_stage", SHARED_TURN_STAGES)
+def test_restart_resumes_without_running_a_turn_twice(crash_stage: str) -> None:
+    status, world = crash_and_resume(ledger_steps(), crash_stage)
     assert (status.phase, status.reward, status.attempt) == ("Succeeded", 1.0, 1)
     pod = world.sandboxes["pod-a1"]
     assert [job for job in pod.starts if job.endswith(".agent")] == ["a1.t1.agent", "a1.t2.agent", "a1.t3.agent"]
+    assert pod.files["main"]["/app/runs.txt"] == b"a\nb\nc\n"
+
+
+@pytest.mark.parametrize("crash_stage", SEPARATE_TURN_STAGES)
+def test_restart_resumes_a_separately_verified_turn(crash_stage: str) -> None:
+    status, world = crash_and_resume(ledger_steps({name: SEPARATE for name in "abc"}), crash_stage)
+    assert (status.phase, status.reward, status.attempt, status.verifier_mode) == ("Succeeded", 1.0, 1, "separate")
+    pod = world.sandboxes["pod-a1"]
+    assert [job for job in pod.starts if job.endswith(".agent")] == ["a1.t1.agent", "a1.t2.agent", "a1.t3.agent"]
+    assert world.sandboxes["pod-a1-v3"].files["main"]["/app/runs.txt"] == b"a\nb\nc\n"
+
+
+def test_restart_reattaches_to_a_running_agent_without_touching_its_inputs() -> None:
+    """The old runner started turn 2's agent, then died: the new one must not re-place /solution."""
+    world = World()
+    folder = ledger_steps()
+
+    def agent_started(status: EpisodeStatus) -> bool:
+        return status.current_turn == 1 and status.turns[1].stage == "agent"
+
+    dying = FakeSink(crash_when=agent_started)
+    with pytest.raises(Crash):
+        run(folder, world=world, sink=dying)
+    pod = world.sandboxes["pod-a1"]
+    # What the dead runner did after its last write: placed the solution and started the agent.
+    solution = {"solve.sh": "append runs.txt b"}
+    asyncio.run(pod.upload(text_tar(solution), "/solution", clear=["/solution/"]))
+    asyncio.run(pod.start_job(JobSpec(id="a1.t2.agent", command="bash /solution/solve.sh", timeout_sec=60)))
+    uploads_before = list(pod.uploads)
+    status = run(folder, world=world, status=dying.statuses[-1])[0]
+    assert (status.phase, status.reward) == ("Succeeded", 1.0)
+    assert [job for job in pod.starts if job.endswith(".agent")] == ["a1.t1.agent", "a1.t2.agent", "a1.t3.agent"]
+    resumed_uploads = pod.uploads[len(uploads_before) :]
+    assert resumed_uploads[0] == "/tests"  # turn 2 goes straight to verification
     assert pod.files["main"]["/app/runs.txt"] == b"a\nb\nc\n"
 
 
@@ -416,11 +504,25 @@ def test_reward_file_changed_after_test_sh_is_refused() -> None:
     assert any(reason == "RewardTampered" for reason, _, _ in sink.events)
 
 
+def current_turn_stages(sink: FakeSink) -> set[str]:
+    """The stages a restart could resume at: the current turn's stage in each write while Running."""
+    return {
+        stage
+        for status in sink.statuses
+        if status.phase == "Running" and status.current_turn is not None
+        if (stage := status.turns[status.current_turn].stage)
+    }
+
+
 def test_published_stages_are_exactly_those_a_restart_can_meet() -> None:
     sink = FakeSink()
     run(three_steps(files={"steps/b/workdir/setup.sh": "exit 0"}), sink=sink)
-    seen = {turn.stage for status in sink.statuses for turn in status.turns if turn.stage}
-    assert seen == set(PUBLISHED_STAGES)
+    seen = current_turn_stages(sink)
+    assert seen == set(SHARED_TURN_STAGES)
+    sink = FakeSink()
+    run(ledger_steps({"b": SEPARATE}), sink=sink)
+    seen = current_turn_stages(sink)
+    assert seen == set(SEPARATE_TURN_STAGES)
 
 
 def test_a_short_job_costs_one_call() -> None:
@@ -436,5 +538,5 @@ def test_stages_without_work_are_not_published() -> None:
     """A turn without workdir/ or setup.sh writes its status fewer times."""
     sink = FakeSink()
     run(three_steps(), sink=sink)
-    seen = {turn.stage for status in sink.statuses for turn in status.turns if turn.stage}
-    assert seen == {"cleanup", "agent", "verify-prepare", "verify", "done"}
+    seen = current_turn_stages(sink)
+    assert seen == {"cleanup", "agent", "verify"}

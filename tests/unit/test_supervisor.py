@@ -762,3 +762,13 @@ def test_upload_clears_first_in_the_same_exec(pod: Pod, tmp_path: Path) -> None:
     assert sorted(path.name for path in target.iterdir()) == ["solve.sh"]
     with pytest.raises(ValueError, match="refusing to clear"):
         supervisor.upload(b"", "/x", clear=["/"])
+
+
+def test_a_failed_upload_names_the_step_that_failed(pod: Pod, tmp_path: Path) -> None:
+    """A clear that fails reads as ``clear`` (the runner's outage); a bad archive does not."""
+    (tmp_path / "file.txt").write_text("a file, not a directory")
+    target = tmp_path / "dest"
+    cleared = pod.run(supervisor.upload(b"", str(target), clear=[f"{tmp_path}/file.txt/sub/"]), ok=False)
+    assert cleared.returncode != 0 and supervisor.failed_step(cleared.stderr) == "clear"
+    unpacked = pod.run(supervisor.upload(b"not a tar archive" * 64, str(target)), ok=False)
+    assert unpacked.returncode != 0 and supervisor.failed_step(unpacked.stderr) != "clear"

@@ -87,7 +87,10 @@ class KubeSandbox:
                 )
         if result.exit_code != 0:
             detail = result.stderr.decode("utf-8", "replace").strip() or f"exit {result.exit_code}"
-            raise CommandFailed(f"{command.argv[2] if len(command.argv) > 2 else command.argv[0]}: {detail}")
+            raise CommandFailed(
+                f"{command.argv[2] if len(command.argv) > 2 else command.argv[0]}: {detail}",
+                step=supervisor.failed_step(result.stderr),
+            )
         return result.stdout
 
     async def _transport_kind(self) -> tuple[str, str]:

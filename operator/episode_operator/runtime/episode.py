@@ -71,6 +71,8 @@ TEST_STDOUT = f"{LOGS_VERIFIER}/test-stdout.txt"
 TESTS = "/tests"
 SOLUTION = "/solution"
 TRAJECTORY = "/logs/agent/trajectory.json"
+# What Gym empties after a turn verified in the agent's sandbox.
+GRADING_FILES = (f"{TESTS}/", f"{LOGS_VERIFIER}/", TRAJECTORY)
 INSTRUCTIONS = "/episode-operator/instructions"
 # Past a job's own bound the supervisor kills it; this margin only covers the kill itself.
 KILL_AFTER_SEC = 5.0
@@ -299,6 +301,7 @@ class EpisodeRunner:
         record = self.status.turns[index]
         if record.stage == "done":
             return self._stopped(index)
+        entry_stage = record.stage  # where a restarted runner picks the turn up (None: a fresh turn)
         if record.stage is None:
             record.phase = "Running"
             record.started_at = timestamp(self.clock())
@@ -309,7 +312,8 @@ class EpisodeRunner:
             # A stage is published only where a restart must not redo what came before it:
             # merging workdir/ (not over a setup.sh that ran) and running setup.sh.
             if record.stage == "cleanup":
-                await self._cleanup(index)
+                if self._cleanup_carrier(index) == "own":
+                    await self._clear_grading_files()
                 await self._stage(record, "workdir", publish=turn.workdir is not None)
             if record.stage == "workdir":
                 await self._network(self._baseline)
@@ -337,14 +341,16 @@ class EpisodeRunner:
         if record.stage == "agent":
             await self._network(turn.agent.network)
             async with self._timed("agent"):
-                await self._run_agent(index)
+                await self._run_agent(index, resumed=entry_stage == "agent")
             # Not published: collecting again after a restart re-attaches to the agent's job.
             await self._stage(record, "collect", publish=False)
         if record.stage == "collect":
             await self._network(self._baseline)
             async with self._timed("collect"):
                 await self._collect(index)
-            await self._stage(record, "verify-prepare")
+            # Published for a separate verifier only: its pod (and, on the last turn, the
+            # release of the agent's) must not be redone; a shared one just prepares again.
+            await self._stage(record, "verify-prepare", publish=turn.verifier.mode == "separate")
         async with self._timed("verify"):
             return await self._verify(index)
 
@@ -367,16 +373,33 @@ class EpisodeRunner:
         if publish:
             await self._publish()
 
-    async def _cleanup(self, index: int) -> None:
+    def _cleanup_carrier(self, index: int) -> Literal["none", "own", "workdir", "agent"]:
+        """Which exec empties the previous shared turn's grading files (Gym's cleanup).
+
+        Always before any task code of this turn runs: with the workdir/ upload when there is
+        one; else with the agent's own upload when nothing (setup.sh, healthcheck) runs first;
+        else in an exec of its own. Clearing is idempotent, so a restart may clear again.
+        """
         if index == 0 or self.plan.turns[index - 1].verifier.mode != "shared":
-            return
+            return "none"
+        turn = self.plan.turns[index]
+        if turn.workdir is not None:
+            return "workdir"
+        if not turn.setup and turn.healthcheck is None and self.config.agent.kind != "nop":
+            return "agent"
+        return "own"
+
+    def _grading_files(self, index: int, carrier: str) -> list[str]:
+        return list(GRADING_FILES) if self._cleanup_carrier(index) == carrier else []
+
+    async def _clear_grading_files(self) -> None:
         sandbox = await self._agent()
         try:
-            await sandbox.clear([f"{TESTS}/", f"{LOGS_VERIFIER}/", TRAJECTORY])
-        except (SandboxError, CommandFailed) as error:
-            raise _outage(
-                error, "clear-grading-files", f"cannot clear the previous turn's grading files: {error}"
-            ) from error
+            await sandbox.clear(list(GRADING_FILES))
+        except CommandFailed as error:
+            raise _grading_cleanup_outage(error) from error
+        except SandboxError as error:
+            raise Outage(error.kind, str(error)) from error
 
     async def _prepare_workdir(self, index: int) -> None:
         turn = self.plan.turns[index]
@@ -391,8 +414,14 @@ class EpisodeRunner:
         if turn.workdir is None:
             return
         try:
-            await sandbox.upload(folder_tar(self.config.files, turn.workdir), sandbox.workdir)
+            await sandbox.upload(
+                folder_tar(self.config.files, turn.workdir),
+                sandbox.workdir,
+                clear=self._grading_files(index, "workdir"),
+            )
         except CommandFailed as error:
+            if error.step == "clear":
+                raise _grading_cleanup_outage(error) from error
             raise _PreparationFailed(FAILURE_WORKDIR, f"workdir/ cannot unpack: {error}") from error
         except SandboxError as error:
             raise Outage(error.kind, str(error)) from error
@@ -447,41 +476,40 @@ class EpisodeRunner:
 
         return await poll_healthcheck(check, attempt, self.monotonic, self.sleep)
 
-    async def _run_agent(self, index: int) -> None:
+    async def _run_agent(self, index: int, *, resumed: bool) -> None:
         turn = self.plan.turns[index]
         record = self.status.turns[index]
         agent = self.config.agent
         if agent.kind == "nop":
             return
         sandbox = await self._agent()
-        if agent.kind == "oracle":
+        grading = self._grading_files(index, "agent")
+        spec = self._agent_job(index)
+        if resumed and (await self._existing_job(sandbox, spec)):
+            pass  # a restarted runner re-attaches: the inputs must not change under a running agent
+        elif agent.kind == "oracle":
             assert turn.solution is not None
             try:
-                await sandbox.upload(folder_tar(self.config.files, turn.solution), SOLUTION, clear=[f"{SOLUTION}/"])
-            except (SandboxError, CommandFailed) as error:
+                await sandbox.upload(
+                    folder_tar(self.config.files, turn.solution), SOLUTION, clear=[f"{SOLUTION}/", *grading]
+                )
+            except CommandFailed as error:
+                if grading and error.step == "clear":
+                    raise _grading_cleanup_outage(error) from error
                 raise _outage(error, "place-solution", f"cannot place the oracle's solution: {error}") from error
-            spec = JobSpec(
-                id=self._job_id(index, "agent"),
-                command=f"bash {SOLUTION}/solve.sh",
-                timeout_sec=turn.agent.timeout_sec,
-                user=turn.agent.user,
-                env={**self.plan.solution_env, "DEBIAN_FRONTEND": "noninteractive"},
-                output="/logs/agent/oracle.txt",
-            )
+            except SandboxError as error:
+                raise _outage(error, "place-solution", f"cannot place the oracle's solution: {error}") from error
         else:
-            instruction = f"{index + 1:02d}-{turn.name}.md"
             try:
-                await sandbox.upload(text_tar({instruction: turn.instruction}), INSTRUCTIONS)
-            except (SandboxError, CommandFailed) as error:
+                await sandbox.upload(
+                    text_tar({self._instruction_file(index): turn.instruction}), INSTRUCTIONS, clear=grading
+                )
+            except CommandFailed as error:
+                if grading and error.step == "clear":
+                    raise _grading_cleanup_outage(error) from error
                 raise _outage(error, "place-instruction", f"cannot place the instruction: {error}") from error
-            assert agent.command is not None
-            spec = JobSpec(
-                id=self._job_id(index, "agent"),
-                command=agent.command,
-                timeout_sec=turn.agent.timeout_sec,
-                user=turn.agent.user,
-                env={**self._agent_env(index), "EPISODE_INSTRUCTION_FILE": f"{INSTRUCTIONS}/{instruction}"},
-            )
+            except SandboxError as error:
+                raise _outage(error, "place-instruction", f"cannot place the instruction: {error}") from error
         state = await self._job(sandbox, spec)
         await self._save_job_log(sandbox, turn.name, "agent", state)
         if state.phase == "unstartable":
@@ -490,6 +518,41 @@ class EpisodeRunner:
         if state.timed_out:
             record.message = f"the agent ran out of its {turn.agent.timeout_sec:.0f} s budget"
         # Harbor's rule: an agent's non-zero exit or timeout is recorded; the verifier decides.
+
+    def _instruction_file(self, index: int) -> str:
+        return f"{index + 1:02d}-{self.plan.turns[index].name}.md"
+
+    async def _existing_job(self, sandbox: Sandbox, spec: JobSpec) -> bool:
+        try:
+            state = await sandbox.wait_job(spec, max_wait_sec=0)
+        except SandboxError as error:
+            raise Outage(error.kind, str(error)) from error
+        return state.phase != "unknown"
+
+    def _agent_job(self, index: int) -> JobSpec:
+        """The agent's job for a turn: the oracle's solve.sh, or the command agent's command."""
+        turn = self.plan.turns[index]
+        agent = self.config.agent
+        if agent.kind == "oracle":
+            return JobSpec(
+                id=self._job_id(index, "agent"),
+                command=f"bash {SOLUTION}/solve.sh",
+                timeout_sec=turn.agent.timeout_sec,
+                user=turn.agent.user,
+                env={**self.plan.solution_env, "DEBIAN_FRONTEND": "noninteractive"},
+                output="/logs/agent/oracle.txt",
+            )
+        assert agent.command is not None
+        return JobSpec(
+            id=self._job_id(index, "agent"),
+            command=agent.command,
+            timeout_sec=turn.agent.timeout_sec,
+            user=turn.agent.user,
+            env={
+                **self._agent_env(index),
+                "EPISODE_INSTRUCTION_FILE": f"{INSTRUCTIONS}/{self._instruction_file(index)}",
+            },
+        )
 
     def _agent_env(self, index: int) -> dict[str, str]:
         turn = self.plan.turns[index]
@@ -672,7 +735,10 @@ class EpisodeRunner:
             "failed" if failure_kind else "graded" if score.valid else "measured_zero", failure_kind
         )
         self._progress()
-        await self._publish()
+        if self.plan.turns[index].verifier.mode == "separate":
+            # Its verifier pod goes next: a restart must find the reward recorded. A shared
+            # turn's is published with the next stage (a restart re-reads it from its job).
+            await self._publish()
         reward = "no valid reward" if not score.valid else f"reward {score.reward}"
         await self.sink.event(
             "TurnFinished",
@@ -847,6 +913,11 @@ def _overlaps(first: str, second: str) -> bool:
 def _changed_after(modified: float | None, finished: float | None) -> bool:
     """A file modified after a job's end (both by the container's clock; unknown times never count)."""
     return modified is not None and finished is not None and modified > finished
+
+
+def _grading_cleanup_outage(error: CommandFailed) -> Outage:
+    """The previous turn's tests or reward could not be removed: grading this turn would be unsafe."""
+    return Outage("clear-grading-files", f"cannot clear the previous turn's grading files: {error}")
 
 
 def _outage(error: SandboxError | CommandFailed, kind: str, message: str) -> Outage:

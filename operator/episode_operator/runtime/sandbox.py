@@ -86,7 +86,14 @@ class SandboxError(Exception):
 
 
 class CommandFailed(Exception):
-    """A sandbox command ran and failed (e.g. tar could not unpack): the task's problem, not an outage."""
+    """A sandbox command ran and failed (e.g. tar could not unpack): the task's problem, not an outage.
+
+    ``step`` names the part of a combined command that failed (``clear`` before an upload).
+    """
+
+    def __init__(self, message: str, *, step: str | None = None) -> None:
+        super().__init__(message)
+        self.step = step
 
 
 class Sandbox(Protocol):

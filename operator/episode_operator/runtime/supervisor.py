@@ -326,6 +326,22 @@ def parse_probe(stdout: bytes) -> dict[str, str]:
     return facts
 
 
+def failed_step(stderr: bytes) -> str | None:
+    """The step a failed verb names in its verdict (``supervisor: clear: ...`` → ``clear``).
+
+    The verdict is the supervisor's last own line: tools it ran may have written before it.
+    """
+    verdicts = [
+        line.removeprefix("supervisor: ")
+        for line in stderr.decode("utf-8", errors="replace").splitlines()
+        if line.startswith("supervisor: ")
+    ]
+    if not verdicts:
+        return None
+    step, colon, _ = verdicts[-1].partition(":")
+    return step if colon and step.replace("-", "").isalpha() else None
+
+
 def parse_answer(spec: JobSpec, stdout: bytes) -> JobState:
     """Read the answer of :func:`start` or :func:`wait` for ``spec``: the state line, then, once
     the job is done, the output's tail (``tail <length>`` and its bytes) and the read frames
