@@ -50,14 +50,20 @@ ROWS: list[tuple[str, tuple[str, ...], tuple[str, ...], bool]] = [
     ("create → first status write", ("react",), (), True),
     ("pod create → running → supervisor placed", ("pod",), ("pod-create", "pod-running"), True),
     ("seed (status: ready)", ("seed",), (), True),
-    ("turn start: event, cleanup of grading files", ("cleanup",), (), False),
-    ("workdir/ upload", ("workdir",), ("upload-workdir",), False),
-    ("setup.sh", ("setup",), ("setup.sh",), False),
-    ("step healthcheck (none)", ("healthcheck",), (), False),
-    ("agent: solution upload + solve.sh", ("agent",), ("upload-solution", "solve.sh"), False),
-    ("collect (/logs/artifacts)", ("collect",), (), False),
-    ("verify: clear + tests upload", ("verify-prepare",), ("clear", "upload-tests"), False),
-    ("verify: test.sh + reward read", ("verify",), ("test.sh", "read-reward"), False),
+    # The operator publishes a shared turn's start and its agent stage only (a restart redoes
+    # or re-attaches to the rest), so its per-turn work reads in two spans.
+    (
+        "turn start → agent: event, workdir/ + setup.sh (one exec), healthcheck (none)",
+        ("cleanup", "workdir", "setup", "healthcheck"),
+        ("upload-workdir", "setup.sh"),
+        False,
+    ),
+    (
+        "agent → reward: solution + solve.sh, /logs/artifacts, tests + test.sh + reward",
+        ("agent", "collect", "verify-prepare", "verify"),
+        ("upload-solution", "solve.sh", "clear", "upload-tests", "test.sh", "read-reward"),
+        False,
+    ),
     ("turn end (event)", ("turn-gap",), (), False),
     ("finish: release pod, final status", ("finish",), ("pod-delete",), True),
 ]

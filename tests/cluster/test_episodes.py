@@ -7,6 +7,7 @@ import contextlib
 import json
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from pathlib import Path
@@ -14,7 +15,8 @@ from typing import Any
 
 import jsonschema
 import pytest
-from kubernetes import client
+import urllib3
+from kubernetes import client, watch
 from kubernetes.client.exceptions import ApiException
 
 from tests.cluster.conftest import delete_namespace_while_watched, namespace_prefix, wait_for_default_service_account
@@ -506,7 +508,24 @@ def test_network_policies_follow_the_phases(
         '[environment]\ndocker_image = "episode-operator.local/sandbox:bookworm"\nworkdir = "/app"\n'
         'network_mode = "no-network"\n'
     )
-    seen: dict[str, Any] = {}
+    # Every version of the pod's policy, from a watch: the phases after the agent's are too
+    # short (collect, verify) for polling to see reliably.
+    versions: list[dict[str, Any]] = []
+    errors: list[BaseException] = []
+    policies = watch.Watch()
+
+    def record() -> None:
+        try:
+            for event in policies.stream(networking.list_namespaced_network_policy, namespace, timeout_seconds=150):
+                if event["type"] in ("ADDED", "MODIFIED"):
+                    versions.append(event["object"].spec.to_dict())
+        except urllib3.exceptions.ProtocolError:
+            pass  # the API server ended the stream; what it delivered is checked below
+        except Exception as error:  # reported by the test, not lost in a thread
+            errors.append(error)
+
+    recorder = threading.Thread(target=record, daemon=True)
+    recorder.start()
     command = "sleep 3; echo 'Hello, world!' > /app/hello.txt"
     create_episode(
         api_client,
@@ -514,27 +533,25 @@ def test_network_policies_follow_the_phases(
         "fenced",
         episode_spec(EXAMPLES / "hello", edits={"task.toml": toml}, agent={"kind": "command", "command": command}),
     )
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        status = read_episode(api_client, namespace, "fenced").get("status") or {}
-        stage = (status.get("turns") or [{}])[0].get("stage")
-        for policy in networking.list_namespaced_network_policy(namespace).items:
-            seen.setdefault(stage, policy.spec.to_dict())
-        if status.get("phase") in ("Succeeded", "Failed"):
-            break
-        time.sleep(0.2)
-    assert status["phase"] == "Succeeded", status
-    agent = seen["agent"]
-    assert agent["pod_selector"]["match_labels"]["episode-operator.dev/role"] == "agent"
-    assert agent["policy_types"] == ["Ingress", "Egress"] and not agent["ingress"]
-    assert agent["egress"][0]["to"][0]["ip_block"]["cidr"] == "198.18.0.0/24"
-    assert agent["egress"][1]["ports"][0]["port"] == 53  # a hostname entry can only open DNS
-    baseline = seen.get("collect") or seen.get("verify-prepare") or seen.get("verify")
-    assert baseline is not None and baseline["egress"] in (None, [])  # no-network again after the agent
+    status = wait_for_episode(api_client, namespace, "fenced", operator, 120)
+    policies.stop()  # the stream ends at its next event: the policy's deletion
     deadline = time.monotonic() + 30
     while networking.list_namespaced_network_policy(namespace).items:
         assert time.monotonic() < deadline, "the NetworkPolicy outlived the episode's pods"
         time.sleep(0.5)
+    recorder.join(timeout=30)
+    assert not recorder.is_alive() and not errors, errors
+    assert status["phase"] == "Succeeded", status
+    fenced = [index for index, version in enumerate(versions) if version["egress"]]
+    assert fenced, versions
+    agent = versions[fenced[0]]
+    assert agent["pod_selector"]["match_labels"]["episode-operator.dev/role"] == "agent"
+    assert agent["policy_types"] == ["Ingress", "Egress"] and not agent["ingress"]
+    assert agent["egress"][0]["to"][0]["ip_block"]["cidr"] == "198.18.0.0/24"
+    assert agent["egress"][1]["ports"][0]["port"] == 53  # a hostname entry can only open DNS
+    before, after = versions[: fenced[0]], versions[fenced[-1] + 1 :]
+    assert before and not before[-1]["egress"]  # no-network before the agent (the pod was created fenced)
+    assert after and not after[-1]["egress"]  # no-network again after the agent
 
 
 def test_sandbox_pods_are_confined(

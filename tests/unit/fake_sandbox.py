@@ -26,7 +26,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from episode_operator.api.models import EpisodeStatus
-from episode_operator.runtime.sandbox import CommandFailed, FileContent, JobSpec, JobState, SandboxError
+from episode_operator.runtime.sandbox import CommandFailed, FileContent, JobSpec, JobState, SandboxError, Upload
 from episode_operator.taskfolder.plan import NetworkPolicy, VerifierPlan
 
 WORKDIR = "/app"
@@ -77,14 +77,17 @@ class FakeSandbox:
         if self.lost:
             raise SandboxError(f"pod {self.name} was deleted", kind="pod-lost")
 
-    async def start_job(self, spec: JobSpec, *, wait_sec: float = 0.0) -> JobState:
+    async def start_job(self, spec: JobSpec, *, wait_sec: float = 0.0, upload: Upload | None = None) -> JobState:
         self.calls["start_job"] += 1
         self._alive()
         key = (spec.container, spec.id)
         if key not in self.jobs:
+            if upload is not None:  # as the supervisor: the inputs only with the start, first
+                self._upload(upload.archive, upload.destination, spec.container, upload.clear)
             self.starts.append(spec.id)
             self.world.before_job(self, spec)
             self.jobs[key] = self._execute(spec)
+            self.world.after_job(spec)
         self._alive()
         return self._answer(spec)
 
@@ -118,12 +121,15 @@ class FakeSandbox:
     ) -> None:
         self.calls["upload"] += 1
         self._alive()
+        self._upload(archive, destination, container, clear)
+
+    def _upload(self, archive: bytes, destination: str, container: str, clear: Sequence[str]) -> None:
         if self.world.unclearable.intersection(clear):
             raise CommandFailed("supervisor: clear: cannot remove a protected path", step="clear")
         self._clear(clear, container)
         self.uploads.append(destination)
         if destination in self.world.broken_uploads:
-            raise CommandFailed(f"tar: cannot unpack into {destination}")
+            raise CommandFailed(f"supervisor: upload: tar: cannot unpack into {destination}", step="upload")
         files = self.files.setdefault(container, {})
         with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
             for member in tar:
@@ -258,11 +264,18 @@ class World:
     fail_creation: int = 0  # the next N sandbox creations fail as image pulls
     hooks: dict[str, Any] = field(default_factory=dict)  # job id suffix → callable(sandbox, spec)
     networks: list[str] = field(default_factory=list)  # the agent pod's network modes, as they changed
+    crash_after: set[str] = field(default_factory=set)  # job id suffixes: the runner dies once they started
 
     def before_job(self, sandbox: FakeSandbox, spec: JobSpec) -> None:
         for suffix, hook in self.hooks.items():
             if spec.id.endswith(suffix):
                 hook(sandbox, spec)
+
+    def after_job(self, spec: JobSpec) -> None:
+        for suffix in list(self.crash_after):
+            if spec.id.endswith(suffix):
+                self.crash_after.discard(suffix)
+                raise Crash(f"the operator died after starting {spec.id}")
 
     def sandbox(self, name: str) -> FakeSandbox:
         if name not in self.sandboxes:

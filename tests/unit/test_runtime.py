@@ -396,11 +396,14 @@ def test_keep_pods_on_failure() -> None:
     assert world.kept is True and "all" not in world.released
 
 
-# Every stage the runner publishes (healthcheck and collect are passed through unpublished). A
-# shared turn's verify-prepare has nothing to redo and its done rides on the next turn's first
-# write; a separate verifier's turn publishes both, because they end pod lifetimes.
-SHARED_TURN_STAGES = ["cleanup", "workdir", "setup", "agent", "verify"]
-SEPARATE_TURN_STAGES = [*SHARED_TURN_STAGES, "verify-prepare", "done"]
+# Every stage the runner publishes. Until the agent a restart redoes only harmless work and
+# re-attaches to setup.sh, whose start carried workdir/; collect re-attaches to the agent; a
+# shared turn's verification re-attaches to test.sh, whose start carried the tests, and its
+# done rides on the next turn's first write. A separate verifier's turn publishes
+# verify-prepare, verify (after the artifacts' upload cleared the grading folders) and done,
+# because they end pod lifetimes.
+SHARED_TURN_STAGES = ["cleanup", "agent"]
+SEPARATE_TURN_STAGES = [*SHARED_TURN_STAGES, "verify-prepare", "verify", "done"]
 SEPARATE = 'artifacts = ["/app/runs.txt"]\n[steps.verifier]\nenvironment_mode = "separate"\n'
 
 
@@ -442,6 +445,32 @@ def test_restart_resumes_a_separately_verified_turn(crash_stage: str) -> None:
     pod = world.sandboxes["pod-a1"]
     assert [job for job in pod.starts if job.endswith(".agent")] == ["a1.t1.agent", "a1.t2.agent", "a1.t3.agent"]
     assert world.sandboxes["pod-a1-v3"].files["main"]["/app/runs.txt"] == b"a\nb\nc\n"
+
+
+@pytest.mark.parametrize("separate", [False, True], ids=["shared", "separate"])
+@pytest.mark.parametrize("job", ["t2.setup", "t2.agent", "t2.verify"])
+def test_restart_after_a_job_started_with_its_inputs(job: str, separate: bool) -> None:
+    """The old runner's last exec started a job and placed its inputs (workdir/, the
+    solution, the tests), then it died before its next status write: the new runner
+    re-attaches without running anything twice or placing the inputs again, and the
+    reward test.sh wrote survives."""
+    folder = ledger_steps({name: SEPARATE for name in "abc"} if separate else None)
+    world = World(crash_after={job})
+    dying = FakeSink()
+    with pytest.raises(Crash):
+        run(folder, world=world, sink=dying)
+    assert not world.crash_after
+    status = run(folder, world=world, status=dying.statuses[-1])[0]
+    assert (status.phase, status.reward, status.attempt) == ("Succeeded", 1.0, 1)
+    pods = [world.sandboxes[name] for name in sorted(world.sandboxes)]
+    starts = [job for pod in pods for job in pod.starts]
+    assert len(starts) == len(set(starts)), starts
+    agent_pod = world.sandboxes["pod-a1"]
+    assert agent_pod.uploads.count("/app") == 3  # each turn's workdir/ merged once
+    assert agent_pod.uploads.count("/solution") == 3
+    assert sum(pod.uploads.count("/tests") for pod in pods) == 3
+    # Each turn's own reward file was read: a re-cleared /logs/verifier would leave none.
+    assert [(turn.reward, turn.reward_valid) for turn in status.turns] == [(1.0, True)] * 3
 
 
 def test_restart_reattaches_to_a_running_agent_without_touching_its_inputs() -> None:
@@ -526,17 +555,22 @@ def test_published_stages_are_exactly_those_a_restart_can_meet() -> None:
 
 
 def test_a_short_job_costs_one_call() -> None:
-    """Output tail and reward files come back with the final state: no separate fetches."""
+    """A job's inputs go with its start; output tail and reward files come back with its
+    final state: no separate uploads or fetches."""
     world = World()
     run(single_step(files={"tests/test.sh": "reward 1"}), world=world)
     pod = world.sandboxes["pod-a1"]
-    assert pod.uploads == ["/solution", "/tests"]  # each with its clear, in the same call
-    assert pod.calls == {"upload": 2, "start_job": 2, "download": 1}  # solve.sh, test.sh; /logs/artifacts
+    assert pod.uploads == ["/solution", "/tests"]  # each with its clear, in its job's start
+    assert pod.calls == {"start_job": 2, "download": 1}  # solve.sh, test.sh; /logs/artifacts
 
 
-def test_stages_without_work_are_not_published() -> None:
-    """A turn without workdir/ or setup.sh writes its status fewer times."""
-    sink = FakeSink()
-    run(three_steps(), sink=sink)
-    seen = current_turn_stages(sink)
-    assert seen == {"cleanup", "agent", "verify"}
+def test_a_shared_turn_costs_three_execs_and_two_status_writes() -> None:
+    """workdir/ + setup.sh, solution + solve.sh, /logs/artifacts, tests + test.sh; the cleanup
+    rides on the first upload. Writes: the turn's start (with the previous turn's end) and the
+    agent's stage."""
+    world, sink = World(), FakeSink()
+    run(ledger_steps(), world=world, sink=sink)
+    pod = world.sandboxes["pod-a1"]
+    assert pod.calls == {"start_job": 9, "download": 3}
+    turn_writes = [s for s in sink.statuses if s.phase == "Running" and any(turn.stage for turn in s.turns)]
+    assert len(turn_writes) == 2 * 3

@@ -28,7 +28,7 @@ from typing import Literal
 import pytest
 
 from episode_operator.runtime import supervisor
-from episode_operator.runtime.sandbox import JobSpec, JobState
+from episode_operator.runtime.sandbox import JobSpec, JobState, Upload
 from episode_operator.runtime.supervisor import SUPERVISOR_PATH, Command
 
 HOST_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
@@ -78,8 +78,10 @@ class Pod:
         base = JobSpec(id=job_id, command=command, timeout_sec=60, shell=self.shell)
         return replace(base, **overrides)  # type: ignore[arg-type]
 
-    def start(self, spec: JobSpec, *, wait_sec: float = 0.0, kill_after_sec: float = 5.0) -> JobState:
-        command = supervisor.start(spec, wait_sec=wait_sec, kill_after_sec=kill_after_sec)
+    def start(
+        self, spec: JobSpec, *, wait_sec: float = 0.0, kill_after_sec: float = 5.0, upload: Upload | None = None
+    ) -> JobState:
+        command = supervisor.start(spec, wait_sec=wait_sec, kill_after_sec=kill_after_sec, upload=upload)
         return supervisor.parse_state(spec.id, self.run(command).stdout)
 
     def wait(self, job_id: str, seconds: float = 10) -> JobState:
@@ -772,3 +774,51 @@ def test_a_failed_upload_names_the_step_that_failed(pod: Pod, tmp_path: Path) ->
     assert cleared.returncode != 0 and supervisor.failed_step(cleared.stderr) == "clear"
     unpacked = pod.run(supervisor.upload(b"not a tar archive" * 64, str(target)), ok=False)
     assert unpacked.returncode != 0 and supervisor.failed_step(unpacked.stderr) != "clear"
+
+
+def test_a_start_places_its_job_inputs_first_and_only_once(pod: Pod, tmp_path: Path) -> None:
+    """The inputs (cleared, then extracted) travel with the exec that starts the job; a
+    start that finds the job re-attaches and leaves them as the job saw them."""
+    target = tmp_path / "solution"
+    target.mkdir()
+    (target / "stale.sh").write_text("old")
+    spec = pod.spec("agent", f"cat '{target}/solve.sh'")
+    first = Upload(_tar([("solve.sh", 0o755, b"first\n")]), str(target), (f"{target}/",))
+    state = pod.start(spec, wait_sec=10, upload=first)
+    assert state.succeeded and pod.output("agent") == b"first\n"
+    assert sorted(path.name for path in target.iterdir()) == ["solve.sh"]
+    again = Upload(_tar([("solve.sh", 0o755, b"second\n"), ("new.sh", 0o755, b"")]), str(target), (f"{target}/",))
+    assert pod.start(spec, wait_sec=10, upload=again).succeeded
+    assert sorted(path.name for path in target.iterdir()) == ["solve.sh"]
+    assert (target / "solve.sh").read_text() == "first\n"
+    assert not list((pod.base / "tmp").iterdir())  # no scratch files left behind
+
+
+def test_a_start_whose_inputs_fail_starts_nothing(pod: Pod, tmp_path: Path) -> None:
+    (tmp_path / "file.txt").write_text("a file, not a directory")
+    bad_clear = Upload(_tar([("f", 0o644, b"x")]), str(tmp_path / "d"), (f"{tmp_path}/file.txt/sub/",))
+    result = pod.run(supervisor.start(pod.spec("c", "true"), upload=bad_clear), ok=False)
+    assert result.returncode == 1 and supervisor.failed_step(result.stderr) == "clear"
+    assert pod.status("c").phase == "unknown"
+    bad_tar = Upload(b"not a tar archive" * 64, str(tmp_path / "d"))
+    result = pod.run(supervisor.start(pod.spec("u", "true"), upload=bad_tar), ok=False)
+    assert result.returncode == 1 and supervisor.failed_step(result.stderr) == "upload"
+    assert pod.status("u").phase == "unknown"
+    # Nothing was claimed: the same id starts once its inputs can be placed.
+    good = Upload(_tar([("f", 0o644, b"x")]), str(tmp_path / "d"))
+    assert pod.start(pod.spec("u", "true"), wait_sec=10, upload=good).succeeded
+
+
+def test_long_arguments_and_job_inputs_share_stdin(pod: Pod, tmp_path: Path) -> None:
+    big = "y" * (supervisor.ARGV_STDIN_THRESHOLD + 10)
+    spec = pod.spec(
+        "both",
+        f"printf '%s' \"$BIG\" > '{tmp_path / 'big'}'; cat '{tmp_path}/in/f' >> '{tmp_path / 'big'}'",
+        env={"BIG": big},
+    )
+    inputs = Upload(_tar([("f", 0o644, b"+input")]), str(tmp_path / "in"))
+    command = supervisor.start(spec, upload=inputs)
+    assert command.argv[2] == "--argv-stdin" and command.stdin is not None and command.stdin.endswith(inputs.archive)
+    assert pod.start(spec, wait_sec=10, upload=inputs).succeeded
+    assert (tmp_path / "big").read_text() == big + "+input"
+    assert not list((pod.base / "tmp").iterdir())  # no scratch files left behind

@@ -40,6 +40,7 @@ from episode_operator.runtime.sandbox import (
     JobSpec,
     JobState,
     SandboxError,
+    Upload,
 )
 from episode_operator.taskfolder import EpisodePlan
 from episode_operator.taskfolder.plan import NetworkPolicy, VerifierPlan, baseline_policy
@@ -52,6 +53,8 @@ HOPELESS_WAITING = {"ErrImageNeverPull", "InvalidImageName"}
 PULL_WAITING = {"ErrImagePull", "ImagePullBackOff"}
 CONFIG_WAITING = {"CreateContainerConfigError", "CreateContainerError", "RunContainerError"}
 EXEC_MARGIN_SEC = 30.0
+# How long an exec that moves an archive may take.
+UPLOAD_TIMEOUT_SEC = 300.0
 
 
 @dataclass
@@ -123,9 +126,11 @@ class KubeSandbox:
             with contextlib.suppress(CommandFailed, SandboxError):
                 await self._run(supervisor.placement(), container=container)
 
-    async def start_job(self, spec: JobSpec, *, wait_sec: float = 0.0) -> JobState:
+    async def start_job(self, spec: JobSpec, *, wait_sec: float = 0.0, upload: Upload | None = None) -> JobState:
         output = await self._run(
-            supervisor.start(spec, wait_sec=wait_sec), container=spec.container, timeout_sec=wait_sec + EXEC_MARGIN_SEC
+            supervisor.start(spec, wait_sec=wait_sec, upload=upload),
+            container=spec.container,
+            timeout_sec=wait_sec + (UPLOAD_TIMEOUT_SEC if upload is not None else EXEC_MARGIN_SEC),
         )
         return supervisor.parse_answer(spec, output)
 
@@ -141,12 +146,14 @@ class KubeSandbox:
     async def upload(
         self, archive: bytes, destination: str, *, container: str = MAIN_CONTAINER, clear: Sequence[str] = ()
     ) -> None:
-        await self._run(supervisor.upload(archive, destination, clear=clear), container=container, timeout_sec=300.0)
+        await self._run(
+            supervisor.upload(archive, destination, clear=clear), container=container, timeout_sec=UPLOAD_TIMEOUT_SEC
+        )
 
     async def download(
         self, paths: Sequence[str], *, container: str = MAIN_CONTAINER, exclude: Sequence[str] = ()
     ) -> bytes:
-        return await self._run(supervisor.download(paths, exclude), container=container, timeout_sec=300.0)
+        return await self._run(supervisor.download(paths, exclude), container=container, timeout_sec=UPLOAD_TIMEOUT_SEC)
 
     async def read_files(self, paths: Sequence[str], *, container: str = MAIN_CONTAINER) -> dict[str, FileContent]:
         output = await self._run(supervisor.read_files(paths), container=container)

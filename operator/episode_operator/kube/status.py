@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from dataclasses import dataclass, field
@@ -28,7 +29,12 @@ class KubeStatusSink:
     generation: int | None = None
     logger: logging.Logger = field(default_factory=lambda: logging.getLogger("episode_operator"))
 
+    # The Events still being posted, chained so that they are posted in order.
+    _events: asyncio.Task[None] | None = field(default=None, init=False, repr=False)
+
     async def publish(self, status: EpisodeStatus) -> None:
+        if status.phase in ("Succeeded", "Failed"):
+            await self.flush()  # the terminal status ends the driver: its Events come first
         status.observed_generation = self.generation
         try:
             await self.client.replace_episode_status(self.episode.namespace, self.episode.name, status.to_api())
@@ -36,7 +42,21 @@ class KubeStatusSink:
             raise EpisodeGone(str(error)) from error
 
     async def event(self, reason: str, message: str, *, warning: bool = False) -> None:
-        await post_event(self.client, self.episode, reason, message, warning=warning, logger=self.logger)
+        """Post an Event in the background: a turn does not wait for a round trip that
+        decides nothing (a lost Event is logged, never fatal)."""
+        previous = self._events
+
+        async def post() -> None:
+            if previous is not None:
+                await previous
+            await post_event(self.client, self.episode, reason, message, warning=warning, logger=self.logger)
+
+        self._events = asyncio.create_task(post())
+
+    async def flush(self) -> None:
+        """Wait until every Event asked for so far is posted (or given up)."""
+        if self._events is not None:
+            await self._events
 
 
 async def post_event(
@@ -48,6 +68,8 @@ async def post_event(
         await client.create_event(owner.namespace, event_manifest(owner, reason, message, warning))
     except KubeError as error:
         logger.warning("could not post event %s: %s", reason, error)
+    except Exception:  # posted in the background too: nothing may escape unlogged
+        logger.exception("could not post event %s", reason)
 
 
 def event_manifest(owner: OwnerRef, reason: str, message: str, warning: bool) -> dict[str, Any]:

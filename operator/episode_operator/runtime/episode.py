@@ -7,10 +7,11 @@ a *measured* 0 ends the episode with a reward; a *terminal* failure (preparation
 ends it without one and is not retried; a *masked* turn masks the episode; an *outage*
 (the sandbox failed under us) restarts the episode in a fresh sandbox, up to a limit.
 
-Crash safety: the status is the only state. Before each stage's effects the turn's
-``stage`` is published; every command is a supervised job with a deterministic id; so a
-runner started on the status a crashed one left re-attaches to the running job, redoes only
-idempotent steps, and never runs a turn twice.
+Crash safety: the status is the only state. Every command is a supervised job with a
+deterministic id whose inputs (workdir/, the solution or instruction, the tests) travel in
+the exec that starts it, and the turn's ``stage`` is published before any step a restart
+must not redo; so a runner started on the status a crashed one left re-attaches to the
+running job, redoes only idempotent steps, and never runs a turn twice.
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ from episode_operator.runtime.sandbox import (
     Sandbox,
     SandboxError,
     SandboxProvider,
+    Upload,
 )
 from episode_operator.runtime.store import EpisodeStore
 from episode_operator.taskfolder import EpisodePlan, TaskFiles, TurnPlan
@@ -301,7 +303,6 @@ class EpisodeRunner:
         record = self.status.turns[index]
         if record.stage == "done":
             return self._stopped(index)
-        entry_stage = record.stage  # where a restarted runner picks the turn up (None: a fresh turn)
         if record.stage is None:
             record.phase = "Running"
             record.started_at = timestamp(self.clock())
@@ -309,16 +310,19 @@ class EpisodeRunner:
             await self._stage(record, "cleanup")
             await self.sink.event("TurnStarted", f"turn {index + 1}/{len(self.plan.turns)} {turn.name} started")
         try:
-            # A stage is published only where a restart must not redo what came before it:
-            # merging workdir/ (not over a setup.sh that ran) and running setup.sh.
+            # A stage is published only where a restart must not redo what came before it.
+            # Until the agent, a restart redoes only what is harmless to redo — the cleanup,
+            # the user switch, a workdir/ merge with no setup.sh after it, the healthcheck —
+            # and re-attaches to setup.sh, whose start exec carries the workdir/ merge (a
+            # setup.sh always lives in workdir/) and so never merges it again.
             if record.stage == "cleanup":
                 if self._cleanup_carrier(index) == "own":
                     await self._clear_grading_files()
-                await self._stage(record, "workdir", publish=turn.workdir is not None)
+                await self._stage(record, "workdir", publish=False)
             if record.stage == "workdir":
                 await self._network(self._baseline)
                 await self._prepare_workdir(index)
-                await self._stage(record, "setup", publish=turn.setup)
+                await self._stage(record, "setup", publish=False)
             if record.stage == "setup":
                 async with self._timed("setup"):
                     await self._setup(index)
@@ -341,7 +345,7 @@ class EpisodeRunner:
         if record.stage == "agent":
             await self._network(turn.agent.network)
             async with self._timed("agent"):
-                await self._run_agent(index, resumed=entry_stage == "agent")
+                await self._run_agent(index)
             # Not published: collecting again after a restart re-attaches to the agent's job.
             await self._stage(record, "collect", publish=False)
         if record.stage == "collect":
@@ -349,7 +353,8 @@ class EpisodeRunner:
             async with self._timed("collect"):
                 await self._collect(index)
             # Published for a separate verifier only: its pod (and, on the last turn, the
-            # release of the agent's) must not be redone; a shared one just prepares again.
+            # release of the agent's) must not be redone. A shared one collects again and
+            # re-attaches to test.sh, whose start exec uploaded the tests.
             await self._stage(record, "verify-prepare", publish=turn.verifier.mode == "separate")
         async with self._timed("verify"):
             return await self._verify(index)
@@ -411,20 +416,24 @@ class EpisodeRunner:
                 await sandbox.switch_user(user, sandbox.workdir)
             except (SandboxError, CommandFailed) as error:
                 raise _outage(error, "user-switch", f"cannot switch to user {user!r}: {error}") from error
-        if turn.workdir is None:
-            return
+        if turn.workdir is None or turn.setup:
+            return  # none, or merged by the exec that starts setup.sh
         try:
-            await sandbox.upload(
-                folder_tar(self.config.files, turn.workdir),
-                sandbox.workdir,
-                clear=self._grading_files(index, "workdir"),
-            )
+            workdir = self._workdir_upload(index, sandbox)
+            await sandbox.upload(workdir.archive, workdir.destination, clear=workdir.clear)
         except CommandFailed as error:
-            if error.step == "clear":
-                raise _grading_cleanup_outage(error) from error
-            raise _PreparationFailed(FAILURE_WORKDIR, f"workdir/ cannot unpack: {error}") from error
+            raise _workdir_failure(error) from error
         except SandboxError as error:
             raise Outage(error.kind, str(error)) from error
+
+    def _workdir_upload(self, index: int, sandbox: Sandbox) -> Upload:
+        turn = self.plan.turns[index]
+        assert turn.workdir is not None
+        return Upload(
+            folder_tar(self.config.files, turn.workdir),
+            sandbox.workdir,
+            tuple(self._grading_files(index, "workdir")),
+        )
 
     async def _setup(self, index: int) -> None:
         turn = self.plan.turns[index]
@@ -432,15 +441,16 @@ class EpisodeRunner:
             return
         sandbox = await self._agent()
         assert turn.setup_timeout_sec is not None
-        state = await self._job(
-            sandbox,
-            JobSpec(
-                id=self._job_id(index, "setup"),
-                command=f"bash {PurePosixPath(sandbox.workdir) / 'setup.sh'}",
-                timeout_sec=turn.setup_timeout_sec,
-                user=turn.agent.user,
-            ),
+        spec = JobSpec(
+            id=self._job_id(index, "setup"),
+            command=f"bash {PurePosixPath(sandbox.workdir) / 'setup.sh'}",
+            timeout_sec=turn.setup_timeout_sec,
+            user=turn.agent.user,
         )
+        try:
+            state = await self._job(sandbox, spec, upload=self._workdir_upload(index, sandbox))
+        except CommandFailed as error:
+            raise _workdir_failure(error) from error
         await self._save_job_log(sandbox, turn.name, "setup", state)
         if state.phase == "unstartable":
             raise Outage("run-command", f"setup.sh cannot start: {state.reason}")
@@ -476,41 +486,29 @@ class EpisodeRunner:
 
         return await poll_healthcheck(check, attempt, self.monotonic, self.sleep)
 
-    async def _run_agent(self, index: int, *, resumed: bool) -> None:
+    async def _run_agent(self, index: int) -> None:
         turn = self.plan.turns[index]
         record = self.status.turns[index]
         agent = self.config.agent
         if agent.kind == "nop":
             return
         sandbox = await self._agent()
-        grading = self._grading_files(index, "agent")
-        spec = self._agent_job(index)
-        if resumed and (await self._existing_job(sandbox, spec)):
-            pass  # a restarted runner re-attaches: the inputs must not change under a running agent
-        elif agent.kind == "oracle":
+        grading = tuple(self._grading_files(index, "agent"))
+        # The agent's inputs travel in the exec that starts it, so a restarted runner that
+        # re-attaches never changes them under a running agent.
+        if agent.kind == "oracle":
             assert turn.solution is not None
-            try:
-                await sandbox.upload(
-                    folder_tar(self.config.files, turn.solution), SOLUTION, clear=[f"{SOLUTION}/", *grading]
-                )
-            except CommandFailed as error:
-                if grading and error.step == "clear":
-                    raise _grading_cleanup_outage(error) from error
-                raise _outage(error, "place-solution", f"cannot place the oracle's solution: {error}") from error
-            except SandboxError as error:
-                raise _outage(error, "place-solution", f"cannot place the oracle's solution: {error}") from error
+            inputs = Upload(folder_tar(self.config.files, turn.solution), SOLUTION, (f"{SOLUTION}/", *grading))
+            what, failure = "the oracle's solution", "place-solution"
         else:
-            try:
-                await sandbox.upload(
-                    text_tar({self._instruction_file(index): turn.instruction}), INSTRUCTIONS, clear=grading
-                )
-            except CommandFailed as error:
-                if grading and error.step == "clear":
-                    raise _grading_cleanup_outage(error) from error
-                raise _outage(error, "place-instruction", f"cannot place the instruction: {error}") from error
-            except SandboxError as error:
-                raise _outage(error, "place-instruction", f"cannot place the instruction: {error}") from error
-        state = await self._job(sandbox, spec)
+            inputs = Upload(text_tar({self._instruction_file(index): turn.instruction}), INSTRUCTIONS, grading)
+            what, failure = "the instruction", "place-instruction"
+        try:
+            state = await self._job(sandbox, self._agent_job(index), upload=inputs)
+        except CommandFailed as error:
+            if grading and error.step == "clear":
+                raise _grading_cleanup_outage(error) from error
+            raise _outage(error, failure, f"cannot place {what}: {error}") from error
         await self._save_job_log(sandbox, turn.name, "agent", state)
         if state.phase == "unstartable":
             raise Outage("run-command", f"the agent cannot start: {state.reason}")
@@ -521,13 +519,6 @@ class EpisodeRunner:
 
     def _instruction_file(self, index: int) -> str:
         return f"{index + 1:02d}-{self.plan.turns[index].name}.md"
-
-    async def _existing_job(self, sandbox: Sandbox, spec: JobSpec) -> bool:
-        try:
-            state = await sandbox.wait_job(spec, max_wait_sec=0)
-        except SandboxError as error:
-            raise Outage(error.kind, str(error)) from error
-        return state.phase != "unknown"
 
     def _agent_job(self, index: int) -> JobSpec:
         """The agent's job for a turn: the oracle's solve.sh, or the command agent's command."""
@@ -635,32 +626,42 @@ class EpisodeRunner:
         if not separate:
             await self._network(turn.verifier.network)
         sandbox = await self._verifier_sandbox(index)
-        tests = mapped_tar(self.config.files, turn.tests)
+        # The grading folders are emptied in the same exec as the first upload, and the tests
+        # travel in the exec that starts test.sh: a restarted runner re-attaching to test.sh
+        # neither clears its reward files nor replaces its tests.
+        clear: tuple[str, ...] = (f"{TESTS}/", f"{LOGS_VERIFIER}/")
         if record.stage == "verify-prepare":
-            # The grading folders are emptied in the same exec as the first upload.
-            grading = [f"{TESTS}/", f"{LOGS_VERIFIER}/"]
-            try:
-                if separate:
-                    # Declared artifacts only, at their original absolute paths.
-                    for archive in await self.store.artifact_archives(self._attempt.number, turn.name):
-                        await sandbox.upload(archive, "/", clear=grading)
-                        grading = []
-                await sandbox.upload(tests, TESTS, clear=grading)
-            except (SandboxError, CommandFailed) as error:
-                raise _outage(error, "clear-grading-files", f"cannot prepare verification: {error}") from error
-            await self._stage(record, "verify")
-        state = await self._job(
-            sandbox,
-            JobSpec(
-                id=self._job_id(index, "verify"),
-                command=f"bash {TESTS}/test.sh",
-                timeout_sec=turn.verifier.timeout_sec,
-                user=turn.verifier.user,
-                env=turn.verifier.env,
-                output=TEST_STDOUT,
-                read_after=(REWARD_JSON, REWARD_TXT),
-            ),
-        )
+            if separate:
+                # Declared artifacts only, at their original absolute paths.
+                archives = await self.store.artifact_archives(self._attempt.number, turn.name)
+                try:
+                    for archive in archives:
+                        await sandbox.upload(archive, "/", clear=clear)
+                        clear = ()
+                except (SandboxError, CommandFailed) as error:
+                    raise _outage(error, "clear-grading-files", f"cannot prepare verification: {error}") from error
+                # Published once the artifacts' upload cleared the grading folders: a
+                # restart must not clear them again under test.sh.
+                await self._stage(record, "verify", publish=bool(archives))
+            record.stage = "verify"
+        elif separate:
+            clear = ()  # a separate verifier's published "verify": the artifacts' upload cleared them
+        try:
+            state = await self._job(
+                sandbox,
+                JobSpec(
+                    id=self._job_id(index, "verify"),
+                    command=f"bash {TESTS}/test.sh",
+                    timeout_sec=turn.verifier.timeout_sec,
+                    user=turn.verifier.user,
+                    env=turn.verifier.env,
+                    output=TEST_STDOUT,
+                    read_after=(REWARD_JSON, REWARD_TXT),
+                ),
+                upload=Upload(mapped_tar(self.config.files, turn.tests), TESTS, clear),
+            )
+        except CommandFailed as error:
+            raise _outage(error, "clear-grading-files", f"cannot prepare verification: {error}") from error
         await self._save_job_log(sandbox, turn.name, "verifier", state)
         if state.phase == "unstartable":
             record.phase = "Failed"
@@ -818,18 +819,20 @@ class EpisodeRunner:
         finally:
             self.observer.phase_finished(phase, self.monotonic() - started)
 
-    async def _job(self, sandbox: Sandbox, spec: JobSpec) -> JobState:
+    async def _job(self, sandbox: Sandbox, spec: JobSpec, *, upload: Upload | None = None) -> JobState:
         """Run a supervised job to its end, re-attaching if it already exists.
 
-        The final answer also carries the output's tail (for the kept logs) and any files
-        the spec asks for, so a short job costs one exec.
+        ``upload`` (the job's inputs) is placed by the exec that starts the job, not by one
+        that re-attaches; its failure raises :class:`CommandFailed`. The final answer also
+        carries the output's tail (for the kept logs) and any files the spec asks for, so a
+        short job costs one exec.
         """
         self._check_deadline()
         if spec.tail == 0:
             spec = replace(spec, tail=self.config.log_limit)
         try:
             state = await sandbox.start_job(
-                spec, wait_sec=min(spec.timeout_sec + KILL_AFTER_SEC, self.config.poll_interval_sec)
+                spec, wait_sec=min(spec.timeout_sec + KILL_AFTER_SEC, self.config.poll_interval_sec), upload=upload
             )
             while not state.done:
                 if state.phase == "unknown":
@@ -913,6 +916,16 @@ def _overlaps(first: str, second: str) -> bool:
 def _changed_after(modified: float | None, finished: float | None) -> bool:
     """A file modified after a job's end (both by the container's clock; unknown times never count)."""
     return modified is not None and finished is not None and modified > finished
+
+
+def _workdir_failure(error: CommandFailed) -> Exception:
+    """A failed workdir/ merge is the task's; the grading cleanup it carried, or a start of
+    setup.sh that failed in the supervisor, is an outage."""
+    if error.step == "upload":
+        return _PreparationFailed(FAILURE_WORKDIR, f"workdir/ cannot unpack: {error}")
+    if error.step == "clear":
+        return _grading_cleanup_outage(error)
+    return Outage("run-command", f"setup.sh cannot start: {error}")
 
 
 def _grading_cleanup_outage(error: CommandFailed) -> Outage:

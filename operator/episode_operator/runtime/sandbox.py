@@ -85,6 +85,15 @@ class SandboxError(Exception):
         self.kind = kind
 
 
+@dataclass(frozen=True)
+class Upload:
+    """A tar to extract (as :meth:`Sandbox.upload` does) just before a job starts, in its exec."""
+
+    archive: bytes
+    destination: str
+    clear: tuple[str, ...] = ()
+
+
 class CommandFailed(Exception):
     """A sandbox command ran and failed (e.g. tar could not unpack): the task's problem, not an outage.
 
@@ -102,8 +111,14 @@ class Sandbox(Protocol):
     name: str
     workdir: str
 
-    async def start_job(self, spec: JobSpec, *, wait_sec: float = 0.0) -> JobState:
-        """Start ``spec`` unless a job with its id exists; its state, after up to ``wait_sec`` for it to end."""
+    async def start_job(self, spec: JobSpec, *, wait_sec: float = 0.0, upload: Upload | None = None) -> JobState:
+        """Start ``spec`` unless a job with its id exists; its state, after up to ``wait_sec`` for it to end.
+
+        ``upload`` is cleared and extracted first, in the same round trip, only when the job
+        is started: a job that exists (a restarted runner re-attaching) keeps the inputs it
+        started with. A failed upload raises :class:`CommandFailed` (step ``clear`` or
+        ``upload``) and starts nothing.
+        """
         ...
 
     async def wait_job(self, spec: JobSpec, *, max_wait_sec: float) -> JobState:

@@ -12,12 +12,15 @@ Protocol (``sh SUPERVISOR_PATH VERB ...``; values are always separate argv entri
 spliced into shell text, so any character survives):
 
 ``start ID [--user U] [--timeout S] [--kill-after S] [--cwd DIR] [--output PATH]
-[--shell bash|sh] [--env NAME=VALUE]... [--wait S] -- COMMAND``
+[--shell bash|sh] [--env NAME=VALUE]... [--wait S] [--clear PATH]...
+[--upload-to DEST --upload-bytes N] -- COMMAND``
     Creates ``jobs/ID/`` atomically (mkdir) and launches ``<shell> -c COMMAND`` detached, in
     its own session and process group, stdin from /dev/null, stdout and stderr appended to
     PATH (default ``jobs/ID/output``), bounded by a watchdog (TERM to the group at the
     timeout, KILL ``--kill-after`` seconds later, default 5). If ``jobs/ID`` exists nothing
     is started: the answer is the existing job's state, so retries never run a command twice.
+    Only when it starts the job, it first clears the ``--clear`` paths and extracts the tar
+    of N bytes on stdin into DEST, as ``upload`` does (a failure there starts nothing).
     ``--wait S`` waits up to S seconds for the job before answering. The default ``--cwd``
     is the working directory recorded when the supervisor was placed in this container. With
     ``--user`` (name or uid; a uid without a passwd entry gets gid 0 and HOME=/, as under
@@ -44,7 +47,8 @@ stderr either way.
 
 Execs use Kubernetes' websocket v4 protocol, whose stdin cannot be half-closed: every verb
 that reads stdin reads a known length with ``head -c``. Argument lists too large for an exec
-URL travel on stdin too (``--argv-stdin BYTES``; :func:`_command` decides).
+URL travel on stdin too (``--argv-stdin BYTES [REST]``, REST the verb's own stdin bytes that
+follow them; :func:`_command` decides).
 """
 
 from __future__ import annotations
@@ -56,7 +60,7 @@ from importlib import resources
 from typing import cast, get_args
 from urllib.parse import unquote_to_bytes
 
-from episode_operator.runtime.sandbox import FileContent, JobPhase, JobSpec, JobState
+from episode_operator.runtime.sandbox import FileContent, JobPhase, JobSpec, JobState, Upload
 
 SUPERVISOR_DIR = "/episode-operator"
 SUPERVISOR_PATH = f"{SUPERVISOR_DIR}/supervisor.sh"
@@ -113,14 +117,23 @@ def placement(directory: str = SUPERVISOR_DIR) -> Command:
     return Command(["sh", "-c", _PLACEMENT, "sh", directory, str(len(script))], stdin=script)
 
 
-def start(spec: JobSpec, *, wait_sec: float = 0.0, kill_after_sec: float = DEFAULT_KILL_AFTER_SEC) -> Command:
+def start(
+    spec: JobSpec,
+    *,
+    wait_sec: float = 0.0,
+    kill_after_sec: float = DEFAULT_KILL_AFTER_SEC,
+    upload: Upload | None = None,
+) -> Command:
     """Start ``spec`` unless its id exists; answers the job's state (parse with :func:`parse_state`).
 
     ``wait_sec`` > 0 waits that long for the job in the same exec, saving a round trip for
-    short jobs. A non-finite ``spec.timeout_sec`` means no bound.
+    short jobs. A non-finite ``spec.timeout_sec`` means no bound. ``upload`` (its archive on
+    stdin) is cleared and extracted as :func:`upload` does, only when the job is started.
     """
     _check_id(spec.id)
     args = ["start", spec.id]
+    if upload is not None:
+        args += _upload_args(upload.archive, upload.destination, upload.clear, option="--upload-to")
     if math.isfinite(spec.timeout_sec):
         if spec.timeout_sec <= 0:
             raise ValueError(f"job {spec.id}: timeout_sec must be positive, got {spec.timeout_sec}")
@@ -144,7 +157,7 @@ def start(spec: JobSpec, *, wait_sec: float = 0.0, kill_after_sec: float = DEFAU
         args += ["--wait", _seconds(wait_sec, "wait_sec")]
     args += _extras(spec)
     args += ["--", spec.command]
-    return _command(args)
+    return _command(args, stdin=upload.archive if upload is not None else None)
 
 
 def _extras(spec: JobSpec) -> list[str]:
@@ -203,16 +216,24 @@ def upload(archive: bytes, destination: str, *, clear: Sequence[str] = ()) -> Co
     removed and directories that exist keep their owner and mode. ``clear`` paths are cleared
     first (as :func:`clear` does), in the same exec.
     """
+    return _command(["upload", *_upload_args(archive, destination, clear)], stdin=archive)
+
+
+def _upload_args(archive: bytes, destination: str, clear: Sequence[str], *, option: str = "") -> list[str]:
+    """``[--clear PATH]... DEST BYTES`` of the upload verb, or the same as ``start`` options
+    (``--clear PATH``... ``--upload-to DEST --upload-bytes BYTES``) when ``option`` is given."""
     _check_arg(destination, "destination")
     if not destination:
         raise ValueError("upload destination must not be empty")
-    options: list[str] = []
+    args: list[str] = []
     for path in clear:
         if not path.strip("/"):
             raise ValueError(f"refusing to clear {path!r}")
         _check_arg(path, "clear path")
-        options += ["--clear", path]
-    return Command(["sh", SUPERVISOR_PATH, "upload", *options, destination, str(len(archive))], stdin=archive)
+        args += ["--clear", path]
+    if option:
+        return [*args, option, destination, "--upload-bytes", str(len(archive))]
+    return [*args, destination, str(len(archive))]
 
 
 def download(paths: Sequence[str], exclude: Sequence[str] = ()) -> Command:
@@ -405,15 +426,22 @@ def _mtime(text: str) -> float | None:
     return value if math.isfinite(value) else None
 
 
-def _command(args: list[str]) -> Command:
-    """``sh SUPERVISOR_PATH *args``, or the args on stdin when too long for an exec URL."""
+def _command(args: list[str], *, stdin: bytes | None = None) -> Command:
+    """``sh SUPERVISOR_PATH *args``, or the args on stdin when too long for an exec URL.
+
+    ``stdin`` is what the verb itself reads (an upload's archive); arguments sent on stdin
+    come before it, each part read by its exact length.
+    """
     for arg in args:
         _check_arg(arg, "argument")
     encoded = [arg.encode("utf-8") for arg in args]
     if sum(len(arg) for arg in encoded) <= ARGV_STDIN_THRESHOLD:
-        return Command(["sh", SUPERVISOR_PATH, *args])
+        return Command(["sh", SUPERVISOR_PATH, *args], stdin=stdin)
     payload = b" ".join(str(len(arg)).encode() for arg in encoded) + b"\n" + b"".join(encoded)
-    return Command(["sh", SUPERVISOR_PATH, "--argv-stdin", str(len(payload))], stdin=payload)
+    argv = ["sh", SUPERVISOR_PATH, "--argv-stdin", str(len(payload))]
+    if stdin:
+        argv.append(str(len(stdin)))
+    return Command(argv, stdin=payload + (stdin or b""))
 
 
 def _check_id(job_id: str) -> None:

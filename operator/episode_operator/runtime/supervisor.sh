@@ -332,7 +332,7 @@ wait_done() {
 
 # Parse the options of `start` (all of "$@"); with $_write_env = 1, also write env/<NAME>.
 start_opts() {
-    _user='' _timeout='' _kill_after=5 _cwd='' _output='' _shell=bash _wait=0 _cmd=''
+    _user='' _timeout='' _kill_after=5 _cwd='' _output='' _shell=bash _wait=0 _cmd='' _upto='' _upbytes=''
     _opt=
     _ncmd=-1
     for _a in "$@"; do
@@ -344,7 +344,8 @@ start_opts() {
         if [ -z "$_opt" ]; then
             case $_a in
                 --) _ncmd=0 ;;
-                --user | --timeout | --kill-after | --cwd | --output | --shell | --env | --wait | --tail | --then-read)
+                --user | --timeout | --kill-after | --cwd | --output | --shell | --env | --wait | --tail | --then-read | \
+                    --clear | --upload-to | --upload-bytes)
                     _opt=$_a ;;
                 *) usage "start: unknown option: $_a" ;;
             esac
@@ -369,12 +370,30 @@ start_opts() {
                 ;;
             --wait) is_num "$_a" || usage "start: --wait wants seconds: $_a"; _wait=$_a ;;
             --tail) case $_a in '' | *[!0-9]*) usage "start: --tail wants bytes: $_a" ;; esac ;;
-            --then-read) ;;
+            --then-read | --clear) ;;
+            --upload-to) [ -n "$_a" ] || usage 'start: empty --upload-to'; _upto=$_a ;;
+            --upload-bytes) case $_a in '' | *[!0-9]*) usage "start: --upload-bytes wants bytes: $_a" ;; esac; _upbytes=$_a ;;
         esac
         _opt=
     done
     [ -z "$_opt" ] || usage "start: $_opt needs a value"
     [ "$_ncmd" -eq 1 ] || usage 'start ID [OPTIONS] -- COMMAND (exactly one command argument)'
+    { [ -n "$_upto" ] && [ -n "$_upbytes" ]; } || { [ -z "$_upto" ] && [ -z "$_upbytes" ]; } ||
+        usage 'start: --upload-to and --upload-bytes go together'
+}
+
+# Clear the --clear paths among the options of `start` ("$@"), in their order.
+start_clears() {
+    _opt=
+    for _a in "$@"; do
+        if [ -z "$_opt" ]; then
+            [ "$_a" = -- ] && return 0
+            _opt=$_a
+            continue
+        fi
+        [ "$_opt" = --clear ] && clear_path "$_a"
+        _opt=
+    done
 }
 
 cmd_start() {
@@ -386,6 +405,16 @@ cmd_start() {
     start_opts "$@"
     _d=$JOBS/$_id
     mkdir -p "$JOBS" 2>/dev/null
+    if [ -n "$_upto" ]; then
+        # The job's inputs, placed only by the exec that starts it: a retry or a restarted
+        # operator re-attaching to the job never changes them under it.
+        if [ -d "$_d" ]; then
+            head -c "$_upbytes" >/dev/null
+        else
+            start_clears "$@"
+            upload_archive "$_upto" "$_upbytes"
+        fi
+    fi
     if mkdir "$_d" 2>/dev/null; then
         put "$_d/created" "$(now)" || die "start: cannot write in $_d"
         _wdir=$(default_workdir)
@@ -727,9 +756,14 @@ cmd_upload() {
         shift 2
     done
     [ $# -eq 2 ] || usage 'upload [--clear PATH]... DEST BYTES'
-    _dest=$1
     case $2 in '' | *[!0-9]*) usage "upload: BYTES must be a whole number: $2" ;; esac
-    [ -n "$_dest" ] || usage 'upload: empty DEST'
+    [ -n "$1" ] || usage 'upload: empty DEST'
+    upload_archive "$1" "$2"
+}
+
+# Extract the tar of exactly $2 bytes on stdin into $1 (see upload in supervisor.py).
+upload_archive() {
+    _dest=$1
     has tar || die 'upload: no tar in this container'
     mkdir -p "$_dest" 2>/dev/null || die "upload: cannot create $_dest"
     mkdir -p "$TMPD" || die "upload: cannot create $TMPD"
@@ -742,6 +776,8 @@ cmd_upload() {
     if [ "$(tar_flavor)" = gnu ]; then
         tar -x -p --no-same-owner --no-overwrite-dir -f "$_tmp" -C "$_dest" 2>"$_tmp.err" ||
             die "upload: tar failed: $(cat "$_tmp.err")"
+        rm -f "$_tmp" "$_tmp.err"
+        trap - EXIT
         return 0
     fi
     # Other tars (busybox) reset existing directories to the archive's mode: note each
@@ -760,6 +796,8 @@ cmd_upload() {
         chown "$_u:$_g" "$_p" 2>/dev/null
         chmod "$_m" "$_p" 2>/dev/null
     done <"$_tmp.dirs"
+    rm -f "$_tmp" "$_tmp.dirs" "$_tmp.err"
+    trap - EXIT
     return 0
 }
 
@@ -897,23 +935,34 @@ cmd_chown_workdir() {
 }
 
 # Arguments too long for an exec URL come on stdin: a first line of decimal byte lengths,
-# then the arguments' bytes back to back.
+# then the arguments' bytes back to back (BYTES in all). REST more bytes after them are the
+# verb's own stdin (an upload's archive): read here too, since busybox head reads ahead.
 argv_from_stdin() {
-    case ${1-} in '' | *[!0-9]*) usage '--argv-stdin BYTES' ;; esac
+    case ${1-} in '' | *[!0-9]*) usage '--argv-stdin BYTES [REST]' ;; esac
+    case ${2-0} in '' | *[!0-9]*) usage '--argv-stdin BYTES [REST]' ;; esac
+    _rest=${2-0}
     mkdir -p "$TMPD" || die "cannot create $TMPD"
     _af=$TMPD/argv.$$
-    head -c "$1" >"$_af" || die 'cannot read the arguments from stdin'
-    [ "$(($(wc -c <"$_af")))" -eq "$1" ] || { rm -f "$_af"; die 'short read of the arguments'; }
+    trap 'rm -f "$_af" "$_af.rest"' EXIT
+    head -c "$(($1 + _rest))" >"$_af" || die 'cannot read the arguments from stdin'
+    [ "$(($(wc -c <"$_af")))" -eq "$(($1 + _rest))" ] || die 'short read of the arguments'
     IFS= read -r _lens <"$_af"
     _off=$((${#_lens} + 2))
+    _all=$1
     set --
     for _len in $_lens; do
-        case $_len in *[!0-9]*) rm -f "$_af"; die 'malformed argument lengths' 2 ;; esac
+        case $_len in *[!0-9]*) die 'malformed argument lengths' 2 ;; esac
         _v=$(tail -c +"$_off" "$_af" | head -c "$_len"; echo x)
         set -- "$@" "${_v%x}"
         _off=$((_off + _len))
     done
-    rm -f "$_af"
+    if [ "$_rest" -gt 0 ]; then
+        tail -c +"$((_all + 1))" "$_af" >"$_af.rest" || die 'cannot read the arguments from stdin'
+        # The verb reads the rest as its stdin; unlinked now, the open file stays readable.
+        exec <"$_af.rest"
+    fi
+    rm -f "$_af" "$_af.rest"
+    trap - EXIT
     main "$@"
 }
 

@@ -1,0 +1,56 @@
+"""The Episode's status sink: Events go in the background, in order, before the terminal status."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+import pytest
+
+from episode_operator.api.models import EpisodeStatus
+from episode_operator.kube.client import KubeError
+from episode_operator.kube.pods import OwnerRef
+from episode_operator.kube.status import KubeStatusSink
+
+
+class SlowApi:
+    """Records what reached the API; an Event takes a few loop turns, and some fail."""
+
+    def __init__(self, failing: dict[str, Exception] | None = None) -> None:
+        self.calls: list[tuple[str, str]] = []
+        self.failing = failing or {}
+
+    async def create_event(self, namespace: str, event: dict[str, Any]) -> None:
+        for _ in range(3):
+            await asyncio.sleep(0)
+        if event["reason"] in self.failing:
+            raise self.failing[event["reason"]]
+        self.calls.append(("event", event["reason"]))
+
+    async def replace_episode_status(self, namespace: str, name: str, status: dict[str, Any]) -> None:
+        self.calls.append(("status", status["phase"]))
+
+
+def run_sink(api: SlowApi) -> list[tuple[str, str]]:
+    async def scenario() -> list[tuple[str, str]]:
+        sink = KubeStatusSink(api, OwnerRef("e", "ns", "uid"), logger=logging.getLogger("test"))  # type: ignore[arg-type]
+        await sink.event("TurnStarted", "turn 1")
+        assert api.calls == []  # the caller did not wait for the round trip
+        await sink.event("Broken", "an event the API refuses", warning=True)
+        await sink.publish(EpisodeStatus(phase="Running"))
+        await sink.event("TurnFinished", "turn 1: reward 1")
+        await sink.event("EpisodeFinished", "Graded")
+        await sink.publish(EpisodeStatus(phase="Succeeded"))
+        return api.calls
+
+    return asyncio.run(scenario())
+
+
+@pytest.mark.parametrize("failure", [KubeError("forbidden", status=403), RuntimeError("unexpected")])
+def test_events_are_posted_in_order_before_the_terminal_status(failure: Exception) -> None:
+    calls = run_sink(SlowApi({"Broken": failure}))
+    events = [reason for kind, reason in calls if kind == "event"]
+    assert events == ["TurnStarted", "TurnFinished", "EpisodeFinished"]  # a failed one loses only itself
+    assert calls[-1] == ("status", "Succeeded")
+    assert ("status", "Running") in calls
