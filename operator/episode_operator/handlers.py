@@ -28,12 +28,14 @@ from episode_operator.kube.driver import (
     release_episode_pods,
     suspend_episode,
 )
-from episode_operator.kube.episodeset import Wakeups, run_episode_set
+from episode_operator.kube.episodeset import run_episode_set
+from episode_operator.kube.pods import EPISODE_LABEL, label_value
 from episode_operator.kube.status import EpisodeGone
 from episode_operator.runtime.episode import parse_timestamp
 from episode_operator.runtime.metrics import Metrics
 from episode_operator.runtime.server import serve
 from episode_operator.runtime.slots import FifoSlots
+from episode_operator.runtime.wakeups import Wakeups
 
 TERMINAL = ("Succeeded", "Failed")
 
@@ -75,11 +77,13 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) 
     memo.server = None
     if options.metrics_port is not None:
         memo.server = await serve(memo.metrics, options.data_dir, options.metrics_host, options.metrics_port)
+    memo.pod_wakeups = Wakeups()
     memo.settings = DriverSettings(
         data_dir=options.data_dir,
         pull_grace_sec=options.pull_grace_sec,
         poll_interval_sec=options.poll_interval_sec,
         extra_pod_labels=options.extra_pod_labels,
+        pod_wakeups=memo.pod_wakeups,
     )
     options.data_dir.mkdir(parents=True, exist_ok=True)
 
@@ -219,10 +223,10 @@ def run_operator(options: OperatorOptions) -> None:
 # One loop per open set; kube/episodeset.py decides everything. A change of the set or of one of
 # its children wakes the loop, so a freed slot is filled at once, and a resync catches the rest.
 class _QuietWakeups(logging.Filter):
-    """The wake-up handlers run on every change of a set or a child: their success is no news."""
+    """The wake-up handlers run on every change of a set, a child or a sandbox pod: their success is no news."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        return not (record.levelno == logging.INFO and str(record.msg).startswith("Handler 'wake_set"))
+        return not (record.levelno == logging.INFO and str(record.msg).startswith("Handler 'wake_"))
 
 
 @kopf.on.startup()
@@ -250,15 +254,21 @@ async def run_set(body: kopf.Body, memo: Any, logger: Any, stopped: kopf.DaemonS
     """Create and follow a set's children; every step is idempotent, so cancelling it anywhere is safe."""
     namespace, name = body["metadata"]["namespace"], body["metadata"]["name"]
     wakeups: Wakeups = memo.set_wakeups
-    with wakeups.registered(namespace, name) as wakeup:
+    with wakeups.registered(namespace, label_value(name)) as wakeup:
         await run_episode_set(memo.client, namespace, name, wakeup, lambda: bool(stopped), logger)
 
 
 @kopf.on.event(GROUP, VERSION, SET_PLURAL)
 def wake_set(body: kopf.Body, memo: Any, **_: Any) -> None:
-    memo.set_wakeups.wake_set(body["metadata"]["namespace"], body["metadata"]["name"])
+    memo.set_wakeups.wake(body["metadata"]["namespace"], label_value(body["metadata"]["name"]))
 
 
 @kopf.on.event(GROUP, VERSION, PLURAL, labels={SET_LABEL: kopf.PRESENT})
 def wake_set_of_episode(body: kopf.Body, memo: Any, **_: Any) -> None:
     memo.set_wakeups.wake(body["metadata"]["namespace"], body["metadata"]["labels"][SET_LABEL])
+
+
+@kopf.on.event("v1", "pods", labels={EPISODE_LABEL: kopf.PRESENT})
+def wake_pod_waiter(body: kopf.Body, memo: Any, **_: Any) -> None:
+    """A sandbox pod changed: the driver waiting for it to start reads it now, not at its next poll."""
+    memo.pod_wakeups.wake(body["metadata"]["namespace"], body["metadata"]["name"])

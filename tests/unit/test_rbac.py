@@ -13,6 +13,7 @@ import ast
 import re
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -176,20 +177,28 @@ def modules(*, cli: bool) -> Iterator[Path]:
 
 
 def kopf_grants() -> set[Grant]:
-    """What kopf needs for the handlers registered by handlers.py: watch (list+watch) and patch
-    (annotations, finalizer) every resource a handler serves, and post Events."""
+    """What kopf needs for the handlers registered by handlers.py: watch (list+watch) every
+    resource a handler serves, patch (annotations, finalizer) those with daemons or change
+    handlers (event handlers alone keep no state on the object), and post Events."""
     import kopf
 
     import episode_operator.handlers  # noqa: F401  (registers the handlers)
 
     registry = kopf.get_default_registry()
-    resources = set()
-    for handlers in (registry._spawning, registry._changing, registry._watching, registry._indexing):
-        for handler in handlers.get_all_handlers():
-            assert handler.selector is not None
-            resources.add((handler.selector.group, handler.selector.plural or handler.selector.any_name))
-    assert resources, "no resource handlers registered"
-    grants = {(group, plural, verb) for group, plural in resources for verb in ("list", "watch", "patch")}
+
+    def served(*kinds: Any) -> set[tuple[str, str]]:
+        resources = set()
+        for handlers in kinds:
+            for handler in handlers.get_all_handlers():
+                assert handler.selector is not None
+                resources.add((handler.selector.group, handler.selector.plural or handler.selector.any_name))
+        return resources
+
+    watched = served(registry._spawning, registry._changing, registry._watching, registry._indexing)
+    patched = served(registry._spawning, registry._changing)
+    assert watched and patched, "no resource handlers registered"
+    grants = {(group, plural, verb) for group, plural in watched for verb in ("list", "watch")}
+    grants |= {(group, plural, "patch") for group, plural in patched}
     return grants | {("", "events", "create")}
 
 

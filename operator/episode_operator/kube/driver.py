@@ -36,6 +36,7 @@ from episode_operator.kube.sandbox import KubeProvider
 from episode_operator.kube.status import KubeStatusSink
 from episode_operator.runtime.episode import EpisodeConfig, EpisodeObserver, EpisodeRunner, timestamp
 from episode_operator.runtime.store import FileStore, episode_store_root
+from episode_operator.runtime.wakeups import Wakeups
 from episode_operator.taskfolder import EpisodePlan, Problem, TaskFiles, resolve_plan, seed_refusals, validate_task
 from episode_operator.taskfolder.envtemplates import UnresolvedTemplate, resolve_env_templates
 
@@ -58,6 +59,8 @@ class DriverSettings:
     source_wait_sec: float = 30.0
     backoff_base_sec: float = 5.0
     extra_pod_labels: Mapping[str, str] = field(default_factory=dict)
+    # Woken by the pod watch (handlers.py): a starting pod is read when it changes.
+    pod_wakeups: Wakeups | None = None
 
 
 class TaskSourceError(Exception):
@@ -109,7 +112,15 @@ async def drive_episode(
     assert image is not None
     labels = {**settings.extra_pod_labels, **queue_labels(metadata.get("labels") or {})}
     provider = KubeProvider(
-        client, episode, spec, plan, image, main_env, extra_labels=labels, pull_grace_sec=settings.pull_grace_sec
+        client,
+        episode,
+        spec,
+        plan,
+        image,
+        main_env,
+        extra_labels=labels,
+        pull_grace_sec=settings.pull_grace_sec,
+        wakeups=settings.pod_wakeups,
     )
     config = EpisodeConfig(
         plan=plan,

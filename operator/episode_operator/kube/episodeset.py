@@ -27,7 +27,7 @@ import hashlib
 import logging
 import re
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -61,6 +61,7 @@ from episode_operator.runtime.evaluation import (
     plan_set,
     precise_timestamp,
 )
+from episode_operator.runtime.wakeups import nap
 
 MESSAGE_LIMIT = 2000
 
@@ -107,32 +108,6 @@ def task_label_value(task: str) -> str:
     return cleaned
 
 
-class Wakeups:
-    """One asyncio Event per running set loop, found by namespace and the set's label value."""
-
-    def __init__(self) -> None:
-        self._events: dict[tuple[str, str], asyncio.Event] = {}
-
-    @contextlib.contextmanager
-    def registered(self, namespace: str, set_name: str) -> Iterator[asyncio.Event]:
-        key = (namespace, label_value(set_name))
-        event = self._events[key] = asyncio.Event()
-        try:
-            yield event
-        finally:
-            if self._events.get(key) is event:
-                del self._events[key]
-
-    def wake(self, namespace: str, label: str) -> None:
-        """Wake the loop of the set whose children carry ``episode-operator.dev/set=<label>``."""
-        event = self._events.get((namespace, label))
-        if event is not None:
-            event.set()
-
-    def wake_set(self, namespace: str, set_name: str) -> None:
-        self.wake(namespace, label_value(set_name))
-
-
 # --- the loop -----------------------------------------------------------------------------------
 async def run_episode_set(
     client: KubeClient,
@@ -158,8 +133,7 @@ async def run_episode_set(
             delay = settings.error_backoff_sec
         if delay is None:
             return
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(wakeup.wait(), delay)
+        await nap(wakeup, delay)
         await asyncio.sleep(settings.debounce_sec)
 
 

@@ -42,6 +42,7 @@ from episode_operator.runtime.sandbox import (
     SandboxError,
     Upload,
 )
+from episode_operator.runtime.wakeups import Wakeups, nap
 from episode_operator.taskfolder import EpisodePlan
 from episode_operator.taskfolder.plan import NetworkPolicy, VerifierPlan, baseline_policy
 
@@ -178,7 +179,10 @@ class KubeProvider:
     main_env: Mapping[str, str]
     extra_labels: Mapping[str, str] = field(default_factory=dict)
     pull_grace_sec: float = 120.0
-    # Pod start is polled quickly at first (most pods run within a second), then less often.
+    # Woken when a pod of the episode changes (the operator's pod watch): a starting pod is
+    # read then. Without them (or should an event be missed) pod start is polled, quickly at
+    # first (most pods run within a second), then less often.
+    wakeups: Wakeups | None = None
     poll_first_sec: float = 0.05
     poll_max_sec: float = 1.0
     clock: Callable[[], float] = time.monotonic
@@ -266,14 +270,18 @@ class KubeProvider:
         name = manifest["metadata"]["name"]
         # The policy exists before the pod, so a restricted sandbox is never briefly open.
         await self._network(name, self._selector(pod.attempt, pod.role, pod.turn), pod.network)
-        try:
+        with contextlib.ExitStack() as registrations:
+            changed = None
+            if self.wakeups is not None:
+                changed = registrations.enter_context(self.wakeups.registered(self.episode.namespace, name))
             try:
-                await self.client.read_pod(self.episode.namespace, name)
-            except NotFound:
-                await self.client.create_pod(self.episode.namespace, manifest)
-            await self._wait_running(name, pod.environment.build_timeout_sec)
-        except KubeError as error:
-            raise SandboxError(f"pod {name}: {error}", kind="api") from error
+                try:
+                    await self.client.read_pod(self.episode.namespace, name)
+                except NotFound:
+                    await self.client.create_pod(self.episode.namespace, manifest)
+                await self._wait_running(name, pod.environment.build_timeout_sec, changed)
+            except KubeError as error:
+                raise SandboxError(f"pod {name}: {error}", kind="api") from error
         sandbox = KubeSandbox(self.client, self.episode.namespace, name)
         try:
             await sandbox.place_supervisor([sidecar.name for sidecar in pod.sidecars])
@@ -281,12 +289,17 @@ class KubeProvider:
             raise SandboxError(f"cannot place the supervisor in {name}: {error}", kind="supervisor") from error
         return sandbox
 
-    async def _wait_running(self, name: str, start_timeout_sec: float) -> None:
-        """Until every container runs and the sidecars are ready; outages are told apart by reason."""
+    async def _wait_running(self, name: str, start_timeout_sec: float, changed: asyncio.Event | None) -> None:
+        """Until every container runs and the sidecars are ready; outages are told apart by reason.
+
+        The pod is read when ``changed`` is set (by the pod watch) or the poll comes due.
+        """
         started = self.clock()
         pulling_since: float | None = None
         pause = self.poll_first_sec
         while True:
+            if changed is not None:
+                changed.clear()  # before the read: a change after it wakes the nap below
             try:
                 pod = await self.client.read_pod(self.episode.namespace, name)
             except NotFound:
@@ -310,7 +323,7 @@ class KubeProvider:
                 raise SandboxError(
                     f"pod {name} not ready after {start_timeout_sec:.0f} s: {verdict.message}", kind="start-timeout"
                 )
-            await asyncio.sleep(pause)
+            await nap(changed, pause)
             pause = min(pause * 1.5, self.poll_max_sec)
 
 
