@@ -45,6 +45,10 @@ usage() { die "usage: $1" 2; }
 # Percent-encode $1 (bytes outside [A-Za-z0-9,-./:_~] become %XX), without a newline.
 pct() {
     [ -n "$1" ] || return 0
+    case $1 in
+        *[!A-Za-z0-9,./:_~-]*) ;;
+        *) printf '%s' "$1"; return 0 ;; # nothing to encode (most paths): no od
+    esac
     printf '%s' "$1" | od -An -v -tx1 | while read -r _pl; do
         for _ph in $_pl; do
             case $_ph in
@@ -71,8 +75,9 @@ put() {
     printf '%s' "$2" >"$1.tmp.$$" && mv -f "$1.tmp.$$" "$1"
 }
 
-# Write $2 to file $1 in place: for the spec of a job whose directory was just created, which
-# nothing reads before the runner is launched (no mv to exec).
+# Write $2 to file $1 in place (no mv to exec): for the spec of a job whose directory was just
+# created, which nothing reads before the runner is launched, and for short fields written
+# once, in one write, that a reader takes for absent while empty.
 write() {
     printf '%s' "$2" >"$1"
 }
@@ -152,7 +157,7 @@ mnt_ns() {
 # The working directory recorded at placement in this container, else at the last
 # placement, else /.
 default_workdir() {
-    _mn=$(mnt_ns)
+    _mn=${1-$(mnt_ns)}
     for _wf in ${_mn:+"$BASE/workdir.$_mn"} "$BASE/workdir"; do
         if [ -f "$_wf" ] && get "$_wf" && [ -n "$_got" ]; then
             printf '%s' "$_got"
@@ -214,9 +219,10 @@ tar_flavor() {
 
 # ------------------------------------------------------------------------- job state
 
-# A job is done once exactly one of exit, unstartable, lost exists.
+# A job is done once exactly one of exit, unstartable, lost exists. The runner writes exit
+# in place (one short write: a reader sees it empty or whole), so it counts once non-empty.
 is_done() {
-    [ -f "$1/exit" ] || [ -f "$1/unstartable" ] || [ -f "$1/lost" ]
+    [ -s "$1/exit" ] || [ -f "$1/unstartable" ] || [ -f "$1/lost" ]
 }
 
 # Kill target of a job: -PGID when it has its own process group, else its pid.
@@ -278,8 +284,8 @@ print_state() {
     _reason=
     _tmo=0
     [ -f "$_d/timed_out" ] && _tmo=1
-    if [ -f "$_d/exit" ]; then
-        get "$_d/exit"
+    if [ -s "$_d/exit" ]; then
+        get_line "$_d/exit"
         _code=${_got%%[!0-9]*}
         _line="$_line phase=exited exit_code=${_code:-255} timed_out=$_tmo"
     elif [ -f "$_d/unstartable" ]; then
@@ -293,8 +299,8 @@ print_state() {
     else
         _line="$_line phase=running timed_out=$_tmo"
     fi
-    if get "$_d/started_at" && is_num "$_got"; then _line="$_line started_at=$_got"; fi
-    if get "$_d/finished_at" && is_num "$_got"; then _line="$_line finished_at=$_got"; fi
+    if get_line "$_d/started_at" && is_num "$_got"; then _line="$_line started_at=$_got"; fi
+    if get_line "$_d/finished_at" && is_num "$_got"; then _line="$_line finished_at=$_got"; fi
     if [ -n "$_reason" ]; then
         printf '%s reason=%s\n' "$_line" "$(pct "$_reason")"
     else
@@ -404,7 +410,7 @@ cmd_start() {
     _write_env=0
     start_opts "$@"
     _d=$JOBS/$_id
-    mkdir -p "$JOBS" 2>/dev/null
+    [ -d "$JOBS" ] || mkdir -p "$JOBS" 2>/dev/null
     if [ -n "$_upto" ]; then
         # The job's inputs, placed only by the exec that starts it: a retry or a restarted
         # operator re-attaching to the job never changes them under it.
@@ -416,8 +422,9 @@ cmd_start() {
         fi
     fi
     if mkdir "$_d" 2>/dev/null; then
-        put "$_d/created" "$(now)" || die "start: cannot write in $_d"
-        _wdir=$(default_workdir)
+        write "$_d/created" "$(now)" || die "start: cannot write in $_d"
+        _mn=$(mnt_ns)
+        _wdir=$(default_workdir "$_mn")
         case $_cwd in
             '') _cwd=$_wdir ;;
             /*) ;;
@@ -476,7 +483,7 @@ print_extras() {
 # (an exec ends only when every holder of its stdout has closed it).
 launch_runner() {
     _log=$JOBS/$1/supervisor.log
-    if has setsid && case $(setsid --help 2>&1) in *--fork*) true ;; *) false ;; esac; then
+    if has setsid && setsid_forks; then
         # Not `&`: a non-interactive shell's background commands ignore SIGINT and SIGQUIT,
         # and a job must see them as docker exec would.
         setsid -f sh "$SELF" _run "$1" fg </dev/null >>"$_log" 2>&1
@@ -487,16 +494,31 @@ launch_runner() {
     fi
 }
 
+# Does this container's setsid take -f (--fork)? Asked once per container (mount namespace).
+setsid_forks() {
+    _sfc=
+    [ -z "${_mn-}" ] || _sfc=$BASE/setsid-fork.$_mn
+    if [ -n "$_sfc" ] && get_line "$_sfc"; then
+        [ "$_got" = 1 ]
+        return
+    fi
+    _sfa=0
+    case $(setsid --help 2>&1) in *--fork*) _sfa=1 ;; esac
+    [ -z "$_sfc" ] || put "$_sfc" "$_sfa"
+    [ "$_sfa" = 1 ]
+}
+
 # The runner: one per job, alive for the job's main process. $2: fg|bg (how it was started).
 cmd_run() {
     _id=$1
     _how=${2:-fg}
     _d=$JOBS/$_id
     [ -d "$_d" ] || exit 1
-    _stat=$(cat /proc/$$/stat 2>/dev/null)
+    _stat=
+    { IFS= read -r _stat </proc/$$/stat; } 2>/dev/null
     # shellcheck disable=SC2086
-    [ -n "$_stat" ] && set -- ${_stat##*) } && put "$_d/runner" "$$ ${20} $(readlink /proc/self/ns/pid 2>/dev/null)"
-    [ -f "$_d/runner" ] || put "$_d/runner" "$$"
+    [ -n "$_stat" ] && set -- ${_stat##*) } && write "$_d/runner" "$$ ${20} $(readlink /proc/self/ns/pid 2>/dev/null)"
+    [ -f "$_d/runner" ] || write "$_d/runner" "$$"
 
     get "$_d/command"; _cmd=$_got
     get_line "$_d/shell"; _shell=$_got
@@ -582,10 +604,10 @@ cmd_run() {
     set -- "$_shbin" -c 'printf "%s\n" "$$" >"$0" && exec "$@"' "$_d/jobpid" "$@" "$_cmd"
     if has setsid; then
         set -- "$(command -v setsid)" "$@"
-        put "$_d/grouped" 1
+        write "$_d/grouped" 1
     fi
 
-    put "$_d/started_at" "$(now)"
+    write "$_d/started_at" "$(now)"
     [ -z "$_timeout" ] || watchdog </dev/null >/dev/null 2>&1 &
     # The job runs in the foreground of the runner: a background command of a shell without
     # job control would start with SIGINT and SIGQUIT ignored, unlike under docker exec.
@@ -593,8 +615,8 @@ cmd_run() {
     _rc=$?
     # The watchdog sees `exit` and leaves; after a timeout it still owes the KILL to
     # whatever ignored TERM.
-    put "$_d/finished_at" "$(now)"
-    put "$_d/exit" "$_rc"
+    write "$_d/finished_at" "$(now)"
+    write "$_d/exit" "$_rc"
     exit 0
 }
 
@@ -872,7 +894,7 @@ read_frame() {
 }
 
 read_scratch() {
-    mkdir -p "$TMPD" || die "read: cannot create $TMPD"
+    [ -d "$TMPD" ] || mkdir -p "$TMPD" || die "read: cannot create $TMPD"
     _tmp=$TMPD/read.$$
     trap 'rm -f "$_tmp"' EXIT
 }
