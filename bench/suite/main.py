@@ -31,6 +31,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--quick", action="store_true", help="fewer repeats; throughput up to N=10; 300 Episodes")
     parser.add_argument("--groups", default=",".join(GROUPS), help=f"comma-separated subset of {','.join(GROUPS)}")
     parser.add_argument("--repeats", type=int, default=None, help="repeats of groups 1 and 2 (default 5, quick 3)")
+    parser.add_argument("--steps", type=int, default=5, help="steps of group 1's task (issue 7: 5)")
     parser.add_argument("--sizes", default=None, help="throughput batch sizes (default 1,10,50; quick 1,10)")
     parser.add_argument("--episodes", type=int, default=None, help="finished Episodes for group 4 (1000; quick 300)")
     parser.add_argument("--active", type=int, default=10, help="active Episodes for group 4")
@@ -89,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
     sizes = [int(n) for n in (options.sizes or ("1,10" if options.quick else "1,10,50")).split(",")]
     finished = options.episodes or (300 if options.quick else 1000)
     plan: dict[str, Callable[[], None]] = {
-        "turns": lambda: turn_overhead.run(context, repeats=repeats),
+        "turns": lambda: turn_overhead.run(context, steps=options.steps, repeats=repeats),
         "startup": lambda: startup.run(context, repeats=repeats),
         "throughput": lambda: throughput.run(context, sizes=sizes),
         "footprint": lambda: footprint.run(context, finished=finished, active=options.active),

@@ -1,11 +1,12 @@
-"""Group 1, turn overhead: a 5-step trivial episode through the operator vs. the same work done directly.
+"""Group 1, turn overhead: a trivial episode (5 steps by default) through the operator vs. the same work done directly.
 
 Operator wall: the Episode's create request → the first watch event that shows it
 ``Succeeded``. Baseline wall: the pod's create request → its delete request returned
 (:mod:`.direct`). Runs alternate (operator first on even repeats) so drift on a shared
 machine hits both alike; one warm-up of each is discarded. The operator's time is split by
-the status writes its watch shows: every stage of every turn is published before its work
-starts, so the time from one state to the next is that stage's work plus one status write.
+the status writes its watch shows: the stages it publishes (for a shared verifier, a turn's
+start and its agent stage), so the time from one state to the next is the work between two
+writes plus one write.
 """
 
 from __future__ import annotations
