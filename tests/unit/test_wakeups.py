@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-from types import SimpleNamespace
 from typing import Any
 
 from episode_operator.kube.pods import OwnerRef
@@ -42,21 +41,17 @@ def test_a_later_registration_replaces_and_outlives_an_earlier_one() -> None:
         assert not first.is_set()
 
 
-def _pod(ready: bool) -> Any:
-    state = SimpleNamespace(running=SimpleNamespace() if ready else None, terminated=None, waiting=None)
-    if not ready:
-        state.waiting = SimpleNamespace(reason="ContainerCreating", message=None)
-    container = SimpleNamespace(name="main", ready=ready, state=state)
-    return SimpleNamespace(
-        metadata=SimpleNamespace(deletion_timestamp=None),
-        status=SimpleNamespace(
-            phase="Running" if ready else "Pending",
-            reason=None,
-            message=None,
-            container_statuses=[container],
-            conditions=[],
-        ),
+def _pod(ready: bool) -> dict[str, Any]:
+    state = (
+        {"running": {"startedAt": "2026-11-30T00:00:00Z"}} if ready else {"waiting": {"reason": "ContainerCreating"}}
     )
+    return {
+        "metadata": {"name": "e-a1"},
+        "status": {
+            "phase": "Running" if ready else "Pending",
+            "containerStatuses": [{"name": "main", "ready": ready, "state": state}],
+        },
+    }
 
 
 class StartingPod:

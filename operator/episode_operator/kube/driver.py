@@ -232,7 +232,7 @@ async def _refuse(
 async def release_episode_pods(client: KubeClient, namespace: str, name: str) -> None:
     """Delete every pod of an Episode (it was deleted while running)."""
     for pod in await client.list_pods(namespace, episode_selector(name)):
-        await client.delete_pod(namespace, pod.metadata.name, grace_seconds=0)
+        await client.delete_pod(namespace, pod["metadata"]["name"], grace_seconds=0)
 
 
 async def announce_waiting(client: KubeClient, body: Mapping[str, Any], active: int) -> None:

@@ -108,7 +108,7 @@ class KubeSandbox:
         verdict = pod_verdict(pod)
         if verdict.lost:
             kind = "container-exited" if verdict.message.startswith("container ") else "pod-lost"
-            if (pod.status.reason or "") in ("Evicted", "NodeLost", "Shutdown", "Terminated"):
+            if ((pod.get("status") or {}).get("reason") or "") in ("Evicted", "NodeLost", "Shutdown", "Terminated"):
                 kind = "pod-lost"
             return kind, f"pod {self.name}: {verdict.message}"
         return "exec", ""
@@ -251,7 +251,7 @@ class KubeProvider:
         except KubeError as error:
             raise SandboxError(str(error), kind="api") from error
         for pod in pods:
-            await self._delete(pod.metadata.name)
+            await self._delete(pod["metadata"]["name"])
         if self._applied or self.plan.environment.network_mode != "public":
             try:
                 await self.client.delete_network_policies(self.episode.namespace, episode_selector(self.episode.name))
@@ -335,38 +335,47 @@ class PodVerdict:
     message: str
 
 
-def pod_verdict(pod: Any) -> PodVerdict:
-    """Read a pod's state: ready to work, lost, or waiting (and why)."""
-    status = pod.status
-    if pod.metadata.deletion_timestamp:
+def pod_verdict(pod: Mapping[str, Any]) -> PodVerdict:
+    """Read a pod's state (the API's JSON): ready to work, lost, or waiting (and why)."""
+    status = pod.get("status") or {}
+    phase = status.get("phase")
+    if (pod.get("metadata") or {}).get("deletionTimestamp"):
         return PodVerdict(False, True, None, "is being deleted")
-    if status.phase in ("Failed", "Succeeded"):
-        reason = status.reason or status.phase
-        return PodVerdict(False, True, None, f"{reason}: {status.message or 'a container exited'}")
-    statuses = list(status.container_statuses or [])
+    if phase in ("Failed", "Succeeded"):
+        reason = status.get("reason") or phase
+        return PodVerdict(False, True, None, f"{reason}: {status.get('message') or 'a container exited'}")
+    statuses = list(status.get("containerStatuses") or [])
     for container in statuses:
-        terminated = container.state.terminated if container.state else None
+        terminated = (container.get("state") or {}).get("terminated")
         if terminated is not None:
             return PodVerdict(
                 False,
                 True,
                 None,
-                f"container {container.name} exited with {terminated.exit_code} ({terminated.reason}): "
-                f"{(terminated.message or '').strip()[:300]}",
+                f"container {container.get('name')} exited with {terminated.get('exitCode')} "
+                f"({terminated.get('reason')}): {(terminated.get('message') or '').strip()[:300]}",
             )
     for container in statuses:
-        waiting = container.state.waiting if container.state else None
-        if waiting is not None and waiting.reason not in (None, "ContainerCreating", "PodInitializing"):
+        waiting = (container.get("state") or {}).get("waiting")
+        if waiting is not None and waiting.get("reason") not in (None, "ContainerCreating", "PodInitializing"):
             return PodVerdict(
-                False, False, waiting.reason, f"container {container.name}: {waiting.reason}: {waiting.message or ''}"
+                False,
+                False,
+                waiting.get("reason"),
+                f"container {container.get('name')}: {waiting.get('reason')}: {waiting.get('message') or ''}",
             )
     if (
-        status.phase == "Running"
+        phase == "Running"
         and statuses
-        and all(c.ready or (c.name == MAIN_CONTAINER and c.state.running) for c in statuses)
+        and all(
+            c.get("ready") or (c.get("name") == MAIN_CONTAINER and (c.get("state") or {}).get("running") is not None)
+            for c in statuses
+        )
     ):
         return PodVerdict(True, False, None, "running")
-    for condition in status.conditions or []:
-        if condition.type == "PodScheduled" and condition.status == "False":
-            return PodVerdict(False, False, None, f"not scheduled: {condition.message or condition.reason}")
-    return PodVerdict(False, False, None, f"phase {status.phase}")
+    for condition in status.get("conditions") or []:
+        if condition.get("type") == "PodScheduled" and condition.get("status") == "False":
+            return PodVerdict(
+                False, False, None, f"not scheduled: {condition.get('message') or condition.get('reason')}"
+            )
+    return PodVerdict(False, False, None, f"phase {phase}")
