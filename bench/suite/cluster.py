@@ -25,7 +25,7 @@ from typing import Any, Generic, TypeVar
 
 from kubernetes import client, config, watch
 from kubernetes.client.exceptions import ApiException
-from tests.cluster.harness import GROUP, PLURAL, VERSION, OperatorProcess
+from tests.cluster.harness import GROUP, PLURAL, VERSION, OperatorProcess, wait_for_namespace_gone
 
 DEFAULT_KUBECONFIG = Path("/var/lib/episode-operator/cluster/kubeconfig")
 BENCH_LABEL = "episode-operator.dev/bench"
@@ -259,16 +259,7 @@ class Namespaces:
         core = client.CoreV1Api(self.api)
         with contextlib.suppress(ApiException):
             core.delete_namespace(name, propagation_policy="Background")
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            try:
-                core.read_namespace(name)
-            except ApiException as error:
-                if error.status == 404:
-                    return True
-                raise
-            time.sleep(0.5)
-        return False
+        return wait_for_namespace_gone(core, name, timeout)
 
     def strip_finalizers(self, name: str) -> int:
         """Last resort when no operator is left to release them: remove Episodes' finalizers."""

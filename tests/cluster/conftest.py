@@ -21,7 +21,7 @@ import pytest
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
-from tests.cluster.harness import OperatorProcess, install_crd, running_operator
+from tests.cluster.harness import OperatorProcess, install_crd, running_operator, wait_for_namespace_gone
 
 HERE = Path(__file__).resolve().parent
 HACK_CLUSTER = HERE.parents[1] / "hack" / "cluster"
@@ -168,12 +168,4 @@ def delete_namespace_while_watched(core: client.CoreV1Api, name: str, timeout: f
     stay Terminating for ever.
     """
     core.delete_namespace(name, propagation_policy="Background")
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            core.read_namespace(name)
-        except ApiException as error:
-            if error.status == 404:
-                return
-            raise
-        time.sleep(0.5)
+    wait_for_namespace_gone(core, name, timeout)

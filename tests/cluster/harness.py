@@ -182,6 +182,20 @@ def create_episode(api: client.ApiClient, namespace: str, name: str, spec: dict[
     client.CustomObjectsApi(api).create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, body)
 
 
+def wait_for_namespace_gone(core: client.CoreV1Api, name: str, timeout: float) -> bool:
+    """Wait until a namespace being deleted is gone; False if it is still there after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            core.read_namespace(name)
+        except ApiException as error:
+            if error.status == 404:
+                return True
+            raise
+        time.sleep(0.5)
+    return False
+
+
 def read_episode(api: client.ApiClient, namespace: str, name: str) -> dict[str, Any]:
     result: dict[str, Any] = client.CustomObjectsApi(api).get_namespaced_custom_object(
         GROUP, VERSION, namespace, PLURAL, name

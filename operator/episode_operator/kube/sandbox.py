@@ -270,10 +270,12 @@ class KubeProvider:
         name = manifest["metadata"]["name"]
         # The policy exists before the pod, so a restricted sandbox is never briefly open.
         await self._network(name, self._selector(pod.attempt, pod.role, pod.turn), pod.network)
-        with contextlib.ExitStack() as registrations:
-            changed = None
-            if self.wakeups is not None:
-                changed = registrations.enter_context(self.wakeups.registered(self.episode.namespace, name))
+        registration = (
+            self.wakeups.registered(self.episode.namespace, name)
+            if self.wakeups is not None
+            else contextlib.nullcontext(None)
+        )
+        with registration as changed:
             try:
                 try:
                     await self.client.read_pod(self.episode.namespace, name)

@@ -631,19 +631,17 @@ class EpisodeRunner:
         # neither clears its reward files nor replaces its tests.
         clear: tuple[str, ...] = (f"{TESTS}/", f"{LOGS_VERIFIER}/")
         if record.stage == "verify-prepare":
-            if separate:
-                # Declared artifacts only, at their original absolute paths.
-                archives = await self.store.artifact_archives(self._attempt.number, turn.name)
-                try:
-                    for archive in archives:
-                        await sandbox.upload(archive, "/", clear=clear)
-                        clear = ()
-                except (SandboxError, CommandFailed) as error:
-                    raise _outage(error, "clear-grading-files", f"cannot prepare verification: {error}") from error
-                # Published once the artifacts' upload cleared the grading folders: a
-                # restart must not clear them again under test.sh.
-                await self._stage(record, "verify", publish=bool(archives))
-            record.stage = "verify"
+            # A separate verifier gets the declared artifacts, at their original absolute paths.
+            archives = await self.store.artifact_archives(self._attempt.number, turn.name) if separate else []
+            try:
+                for archive in archives:
+                    await sandbox.upload(archive, "/", clear=clear)
+                    clear = ()
+            except (SandboxError, CommandFailed) as error:
+                raise _outage(error, "clear-grading-files", f"cannot prepare verification: {error}") from error
+            # Published once the artifacts' upload cleared the grading folders: a restart
+            # must not clear them again under test.sh.
+            await self._stage(record, "verify", publish=bool(archives))
         elif separate:
             clear = ()  # a separate verifier's published "verify": the artifacts' upload cleared them
         try:
