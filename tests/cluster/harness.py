@@ -2,7 +2,7 @@
 
 The operator runs as its console script (``episode-operator run``), a process of its own
 with its pid recorded, so a test can kill it and start another as a crash would. It
-watches namespaces by a glob (``t-*`` for the shared one), so a test that needs an
+watches namespaces by a glob (``<prefix>*`` for the shared one, see ``namespace_prefix``), so a test that needs an
 operator to itself uses another prefix.
 """
 
