@@ -18,8 +18,9 @@ from typing import Any
 
 import kopf
 
-from episode_operator.api.episodeset import SET_LABEL, SET_PLURAL
-from episode_operator.api.models import GROUP, PLURAL, VERSION
+from episode_operator.api.episodeset import SET_PLURAL
+from episode_operator.api.models import PLURAL
+from episode_operator.api.vocabulary import EPISODE_LABEL, GROUP, SET_LABEL, VERSION, is_terminal, parse_timestamp
 from episode_operator.kube.client import KubeClient, KubeError
 from episode_operator.kube.driver import (
     DriverSettings,
@@ -29,15 +30,12 @@ from episode_operator.kube.driver import (
     suspend_episode,
 )
 from episode_operator.kube.episodeset import run_episode_set
-from episode_operator.kube.pods import EPISODE_LABEL, label_value
+from episode_operator.kube.objects.pods import label_value
 from episode_operator.kube.status import EpisodeGone
-from episode_operator.runtime.episode import parse_timestamp
 from episode_operator.runtime.metrics import Metrics
 from episode_operator.runtime.server import serve
 from episode_operator.runtime.slots import FifoSlots
 from episode_operator.runtime.wakeups import Wakeups
-
-TERMINAL = ("Succeeded", "Failed")
 
 
 @dataclass(frozen=True)
@@ -101,12 +99,12 @@ async def close(memo: kopf.Memo, **_: Any) -> None:
 def is_active(status: kopf.Status, spec: kopf.Spec, **_: Any) -> bool:
     """Episodes that have not finished and are not suspended get a driver."""
     phase: Any = status.get("phase") if status else None
-    return phase not in TERMINAL and not spec.get("suspend")
+    return not is_terminal(phase) and not spec.get("suspend")
 
 
 def is_suspended(status: kopf.Status, spec: kopf.Spec, **_: Any) -> bool:
     phase: Any = status.get("phase") if status else None
-    return phase not in TERMINAL and bool(spec.get("suspend"))
+    return not is_terminal(phase) and bool(spec.get("suspend"))
 
 
 @kopf.on.resume(GROUP, VERSION, PLURAL, when=is_suspended)
@@ -194,7 +192,7 @@ async def _drive_in_a_slot(body: kopf.Body, memo: Any, logger: Any) -> None:
 
 def has_ttl(status: kopf.Status, spec: kopf.Spec, **_: Any) -> bool:
     phase: Any = status.get("phase") if status else None
-    return phase in TERMINAL and spec.get("ttlSecondsAfterFinished") is not None and bool(status.get("finishedAt"))
+    return is_terminal(phase) and spec.get("ttlSecondsAfterFinished") is not None and bool(status.get("finishedAt"))
 
 
 @kopf.daemon(GROUP, VERSION, PLURAL, when=has_ttl, cancellation_timeout=5.0, backoff=30.0)

@@ -37,7 +37,7 @@ def test_the_chart_lints_strictly() -> None:
 def test_the_charts_crds_are_the_generated_ones() -> None:
     committed = {path.name: path.read_text() for path in sorted(CRDS.glob("*.yaml"))}
     assert "episodes.episode-operator.dev.yaml" in committed
-    assert chart_crds() == committed, "run: python -m episode_operator.api.crd --write"
+    assert chart_crds() == committed, "run: python -m episode_operator.kube.objects.crds --write"
 
 
 def test_manifests_install_is_the_chart_with_its_defaults() -> None:

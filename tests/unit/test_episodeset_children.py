@@ -12,8 +12,8 @@ from click.testing import CliRunner
 from episode_operator.api.episodeset import SET_KIND, EpisodeSetSpec, SetTaskStatus
 from episode_operator.api.models import EpisodeSpec
 from episode_operator.cli.kubectl_episode import cli
-from episode_operator.kube.episodeset import child_manifest, child_name, set_selector, task_label_value
-from episode_operator.kube.pods import OwnerRef
+from episode_operator.kube.objects.children import child_manifest, child_name, set_selector, task_label_value
+from episode_operator.kube.objects.pods import OwnerRef
 from episode_operator.taskfolder.dataset import discover_dataset
 from tests.conftest import EXAMPLE_TASKS
 

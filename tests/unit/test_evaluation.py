@@ -21,16 +21,15 @@ from episode_operator.api.episodeset import (
     child_spec,
 )
 from episode_operator.api.models import EpisodeSpec, TaskSource
+from episode_operator.api.vocabulary import parse_timestamp, precise_timestamp
 from episode_operator.runtime.evaluation import (
     ChildView,
     aggregate,
     definition_digest,
     next_children,
-    parse_time,
     pass_at_k,
     plan_set,
     policy_verdict,
-    precise_timestamp,
     record_children,
     summarize_task,
 )
@@ -440,5 +439,5 @@ def test_definition_digest_covers_what_is_evaluated_only() -> None:
 
 def test_precise_timestamps_round_trip() -> None:
     assert precise_timestamp(1767225600.25) == "2026-01-01T00:00:00.250000Z"
-    assert parse_time("2026-01-01T00:00:00.250000Z") == 1767225600.25
-    assert parse_time("2026-01-01T00:00:00Z") == 1767225600.0
+    assert parse_timestamp("2026-01-01T00:00:00.250000Z") == 1767225600.25
+    assert parse_timestamp("2026-01-01T00:00:00Z") == 1767225600.0

@@ -19,7 +19,8 @@ import pytest
 
 import episode_operator
 import episode_operator.kube.client as client_module
-from episode_operator.api.models import GROUP, PLURAL
+from episode_operator.api.models import PLURAL
+from episode_operator.api.vocabulary import GROUP
 from episode_operator.kube import rbac
 
 PACKAGE = Path(episode_operator.__file__).parent

@@ -11,6 +11,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from episode_operator.api.models import EpisodeSpec, EpisodeStatus
+from episode_operator.api.vocabulary import is_terminal
 
 ROLLOUTS = "rollouts.jsonl"
 FAILURES = "rollouts_failures.jsonl"
@@ -62,7 +63,7 @@ def split_rows(episodes: Iterable[Mapping[str, Any]]) -> tuple[list[dict[str, An
     failures: list[dict[str, Any]] = []
     for episode in episodes:
         phase = (episode.get("status") or {}).get("phase")
-        if phase not in ("Succeeded", "Failed"):
+        if not is_terminal(phase):
             continue
         row = gym_row(episode)
         (rollouts if row["outcome"] == "Graded" else failures).append(row)

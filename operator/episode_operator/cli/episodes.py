@@ -21,14 +21,15 @@ from rich.table import Table
 
 from episode_operator.api.export import FAILURES, ROLLOUTS, split_rows
 from episode_operator.api.models import AgentSpec, EpisodeSpec, EpisodeStatus, TaskSource, episode_manifest
+from episode_operator.api.vocabulary import is_terminal
 from episode_operator.kube.client import KubeClient, KubeError, NotFound
-from episode_operator.kube.episodeset import set_selector
-from episode_operator.kube.tasks import TaskTooLarge, task_config_map
+from episode_operator.kube.objects.children import set_selector
+from episode_operator.kube.objects.tasks import TaskTooLarge, task_config_map
+from episode_operator.runtime.agents import AGENT_KINDS, spec_problems
 from episode_operator.runtime.store import episode_store_root, export_artifacts, stored_logs
 from episode_operator.taskfolder import TaskFiles, validate_task
 
 T = TypeVar("T")
-TERMINAL = ("Succeeded", "Failed")
 
 
 def with_client(kubeconfig: str | None, action: Callable[[KubeClient], Awaitable[T]]) -> T:
@@ -51,6 +52,15 @@ def cluster_options(command: Callable[..., Any]) -> Callable[..., Any]:
     command = click.option("-n", "--namespace", default="default", show_default=True, help="Namespace.")(command)
     command = click.option("--kubeconfig", default=None, help="Kubeconfig (default: $KUBECONFIG).")(command)
     return command
+
+
+def agent_spec(document: dict[str, Any]) -> AgentSpec:
+    """``spec.agent`` from the command line, checked by its kind's registry entry (a clear error, exit 1)."""
+    spec = AgentSpec.model_validate({key: value for key, value in document.items() if value is not None})
+    problems = spec_problems(spec)
+    if problems:
+        raise click.ClickException("; ".join(problems))
+    return spec
 
 
 def _load_folder(directory: str) -> TaskFiles:
@@ -103,7 +113,7 @@ def register(cli: click.Group) -> None:
     @cli.command()
     @click.argument("source", type=click.Path(exists=True))
     @cluster_options
-    @click.option("--agent", type=click.Choice(["oracle", "nop", "command"]), default="oracle", show_default=True)
+    @click.option("--agent", type=click.Choice(AGENT_KINDS), default="oracle", show_default=True)
     @click.option("--command", "agent_command", default=None, help="For --agent command: the shell command.")
     @click.option("--image", default=None, help="Image for a task without docker_image.")
     @click.option("--name", default=None, help="Episode name (default: generated from the folder's name).")
@@ -136,7 +146,7 @@ def register(cli: click.Group) -> None:
             try:
                 spec = EpisodeSpec(
                     task=TaskSource.model_validate({"configMap": {"name": config_map["metadata"]["name"]}}),
-                    agent=AgentSpec.model_validate({"kind": agent, "command": agent_command}),
+                    agent=agent_spec({"kind": agent, "command": agent_command}),
                     image=image,
                     timeout_multiplier=timeout_multiplier,
                 )
@@ -440,13 +450,13 @@ def follow(kubeconfig: str | None, namespace: str, name: str, timeout: float) ->
                 table = _turn_table(status)
                 table.title = header
                 live.update(table)
-                if status.phase in TERMINAL or time.monotonic() > deadline:
+                if is_terminal(status.phase) or time.monotonic() > deadline:
                     return status
                 await asyncio.sleep(1.0)
 
     status = with_client(kubeconfig, watch)
     console.print()
-    if status.phase not in TERMINAL:
+    if not is_terminal(status.phase):
         raise click.ClickException(f"episode {namespace}/{name} still {status.phase} after {timeout:.0f} s")
     console.print(
         f"{status.phase} ({status.outcome}): reward {_reward(status.reward)}"

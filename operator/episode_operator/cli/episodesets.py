@@ -17,13 +17,14 @@ from rich.table import Table
 
 from episode_operator.api.episodeset import SET_KIND, EpisodeSetSpec, EpisodeSetStatus, SetTaskStatus
 from episode_operator.api.models import API_VERSION
-from episode_operator.cli.episodes import cluster_options, with_client
+from episode_operator.api.vocabulary import is_terminal
+from episode_operator.cli.episodes import agent_spec, cluster_options, with_client
 from episode_operator.kube.client import KubeClient
-from episode_operator.kube.tasks import TaskTooLarge, task_config_map
+from episode_operator.kube.objects.tasks import TaskTooLarge, task_config_map
+from episode_operator.runtime.agents import AGENT_KINDS
 from episode_operator.taskfolder import TaskFiles, validate_task
 from episode_operator.taskfolder.dataset import discover_dataset
 
-TERMINAL = ("Succeeded", "Failed")
 SHOWN_TASKS = 30
 OUTCOME_CELLS = {"Ungraded": "infra", "Masked": "masked", "TerminalFailure": "term"}
 
@@ -60,7 +61,7 @@ def register_sets(cli: click.Group) -> None:
     @cli.command("eval")
     @click.argument("dataset", type=click.Path(exists=True, file_okay=False))
     @cluster_options
-    @click.option("--agent", type=click.Choice(["oracle", "nop", "command"]), default="oracle", show_default=True)
+    @click.option("--agent", type=click.Choice(AGENT_KINDS), default="oracle", show_default=True)
     @click.option("--command", "agent_command", default=None, help="For --agent command: the shell command.")
     @click.option("--setup", "agent_setup", default=None, help="For --agent command: run once per sandbox.")
     @click.option("--image", default=None, help="Image for tasks without docker_image.")
@@ -128,7 +129,7 @@ def register_sets(cli: click.Group) -> None:
                             for task, config_map in packed
                         ]
                     },
-                    "agent": {"kind": agent, "command": agent_command, "setup": agent_setup},
+                    "agent": agent_spec({"kind": agent, "command": agent_command, "setup": agent_setup}).to_api(),
                     "attempts": attempts,
                     "parallelism": parallelism,
                     "template": template,
@@ -177,7 +178,7 @@ def _attempt_cell(task: SetTaskStatus, attempts: int) -> str:
         record = records.get(attempt)
         if record is None:
             cells.append("·")
-        elif record.phase not in TERMINAL:
+        elif not is_terminal(record.phase):
             cells.append("…")
         elif record.outcome == "Graded":
             cells.append(_number(record.reward))

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import click
 
-from episode_operator.api.crd import episode_crd, episodeset_crd
 from episode_operator.handlers import OperatorOptions, run_operator
 from episode_operator.kube.client import KubeClient, KubeError
+from episode_operator.kube.objects.crds import episode_crd, episodeset_crd
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})

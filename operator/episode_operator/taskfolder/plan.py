@@ -192,10 +192,12 @@ def episode_deadline(config: TaskConfig, turns: list[TurnPlan]) -> float:
     return total
 
 
-def seed_refusals(plan: EpisodePlan, *, agent: str, image_override: str | None) -> list[Problem]:
+def seed_refusals(plan: EpisodePlan, *, accepts_prior_trajectory: bool, image_override: str | None) -> list[Problem]:
     """What refuses an episode of this plan when it starts here (TASK-FORMAT.md §4, "Seed").
 
     These depend on the Episode, not on the folder, so ``validate`` only warns of them.
+    ``accepts_prior_trajectory``: the agent may be given a first step's ``trajectory.json``
+    (Gym: the oracle alone, which ignores it).
     """
     problems: list[Problem] = []
     if plan.environment.os != "linux":
@@ -205,7 +207,7 @@ def seed_refusals(plan: EpisodePlan, *, agent: str, image_override: str | None) 
             Problem(TASK_CONFIG, "environment.docker_image", "not set, and the Episode gives no spec.image")
         )
     first = plan.turns[0]
-    if plan.multi_step and first.trajectory and agent != "oracle":
+    if plan.multi_step and first.trajectory and not accepts_prior_trajectory:
         problems.append(
             Problem(
                 first.trajectory,

@@ -7,11 +7,10 @@ import re
 from typing import Any
 
 from episode_operator.api.models import DEFAULT_TASK_ARCHIVE_KEY
+from episode_operator.api.vocabulary import TASK_DIGEST_LABEL, TASK_LABEL
 from episode_operator.taskfolder import TaskFiles
 from episode_operator.taskfolder.sources import pack_tar
 
-DIGEST_LABEL = "episode-operator.dev/task-digest"
-TASK_LABEL = "episode-operator.dev/task"
 # etcd refuses objects above ~1.5 MiB; a ConfigMap's data and binaryData together stay under 1 MiB.
 CONFIG_MAP_LIMIT = 1024 * 1024
 
@@ -35,7 +34,7 @@ def task_config_map(files: TaskFiles, *, task: str, namespace: str) -> dict[str,
         "metadata": {
             "name": f"task-{stem}-{digest[:12]}",
             "namespace": namespace,
-            "labels": {TASK_LABEL: stem, DIGEST_LABEL: digest[:63]},
+            "labels": {TASK_LABEL: stem, TASK_DIGEST_LABEL: digest[:63]},
         },
         "binaryData": {DEFAULT_TASK_ARCHIVE_KEY: base64.b64encode(archive).decode()},
     }
