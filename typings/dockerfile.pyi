@@ -11,10 +11,10 @@ class Heredoc(NamedTuple):
     content: str
 
 class Command(NamedTuple):
-    cmd: str
+    cmd: str | None  # None for a stray line the parser kept (e.g. a lone backslash)
     sub_cmd: str | None
     json: bool
-    original: str
+    original: str | None
     start_line: int
     end_line: int
     flags: tuple[str, ...]

@@ -314,11 +314,14 @@ class _Planner:
         try:
             commands = dockerfile.parse_string(text)
         except dockerfile.GoParseError as error:
-            self.refuse(f"syntax error: {error}", _error_line(str(error)))
+            self.refuse(f"syntax error: {error}", _error_line(text, str(error)))
             return None
         global_args: dict[str, str | None] = {}
         from_image: str | None = None
         for command in commands:
+            if command.cmd is None or command.original is None:
+                self.refuse("syntax error: not an instruction", command.start_line)
+                continue
             instruction = command.cmd.upper()
             shown = _shown(command.original)
             if from_image is None and instruction == "ARG":
@@ -574,7 +577,7 @@ class _Planner:
 
     def start_part(self, command: dockerfile.Command, shown: str) -> None:
         argv = list(command.value) if command.json else [*self.stage.shell, command.value[0] if command.value else ""]
-        if command.cmd.upper() == "ENTRYPOINT":
+        if (command.cmd or "").upper() == "ENTRYPOINT":
             self.stage.entrypoint = argv
         else:
             self.stage.cmd = argv
@@ -592,10 +595,10 @@ class _Planner:
         flags = dict(flag.removeprefix("--").partition("=")[::2] for flag in command.flags)
         words = [self.word(word, json=command.json) for word in command.value]
         if len(words) < 2:
-            self.refuse(f"{shown}: {command.cmd.upper()} needs a source and a destination", line)
+            self.refuse(f"{shown}: {(command.cmd or '').upper()} needs a source and a destination", line)
             return
         *sources, destination_word = words
-        is_add = command.cmd.upper() == "ADD"
+        is_add = (command.cmd or "").upper() == "ADD"
         owner = self.owner(self.word(flags["chown"]), shown, line) if "chown" in flags else None
         mode = flags.get("chmod")
         if mode is not None and not OCTAL_MODE.fullmatch(mode):
@@ -839,9 +842,20 @@ def _escape_directive(text: str) -> str:
     return "\\"
 
 
-def _error_line(message: str) -> int | None:
-    match = re.search(r"line (\d+)", message)
-    return int(match.group(1)) if match else None
+def _error_line(text: str, message: str) -> int | None:
+    """The line of a syntax error: the parser does not say, so find the shortest prefix failing alike."""
+    lines = text.splitlines(keepends=True)
+    low, high = 1, len(lines)
+    while low < high:
+        middle = (low + high) // 2
+        try:
+            dockerfile.parse_string("".join(lines[:middle]))
+        except dockerfile.GoParseError as error:
+            if str(error) == message:
+                high = middle
+                continue
+        low = middle + 1
+    return low if lines and message != "file with no instructions" else None
 
 
 def _shown(original: str) -> str:
