@@ -132,6 +132,8 @@ def test_a_heredoc_script_with_a_shebang_runs_by_its_interpreter() -> None:
         ("FROM x\nENV A=1\nENV B=2 A=3\n", {"B": "2", "A": "3"}),
         ("FROM x\nENV P='$literal' Q=a\\ b\n", {"P": "$literal", "Q": "a b"}),
         ("FROM x\nENV HOME_BIN=$HOME/bin\n", {"HOME_BIN": "/root/bin"}),
+        # ENV wins over an ARG of the same name, and the image's environment over ARGs too.
+        ("FROM x\nARG A=arg\nARG HOME=arg\nENV A=env\nENV B=$A C=$HOME\n", {"A": "env", "B": "env", "C": "/root"}),
     ],
 )
 def test_env_substitution(text: str, env: dict[str, str]) -> None:
@@ -157,7 +159,8 @@ def test_copy_destinations_and_sources() -> None:
         "environment/src/pkg/mod.py": "x",
         "environment/src/cache/big.bin": "ignored",
         "environment/src/empty/": "",
-        "environment/.dockerignore": "# comment\n**/cache\n*.log\n",
+        "environment/.dockerignore": "# comment\n**/cache\n*.log\n!keep.log\n",
+        "environment/keep.log": "kept by the ! rule",
         "environment/debug.log": "ignored",
     }
     text = (
@@ -185,7 +188,7 @@ def test_copy_destinations_and_sources() -> None:
     assert isinstance(everything, CopyStep)
     copied = sorted(f.source or "" for f in everything.files)
     assert "environment/debug.log" not in copied and "environment/src/cache/big.bin" not in copied
-    assert "environment/Dockerfile" in copied
+    assert "environment/Dockerfile" in copied and "environment/keep.log" in copied
 
 
 def test_copy_command_and_staging_archive() -> None:
@@ -231,7 +234,8 @@ def test_add_unpacks_a_local_archive_and_copies_other_files() -> None:
 
 
 def test_metadata_instructions_and_volume() -> None:
-    text = "FROM x\nLABEL a=b\nEXPOSE 80\nMAINTAINER m\nSTOPSIGNAL SIGINT\nHEALTHCHECK CMD true\nONBUILD RUN x\nVOLUME /data\n"
+    text = "FROM x\nLABEL a=b\nEXPOSE 80\nMAINTAINER m\nSTOPSIGNAL SIGINT\n"
+    text += "HEALTHCHECK CMD true\nONBUILD RUN x\nVOLUME /data\n"
     files = TaskFiles.from_mapping({DOCKERFILE: text})
     planning = plan_replay(files, DOCKERFILE, "environment")
     assert planning.plan is not None
