@@ -180,7 +180,9 @@ def test_copy_destinations_and_sources() -> None:
     assert isinstance(tree, CopyStep)
     assert sorted(f.path for f in tree.files) == ["s0/main.py", "s0/pkg/mod.py"]
     assert "s0/empty" in tree.directories and "s0/cache" not in tree.directories
-    assert tree.placements[0].top_level == ["/opt/src/empty", "/opt/src/main.py", "/opt/src/pkg"]
+    assert tree.placements[0].top_level == ["empty", "main.py", "pkg"]
+    # Entry by entry, so an existing destination keeps its owner and mode.
+    assert "cp -R -p /s/s0/empty /s/s0/main.py /s/s0/pkg /opt/src/" in copy_command(tree, "/s")
     assert isinstance(globbed, CopyStep) and [p.destination for p in globbed.placements] == [
         "/globbed/a.txt",
         "/globbed/b.txt",
@@ -203,10 +205,15 @@ def test_copy_command_and_staging_archive() -> None:
     assert result is not None
     (step,) = result.steps
     assert isinstance(step, CopyStep)
-    assert copy_command(step, "/stage") == (
-        "set -e\nmkdir -p /usr/local/bin && cp -p /stage/s0 /usr/local/bin/run.sh\n"
-        "chown -R 1000:1000 /usr/local/bin/run.sh\nchmod -R 0750 /usr/local/bin/run.sh"
-    )
+    assert copy_command(step, "/stage").split("\n") == [
+        "set -e",
+        "new0=; [ -d /usr/local/bin ] || { new0=1; mkdir -p /usr/local/bin; }",
+        "cp -p /stage/s0 /usr/local/bin/run.sh",
+        "chown -R 1000:1000 /usr/local/bin/run.sh",
+        # A destination directory the COPY created is the --chown user's too.
+        '[ -z "$new0" ] || chown 1000:1000 /usr/local/bin',
+        "chmod -R 0750 /usr/local/bin/run.sh",
+    ]
     with tarfile.open(fileobj=io.BytesIO(staging_archive(step, mapping))) as archive:
         member = archive.getmember("s0")
         assert member.mode == 0o644 and archive.extractfile(member).read() == files["environment/run.sh"]  # type: ignore[union-attr]
@@ -387,3 +394,49 @@ def test_any_bytes_as_a_dockerfile_are_answered(data: bytes) -> None:
             if isinstance(step, CopyStep):
                 staging_archive(step, files)
                 copy_command(step, "/stage")
+
+
+def test_copy_commands_do_in_a_real_shell_what_docker_does(tmp_path: pytest.TempPathFactory) -> None:
+    """The placement commands run under real ``sh`` against a scratch tree (absolute paths below tmp_path)."""
+    import os
+    import subprocess
+
+    root = str(tmp_path)
+    os.makedirs(f"{root}/existing", mode=0o700)
+    os.makedirs(f"{root}/dir-target")
+    text = (
+        f"FROM x\nWORKDIR {root}\n"
+        "COPY --chown=1234:2345 site existing/\n"  # a tree into an existing directory
+        "COPY --chown=1234 --chmod=750 tool.sh new/bin/\n"  # a file into a directory the COPY creates
+        "COPY notes.txt dir-target\n"  # a file to an existing directory: inside it, under its own name
+        "COPY notes.txt renamed.txt\n"  # a file to a new name
+    )
+    files = TaskFiles.from_mapping(
+        {
+            DOCKERFILE: text,
+            "environment/site/index.html": "<p>",
+            "environment/site/a/b.txt": "b",
+            "environment/tool.sh": "echo",
+            "environment/notes.txt": "n",
+        }
+    )
+    result = plan_replay(files, DOCKERFILE, "environment").plan
+    assert result is not None
+    for number, step in enumerate(result.steps):
+        if not isinstance(step, CopyStep):
+            continue
+        staging = f"{root}/.staging{number}"
+        with tarfile.open(fileobj=io.BytesIO(staging_archive(step, files))) as archive:
+            archive.extractall(staging, filter="data")
+        subprocess.run(["sh", "-c", copy_command(step, staging)], check=True)
+
+    def owner(path: str) -> tuple[int, int, int]:
+        info = os.stat(f"{root}/{path}")
+        return info.st_uid, info.st_gid, info.st_mode & 0o777
+
+    assert owner("existing")[2] == 0o700 and owner("existing")[0] == os.getuid()  # kept as it was
+    assert owner("existing/index.html")[:2] == (1234, 2345) and owner("existing/a/b.txt")[:2] == (1234, 2345)
+    assert owner("new/bin")[:2] == (1234, 1234)  # created by the COPY: the --chown user's
+    assert owner("new/bin/tool.sh") == (1234, 1234, 0o750)
+    assert open(f"{root}/dir-target/notes.txt").read() == "n"
+    assert open(f"{root}/renamed.txt").read() == "n"

@@ -113,7 +113,8 @@ def test_steps_run_in_order_as_the_build_would_run_them() -> None:
     assert "cp -p /episode-operator/tmp/replay.003.copy/s0 /srv/app/serve.sh" in copy
     assert "chown -R agent: /srv/app/serve.sh" in copy and "chmod -R 700 /srv/app/serve.sh" in copy
     assert copy.endswith("rm -rf /episode-operator/tmp/replay.003.copy")
-    assert "cp -R -p /episode-operator/tmp/replay.004.copy/s0/. /srv/data/" in jobs["replay.004.copy"].command
+    staged_tree = "/episode-operator/tmp/replay.004.copy/s0"
+    assert f"cp -R -p {staged_tree}/one.txt {staged_tree}/sub /srv/data/" in jobs["replay.004.copy"].command
     # ENTRYPOINT starts under the supervisor, unbounded, with [environment.env] over the image's ENV.
     start = jobs["replay.start"]
     assert start.command == "exec ./serve.sh --port 8000" and math.isinf(start.timeout_sec)

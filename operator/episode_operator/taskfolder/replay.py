@@ -141,7 +141,7 @@ class Placement(ReplayModel):
     destination: str
     into_directory: bool = False
     name: str | None = Field(default=None, description="The source's own name, for a file placed into a directory.")
-    top_level: list[str] = Field(default_factory=list, description="A tree's entries, to chown/chmod them.")
+    top_level: list[str] = Field(default_factory=list, description="The names of a tree's top-level entries.")
 
 
 class StagedFile(ReplayModel):
@@ -753,12 +753,7 @@ class _CopyBuilder:
         ]
         top = sorted({path.split("/")[0] for path in [*relative_files, *relative_directories]})
         self.placements.append(
-            Placement(
-                kind="tree",
-                staged=staged,
-                destination=destination,
-                top_level=[posixpath.join(destination, name) for name in top],
-            )
+            Placement(kind="tree", staged=staged, destination=destination, top_level=top)
         )
 
     def archive(self, files: TaskFiles, source: str, destination: str) -> None:
@@ -795,29 +790,42 @@ def staging_archive(step: CopyStep, files: TaskFiles) -> bytes:
 
 
 def copy_command(step: CopyStep, staging: str) -> str:
-    """The ``sh -c`` command that places a COPY's staged files, then applies --chown and --chmod."""
+    """The ``sh -c`` command that places a COPY's staged files, then applies --chown and --chmod.
+
+    ``cp -p`` keeps the staged modes; ownership follows Docker: root, or ``--chown`` for what
+    the COPY brought and for the destination directory when the COPY created it.
+    """
     lines = ["set -e"]
     targets: list[str] = []
-    for placement in step.placements:
+    created: list[str] = []
+    for index, placement in enumerate(step.placements):
         source = shlex.quote(f"{staging}/{placement.staged}")
         destination = shlex.quote(placement.destination)
-        parent = shlex.quote(posixpath.dirname(placement.destination) or "/")
+        directory = placement.destination if placement.kind != "file" else posixpath.dirname(placement.destination)
+        quoted_directory = shlex.quote(directory or "/")
+        new = f"new{index}"
+        lines.append(f"{new}=; [ -d {quoted_directory} ] || {{ {new}=1; mkdir -p {quoted_directory}; }}")
+        created.append(f'[ -z "${new}" ] || chown {{owner}} {quoted_directory}')
         if placement.kind == "file" and placement.into_directory:
             # Docker: a file copied to an existing directory lands inside it, under its own name.
             name = shlex.quote(placement.name or posixpath.basename(placement.destination))
-            lines.append(f't={destination}; if [ -d "$t" ]; then t="$t"/{name}; else mkdir -p {parent}; fi')
-            lines.append(f'cp -p {source} "$t"')
+            lines.append(f't={destination}; if [ -d "$t" ]; then t="$t"/{name}; fi; cp -p {source} "$t"')
             targets.append('"$t"')
         elif placement.kind == "file":
-            lines.append(f"mkdir -p {parent} && cp -p {source} {destination}")
+            lines.append(f"cp -p {source} {destination}")
             targets.append(destination)
-        elif placement.kind == "tree":
-            lines.append(f"mkdir -p {destination} && cp -R -p {source}/. {destination}/")
-            targets += [shlex.quote(path) for path in placement.top_level]
-        else:
-            lines.append(f"mkdir -p {destination} && tar -x -f {source} -C {destination}")
-    if step.owner and targets:
-        lines.append(f"chown -R {shlex.quote(step.owner)} {' '.join(targets)}")
+        elif placement.kind == "tree" and placement.top_level:
+            # Entry by entry: copying the staged folder itself would reset an existing destination's owner.
+            entries = " ".join(shlex.quote(f"{staging}/{placement.staged}/{name}") for name in placement.top_level)
+            lines.append(f"cp -R -p {entries} {destination}/")
+            targets += [shlex.quote(posixpath.join(placement.destination, name)) for name in placement.top_level]
+        elif placement.kind == "archive":
+            lines.append(f"tar -x -f {source} -C {destination}")
+    if step.owner:
+        owner = shlex.quote(step.owner)
+        if targets:
+            lines.append(f"chown -R {owner} {' '.join(targets)}")
+        lines += [line.replace("{owner}", owner) for line in created]
     if step.mode and targets:
         lines.append(f"chmod -R {step.mode} {' '.join(targets)}")
     return "\n".join(lines)
