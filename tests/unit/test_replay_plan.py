@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import tarfile
+from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
@@ -396,7 +397,7 @@ def test_any_bytes_as_a_dockerfile_are_answered(data: bytes) -> None:
                 copy_command(step, "/stage")
 
 
-def test_copy_commands_do_in_a_real_shell_what_docker_does(tmp_path: pytest.TempPathFactory) -> None:
+def test_copy_commands_do_in_a_real_shell_what_docker_does(tmp_path: Path) -> None:
     """The placement commands run under real ``sh`` against a scratch tree (absolute paths below tmp_path)."""
     import os
     import subprocess
@@ -438,5 +439,5 @@ def test_copy_commands_do_in_a_real_shell_what_docker_does(tmp_path: pytest.Temp
     assert owner("existing/index.html")[:2] == (1234, 2345) and owner("existing/a/b.txt")[:2] == (1234, 2345)
     assert owner("new/bin")[:2] == (1234, 1234)  # created by the COPY: the --chown user's
     assert owner("new/bin/tool.sh") == (1234, 1234, 0o750)
-    assert open(f"{root}/dir-target/notes.txt").read() == "n"
-    assert open(f"{root}/renamed.txt").read() == "n"
+    assert (tmp_path / "dir-target" / "notes.txt").read_text() == "n"
+    assert (tmp_path / "renamed.txt").read_text() == "n"
