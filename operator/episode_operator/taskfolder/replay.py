@@ -752,9 +752,7 @@ class _CopyBuilder:
             for path in relative_files
         ]
         top = sorted({path.split("/")[0] for path in [*relative_files, *relative_directories]})
-        self.placements.append(
-            Placement(kind="tree", staged=staged, destination=destination, top_level=top)
-        )
+        self.placements.append(Placement(kind="tree", staged=staged, destination=destination, top_level=top))
 
     def archive(self, files: TaskFiles, source: str, destination: str) -> None:
         staged = self.slot()
