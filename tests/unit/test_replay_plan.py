@@ -441,3 +441,34 @@ def test_copy_commands_do_in_a_real_shell_what_docker_does(tmp_path: Path) -> No
     assert owner("new/bin/tool.sh") == (1234, 1234, 0o750)
     assert (tmp_path / "dir-target" / "notes.txt").read_text() == "n"
     assert (tmp_path / "renamed.txt").read_text() == "n"
+
+
+def test_dockerfile_sources_and_validate_warnings() -> None:
+    from episode_operator.taskfolder import validate_task
+    from episode_operator.taskfolder.dockerfiles import dockerfile_sources
+    from tests.unit.folders import single_step
+
+    folder = single_step(
+        files={
+            "task.toml": '[verifier]\nenvironment_mode = "separate"\n[verifier.environment]\nbuild_timeout_sec = 60\n',
+            DOCKERFILE: "FROM x AS build\nFROM y\nCOPY --from=build /a /b\n",
+            "tests/Dockerfile": "FROM verifier\n",
+            "environment/docker-compose.yaml": "services:\n  api:\n    build: ./api\n",
+            "environment/api/Dockerfile": "FROM python:3.12\nADD https://example.com/x /x\n",
+        },
+    )
+    result = validate_task(TaskFiles.from_mapping(folder))
+    assert result.task is not None, result.problems
+    sources = dockerfile_sources(result.task.files, result.task.config, result.task.compose)
+    assert [(s.role, s.dockerfile, s.context) for s in sources] == [
+        ("environment", DOCKERFILE, "environment"),
+        ("verifier", "tests/Dockerfile", "tests"),
+        ("sidecar:api", "environment/api/Dockerfile", "environment/api"),
+    ]
+    replay = [w.render() for w in result.warnings if "replay cannot apply it" in w.message]
+    assert replay == [
+        "environment/Dockerfile:2: FROM y: a second FROM (a multi-stage build) needs an image build "
+        "(replay cannot apply it)",
+        "environment/api/Dockerfile:2: ADD https://example.com/x /x: ADD of a URL needs an image build "
+        "(or download it in a RUN line) (replay cannot apply it)",
+    ]
