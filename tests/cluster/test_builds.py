@@ -12,17 +12,15 @@ from pathlib import Path
 
 from kubernetes import client
 
-from episode_operator.api.models import GROUP, PLURAL, VERSION, EpisodeSpec
+from episode_operator.api.models import EpisodeSpec
 from episode_operator.kube.buildjobs import BUILD_LABEL
 from episode_operator.kube.builds import BuildCoordinator, BuildFailed, BuildOutage, BuildReady, BuildSettings
 from episode_operator.kube.client import KubeClient
-from episode_operator.kube.pods import OwnerRef
-from episode_operator.kube.sandbox import KubeProvider, KubeSandbox
-from episode_operator.runtime.sandbox import JobSpec
+from episode_operator.kube.sandbox import KubeProvider
 from episode_operator.taskfolder import TaskFiles, load_task, resolve_plan
 from episode_operator.taskfolder.buildcontext import BuildSource
 from episode_operator.taskfolder.images import ImageMirrors
-from tests.cluster.harness import create_episode, episode_spec, install_crd
+from tests.cluster.harness import episode_spec, run_sandbox_job, suspended_episode
 
 REGISTRY = "198.18.255.1:5000"
 NOTHING_LISTENS = "198.18.255.1:5999"
@@ -43,22 +41,6 @@ def build_jobs(api: client.ApiClient, namespace: str) -> list[str]:
     return [job.metadata.name for job in jobs.items]
 
 
-def owner(api: client.ApiClient, namespace: str) -> OwnerRef:
-    """A suspended Episode (no operator drives it) to own the test's pods."""
-    install_crd(api)
-    create_episode(api, namespace, "builds", episode_spec(files={"task.toml": "# not driven"}, suspend=True))
-    body = client.CustomObjectsApi(api).get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, "builds")
-    return OwnerRef("builds", namespace, body["metadata"]["uid"])
-
-
-async def run_job(sandbox: KubeSandbox, command: str, name: str) -> tuple[int | None, str]:
-    spec = JobSpec(id=f"test.{name}", command=command, timeout_sec=60, shell="sh", tail=4096)
-    state = await sandbox.start_job(spec, wait_sec=60)
-    while not state.done:
-        state = await sandbox.wait_job(spec, max_wait_sec=30)
-    return state.exit_code, (state.output or b"").decode()
-
-
 def test_a_context_builds_once_concurrent_callers_share_it_and_pods_run_the_image(
     api_client: client.ApiClient, kubeconfig: Path, namespace: str
 ) -> None:
@@ -70,7 +52,7 @@ def test_a_context_builds_once_concurrent_callers_share_it_and_pods_run_the_imag
             "environment/hello.txt": "hello\n",
         }
     )
-    episode = owner(api_client, namespace)
+    episode = suspended_episode(api_client, namespace, "builds")
 
     async def scenario() -> None:
         kube = await KubeClient.connect(str(kubeconfig))
@@ -98,7 +80,7 @@ def test_a_context_builds_once_concurrent_callers_share_it_and_pods_run_the_imag
             spec = EpisodeSpec.model_validate(episode_spec(files={"task.toml": "# not driven"}))
             provider = KubeProvider(kube, episode, spec, plan, later.image, {})
             sandbox = await provider.agent(1)
-            code, output = await run_job(sandbox, "cat /built.txt /hello.txt", "built")
+            code, output = await run_sandbox_job(sandbox, "cat /built.txt /hello.txt", name="built")
             assert (code, output) == (0, f"built-in-{namespace}\nhello\n")
             await provider.release_all(keep=False)
         finally:
@@ -155,7 +137,7 @@ def test_a_compose_sidecar_built_in_cluster_serves_the_agent(
     (sidecar,) = plan.sidecars
     assert sidecar.image is None and sidecar.build is not None
     source = BuildSource(sidecar.build.dockerfile, sidecar.build.context, sidecar.build.args, sidecar.build.target)
-    episode = owner(api_client, namespace)
+    episode = suspended_episode(api_client, namespace, "builds")
 
     async def scenario() -> None:
         kube = await KubeClient.connect(str(kubeconfig))
@@ -176,7 +158,7 @@ def test_a_compose_sidecar_built_in_cluster_serves_the_agent(
                 "    except OSError:\n"
                 "        time.sleep(0.25)\n"
             )
-            code, output = await run_job(sandbox, f"python3 -c {shlex.quote(fetch)}", "fetch")
+            code, output = await run_sandbox_job(sandbox, f"python3 -c {shlex.quote(fetch)}", name="fetch")
             assert (code, output.strip()) == (0, "42")
             await provider.release_all(keep=False)
         finally:

@@ -14,10 +14,9 @@ from pathlib import Path
 
 from kubernetes import client
 
-from episode_operator.api.models import GROUP, PLURAL, VERSION, EpisodeSpec
+from episode_operator.api.models import EpisodeSpec
 from episode_operator.kube.client import KubeClient
-from episode_operator.kube.pods import OwnerRef
-from episode_operator.kube.sandbox import KubeProvider, KubeSandbox
+from episode_operator.kube.sandbox import KubeProvider
 from episode_operator.runtime.replay import (
     ReplayConfig,
     ReplayFailed,
@@ -25,33 +24,15 @@ from episode_operator.runtime.replay import (
     ReplaySource,
     replay_dockerfile,
 )
-from episode_operator.runtime.sandbox import JobSpec
 from episode_operator.runtime.store import FileStore
 from episode_operator.taskfolder import TaskFiles, load_task, resolve_plan
 from episode_operator.taskfolder.healthcheck import poll_healthcheck
 from episode_operator.taskfolder.images import ImageMirrors
 from episode_operator.taskfolder.replay import plan_replay
-from tests.cluster.harness import create_episode, episode_spec, install_crd
+from tests.cluster.harness import episode_spec, run_sandbox_job, suspended_episode
 
 TASK = Path(__file__).parent / "tasks" / "replay-service"
 MIRRORS = ImageMirrors.parse(["ubuntu:24.04=episode-operator.local/sandbox:bookworm"])
-
-
-def suspended_episode(api: client.ApiClient, namespace: str) -> OwnerRef:
-    """An Episode no operator drives, to own the test's pod (the garbage collector deletes orphans)."""
-    install_crd(api)
-    spec = episode_spec(files={"task.toml": "# not driven"}, suspend=True)
-    create_episode(api, namespace, "replay", spec)
-    body = client.CustomObjectsApi(api).get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, "replay")
-    return OwnerRef("replay", namespace, body["metadata"]["uid"])
-
-
-async def run_job(sandbox: KubeSandbox, command: str, *, name: str, user: str | None = None) -> tuple[int | None, str]:
-    spec = JobSpec(id=f"test.{name}", command=command, timeout_sec=30, shell="sh", user=user, tail=4096)
-    state = await sandbox.start_job(spec, wait_sec=30)
-    while not state.done:
-        state = await sandbox.wait_job(spec, max_wait_sec=30)
-    return state.exit_code, (state.output or b"").decode()
 
 
 def test_a_dockerfile_is_replayed_and_its_entrypoint_serves(
@@ -64,7 +45,7 @@ def test_a_dockerfile_is_replayed_and_its_entrypoint_serves(
     assert planning.plan is not None and planning.plan.from_image == "ubuntu:24.04"
     image = MIRRORS.apply(planning.plan.from_image)
     assert image == "episode-operator.local/sandbox:bookworm"
-    owner = suspended_episode(api_client, namespace)
+    owner = suspended_episode(api_client, namespace, "replay")
     store = FileStore(tmp_path)
 
     async def scenario() -> None:
@@ -84,13 +65,13 @@ def test_a_dockerfile_is_replayed_and_its_entrypoint_serves(
             numbers = itertools.count()
 
             async def attempt(timeout_sec: float) -> bool:
-                code, _ = await run_job(sandbox, check.command, name=f"health.{next(numbers)}")
+                code, _ = await run_sandbox_job(sandbox, check.command, name=f"health.{next(numbers)}")
                 return code == 0
 
             assert await poll_healthcheck(check, attempt, time.monotonic, asyncio.sleep)
 
             # What the Dockerfile made: the user, the workdir, the files with their owners and modes.
-            code, facts = await run_job(
+            code, facts = await run_sandbox_job(
                 sandbox,
                 "id agent; stat -c '%U %a %n' /srv/app /srv/app/site /srv/app/site/index.html "
                 "/opt/tools/bin/greet; cat /srv/app/site/greeting.txt /srv/app/site/whoami.txt /tmp/entrypoint.txt",

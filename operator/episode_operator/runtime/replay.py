@@ -158,26 +158,17 @@ async def replay_dockerfile(
     return await _Replay(sandbox, files, source, environment, store, config, clock).run()
 
 
+@dataclass
 class _Replay:
-    def __init__(
-        self,
-        sandbox: Sandbox,
-        files: TaskFiles,
-        source: ReplaySource,
-        environment: EnvironmentConfig,
-        store: EpisodeStore,
-        config: ReplayConfig,
-        clock: Callable[[], float],
-    ) -> None:
-        self.sandbox = sandbox
-        self.files = files
-        self.source = source
-        self.environment = environment
-        self.store = store
-        self.config = config
-        self.clock = clock
-        self.log = bytearray()
-        self.started_at = clock()
+    sandbox: Sandbox
+    files: TaskFiles
+    source: ReplaySource
+    environment: EnvironmentConfig
+    store: EpisodeStore
+    config: ReplayConfig
+    clock: Callable[[], float]
+    log: bytearray = field(default_factory=bytearray)
+    started_at: float = 0.0
 
     def job_id(self, name: str) -> str:
         return f"{self.config.job_prefix}.{name}"
@@ -186,6 +177,7 @@ class _Replay:
         return self.config.budget_sec - (self.clock() - self.started_at)
 
     async def run(self) -> ReplayOutcome:
+        self.started_at = self.clock()
         base = await self.base_image()
         if isinstance(base, ReplayFailed):
             return base
