@@ -36,6 +36,7 @@ from episode_operator.runtime.metrics import Metrics
 from episode_operator.runtime.server import serve
 from episode_operator.runtime.slots import FifoSlots
 from episode_operator.runtime.wakeups import Wakeups
+from episode_operator.taskfolder.images import ImageMirrors
 
 
 @dataclass(frozen=True)
@@ -52,6 +53,8 @@ class OperatorOptions:
     metrics_port: int | None = 8080
     max_active_episodes: int = 0
     extra_pod_labels: dict[str, str] = field(default_factory=dict)
+    # Where images are pulled from (--image-mirror); the seed stage applies it to every image it names.
+    image_mirrors: ImageMirrors = field(default_factory=ImageMirrors)
 
 
 @kopf.on.startup()

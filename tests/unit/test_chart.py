@@ -180,3 +180,23 @@ def test_the_dockerfile_and_the_test_clusters_image_agree() -> None:
     assert str(deployment["spec"]["template"]["spec"]["securityContext"]["runAsUser"]) == image.user.split(":")[0]
     values = yaml.safe_load((CHART / "values.yaml").read_text())
     assert f"{values['image']['repository']}:{values['image']['tag']}" == cluster.OPERATOR_IMAGE
+
+
+def test_image_mirrors_become_flags_the_operator_accepts() -> None:
+    from click.testing import CliRunner
+
+    from episode_operator.cli.operator_main import main
+
+    mirrors = {"docker.io/library/": "registry.internal/library/", "ubuntu:24.04": "registry.internal/u:24.04"}
+    (deployment,) = find(render({"imageMirrors": mirrors}), "Deployment")
+    args = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
+    flags = [arg for arg in args if arg.startswith("--image-mirror=")]
+    assert flags == [
+        "--image-mirror=docker.io/library/=registry.internal/library/",
+        "--image-mirror=ubuntu:24.04=registry.internal/u:24.04",
+    ]
+    # The operator parses exactly these (a bad one is a usage error naming it).
+    run_context = main.commands["run"].make_context("run", flags)
+    assert run_context.params["image_mirrors"].apply("ubuntu:24.04") == "registry.internal/u:24.04"
+    result = CliRunner().invoke(main, ["run", "--image-mirror=ubuntu=x:1"])
+    assert result.exit_code == 2 and "a repository maps to a repository" in result.output

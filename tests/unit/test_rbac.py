@@ -52,6 +52,7 @@ CORE_KINDS = {
     "custom_object": ("(group argument)", "(plural argument)"),  # resolved from the call's arguments
     "custom_resource_definition": ("apiextensions.k8s.io", "customresourcedefinitions"),
     "network_policy": ("networking.k8s.io", "networkpolicies"),
+    "job": ("batch", "jobs"),
 }
 SUBRESOURCES = ("status", "exec", "log", "proxy")
 METHOD = re.compile(

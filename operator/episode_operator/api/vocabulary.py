@@ -199,6 +199,8 @@ TASK_DIGEST_LABEL: Final = f"{GROUP}/task-digest"
 SET_LABEL: Final = f"{GROUP}/set"
 SET_TASK_INDEX_LABEL: Final = f"{GROUP}/task-index"
 SET_ATTEMPT_LABEL: Final = f"{GROUP}/set-attempt"
+# On in-cluster image build Jobs and their context ConfigMaps: the build context's digest.
+BUILD_LABEL: Final = f"{GROUP}/build"
 # Kueue's queue: an Episode's is copied to its pods, an EpisodeSet's to its children.
 QUEUE_LABEL: Final = "kueue.x-k8s.io/queue-name"
 MANAGED_BY: Final = {"app.kubernetes.io/managed-by": "episode-operator"}

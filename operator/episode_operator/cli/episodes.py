@@ -21,7 +21,7 @@ from rich.table import Table
 
 from episode_operator.api.export import FAILURES, ROLLOUTS, split_rows
 from episode_operator.api.models import AgentSpec, EpisodeSpec, EpisodeStatus, TaskSource, episode_manifest
-from episode_operator.api.vocabulary import is_terminal
+from episode_operator.api.vocabulary import TASK_LABEL, is_terminal
 from episode_operator.kube.client import KubeClient, KubeError, NotFound
 from episode_operator.kube.objects.children import set_selector
 from episode_operator.kube.objects.tasks import TaskTooLarge, task_config_map
@@ -152,7 +152,7 @@ def register(cli: click.Group) -> None:
                 )
             except ValueError as error:
                 raise click.ClickException(str(error)) from error
-            stem = config_map["metadata"]["labels"]["episode-operator.dev/task"][:40]
+            stem = config_map["metadata"]["labels"][TASK_LABEL][:40]
             manifest = episode_manifest(namespace, spec, name=name, generate_name=f"{stem}-")
         else:
             manifest = yaml.safe_load(Path(source).read_text())

@@ -11,6 +11,15 @@ import click
 from episode_operator.handlers import OperatorOptions, run_operator
 from episode_operator.kube.client import KubeClient, KubeError
 from episode_operator.kube.objects.crds import episode_crd, episodeset_crd
+from episode_operator.taskfolder.images import ImageMirrors, InvalidImageReference
+
+
+def parse_image_mirrors(_context: click.Context, _parameter: click.Parameter, values: tuple[str, ...]) -> ImageMirrors:
+    """``--image-mirror FROM=TO`` values as mirror rules; a bad one is a usage error naming it."""
+    try:
+        return ImageMirrors.parse(values)
+    except InvalidImageReference as error:
+        raise click.BadParameter(str(error)) from error
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -71,6 +80,16 @@ def main() -> None:
     show_default=True,
     help="Drive at most this many Episodes at once (0: no limit); the rest wait Pending, oldest first.",
 )
+@click.option(
+    "--image-mirror",
+    "image_mirrors",
+    multiple=True,
+    metavar="FROM=TO",
+    callback=parse_image_mirrors,
+    help="Pull FROM from TO instead (repeatable): a reference (ubuntu:24.04=registry.internal/library/ubuntu:24.04), "
+    "a repository (python=registry.internal/python) or a prefix ending in / "
+    "(docker.io/library/=registry.internal/library/). Applies to task, FROM, sidecar and verifier images.",
+)
 def run(
     namespaces: tuple[str, ...],
     data_dir: Path,
@@ -80,6 +99,7 @@ def run(
     liveness_endpoint: str | None,
     metrics_port: int,
     max_active_episodes: int,
+    image_mirrors: ImageMirrors,
 ) -> None:
     """Run the operator until interrupted."""
     run_operator(
@@ -92,6 +112,7 @@ def run(
             liveness_endpoint=liveness_endpoint,
             metrics_port=metrics_port or None,
             max_active_episodes=max_active_episodes,
+            image_mirrors=image_mirrors,
         )
     )
 

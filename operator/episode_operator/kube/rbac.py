@@ -73,7 +73,21 @@ OPERATOR_PERMISSIONS: tuple[Permission, ...] = (
         "agent and verifier pods; kopf watches them so that a driver reads a starting pod when it changes",
     ),
     Permission("", "pods/exec", ("create", "get"), "namespaced", "jobs start and are polled by exec (websocket: get)"),
-    Permission("", "configmaps", ("get", "list"), "namespaced", "tasks packed by `kubectl episode pack`"),
+    Permission(
+        "",
+        "configmaps",
+        ("get", "list", "create"),
+        "namespaced",
+        "tasks packed by `kubectl episode pack`; build contexts of in-cluster builds",
+    ),
+    Permission(
+        "batch",
+        "jobs",
+        ("create", "get", "delete"),
+        "namespaced",
+        "in-cluster image builds, one Job per build context digest (kube/builds.py)",
+    ),
+    Permission("", "pods/log", ("get",), "namespaced", "a failed build's log, kept and classified"),
     Permission("", "events", ("create",), "namespaced", "turn and outage Events, and kopf's own"),
     Permission(
         "networking.k8s.io",

@@ -215,6 +215,16 @@ def seed_refusals(plan: EpisodePlan, *, accepts_prior_trajectory: bool, image_ov
                 "a first step's trajectory.json is refused for every agent but the oracle",
             )
         )
+    for sidecar in plan.sidecars:
+        if sidecar.build is not None:
+            problems.append(
+                Problem(
+                    sidecar.build.dockerfile,
+                    None,
+                    f"sidecar {sidecar.name!r} needs its image replayed or built from this Dockerfile, which "
+                    "this operator does not do for sidecars yet; give the service a prebuilt `image`",
+                )
+            )
     users = {turn.agent.user for turn in plan.turns} | {turn.verifier.user for turn in plan.turns}
     for user in sorted(str(user) for user in users if isinstance(user, str) and ":" in user):
         problems.append(Problem(TASK_CONFIG, None, f"user {user!r}: a user with a group runs on Docker only"))
