@@ -8,9 +8,7 @@ from pathlib import Path
 
 import click
 
-from episode_operator.api.crd import episode_crd, episodeset_crd
-from episode_operator.handlers import OperatorOptions, run_operator
-from episode_operator.kube.client import KubeClient, KubeError
+from episode_operator.cli.capture import COMMANDS as CAPTURE_COMMANDS
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -82,6 +80,9 @@ def run(
     max_active_episodes: int,
 ) -> None:
     """Run the operator until interrupted."""
+    # Imported here: the capture container runs this program too, and needs neither kopf nor Kubernetes.
+    from episode_operator.handlers import OperatorOptions, run_operator
+
     run_operator(
         OperatorOptions(
             namespaces=namespaces,
@@ -105,6 +106,9 @@ def run(
 )
 def install_crd(kubeconfig: str | None) -> None:
     """Create or update the Episode and EpisodeSet CRDs (generated from this version's models) until served."""
+    from episode_operator.api.crd import episode_crd, episodeset_crd
+    from episode_operator.kube.client import KubeClient, KubeError
+
     manifests = [episode_crd(), episodeset_crd()]
 
     async def apply() -> list[str]:
@@ -120,3 +124,7 @@ def install_crd(kubeconfig: str | None) -> None:
         raise click.ClickException(str(error)) from error
     for manifest, action in zip(manifests, actions, strict=True):
         click.echo(f"customresourcedefinition/{manifest['metadata']['name']} {action}")
+
+
+for command in CAPTURE_COMMANDS:
+    main.add_command(command)
