@@ -33,7 +33,8 @@ from tests.cluster.harness import (
     running_operator,
     wait_for_episode,
 )
-from tests.gym_row_schema import GYM_ROW
+from tests.gym_row_schema import FAILURE_ROW, ROLLOUT_ROW
+from tests.reference import check_failure_row, check_rollout_row
 
 SCORED = TASKS / "scored-steps"
 
@@ -477,8 +478,12 @@ def test_export_gym_jsonl(
     assert result.returncode == 0, result.stderr
     rollouts = [json.loads(line) for line in (tmp_path / "rollouts.jsonl").read_text().splitlines()]
     failures = [json.loads(line) for line in (tmp_path / "rollouts_failures.jsonl").read_text().splitlines()]
-    for row in rollouts + failures:
-        jsonschema.validate(row, GYM_ROW)
+    for row in rollouts:
+        jsonschema.validate(row, ROLLOUT_ROW)
+        check_rollout_row(row)
+    for row in failures:
+        jsonschema.validate(row, FAILURE_ROW)
+        check_failure_row(row)
     assert [(row["episode"], row["reward"], len(row["turns"])) for row in rollouts] == [(f"{namespace}/good", 1.0, 3)]
     assert [(row["episode"], row["failure_kind"]) for row in failures] == [(f"{namespace}/bad", "harbor:invalid_task")]
 
