@@ -222,7 +222,9 @@ def vllm_token_answer(answer: dict[str, Any], request: dict[str, Any]) -> dict[s
     """A chat completion as vLLM answers ``logprobs``, ``return_tokens_as_token_ids`` and ``return_token_ids``."""
     choice = dict(answer["choices"][0])
     choice["logprobs"] = {
-        "content": [{"token": f"token_id:{token}", "logprob": logprob, "top_logprobs": []} for token, logprob in GENERATION]
+        "content": [
+            {"token": f"token_id:{token}", "logprob": logprob, "top_logprobs": []} for token, logprob in GENERATION
+        ]
     }
     if request.get("return_token_ids"):
         choice["token_ids"] = [token for token, _ in GENERATION]

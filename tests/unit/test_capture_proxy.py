@@ -1,4 +1,4 @@
-"""The capture proxy against a real HTTP endpoint in the same process: forwarding, records, keys, attribution, bounds."""
+"""The capture proxy against a real endpoint in the same process: forwarding, records, keys, attribution, bounds."""
 
 from __future__ import annotations
 
@@ -67,7 +67,9 @@ class Rig:
 
 
 @asynccontextmanager
-async def rig(tmp_path: Path, *, turn: str | None = "one", upstream_url: str | None = None, **config: Any) -> AsyncIterator[Rig]:
+async def rig(
+    tmp_path: Path, *, turn: str | None = "one", upstream_url: str | None = None, **config: Any
+) -> AsyncIterator[Rig]:
     async with running_upstream() as upstream:
         store = CaptureStore(tmp_path / "store")
         if turn is not None:
@@ -104,7 +106,9 @@ def test_a_json_call_is_forwarded_and_recorded(tmp_path: Path, dialect: str) -> 
         assert call.started_at <= call.completed_at and 0 < call.latency_ttft_ms <= call.latency_ms  # type: ignore[operator]
         record = model_call_record(call, call_index=0)
         assert (record.tokens_in, record.tokens_out, record.cached_tokens) == (11, 7, 4)
-        assert record.tool_calls == [{"call_id": record.tool_calls[0]["call_id"], "name": "bash", "arguments": {"command": "ls /app"}}]
+        assert record.tool_calls == [
+            {"call_id": record.tool_calls[0]["call_id"], "name": "bash", "arguments": {"command": "ls /app"}}
+        ]
         assert record.reasoning_content == "I should look."
 
     run(tmp_path, scenario)
@@ -167,7 +171,9 @@ def test_a_stream_reaches_the_client_before_upstream_finishes(tmp_path: Path) ->
 
 
 # --- failures -----------------------------------------------------------------------------------------
-@pytest.mark.parametrize(("status", "category"), [(401, "auth"), (429, "rate_limit"), (500, "upstream_error"), (404, "not_found")])
+@pytest.mark.parametrize(
+    ("status", "category"), [(401, "auth"), (429, "rate_limit"), (500, "upstream_error"), (404, "not_found")]
+)
 def test_an_error_status_is_passed_on_and_categorised(tmp_path: Path, status: int, category: str) -> None:
     async def scenario(proxy: Rig) -> None:
         for stream in (False, True):
@@ -186,7 +192,11 @@ def test_garbage_is_passed_on_and_flagged(tmp_path: Path) -> None:
         async with proxy.post("responses", headers={"x-behave": "garbage"}) as response:
             assert (response.status, await response.text()) == (200, "<html>not json</html>")
         (call,) = proxy.calls()
-        assert (call.error_category, call.response, call.response_raw) == ("capture_parse_error", None, "<html>not json</html>")
+        assert (call.error_category, call.response, call.response_raw) == (
+            "capture_parse_error",
+            None,
+            "<html>not json</html>",
+        )
 
     run(tmp_path, scenario)
 
@@ -227,7 +237,11 @@ def test_an_unreachable_upstream_gets_a_502(tmp_path: Path) -> None:
             assert response.status == 502
             assert (await response.json())["error"]["type"] == "upstream_unreachable"
         (call,) = proxy.calls()
-        assert (call.status_code, call.error_category, call.local_response_reason) == (502, "connection", "upstream_unreachable")
+        assert (call.status_code, call.error_category, call.local_response_reason) == (
+            502,
+            "connection",
+            "upstream_unreachable",
+        )
 
     run(tmp_path, scenario, upstream_url="http://127.0.0.1:9/v1")  # the discard port: nothing listens
 
@@ -377,7 +391,9 @@ def test_token_ids_are_asked_for_and_kept(tmp_path: Path) -> None:
         async with proxy.post("responses") as response:
             await response.read()
         chat, responses = (json.loads(received["body"]) for received in proxy.upstream.received)
-        assert {key: chat[key] for key in ("logprobs", "top_logprobs", "return_tokens_as_token_ids", "return_token_ids")} == {
+        assert {
+            key: chat[key] for key in ("logprobs", "top_logprobs", "return_tokens_as_token_ids", "return_token_ids")
+        } == {
             "logprobs": True,
             "top_logprobs": 0,
             "return_tokens_as_token_ids": True,
@@ -408,13 +424,24 @@ def test_the_capture_commands_end_to_end(tmp_path: Path) -> None:
             assert turn.returncode == 0, turn.stderr
             environment = {**os.environ, "EPISODE_CAPTURE_API_KEY": KEY}
             command = [str(Path(sys.executable).parent / "episode-operator"), "capture-proxy"]
-            arguments = ["--listen", "127.0.0.1:0", "--upstream", upstream.url, "--store", str(store), "--read-timeout", "5"]
+            arguments = [
+                "--listen",
+                "127.0.0.1:0",
+                "--upstream",
+                upstream.url,
+                "--store",
+                str(store),
+                "--read-timeout",
+                "5",
+            ]
             proxy = subprocess.Popen([*command, *arguments], env=environment, stderr=subprocess.PIPE)
             try:
                 ready = store / "ready.json"
                 deadline = time.monotonic() + 30
                 while not ready.exists():
-                    assert proxy.poll() is None and time.monotonic() < deadline, proxy.stderr.read() if proxy.stderr else ""
+                    assert proxy.poll() is None and time.monotonic() < deadline, (
+                        proxy.stderr.read() if proxy.stderr else ""
+                    )
                     await asyncio.sleep(0.05)
                 address = json.loads(ready.read_text())["listen"]
                 async with aiohttp.ClientSession() as session:
@@ -441,12 +468,18 @@ def test_the_capture_commands_end_to_end(tmp_path: Path) -> None:
 
 def test_a_harvest_reads_past_a_torn_line(tmp_path: Path) -> None:
     store = CaptureStore(tmp_path)
-    good = CapturedCall(model_call_id="a", dialect="chat", started_at=1, completed_at=2, latency_ms=1, attempt=1, turn="t")
+    good = CapturedCall(
+        model_call_id="a", dialect="chat", started_at=1, completed_at=2, latency_ms=1, attempt=1, turn="t"
+    )
     path = store.calls_path(1, "t")
     path.parent.mkdir(parents=True)
     path.write_text(good.model_dump_json() + "\n" + '{"model_call_id": "b", "dial')
     harvest = store.harvest(1, "t", settle_seconds=0)
-    assert ([call.model_call_id for call in harvest.calls], harvest.unreadable_lines, harvest.complete) == (["a"], 1, False)
+    assert ([call.model_call_id for call in harvest.calls], harvest.unreadable_lines, harvest.complete) == (
+        ["a"],
+        1,
+        False,
+    )
 
 
 def test_a_harvest_waits_for_calls_in_flight(tmp_path: Path) -> None:

@@ -64,7 +64,9 @@ class CapturedCall(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
     model_call_id: str
-    dialect: Dialect | None = Field(default=None, description="None: a request that is no model call (``GET /v1/models``).")
+    dialect: Dialect | None = Field(
+        default=None, description="None: a request that is no model call (``GET /v1/models``)."
+    )
     method: str = "POST"
     path: str = ""
     started_at: float = Field(description="Unix time the request arrived.")
