@@ -20,7 +20,7 @@ import pytest
 
 from episode_operator.capture.proxy import KeyScrubber, ProxyConfig, agent_base_url, start
 from episode_operator.capture.records import CapturedCall, model_call_record
-from episode_operator.capture.store import CaptureStore, CurrentTurn, read_calls
+from episode_operator.capture.store import CaptureStore, CurrentTurn, read_journal
 from tests.unit.model_upstream import (
     DIALECT_PATHS,
     GENERATION,
@@ -77,7 +77,8 @@ async def rig(
         settings = ProxyConfig(upstream=upstream_url or upstream.url, store=store.root, api_key=KEY, **config)
         runner, port = await start(settings, "127.0.0.1", 0)
         try:
-            async with aiohttp.ClientSession() as session:
+            # A proxy that hangs fails the test instead of hanging it.
+            async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as session:
                 yield Rig(upstream, agent_base_url("127.0.0.1", port, upstream.url), store, session)
         finally:
             await runner.cleanup()
@@ -133,6 +134,17 @@ def test_a_stream_is_passed_through_unchanged_and_recorded_whole(tmp_path: Path,
     run(tmp_path, scenario)
 
 
+def test_records_can_be_fsynced(tmp_path: Path) -> None:
+    async def scenario(proxy: Rig) -> None:
+        for stream in (False, True):
+            async with proxy.post("messages", stream=stream) as response:
+                assert response.status == 200
+                await response.read()
+        assert [(call.streaming, call.error_category) for call in proxy.calls()] == [(False, None), (True, None)]
+
+    run(tmp_path, scenario, fsync=True)
+
+
 def test_a_streamed_chat_completion_asks_for_its_usage(tmp_path: Path) -> None:
     async def scenario(proxy: Rig) -> None:
         async with proxy.post("chat", stream=True) as response:
@@ -159,12 +171,13 @@ def test_a_stream_reaches_the_client_before_upstream_finishes(tmp_path: Path) ->
             while chunks[0] not in seen:
                 seen += await asyncio.wait_for(response.content.readany(), timeout=10)
             assert not proxy.upstream.release_last.is_set()
-            assert read_calls(proxy.store.calls_path(1, "one")) == ([], 0)  # still in flight: nothing stored
+            journal = read_journal(proxy.store.calls_path(1, "one"))
+            assert (journal.calls, len(journal.in_flight)) == ([], 1)  # begun, not recorded
             proxy.upstream.release_last.set()
             seen += await response.read()
             # The record is on disk before the client saw the end: read without waiting.
-            calls, _ = read_calls(proxy.store.calls_path(1, "one"))
-            assert [call.error_category for call in calls] == [None]
+            journal = read_journal(proxy.store.calls_path(1, "one"))
+            assert ([call.error_category for call in journal.calls], journal.in_flight) == ([None], set())
         assert seen == b"".join(chunks)
 
     run(tmp_path, scenario)

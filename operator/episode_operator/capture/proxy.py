@@ -59,7 +59,7 @@ class ProxyConfig:
     read_timeout: float = 300.0
     max_call_seconds: float = 1800.0
     token_ids: bool = False
-    fsync: bool = True
+    fsync: bool = False
     max_request_bytes: int = 256 * 1024 * 1024
 
     @property
@@ -150,7 +150,7 @@ class Exchange:
             turn=current.turn if current else None,
             client_session_id=request.headers.get(CLIENT_SESSION_HEADER),
         )
-        self.marker = proxy.writer.begin(self.call.attempt, self.call.turn, self.call.model_call_id)
+        proxy.writer.begin(self.call.attempt, self.call.turn, self.call.model_call_id)
         self.body = bytearray()
         self.recorded = False
 
@@ -216,11 +216,17 @@ class Proxy:
     async def stop(self, _app: web.Application) -> None:
         if self.session is not None:
             await self.session.close()
+        self.writer.close()
 
     async def record(self, call: CapturedCall, exchange: Exchange) -> None:
+        """Store the call before the client sees its end. A write lands in the page cache, which the
+        capture container's readers see at once; only an fsync waits for the disk (off a thread then)."""
         exchange.recorded = True
         try:
-            await asyncio.to_thread(self.writer.append, call, exchange.marker)
+            if self.writer.fsync:
+                await asyncio.to_thread(self.writer.append, call)
+            else:
+                self.writer.append(call)
         except OSError:
             log.exception("could not store model call %s", call.model_call_id)
 
@@ -230,7 +236,7 @@ class Proxy:
             return
         exchange.recorded = True
         try:
-            self.writer.append(exchange.finish(category, status=exchange.call.upstream_status_code), exchange.marker)
+            self.writer.append(exchange.finish(category, status=exchange.call.upstream_status_code))
         except OSError:
             log.exception("could not store model call %s", exchange.call.model_call_id)
 

@@ -2,10 +2,12 @@
 
 Layout::
 
-    STORE/current-turn.json                  {"attempt": N, "turn": NAME | null}; written by the operator
-    STORE/calls/attempt-N/NAME.jsonl         one CapturedCall per line, in the order they finished
+    STORE/current-turn.json                    {"attempt": N, "turn": NAME | null}; written by the operator
+    STORE/calls/attempt-N/NAME.jsonl           the turn's journal: {"begun": ID} when a call arrives, then
+                                               its CapturedCall when it ends (in the order calls end)
     STORE/calls/attempt-N/_outside-turn.jsonl  calls that arrived while no turn was current (kept, flagged)
-    STORE/inflight/attempt-N/NAME/CALL_ID    present while a call of that turn is in flight
+
+A call begun and never recorded is in flight (or its proxy died): a harvest waits for it, then says so.
 
 Why a file and not a control port: the agent shares the pod's network namespace, so any port the
 proxy listens on, loopback included, is the agent's to call. The operator instead writes the file by
@@ -63,9 +65,6 @@ class CaptureStore:
     def calls_path(self, attempt: int | None, turn: str | None) -> Path:
         return self.root / "calls" / f"attempt-{attempt or 0}" / f"{_bucket(turn)}.jsonl"
 
-    def inflight_dir(self, attempt: int | None, turn: str | None) -> Path:
-        return self.root / "inflight" / f"attempt-{attempt or 0}" / _bucket(turn)
-
     # --- the operator's side (through exec into the capture container) ---------------------------
     def set_current_turn(self, current: CurrentTurn) -> None:
         """Atomically replace the current turn (a rename, so the proxy never reads half a file)."""
@@ -83,12 +82,13 @@ class CaptureStore:
         saw its end (the proxy holds the last bytes back until then), and one the agent abandoned is
         stored as ``cancelled`` as soon as the proxy notices the closed connection.
         """
-        inflight = self.inflight_dir(attempt, turn)
+        path = self.calls_path(attempt, turn)
         deadline = time.monotonic() + settle_seconds
-        while _entries(inflight) and time.monotonic() < deadline:
+        journal = read_journal(path)
+        while journal.in_flight and time.monotonic() < deadline:
             time.sleep(0.02)
-        calls, unreadable = read_calls(self.calls_path(attempt, turn))
-        return Harvest(calls=calls, unreadable_lines=unreadable, still_in_flight=len(_entries(inflight)))
+            journal = read_journal(path)
+        return Harvest(calls=journal.calls, unreadable_lines=journal.unreadable, still_in_flight=len(journal.in_flight))
 
 
 class Harvest(BaseModel):
@@ -103,29 +103,39 @@ class Harvest(BaseModel):
         return not self.unreadable_lines and not self.still_in_flight
 
 
-def _entries(folder: Path) -> list[str]:
-    try:
-        return os.listdir(folder)
-    except FileNotFoundError:
-        return []
+class Begun(BaseModel):
+    """A journal line: this call arrived (its record follows when it ends)."""
+
+    begun: str
 
 
-def read_calls(path: Path) -> tuple[list[CapturedCall], int]:
-    """The records of one file, and how many lines could not be read (a write torn by a killed container)."""
+@dataclass(frozen=True)
+class Journal:
+    calls: list[CapturedCall]
+    in_flight: set[str]
+    unreadable: int
+
+
+def read_journal(path: Path) -> Journal:
+    """A turn's records, the calls begun and not yet recorded, and the lines that were neither (a torn write)."""
     calls: list[CapturedCall] = []
+    begun: set[str] = set()
     unreadable = 0
     try:
         lines = path.read_bytes().splitlines()
     except FileNotFoundError:
-        return [], 0
+        lines = []
     for line in lines:
         if not line.strip():
             continue
         try:
-            calls.append(CapturedCall.model_validate_json(line))
+            if line.startswith(b'{"begun"'):
+                begun.add(Begun.model_validate_json(line).begun)
+            else:
+                calls.append(CapturedCall.model_validate_json(line))
         except ValidationError:
             unreadable += 1
-    return calls, unreadable
+    return Journal(calls, begun - {call.model_call_id for call in calls}, unreadable)
 
 
 # --- the proxy's side ------------------------------------------------------------------------------
@@ -156,34 +166,39 @@ class TurnTracker:
 
 @dataclass
 class CallWriter:
-    """Appends records, one ``write`` per line, durable before the client sees the call end (``fsync``)."""
+    """Appends to the turns' journals, one ``write`` per line, through descriptors kept open (an ``open`` on a
+    busy disk costs as much as the rest of a call); an ``fsync`` after each record when asked."""
 
     store: CaptureStore
-    fsync: bool = True
-    _locks: dict[Path, threading.Lock] = field(default_factory=dict)
+    fsync: bool = False
+    _files: dict[Path, int] = field(default_factory=dict)
     _guard: threading.Lock = field(default_factory=threading.Lock)
 
-    def begin(self, attempt: int | None, turn: str | None, model_call_id: str) -> Path:
-        """Mark a call in flight (so a harvest waits for it); returns the marker."""
-        marker = self.store.inflight_dir(attempt, turn) / model_call_id
-        marker.parent.mkdir(parents=True, exist_ok=True)
-        marker.touch()
-        return marker
-
-    def append(self, call: CapturedCall, marker: Path | None) -> None:
-        path = self.store.calls_path(call.attempt, call.turn)
-        line = (call.model_dump_json(exclude_none=True) + "\n").encode()
+    def _descriptor(self, attempt: int | None, turn: str | None) -> int:
+        path = self.store.calls_path(attempt, turn)
         with self._guard:
-            lock = self._locks.setdefault(path, threading.Lock())
-        with lock:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            descriptor = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
-            try:
-                while line:
-                    line = line[os.write(descriptor, line) :]
-                if self.fsync:
-                    os.fsync(descriptor)
-            finally:
+            if path not in self._files:
+                path.parent.mkdir(parents=True, exist_ok=True)
+                self._files[path] = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+            return self._files[path]
+
+    @staticmethod
+    def _write(descriptor: int, line: bytes) -> None:
+        while line:
+            line = line[os.write(descriptor, line) :]
+
+    def begin(self, attempt: int | None, turn: str | None, model_call_id: str) -> None:
+        """Journal a call's arrival (so a harvest waits for its record)."""
+        self._write(self._descriptor(attempt, turn), Begun(begun=model_call_id).model_dump_json().encode() + b"\n")
+
+    def append(self, call: CapturedCall) -> None:
+        descriptor = self._descriptor(call.attempt, call.turn)
+        self._write(descriptor, call.model_dump_json(exclude_none=True).encode() + b"\n")
+        if self.fsync:
+            os.fsync(descriptor)
+
+    def close(self) -> None:
+        with self._guard:
+            for descriptor in self._files.values():
                 os.close(descriptor)
-        if marker is not None:
-            marker.unlink(missing_ok=True)
+            self._files.clear()

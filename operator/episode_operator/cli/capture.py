@@ -60,7 +60,12 @@ def listen_address(_context: click.Context, _parameter: click.Parameter, value: 
     help="No call is held open longer than this.",
 )
 @click.option("--token-ids", is_flag=True, help="Ask a vLLM upstream for token ids and logprobs (capture.tokenIds).")
-@click.option("--no-fsync", is_flag=True, help="Do not fsync each record (for a memory-backed store).")
+@click.option(
+    "--fsync",
+    is_flag=True,
+    help="fsync each record before the client sees the call end. Off: an emptyDir dies with its pod, so a "
+    "record written to the page cache is as lasting as the store itself (and a disk flush costs ms per call).",
+)
 def capture_proxy(
     listen: tuple[str, int],
     upstream: str,
@@ -70,7 +75,7 @@ def capture_proxy(
     read_timeout: float,
     max_call_seconds: float,
     token_ids: bool,
-    no_fsync: bool,
+    fsync: bool,
 ) -> None:
     """Forward model calls to UPSTREAM and record every exchange in the store."""
     # Imported here: the operator execs capture-turn and capture-harvest twice a turn, and they need no aiohttp.
@@ -84,7 +89,7 @@ def capture_proxy(
         read_timeout=read_timeout,
         max_call_seconds=max_call_seconds,
         token_ids=token_ids,
-        fsync=not no_fsync,
+        fsync=fsync,
     )
     try:
         config.origin  # noqa: B018 - validates the URL before listening
