@@ -105,6 +105,10 @@ def sse(event: str | None, data: Any) -> bytes:
     return (head + "data: " + (data if isinstance(data, str) else json.dumps(data)) + "\n\n").encode()
 
 
+def halves(text: str) -> tuple[str, str]:
+    return text[: len(text) // 2], text[len(text) // 2 :]
+
+
 def sse_answer(dialect: str) -> list[bytes]:
     """The streamed form of ``JSON_ANSWERS[dialect]``: one event per chunk, the end event last."""
     if dialect == "chat":
@@ -130,14 +134,11 @@ def sse_answer(dialect: str) -> list[bytes]:
                     }
                 ]
             },
-            {
-                "choices": [
-                    {
-                        "index": 0,
-                        "delta": {"tool_calls": [{"index": 0, "function": {"arguments": json.dumps(TOOL_ARGUMENTS)}}]},
-                    }
-                ]
-            },
+            # The arguments arrive in pieces, as models stream them.
+            *(
+                {"choices": [{"index": 0, "delta": {"tool_calls": [{"index": 0, "function": {"arguments": piece}}]}}]}
+                for piece in halves(json.dumps(TOOL_ARGUMENTS))
+            ),
             {"choices": [{"index": 0, "delta": {}, "finish_reason": "tool_calls"}]},
             {"choices": [], "usage": JSON_ANSWERS["chat"]["usage"]},
         ]
@@ -198,13 +199,16 @@ def sse_answer(dialect: str) -> list[bytes]:
                 "content_block": {"type": "tool_use", "id": "toolu_1", "name": "bash", "input": {}},
             },
         ),
-        sse(
-            "content_block_delta",
-            {
-                "type": "content_block_delta",
-                "index": 2,
-                "delta": {"type": "input_json_delta", "partial_json": json.dumps(TOOL_ARGUMENTS)},
-            },
+        *(
+            sse(
+                "content_block_delta",
+                {
+                    "type": "content_block_delta",
+                    "index": 2,
+                    "delta": {"type": "input_json_delta", "partial_json": piece},
+                },
+            )
+            for piece in halves(json.dumps(TOOL_ARGUMENTS))
         ),
         sse(
             "message_delta",
@@ -246,7 +250,14 @@ class Upstream:
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
         body = await request.read()
-        self.received.append({"path": request.path, "headers": dict(request.headers), "body": body})
+        self.received.append(
+            {
+                "path": request.path,
+                "headers": dict(request.headers),
+                "header_items": list(request.headers.items()),
+                "body": body,
+            }
+        )
         behave = request.headers.get("x-behave", "")
         dialect = next((name for name, path in DIALECT_PATHS.items() if request.path == path), None)
         if dialect is None:
