@@ -5,7 +5,12 @@ Gym's models are checked too, by :mod:`tests.reference` (``check_rollout_row``, 
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
+
+import jsonschema
+
+from tests.reference import check_failure_row, check_rollout_row
 
 NUMBER_OR_NULL: dict[str, Any] = {"type": ["number", "null"]}
 STRING_OR_NULL: dict[str, Any] = {"type": ["string", "null"]}
@@ -107,3 +112,13 @@ FAILURE_ROW: dict[str, Any] = {
     },
     "additionalProperties": False,
 }
+
+
+def check_rows(rollouts: Iterable[dict[str, Any]], failures: Iterable[dict[str, Any]]) -> None:
+    """Every row against our schema and Gym's models."""
+    for row in rollouts:
+        jsonschema.validate(row, ROLLOUT_ROW)
+        check_rollout_row(row)
+    for row in failures:
+        jsonschema.validate(row, FAILURE_ROW)
+        check_failure_row(row)

@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from episode_operator.capture.atif import Trajectory, trajectory_to_responses
 from episode_operator.capture.records import (
+    CallOutcome,
     CapturedCall,
     ModelServerRef,
     ObservationGap,
@@ -74,18 +75,7 @@ class TrajectoryTokenStats(ObservationModel):
     cached_tokens: int | None = Field(default=None, ge=0)
 
 
-class TrajectoryResponseMetadata(ObservationModel):
-    response_id: str | None = None
-    model_ref: ModelServerRef | None = None
-    model: str | None = None
-    dialect: str | None = None
-    status_code: int | None = None
-    response_status: str | None = None
-    finish_reason: str | None = None
-    upstream_attempted: bool | None = None
-    response_source: Literal["upstream", "local"] | None = None
-    upstream_status_code: int | None = None
-    local_response_reason: str | None = None
+class TrajectoryResponseMetadata(ObservationModel, CallOutcome):
     error_category: str | None = None
     latency_ttft_ms: float | None = Field(default=None, ge=0)
 
@@ -188,25 +178,8 @@ def _turn_content(request: Any, response: Any) -> tuple[Any, Any, Any, int]:
 
 def trajectory_model_call(call: CapturedCall, index: int) -> TrajectoryModelCall:
     record = model_call_record(call, call_index=index)
-    metadata = {
-        key: value
-        for key in (
-            "response_id",
-            "model_ref",
-            "model",
-            "dialect",
-            "status_code",
-            "response_status",
-            "finish_reason",
-            "upstream_attempted",
-            "response_source",
-            "upstream_status_code",
-            "local_response_reason",
-            "error_category",
-            "latency_ttft_ms",
-        )
-        if (value := getattr(record, key)) is not None
-    }
+    fields = TrajectoryResponseMetadata.model_fields
+    metadata = {key: value for key in fields if (value := getattr(record, key)) is not None}
     return TrajectoryModelCall(
         model_call_id=record.model_call_id,
         started_at=record.started_at,

@@ -274,13 +274,10 @@ class ModelServerRef(BaseModel):
     name: str
 
 
-class ModelCallRecord(BaseModel):
-    """Gym's ``ModelCallRecord``: one call as ``ng_model_call_capture.calls[]`` lists it."""
+class CallOutcome(BaseModel):
+    """How a call went, as Gym's ``ModelCallRecord`` and ``TrajectoryResponseMetadata`` both say it."""
 
-    model_call_id: str | None = None
     response_id: str | None = None
-    client_session_id: str | None = None
-    call_index: int
     model_ref: ModelServerRef | None = None
     model: str | None = None
     dialect: str | None = None
@@ -291,6 +288,14 @@ class ModelCallRecord(BaseModel):
     response_source: Literal["upstream", "local"] | None = None
     upstream_status_code: int | None = None
     local_response_reason: str | None = None
+
+
+class ModelCallRecord(CallOutcome):
+    """Gym's ``ModelCallRecord``: one call as ``ng_model_call_capture.calls[]`` lists it."""
+
+    model_call_id: str | None = None
+    client_session_id: str | None = None
+    call_index: int
     started_at: float | None = None
     completed_at: float | None = None
     tokens_in: int | None = None
