@@ -121,6 +121,8 @@ class Failure:
 UNREACHABLE = Failure(502, "connection", "upstream_unreachable")
 TIMED_OUT = Failure(504, "timeout", "upstream_timeout")
 BROKEN = Failure(502, "exception", "upstream_broken")
+TOO_LARGE = Failure(413, "client_error", "request_too_large")
+PROXY_FAILED = Failure(502, "exception", "capture_proxy_error")
 
 
 def failure_of(error: BaseException) -> Failure:
@@ -274,6 +276,14 @@ class Proxy:
             # The client went away (the agent was stopped): keep the call, then let the cancellation through.
             self.record_now(exchange, "cancelled")
             raise
+        except web.HTTPRequestEntityTooLarge:
+            return await self._answer_locally(exchange, TOO_LARGE, attempted=False)
+        except Exception:
+            # A bug of ours must still leave a record and a clean answer, never a call in flight forever.
+            log.exception("capture proxy failed on %s %s", request.method, request.path)
+            if exchange.recorded:
+                raise
+            return await self._answer_locally(exchange, PROXY_FAILED, attempted=False)
 
     async def _request_body(self, request: web.Request, exchange: Exchange, dialect: Dialect | None) -> bytes:
         raw = await request.read()
@@ -290,8 +300,8 @@ class Proxy:
         exchange.call.request = rewrite.body
         return raw if rewrite.body == parsed else json.dumps(rewrite.body).encode()
 
-    async def _answer_locally(self, exchange: Exchange, failure: Failure) -> web.Response:
-        exchange.call.upstream_attempted = True
+    async def _answer_locally(self, exchange: Exchange, failure: Failure, *, attempted: bool = True) -> web.Response:
+        exchange.call.upstream_attempted = attempted
         await self.record(exchange.finish(failure.category, status=failure.status, local=failure), exchange)
         return web.Response(status=failure.status, body=failure.body(), content_type="application/json")
 
@@ -387,13 +397,16 @@ async def serve(config: ProxyConfig, host: str, port: int) -> None:
 
     On the way out, calls still in flight are recorded as cancelled.
     """
-    runner, port = await start(config, host, port)
-    ready = config.store / "ready.json"
-    config.store.mkdir(parents=True, exist_ok=True)
-    ready.write_text(json.dumps({"listen": f"{host}:{port}", "upstream": config.upstream}) + "\n")
     stop = asyncio.Event()
     for signal_number in (signal.SIGTERM, signal.SIGINT):
         asyncio.get_running_loop().add_signal_handler(signal_number, stop.set)
+    runner, port = await start(config, host, port)
+    ready = config.store / "ready.json"
+    config.store.mkdir(parents=True, exist_ok=True)
+    # Renamed into place: a probe never reads half of it.
+    written = config.store / ".ready.json"
+    written.write_text(json.dumps({"listen": f"{host}:{port}", "upstream": config.upstream}) + "\n")
+    written.replace(ready)
     try:
         await stop.wait()
     finally:
