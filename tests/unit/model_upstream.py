@@ -236,6 +236,30 @@ def vllm_token_answer(answer: dict[str, Any], request: dict[str, Any]) -> dict[s
     return {**answer, "choices": [choice]}
 
 
+def vllm_token_stream(chunks: list[bytes], request: dict[str, Any]) -> list[bytes]:
+    """A streamed chat completion as vLLM sends it with token ids: the prompt's on the first chunk, each
+    generated token's id and logprob on the chunk that carries it (here: the two content chunks)."""
+    out = []
+    tokens = iter(GENERATION)
+    for chunk in chunks:
+        payload = chunk.removeprefix(b"data: ").strip()
+        if payload == b"[DONE]":
+            out.append(chunk)
+            continue
+        event = json.loads(payload)
+        if not out and request.get("return_token_ids"):
+            event["prompt_token_ids"] = PROMPT_TOKEN_IDS
+        for choice in event["choices"]:
+            if choice["delta"].get("content"):
+                token, logprob = next(tokens)
+                choice["logprobs"] = {
+                    "content": [{"token": f"token_id:{token}", "logprob": logprob, "top_logprobs": []}]
+                }
+                choice["token_ids"] = [token]
+        out.append(sse(None, event))
+    return out
+
+
 DIALECT_PATHS = {"chat": "/v1/chat/completions", "responses": "/v1/responses", "messages": "/v1/messages"}
 
 
@@ -279,6 +303,8 @@ class Upstream:
         response = web.StreamResponse(headers={"content-type": "text/event-stream"})
         await response.prepare(request)
         chunks = sse_answer(dialect)
+        if parsed.get("return_tokens_as_token_ids"):
+            chunks = vllm_token_stream(chunks, parsed)
         for index, chunk in enumerate(chunks):
             if index == len(chunks) - 1:
                 if behave == "stall":

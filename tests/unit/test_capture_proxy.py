@@ -408,6 +408,21 @@ def test_turn_names_cannot_escape_the_store(tmp_path: Path) -> None:
 
 
 # --- token ids ----------------------------------------------------------------------------------------
+def test_token_ids_are_kept_from_a_stream(tmp_path: Path) -> None:
+    async def scenario(proxy: Rig) -> None:
+        async with proxy.post("chat", stream=True) as response:
+            await response.read()
+        (call,) = proxy.calls()
+        assert (call.prompt_token_ids, call.generation_token_ids) == (
+            PROMPT_TOKEN_IDS,
+            [token for token, _ in GENERATION],
+        )
+        assert call.generation_log_probs == [logprob for _, logprob in GENERATION]
+        assert call.error_category is None and call.response is not None
+
+    run(tmp_path, scenario, token_ids=True)
+
+
 def test_token_ids_are_asked_for_and_kept(tmp_path: Path) -> None:
     async def scenario(proxy: Rig) -> None:
         async with proxy.post("chat") as response:

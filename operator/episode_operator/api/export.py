@@ -7,12 +7,12 @@ keys and no reward or response. A rollout row is Gym's verify response (``respon
 environment's keys (``verifier_rewards``, ``turns``, ``stopped_after_turn``, ``verifier_mode``), and,
 when the agent's model calls were captured, the collector's observation keys:
 
-============  ==================================================  =====================
-turn_sessions  episode ``ng_agent_observations``                    per-turn records
-============  ==================================================  =====================
-fresh          the session's, when exactly one turn's agent ran     one per turn
-continue       the cumulative session                               none
-============  ==================================================  =====================
+=============  ================================================  ================
+turn_sessions  episode ``ng_agent_observations``                 per-turn records
+=============  ================================================  ================
+fresh          the session's, when exactly one turn's agent ran  one per turn
+continue       the cumulative session                            none
+=============  ================================================  ================
 
 ``ng_model_call_capture`` holds every call of the final attempt and ``ng_trajectory`` is projected
 from it and the episode's observations as Gym's collector does. Everything here is pure: the
@@ -184,10 +184,6 @@ def create_params(instruction: str | None, trajectory: Trajectory | None) -> dic
 
 
 # --- turns -------------------------------------------------------------------------------------------------
-def agent_ran(turn: TurnStatus, evidence: TurnEvidence | None) -> bool:
-    return turn.agent_exit_code is not None or bool(evidence and evidence.calls)
-
-
 def session_status(turn: TurnStatus) -> tuple[InvocationStatus, str | None]:
     if turn.agent_exit_code is None:
         return "unknown", None
@@ -207,6 +203,10 @@ class TurnView:
     status: TurnStatus
     evidence: TurnEvidence
     trajectory: Trajectory | None
+
+    @property
+    def agent_ran(self) -> bool:
+        return self.status.agent_exit_code is not None or bool(self.evidence.calls)
 
     @property
     def activation(self) -> Trajectory | None:
@@ -261,15 +261,13 @@ def turn_entry(view: TurnView, model: str) -> dict[str, Any]:
 
 
 # --- observation keys ------------------------------------------------------------------------------------
-def observations(
-    source: str, views: Sequence[TurnView], invocation_id: str, gaps: Sequence[ObservationGap] = ()
-) -> AgentObservationBundle:
+def observations(source: str, views: Sequence[TurnView], invocation_id: str) -> AgentObservationBundle:
     """One agent session over ``views`` (a fresh turn, or every turn of a continued session)."""
     calls = [call for view in views for call in view.evidence.calls]
     last = views[-1]
     status, error = session_status(last.status)
     invocation = agent_invocation(invocation_id, calls, last.trajectory, status=status, error_type=error)
-    return AgentObservationBundle(source=source, records=[invocation], gaps=list(gaps))
+    return AgentObservationBundle(source=source, records=[invocation])
 
 
 def capture_gaps(views: Sequence[TurnView], outside: Sequence[CapturedCall]) -> list[ObservationGap]:
@@ -286,7 +284,7 @@ def observation_keys(
     row_id: str, task_id: str, views: Sequence[TurnView], evidence: EpisodeEvidence, resolved: bool | None
 ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """The row's ``ng_*`` keys, and each turn entry's (empty under ``continue``)."""
-    ran = [view for view in views if agent_ran(view.status, view.evidence)]
+    ran = [view for view in views if view.agent_ran]
     calls = [call for view in views for call in view.evidence.calls] + list(evidence.outside_turn_calls)
     gaps = capture_gaps(views, evidence.outside_turn_calls)
     capture = model_call_capture(row_id, calls)
@@ -299,7 +297,7 @@ def observation_keys(
         episode_observations = observations(evidence.harness, ran, f"{row_id}/session")
     else:
         for index, view in enumerate(views):
-            if view in ran:
+            if view.agent_ran:
                 bundle = observations(evidence.harness, [view], f"{row_id}/{view.status.name}")
                 record = trajectory_record(task_id, row_id, view.evidence.calls, bundle, resolved=None)
                 per_turn[index] = {
@@ -348,7 +346,7 @@ def rollout_row(episode: Mapping[str, Any], evidence: EpisodeEvidence = NO_EVIDE
     model = evidence.model or spec.agent.kind
     row_id = rollout_id(metadata, status.attempt)
     views = turn_views(status, evidence, row_id)
-    last_ran = next((view for view in reversed(views) if agent_ran(view.status, view.evidence)), None)
+    last_ran = next((view for view in reversed(views) if view.agent_ran), None)
     failed = bool(status.failure_kind) or masked
     row: dict[str, Any] = {
         "responses_create_params": last_ran.params() if last_ran else create_params(None, None),

@@ -4,7 +4,7 @@ It runs as its own container in the agent's pod (``episode-operator capture-prox
 loopback, which the agent shares. It alone holds the real key (from its environment, set from the
 Secret), rewrites the placeholder key the agent sends, and scrubs the key from anything it passes on
 or stores. A streamed answer goes to the client chunk by chunk as it arrives; only the chunk that ends
-the stream waits until the record is on disk. A silent or unreachable endpoint gets a clean 502/504,
+the stream waits until the call is recorded. A silent or unreachable endpoint gets a clean 502/504,
 and no call outlives ``max_call_seconds``.
 """
 
@@ -265,6 +265,7 @@ class Proxy:
                 )
             except (TimeoutError, aiohttp.ClientError, OSError) as error:
                 return await self._answer_locally(exchange, failure_of(error))
+            exchange.call.upstream_status_code = upstream.status
             async with upstream:
                 streaming = upstream.headers.get("content-type", "").startswith("text/event-stream")
                 exchange.call.streaming = streaming and dialect is not None
@@ -296,9 +297,9 @@ class Proxy:
         if not isinstance(parsed, dict):
             exchange.call.request_raw = raw.decode("utf-8", "replace")
             return raw
-        rewrite = rewrite_request(parsed, dialect, token_ids=self.config.token_ids)
-        exchange.call.request = rewrite.body
-        return raw if rewrite.body == parsed else json.dumps(rewrite.body).encode()
+        sent = rewrite_request(parsed, dialect, token_ids=self.config.token_ids)
+        exchange.call.request = sent
+        return raw if sent == parsed else json.dumps(sent).encode()
 
     async def _answer_locally(self, exchange: Exchange, failure: Failure, *, attempted: bool = True) -> web.Response:
         exchange.call.upstream_attempted = attempted

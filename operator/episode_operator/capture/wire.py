@@ -6,7 +6,6 @@ Declared as tables so that each rule is read in one place; :mod:`.proxy` applies
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any, Literal
 
 # Gym's dialect names (``ModelCallRecord.dialect``).
@@ -91,17 +90,8 @@ TOKEN_ID_PARAMS: dict[Dialect, dict[str, Any]] = {
 }
 
 
-@dataclass(frozen=True)
-class Rewrite:
-    """What the proxy changed in a request body, so the record says what the model was really asked."""
-
-    body: dict[str, Any]
-    token_ids: bool
-    stream_usage: bool
-
-
-def rewrite_request(body: dict[str, Any], dialect: Dialect | None, *, token_ids: bool) -> Rewrite:
-    """The body sent upstream.
+def rewrite_request(body: dict[str, Any], dialect: Dialect | None, *, token_ids: bool) -> dict[str, Any]:
+    """The body sent upstream (and recorded: the record says what the model was really asked).
 
     With ``token_ids``, a chat completion asks for vLLM's token ids and logprobs. A streamed chat
     completion asks for its usage (``stream_options.include_usage``, which the OpenAI protocol defines:
@@ -109,13 +99,11 @@ def rewrite_request(body: dict[str, Any], dialect: Dialect | None, *, token_ids:
     Responses and Messages streams carry usage already.
     """
     rewritten = dict(body)
-    asked_token_ids = token_ids and dialect in TOKEN_ID_PARAMS
-    if asked_token_ids and dialect is not None:
+    if token_ids and dialect in TOKEN_ID_PARAMS:
         rewritten.update(TOKEN_ID_PARAMS[dialect])
-    stream_usage = dialect == "chat" and rewritten.get("stream") is True and "stream_options" not in rewritten
-    if stream_usage:
+    if dialect == "chat" and rewritten.get("stream") is True and "stream_options" not in rewritten:
         rewritten["stream_options"] = {"include_usage": True}
-    return Rewrite(rewritten, asked_token_ids, stream_usage)
+    return rewritten
 
 
 # --- SSE ends --------------------------------------------------------------------------------------
