@@ -29,7 +29,6 @@ from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
-import jsonschema
 import pytest
 import urllib3
 from kubernetes import client, watch
@@ -48,7 +47,7 @@ from tests.cluster.harness import (
     install_crd,
     pods_of,
 )
-from tests.gym_row_schema import GYM_ROW
+from tests.gym_row_schema import check_rows
 
 SETS = "episodesets"
 KUBECTL_EPISODE = str(Path(sys.executable).parent / "kubectl-episode")
@@ -372,9 +371,11 @@ def test_dataset_of_20_tasks_times_2_attempts_at_parallelism_4(
     assert exported.returncode == 0, exported.stderr
     rows = [json.loads(line) for line in (out / "rollouts.jsonl").read_text().splitlines()]
     failures = [json.loads(line) for line in (out / "rollouts_failures.jsonl").read_text().splitlines()]
-    for row in rows + failures:
-        jsonschema.validate(row, GYM_ROW)
+    check_rows(rows, failures)
     assert (len(rows), len(failures)) == (38, 2)
+    assert sorted((row["_ng_task_index"], row["_ng_rollout_index"]) for row in rows + failures) == sorted(
+        (index, attempt - 1) for index in range(TASKS) for attempt in (1, 2)
+    )
     assert sum(row["reward"] for row in rows) / len(rows) == pytest.approx(mean)
 
     # Deleting the set deletes its children.

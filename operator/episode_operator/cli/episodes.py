@@ -302,7 +302,7 @@ def register_export(cli: click.Group) -> None:
         output_format: str,
         output: Path,
     ) -> None:
-        """Write finished Episodes as Gym rows: graded to rollouts.jsonl, the rest to rollouts_failures.jsonl."""
+        """Write finished Episodes as Gym rows: graded and masked to rollouts.jsonl, failed attempts to the failures."""
         if episode_set:
             selector = ",".join(part for part in (set_selector(episode_set), selector) if part)
 

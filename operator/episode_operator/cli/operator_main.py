@@ -8,9 +8,7 @@ from pathlib import Path
 
 import click
 
-from episode_operator.handlers import OperatorOptions, run_operator
-from episode_operator.kube.client import KubeClient, KubeError
-from episode_operator.kube.objects.crds import episode_crd, episodeset_crd
+from episode_operator.cli.capture import COMMANDS as CAPTURE_COMMANDS
 from episode_operator.taskfolder.images import ImageMirrors, InvalidImageReference
 
 
@@ -102,6 +100,9 @@ def run(
     image_mirrors: ImageMirrors,
 ) -> None:
     """Run the operator until interrupted."""
+    # Imported here: the capture container runs this program too, and needs neither kopf nor Kubernetes.
+    from episode_operator.handlers import OperatorOptions, run_operator
+
     run_operator(
         OperatorOptions(
             namespaces=namespaces,
@@ -126,6 +127,9 @@ def run(
 )
 def install_crd(kubeconfig: str | None) -> None:
     """Create or update the Episode and EpisodeSet CRDs (generated from this version's models) until served."""
+    from episode_operator.kube.client import KubeClient, KubeError
+    from episode_operator.kube.objects.crds import episode_crd, episodeset_crd
+
     manifests = [episode_crd(), episodeset_crd()]
 
     async def apply() -> list[str]:
@@ -141,3 +145,7 @@ def install_crd(kubeconfig: str | None) -> None:
         raise click.ClickException(str(error)) from error
     for manifest, action in zip(manifests, actions, strict=True):
         click.echo(f"customresourcedefinition/{manifest['metadata']['name']} {action}")
+
+
+for command in CAPTURE_COMMANDS:
+    main.add_command(command)
