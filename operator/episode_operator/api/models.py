@@ -8,9 +8,9 @@ them. Names are camelCase on the wire and snake_case in Python.
 
 from __future__ import annotations
 
-from typing import Any, ClassVar, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, WithJsonSchema, model_validator
 from pydantic.alias_generators import to_camel
 
 GROUP = "episode-operator.dev"
@@ -26,6 +26,13 @@ Phase = Literal["Pending", "Running", "Succeeded", "Failed"]
 Outcome = Literal["Graded", "Masked", "TerminalFailure", "Ungraded"]
 TurnPhase = Literal["Pending", "Running", "Succeeded", "Failed", "Skipped"]
 AgentKind = Literal["oracle", "nop", "command"]
+# RFC 3339 in UTC ("2025-01-02T03:04:05Z", or with a fraction): the API server checks the format.
+Timestamp = Annotated[str, WithJsonSchema({"type": "string", "format": "date-time"})]
+# metav1.Condition's rules (Kubernetes API conventions), which kubectl and GitOps tools rely on.
+CONDITION_TYPE_PATTERN = (
+    r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])$"
+)
+CONDITION_REASON_PATTERN = r"^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$"
 
 
 class ApiModel(BaseModel):
@@ -163,12 +170,23 @@ class EpisodeSpec(ApiModel):
 
 # --- status -------------------------------------------------------------------------------------
 class Condition(ApiModel):
-    type: str
+    """A condition as Kubernetes' API conventions define it (metav1.Condition)."""
+
+    type: str = Field(max_length=316, pattern=CONDITION_TYPE_PATTERN, description="CamelCase, e.g. Complete.")
     status: Literal["True", "False", "Unknown"]
-    reason: str
-    message: str = ""
-    last_transition_time: str
-    observed_generation: int | None = None
+    reason: str = Field(min_length=1, max_length=1024, pattern=CONDITION_REASON_PATTERN, description="Why, CamelCase.")
+    message: str = Field(default="", max_length=32768)
+    last_transition_time: Timestamp = Field(description="When status last changed.")
+    observed_generation: int | None = Field(
+        default=None, ge=0, description="The metadata.generation the condition was computed from."
+    )
+
+
+# Conditions are a map keyed by type: one condition per type, merged by type in server-side apply.
+Conditions = Annotated[
+    list[Condition],
+    Field(json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]}),
+]
 
 
 class ArtifactSummary(ApiModel):
@@ -188,8 +206,8 @@ class TurnStatus(ApiModel):
     verifier_mode: Literal["shared", "separate"] | None = None
     failure_kind: str | None = None
     agent_exit_code: int | None = None
-    started_at: str | None = None
-    finished_at: str | None = None
+    started_at: Timestamp | None = None
+    finished_at: Timestamp | None = None
     artifacts: ArtifactSummary | None = None
     message: str | None = None
 
@@ -203,10 +221,14 @@ class TaskStatus(ApiModel):
 class AttemptStatus(ApiModel):
     number: int
     reason: str | None = Field(default=None, description="Why the attempt ended, for an outage.")
-    started_at: str | None = None
-    ready_at: str | None = Field(default=None, description="When the sandbox was ready: the deadline's clock starts.")
-    deadline_at: str | None = Field(default=None, description="Past this the attempt fails as harbor:task_deadline.")
-    finished_at: str | None = None
+    started_at: Timestamp | None = None
+    ready_at: Timestamp | None = Field(
+        default=None, description="When the sandbox was ready: the deadline's clock starts."
+    )
+    deadline_at: Timestamp | None = Field(
+        default=None, description="Past this the attempt fails as harbor:task_deadline."
+    )
+    finished_at: Timestamp | None = None
 
 
 class EpisodeStatus(ApiModel):
@@ -225,10 +247,10 @@ class EpisodeStatus(ApiModel):
     turns: list[TurnStatus] = Field(default_factory=list)
     task: TaskStatus | None = None
     pod_name: str | None = None
-    started_at: str | None = None
-    finished_at: str | None = None
+    started_at: Timestamp | None = None
+    finished_at: Timestamp | None = None
     observed_generation: int | None = None
-    conditions: list[Condition] = Field(default_factory=list)
+    conditions: Conditions = Field(default_factory=list)
 
 
 class Episode(ApiModel):

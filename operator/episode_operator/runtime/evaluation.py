@@ -228,13 +228,28 @@ def next_children(
     return chosen
 
 
-def condition(kind: str, value: bool, reason: str, message: str, now: str, previous: Sequence[Condition]) -> Condition:
-    """A condition that keeps its lastTransitionTime while its status stays the same."""
+def condition(
+    kind: str,
+    value: bool,
+    reason: str,
+    message: str,
+    now: str,
+    previous: Sequence[Condition],
+    generation: int | None = None,
+) -> Condition:
+    """A condition computed from ``generation`` that keeps its lastTransitionTime while its status stays the same."""
     status: Any = "True" if value else "False"
     for old in previous:
         if old.type == kind and old.status == status:
-            return old.model_copy(update={"reason": reason, "message": message})
-    return Condition(type=kind, status=status, reason=reason, message=message, last_transition_time=now)
+            return old.model_copy(update={"reason": reason, "message": message, "observed_generation": generation})
+    return Condition(
+        type=kind,
+        status=status,
+        reason=reason,
+        message=message,
+        last_transition_time=now,
+        observed_generation=generation,
+    )
 
 
 def plan_set(
@@ -317,6 +332,7 @@ def plan_set(
             "spec.suspend is true: no child starts" if spec.suspend else "not suspended",
             now,
             previous.conditions,
+            generation,
         ),
         condition(
             "Complete",
@@ -325,6 +341,7 @@ def plan_set(
             f"{finished}/{total} children finished",
             now,
             previous.conditions,
+            generation,
         ),
         condition(
             "Failed",
@@ -333,6 +350,7 @@ def plan_set(
             (status.message or "failed") if failed else "not failed",
             now,
             previous.conditions,
+            generation,
         ),
     ]
     if status.phase in ("Succeeded", "Failed") and not active and not plan.create and status.completion_time is None:
