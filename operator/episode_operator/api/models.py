@@ -264,15 +264,16 @@ class Episode(ApiModel):
 
 
 def episode_manifest(
-    namespace: str,
+    namespace: str | None,
     spec: EpisodeSpec,
     *,
     name: str | None = None,
     generate_name: str | None = None,
     labels: dict[str, str] | None = None,
 ) -> dict[str, Any]:
-    """An Episode object ready to create (``name`` or ``generate_name``)."""
-    metadata: dict[str, Any] = {"namespace": namespace, "labels": labels or {}}
+    """An Episode object ready to create (``name`` or ``generate_name``); no namespace: where it is applied."""
+    metadata: dict[str, Any] = {"namespace": namespace} if namespace else {}
+    metadata["labels"] = labels or {}
     if name:
         metadata["name"] = name
     else:

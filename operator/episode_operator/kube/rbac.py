@@ -101,7 +101,9 @@ OPERATOR_PERMISSIONS: tuple[Permission, ...] = (
 # What a person running `kubectl episode` (and `episode-operator install-crd`) needs in a namespace;
 # documented in the README, checked against kube/client.py like the operator's.
 USER_PERMISSIONS: tuple[Permission, ...] = (
-    Permission(GROUP, PLURAL, ("create", "get", "list"), "namespaced", "kubectl episode run, get, describe"),
+    Permission(
+        GROUP, PLURAL, ("create", "get", "list", "watch"), "namespaced", "kubectl episode run, get [-w], describe"
+    ),
     Permission(GROUP, SET_PLURAL, ("create", "get"), "namespaced", "kubectl episode run of an EpisodeSet"),
     Permission("", "configmaps", ("create",), "namespaced", "kubectl episode pack"),
     Permission(

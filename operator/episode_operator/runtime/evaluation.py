@@ -14,8 +14,6 @@ tasks with ``n ≥ k``.
 
 from __future__ import annotations
 
-import hashlib
-import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -34,6 +32,7 @@ from episode_operator.api.episodeset import (
     SetTaskStatus,
 )
 from episode_operator.api.models import Condition, Outcome, Phase
+from episode_operator.api.naming import document_digest
 
 TERMINAL: tuple[Phase, ...] = ("Succeeded", "Failed")
 DEFINITION_FIELDS = ("dataset", "attempts", "agent", "template")
@@ -64,7 +63,7 @@ def pass_at_k(n: int, c: int, k: int) -> float:
 def definition_digest(spec: Mapping[str, Any]) -> str:
     """sha256 of what a set evaluates (dataset, attempts, agent, template) in the stored spec."""
     document = {key: spec.get(key) for key in DEFINITION_FIELDS}
-    return "sha256:" + hashlib.sha256(json.dumps(document, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+    return document_digest(document)
 
 
 @dataclass(frozen=True)
