@@ -297,11 +297,19 @@ class KubeClient:
     # ConfigMaps, events --------------------------------------------------------------------
     async def apply_config_map(self, manifest: dict[str, Any]) -> None:
         """Create a ConfigMap, or leave it: packed tasks are content-addressed, so one that exists is the same."""
-        try:
-            with _api_call(f"configmap {manifest['metadata']['namespace']}/{manifest['metadata']['name']}"):
-                await self.core.create_namespaced_config_map(manifest["metadata"]["namespace"], manifest)
-        except Conflict:
-            pass
+        with contextlib.suppress(Conflict):
+            await self.create_config_map(manifest)
+
+    async def create_config_map(self, manifest: dict[str, Any]) -> None:
+        """Create a ConfigMap; one that exists is :class:`Conflict`."""
+        with _api_call(f"configmap {manifest['metadata']['namespace']}/{manifest['metadata']['name']}"):
+            await self.core.create_namespaced_config_map(manifest["metadata"]["namespace"], manifest)
+
+    async def replace_config_map(self, manifest: dict[str, Any]) -> None:
+        """Replace a ConfigMap; a ``metadata.resourceVersion`` other than the stored one is :class:`Conflict`."""
+        namespace, name = manifest["metadata"]["namespace"], manifest["metadata"]["name"]
+        with _api_call(f"configmap {namespace}/{name}"):
+            await self.core.replace_namespaced_config_map(name, namespace, manifest)
 
     async def get_config_map(self, namespace: str, name: str) -> Any:
         with _api_call(f"configmap {namespace}/{name}"):

@@ -73,7 +73,13 @@ OPERATOR_PERMISSIONS: tuple[Permission, ...] = (
         "agent and verifier pods; kopf watches them so that a driver reads a starting pod when it changes",
     ),
     Permission("", "pods/exec", ("create", "get"), "namespaced", "jobs start and are polled by exec (websocket: get)"),
-    Permission("", "configmaps", ("get", "list"), "namespaced", "tasks packed by `kubectl episode pack`"),
+    Permission(
+        "",
+        "configmaps",
+        ("get", "list", "create", "update"),
+        "namespaced",
+        "tasks packed by `kubectl episode pack`; the tombstones of run-once Episodes their TTL deleted",
+    ),
     Permission("", "events", ("create",), "namespaced", "turn and outage Events, and kopf's own"),
     Permission(
         "networking.k8s.io",
