@@ -234,3 +234,15 @@ def run_episode(
 def pods_of(core: client.CoreV1Api, namespace: str, episode: str) -> list[str]:
     pods = core.list_namespaced_pod(namespace, label_selector=f"episode-operator.dev/episode={episode}")
     return [pod.metadata.name for pod in pods.items if not pod.metadata.deletion_timestamp]
+
+
+def context_kubeconfig(admin: Path, path: Path, namespaces: dict[str, str]) -> Path:
+    """The admin kubeconfig with one context per (name -> namespace), the first one current."""
+    document = yaml.safe_load(admin.read_text())
+    current = next(c for c in document["contexts"] if c["name"] == document["current-context"])["context"]
+    document["contexts"] = [
+        {"name": name, "context": {**current, "namespace": namespace}} for name, namespace in namespaces.items()
+    ]
+    document["current-context"] = next(iter(namespaces))
+    path.write_text(yaml.safe_dump(document))
+    return path

@@ -29,24 +29,13 @@ from tests.cluster.harness import (
     PLURAL,
     VERSION,
     OperatorProcess,
+    context_kubeconfig,
     create_episode,
     episode_spec,
     read_episode,
 )
 
 KUBECTL_EPISODE = str(Path(sys.executable).parent / "kubectl-episode")
-
-
-def context_kubeconfig(admin: Path, path: Path, namespaces: dict[str, str]) -> Path:
-    """The admin kubeconfig with one context per (name -> namespace), the first one current."""
-    document = yaml.safe_load(admin.read_text())
-    current = next(c for c in document["contexts"] if c["name"] == document["current-context"])["context"]
-    document["contexts"] = [
-        {"name": name, "context": {**current, "namespace": namespace}} for name, namespace in namespaces.items()
-    ]
-    document["current-context"] = next(iter(namespaces))
-    path.write_text(yaml.safe_dump(document))
-    return path
 
 
 class Plugin:

@@ -87,3 +87,12 @@ def test_the_episode_status_sink_stamps_every_condition_with_its_generation() ->
     (written,) = api.written
     assert written["observedGeneration"] == 7
     assert [condition["observedGeneration"] for condition in written["conditions"]] == [7]
+
+
+@pytest.mark.parametrize("kind", sorted(CRDS))
+def test_no_defaults_inside_list_items(kind: str) -> None:
+    """A default inside a list item makes every ``kubectl apply`` (and GitOps sync) of an unchanged
+    manifest a change: the stored list differs from the applied one, and a list is replaced whole."""
+    schema = CRDS[kind]()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
+    inside_items = [path for path, node in walk(schema) if ".items" in path and "default" in node]
+    assert inside_items == []
