@@ -27,7 +27,8 @@ from typing import Any
 
 from kubernetes import client, config
 
-from episode_operator.api.models import GROUP, PLURAL, VERSION, EpisodeSpec
+from episode_operator.api.models import PLURAL, EpisodeSpec
+from episode_operator.api.vocabulary import GROUP, VERSION
 from episode_operator.kube.builds import BuildCoordinator, BuildReady, BuildSettings
 from episode_operator.kube.client import KubeClient
 from episode_operator.kube.objects.pods import OwnerRef

@@ -32,6 +32,7 @@ from episode_operator.kube.driver import (
 from episode_operator.kube.episodeset import run_episode_set
 from episode_operator.kube.objects.pods import label_value
 from episode_operator.kube.status import EpisodeGone
+from episode_operator.kube.tombstones import expire_episode
 from episode_operator.runtime.metrics import Metrics
 from episode_operator.runtime.server import serve
 from episode_operator.runtime.slots import FifoSlots
@@ -201,11 +202,11 @@ def has_ttl(status: kopf.Status, spec: kopf.Spec, **_: Any) -> bool:
 @kopf.daemon(GROUP, VERSION, PLURAL, when=has_ttl, cancellation_timeout=5.0, backoff=30.0)
 async def expire(body: kopf.Body, memo: Any, **_: Any) -> None:
     """Delete a finished Episode ``spec.ttlSecondsAfterFinished`` after it finished (as Jobs do)."""
-    metadata, spec, status = body["metadata"], body["spec"], body["status"]
+    spec, status = body["spec"], body["status"]
     remaining = parse_timestamp(status["finishedAt"]) + float(spec["ttlSecondsAfterFinished"]) - time.time()
     if remaining > 0:
         await asyncio.sleep(remaining)
-    await memo.client.delete_episode(metadata["namespace"], metadata["name"])
+    await expire_episode(memo.client, body)  # a run-once Episode leaves its tombstone (kube/tombstones.py)
 
 
 def run_operator(options: OperatorOptions) -> None:

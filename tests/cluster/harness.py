@@ -257,3 +257,15 @@ async def run_sandbox_job(sandbox: KubeSandbox, command: str, *, name: str) -> t
     while not state.done:
         state = await sandbox.wait_job(spec, max_wait_sec=30)
     return state.exit_code, (state.output or b"").decode()
+
+
+def context_kubeconfig(admin: Path, path: Path, namespaces: dict[str, str]) -> Path:
+    """The admin kubeconfig with one context per (name -> namespace), the first one current."""
+    document = yaml.safe_load(admin.read_text())
+    current = next(c for c in document["contexts"] if c["name"] == document["current-context"])["context"]
+    document["contexts"] = [
+        {"name": name, "context": {**current, "namespace": namespace}} for name, namespace in namespaces.items()
+    ]
+    document["current-context"] = next(iter(namespaces))
+    path.write_text(yaml.safe_dump(document))
+    return path

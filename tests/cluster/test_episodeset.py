@@ -367,7 +367,9 @@ def test_dataset_of_20_tasks_times_2_attempts_at_parallelism_4(
 
     # The set's rows, Gym's format.
     out = tmp_path / "export"
-    exported = kubectl_episode("export", "--set", name, "-n", namespace, "-o", str(out), kubeconfig=kubeconfig)
+    exported = kubectl_episode(
+        "export", "--set", name, "-n", namespace, "--output-dir", str(out), kubeconfig=kubeconfig
+    )
     assert exported.returncode == 0, exported.stderr
     rows = [json.loads(line) for line in (out / "rollouts.jsonl").read_text().splitlines()]
     failures = [json.loads(line) for line in (out / "rollouts_failures.jsonl").read_text().splitlines()]

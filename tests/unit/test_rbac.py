@@ -134,7 +134,11 @@ def client_methods() -> dict[str, tuple[set[Grant], set[str]]]:
                 continue
             target, name = ast.unparse(node.func.value), node.func.attr
             if target in objects:
-                grants |= grants_of_api_method(name, custom_object_of(node))
+                method_grants = grants_of_api_method(name, custom_object_of(node))
+                if any(k.arg == "watch" and ast.unparse(k.value) == "True" for k in node.keywords):
+                    # A list call with watch=True is a watch (RBAC's own verb).
+                    method_grants = {(group, resource, "watch") for group, resource, _ in method_grants}
+                grants |= method_grants
             elif target == "self.api" and name == "call_api":
                 grants |= grants_of_raw_call(node)
             elif target == "self":
@@ -210,6 +214,7 @@ def test_every_client_call_maps_to_a_permission() -> None:
     assert methods["_exec_once"][0] == {("", "pods/exec", "get"), ("", "pods/exec", "create")}
     assert methods["service_get"][0] == {("", "services/proxy", "get")}
     assert methods["replace_episode_status"][0] == {(GROUP, f"{PLURAL}/status", "patch")}
+    assert methods["watch_episodes"][0] == {(GROUP, PLURAL, "watch")}
     assert reachable_grants({"exec"}) == methods["_exec_once"][0]
 
 

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal
 from pydantic import Field, create_model, model_validator
 
 from episode_operator.api.models import AgentSpec, EpisodeSpec, TaskSource
-from episode_operator.api.vocabulary import GROUP, ApiModel, Condition, Outcome, Phase
+from episode_operator.api.vocabulary import GROUP, ApiModel, Conditions, Outcome, Phase, Timestamp
 
 SET_KIND = "EpisodeSet"
 SET_PLURAL = "episodesets"
@@ -184,9 +184,9 @@ class SetChildStatus(ApiModel):
     outcome: Outcome | None = None
     reward: float | None = None
     failure_kind: str | None = None
-    created_at: str | None = Field(default=None, description="When the controller created it (µs; annotation).")
-    finished_at: str | None = Field(default=None, description="The child's own status.finishedAt.")
-    observed_finished_at: str | None = Field(
+    created_at: Timestamp | None = Field(default=None, description="When the controller created it (µs; annotation).")
+    finished_at: Timestamp | None = Field(default=None, description="The child's own status.finishedAt.")
+    observed_finished_at: Timestamp | None = Field(
         default=None, description="When the controller first saw it finished (µs), before creating any other child."
     )
 
@@ -242,10 +242,12 @@ class EpisodeSetStatus(ApiModel):
     definition: str | None = Field(
         default=None, description="sha256 of dataset, attempts, agent and template when the set started."
     )
-    start_time: str | None = None
-    completion_time: str | None = Field(default=None, description="Set when no child is active and none will start.")
+    start_time: Timestamp | None = None
+    completion_time: Timestamp | None = Field(
+        default=None, description="Set when no child is active and none will start."
+    )
     observed_generation: int | None = None
-    conditions: list[Condition] = Field(default_factory=list)
+    conditions: Conditions = Field(default_factory=list)
 
 
 def child_spec(spec: EpisodeSetSpec, task: TaskSource, env: dict[str, str]) -> EpisodeSpec:

@@ -14,13 +14,12 @@ from pydantic import Field, ValidationError, model_validator
 
 from episode_operator.api.vocabulary import (
     API_VERSION,
-    GROUP,
-    VERSION,
     ApiModel,
-    Condition,
+    Conditions,
     Outcome,
     Phase,
     Stage,
+    Timestamp,
     TurnPhase,
 )
 
@@ -29,8 +28,6 @@ PLURAL = "episodes"
 SINGULAR = "episode"
 SHORT_NAMES = ["epi"]
 DEFAULT_TASK_ARCHIVE_KEY = "task.tar.gz"
-
-__all__ = ["API_VERSION", "GROUP", "VERSION", "ApiModel", "Condition", "Outcome", "Phase", "TurnPhase"]
 
 
 # --- spec ---------------------------------------------------------------------------------------
@@ -170,8 +167,8 @@ class TurnStatus(ApiModel):
     verifier_mode: Literal["shared", "separate"] | None = None
     failure_kind: str | None = None
     agent_exit_code: int | None = None
-    started_at: str | None = None
-    finished_at: str | None = None
+    started_at: Timestamp | None = None
+    finished_at: Timestamp | None = None
     artifacts: ArtifactSummary | None = None
     message: str | None = None
 
@@ -185,10 +182,14 @@ class TaskStatus(ApiModel):
 class AttemptStatus(ApiModel):
     number: int
     reason: str | None = Field(default=None, description="Why the attempt ended, for an outage.")
-    started_at: str | None = None
-    ready_at: str | None = Field(default=None, description="When the sandbox was ready: the deadline's clock starts.")
-    deadline_at: str | None = Field(default=None, description="Past this the attempt fails as harbor:task_deadline.")
-    finished_at: str | None = None
+    started_at: Timestamp | None = None
+    ready_at: Timestamp | None = Field(
+        default=None, description="When the sandbox was ready: the deadline's clock starts."
+    )
+    deadline_at: Timestamp | None = Field(
+        default=None, description="Past this the attempt fails as harbor:task_deadline."
+    )
+    finished_at: Timestamp | None = None
 
 
 class EpisodeStatus(ApiModel):
@@ -207,10 +208,10 @@ class EpisodeStatus(ApiModel):
     turns: list[TurnStatus] = Field(default_factory=list)
     task: TaskStatus | None = None
     pod_name: str | None = None
-    started_at: str | None = None
-    finished_at: str | None = None
+    started_at: Timestamp | None = None
+    finished_at: Timestamp | None = None
     observed_generation: int | None = None
-    conditions: list[Condition] = Field(default_factory=list)
+    conditions: Conditions = Field(default_factory=list)
 
 
 class Episode(ApiModel):
@@ -224,15 +225,16 @@ class Episode(ApiModel):
 
 
 def episode_manifest(
-    namespace: str,
+    namespace: str | None,
     spec: EpisodeSpec,
     *,
     name: str | None = None,
     generate_name: str | None = None,
     labels: dict[str, str] | None = None,
 ) -> dict[str, Any]:
-    """An Episode object ready to create (``name`` or ``generate_name``)."""
-    metadata: dict[str, Any] = {"namespace": namespace, "labels": labels or {}}
+    """An Episode object ready to create (``name`` or ``generate_name``); no namespace: where it is applied."""
+    metadata: dict[str, Any] = {"namespace": namespace} if namespace else {}
+    metadata["labels"] = labels or {}
     if name:
         metadata["name"] = name
     else:

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import enum
 from datetime import UTC, datetime
-from typing import Any, ClassVar, Final, Literal, get_args
+from typing import Annotated, Any, ClassVar, Final, Literal, get_args
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema
 from pydantic.alias_generators import to_camel
 
 # --- the API's identity -------------------------------------------------------------------------
@@ -142,18 +142,34 @@ class ApiModel(BaseModel):
         return self.model_dump(mode="json", by_alias=True, exclude_none=True)
 
 
+# RFC 3339 in UTC ("2025-01-02T03:04:05Z", or with a fraction): the API server checks the format.
+Timestamp = Annotated[str, WithJsonSchema({"type": "string", "format": "date-time"})]
+# metav1.Condition's rules (Kubernetes API conventions), which kubectl and GitOps tools rely on.
+CONDITION_TYPE_PATTERN: Final = (
+    r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])$"
+)
+CONDITION_REASON_PATTERN: Final = r"^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$"
 ConditionStatus = Literal["True", "False", "Unknown"]
 
 
 class Condition(ApiModel):
-    """A Kubernetes condition (``metav1.Condition``)."""
+    """A condition as Kubernetes' API conventions define it (``metav1.Condition``)."""
 
-    type: str
+    type: str = Field(max_length=316, pattern=CONDITION_TYPE_PATTERN, description="CamelCase, e.g. Complete.")
     status: ConditionStatus
-    reason: str
-    message: str = ""
-    last_transition_time: str
-    observed_generation: int | None = None
+    reason: str = Field(min_length=1, max_length=1024, pattern=CONDITION_REASON_PATTERN, description="Why, CamelCase.")
+    message: str = Field(default="", max_length=32768)
+    last_transition_time: Timestamp = Field(description="When status last changed.")
+    observed_generation: int | None = Field(
+        default=None, ge=0, description="The metadata.generation the condition was computed from."
+    )
+
+
+# Conditions are a map keyed by type: one condition per type, merged by type in server-side apply.
+Conditions = Annotated[
+    list[Condition],
+    Field(json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]}),
+]
 
 
 def set_condition(

@@ -34,6 +34,7 @@ from episode_operator.kube.client import KubeClient, KubeError, NotFound
 from episode_operator.kube.objects.pods import OwnerRef, episode_selector
 from episode_operator.kube.sandbox import KubeProvider
 from episode_operator.kube.status import KubeStatusSink
+from episode_operator.kube.tombstones import answer_from_tombstone
 from episode_operator.runtime.admission import Refusal, admit_spec, admit_task
 from episode_operator.runtime.episode import EpisodeConfig, EpisodeObserver, EpisodeRunner
 from episode_operator.runtime.store import FileStore, episode_store_root
@@ -68,6 +69,8 @@ async def drive_episode(
     observer: EpisodeObserver | None = None,
 ) -> EpisodeStatus:
     """Run the Episode in ``body`` from its current status to a terminal phase."""
+    if (recorded := await answer_from_tombstone(client, body, logger)) is not None:
+        return recorded  # a run-once Episode re-created after its TTL: not run again (kube/tombstones.py)
     metadata = body["metadata"]
     episode = OwnerRef(metadata["name"], metadata["namespace"], metadata["uid"])
     generation = metadata.get("generation")

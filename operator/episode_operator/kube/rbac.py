@@ -25,7 +25,8 @@ from pathlib import Path
 from typing import Literal
 
 from episode_operator.api.episodeset import SET_PLURAL
-from episode_operator.api.models import GROUP, PLURAL
+from episode_operator.api.models import PLURAL
+from episode_operator.api.vocabulary import GROUP
 
 RBAC_FILE = Path("helm/episode-operator/files/rbac.yaml")
 
@@ -76,9 +77,10 @@ OPERATOR_PERMISSIONS: tuple[Permission, ...] = (
     Permission(
         "",
         "configmaps",
-        ("get", "list", "create"),
+        ("get", "list", "create", "update"),
         "namespaced",
-        "tasks packed by `kubectl episode pack`; build contexts of in-cluster builds",
+        "tasks packed by `kubectl episode pack`; build contexts of in-cluster builds; the tombstones of "
+        "run-once Episodes their TTL deleted",
     ),
     Permission(
         "batch",
@@ -115,7 +117,9 @@ OPERATOR_PERMISSIONS: tuple[Permission, ...] = (
 # What a person running `kubectl episode` (and `episode-operator install-crd`) needs in a namespace;
 # documented in the README, checked against kube/client.py like the operator's.
 USER_PERMISSIONS: tuple[Permission, ...] = (
-    Permission(GROUP, PLURAL, ("create", "get", "list"), "namespaced", "kubectl episode run, get, describe"),
+    Permission(
+        GROUP, PLURAL, ("create", "get", "list", "watch"), "namespaced", "kubectl episode run, get [-w], describe"
+    ),
     Permission(GROUP, SET_PLURAL, ("create", "get"), "namespaced", "kubectl episode run of an EpisodeSet"),
     Permission("", "configmaps", ("create",), "namespaced", "kubectl episode pack"),
     Permission(

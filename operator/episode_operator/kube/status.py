@@ -32,7 +32,10 @@ class KubeStatusSink:
     async def publish(self, status: EpisodeStatus) -> None:
         if is_terminal(status.phase):
             await self.flush()  # the terminal status ends the driver: its Events come first
+        # The whole status, conditions included, was computed from the generation the driver runs.
         status.observed_generation = self.generation
+        for condition in status.conditions:
+            condition.observed_generation = self.generation
         try:
             await self.client.replace_episode_status(self.episode.namespace, self.episode.name, status.to_api())
         except NotFound as error:

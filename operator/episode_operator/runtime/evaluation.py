@@ -14,8 +14,6 @@ tasks with ``n ≥ k``.
 
 from __future__ import annotations
 
-import hashlib
-import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from fractions import Fraction
@@ -32,6 +30,7 @@ from episode_operator.api.episodeset import (
     SetChildStatus,
     SetTaskStatus,
 )
+from episode_operator.api.naming import document_digest
 from episode_operator.api.vocabulary import ConditionStatus, Outcome, Phase, is_terminal, set_condition
 
 DEFINITION_FIELDS = ("dataset", "attempts", "agent", "template")
@@ -51,7 +50,7 @@ def pass_at_k(n: int, c: int, k: int) -> float:
 def definition_digest(spec: Mapping[str, Any]) -> str:
     """sha256 of what a set evaluates (dataset, attempts, agent, template) in the stored spec."""
     document = {key: spec.get(key) for key in DEFINITION_FIELDS}
-    return "sha256:" + hashlib.sha256(json.dumps(document, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+    return document_digest(document)
 
 
 @dataclass(frozen=True)

@@ -192,10 +192,13 @@ def episode_crd() -> dict[str, Any]:
 def episodeset_crd() -> dict[str, Any]:
     """The CustomResourceDefinition manifest of EpisodeSet.
 
-    The Episode template carries no defaults of its own: a child gets the Episode CRD's.
+    The Episode template carries no defaults of its own: a child gets the Episode CRD's. Nor do the
+    dataset's tasks (the operator's models fill them in): the API server would default fields inside
+    list items, and ``kubectl apply`` and GitOps tools would then see a change on every sync.
     """
     spec = _with_agent_kinds(schema_of(EpisodeSetSpec))
-    spec["properties"]["template"] = _without_defaults(spec["properties"]["template"])
+    for field in ("template", "dataset"):
+        spec["properties"][field] = _without_defaults(spec["properties"][field])
     return custom_resource_definition(
         kind=SET_KIND,
         plural=SET_PLURAL,

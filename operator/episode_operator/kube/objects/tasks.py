@@ -19,8 +19,9 @@ class TaskTooLarge(ValueError):
     pass
 
 
-def task_config_map(files: TaskFiles, *, task: str, namespace: str) -> dict[str, Any]:
-    """The ConfigMap of a task folder, named after its content so re-packing is idempotent."""
+def task_config_map(files: TaskFiles, *, task: str, namespace: str | None) -> dict[str, Any]:
+    """The ConfigMap of a task folder, named after its content so re-packing is idempotent; without a
+    namespace (a manifest for Git) it goes where it is applied."""
     archive = pack_tar(files)
     if len(archive) * 4 // 3 > CONFIG_MAP_LIMIT:
         raise TaskTooLarge(
@@ -28,13 +29,13 @@ def task_config_map(files: TaskFiles, *, task: str, namespace: str) -> dict[str,
         )
     digest = files.digest().removeprefix("sha256:")
     stem = re.sub(r"[^a-z0-9-]+", "-", task.lower()).strip("-")[:40].strip("-") or "task"
+    metadata: dict[str, Any] = {"name": f"task-{stem}-{digest[:12]}", "namespace": namespace}
+    if namespace is None:
+        del metadata["namespace"]
+    metadata["labels"] = {TASK_LABEL: stem, TASK_DIGEST_LABEL: digest[:63]}
     return {
         "apiVersion": "v1",
         "kind": "ConfigMap",
-        "metadata": {
-            "name": f"task-{stem}-{digest[:12]}",
-            "namespace": namespace,
-            "labels": {TASK_LABEL: stem, TASK_DIGEST_LABEL: digest[:63]},
-        },
+        "metadata": metadata,
         "binaryData": {DEFAULT_TASK_ARCHIVE_KEY: base64.b64encode(archive).decode()},
     }
