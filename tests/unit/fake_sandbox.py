@@ -347,6 +347,7 @@ class MemoryStore:
         self.logs: dict[tuple[int, str, str], bytes] = {}
         self.artifacts: dict[tuple[int, str], dict[int, bytes]] = {}
         self.manifests: dict[tuple[int, str], list[dict[str, Any]]] = {}
+        self.files: dict[tuple[int, str, str], bytes] = {}
 
     async def save_log(self, attempt: int, turn: str, name: str, data: bytes) -> None:
         self.logs[(attempt, turn, name)] = data
@@ -359,3 +360,9 @@ class MemoryStore:
 
     async def artifact_archives(self, attempt: int, turn: str) -> list[bytes]:
         return [data for _, data in sorted(self.artifacts.get((attempt, turn), {}).items())]
+
+    async def save_file(self, attempt: int, turn: str, name: str, data: bytes) -> None:
+        self.files[(attempt, turn, name)] = data
+
+    async def read_file(self, attempt: int, turn: str, name: str) -> bytes | None:
+        return self.files.get((attempt, turn, name))

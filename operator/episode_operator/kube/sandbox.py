@@ -21,6 +21,7 @@ from episode_operator.kube.client import ExecTransportError, KubeClient, KubeErr
 from episode_operator.kube.objects.network import network_policy
 from episode_operator.kube.objects.pod_state import pod_verdict
 from episode_operator.kube.objects.pods import (
+    AgentImages,
     OwnerRef,
     SandboxPod,
     agent_pod_name,
@@ -30,6 +31,7 @@ from episode_operator.kube.objects.pods import (
     verifier_pod_name,
 )
 from episode_operator.runtime import supervisor
+from episode_operator.runtime.agents.model import CAPTURE_CONTAINER, SandboxNeeds
 from episode_operator.runtime.sandbox import (
     MAIN_CONTAINER,
     CommandFailed,
@@ -175,6 +177,9 @@ class KubeProvider:
     image: str
     main_env: Mapping[str, str]
     extra_labels: Mapping[str, str] = field(default_factory=dict)
+    # What the agent kind adds to the agent pod (toolchains, the capture proxy), and from which images.
+    needs: SandboxNeeds = field(default_factory=SandboxNeeds)
+    images: AgentImages = field(default_factory=AgentImages)
     pull_grace_sec: float = 120.0
     # Woken when a pod of the episode changes (the operator's pod watch): a starting pod is
     # read then. Without them (or should an event be missed) pod start is polled, quickly at
@@ -218,6 +223,7 @@ class KubeProvider:
             env=self.main_env,
             sidecars=self.plan.sidecars,
             network=baseline_policy(self.plan.environment),
+            needs=self.needs,
         )
         return await self._ready(pod)
 
@@ -263,7 +269,7 @@ class KubeProvider:
             raise SandboxError(str(error), kind="api") from error
 
     async def _ready(self, pod: SandboxPod) -> KubeSandbox:
-        manifest = sandbox_pod(self.episode, self.spec, pod, extra_labels=self.extra_labels)
+        manifest = sandbox_pod(self.episode, self.spec, pod, extra_labels=self.extra_labels, images=self.images)
         name = manifest["metadata"]["name"]
         # The policy exists before the pod, so a restricted sandbox is never briefly open.
         await self._network(name, self._selector(pod.attempt, pod.role, pod.turn), pod.network)
@@ -283,7 +289,10 @@ class KubeProvider:
                 raise SandboxError(f"pod {name}: {error}", kind="api") from error
         sandbox = KubeSandbox(self.client, self.episode.namespace, name)
         try:
-            await sandbox.place_supervisor([sidecar.name for sidecar in pod.sidecars])
+            await sandbox.place_supervisor(
+                [sidecar.name for sidecar in pod.sidecars]
+                + ([CAPTURE_CONTAINER] if pod.needs.capture is not None else [])
+            )
         except CommandFailed as error:
             raise SandboxError(f"cannot place the supervisor in {name}: {error}", kind="supervisor") from error
         return sandbox
