@@ -75,7 +75,7 @@ class FakeSandbox:
     # Sandbox protocol ----------------------------------------------------------------
     def _alive(self) -> None:
         if self.lost:
-            raise SandboxError(f"pod {self.name} was deleted", kind="pod-lost")
+            raise SandboxError(f"pod {self.name} was deleted", kind="pod_lost")
 
     async def start_job(self, spec: JobSpec, *, wait_sec: float = 0.0, upload: Upload | None = None) -> JobState:
         self.calls["start_job"] += 1
@@ -285,7 +285,7 @@ class World:
         if name not in self.sandboxes:
             if self.fail_creation:
                 self.fail_creation -= 1
-                raise SandboxError(f"image for {name} cannot be pulled", kind="image-pull")
+                raise SandboxError(f"image for {name} cannot be pulled", kind="image_pull")
             self.sandboxes[name] = FakeSandbox(name, self.clock, self)
         return self.sandboxes[name]
 

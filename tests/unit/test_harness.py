@@ -237,9 +237,9 @@ def asyncio_run(awaitable: Any) -> Any:
     [
         (401, "auth", "Ungraded", "agent:model_auth", 1),
         (404, "not_found", "Ungraded", "agent:model_not_found", 1),
-        (429, "rate_limit", "Ungraded", "outage:model-rate-limit", 3),
-        (500, "upstream_error", "Ungraded", "outage:model-unavailable", 3),
-        (502, "connection", "Ungraded", "outage:model-unavailable", 3),
+        (429, "rate_limit", "Ungraded", "outage:model_rate_limit", 3),
+        (500, "upstream_error", "Ungraded", "outage:model_unavailable", 3),
+        (502, "connection", "Ungraded", "outage:model_unavailable", 3),
     ],
 )
 def test_a_failing_model_endpoint_ends_in_the_class_the_seed_prescribes(
@@ -270,7 +270,7 @@ def test_a_context_window_refusal_is_measured_and_the_verifier_still_decides() -
     )
     plant(world, "a", [refused])
     status = run(two_turns(), agent=harness("opencode"), world=world)[0]
-    assert status.outcome == "Graded" and status.turns[0].agent_failure == "context-window"
+    assert status.outcome == "Graded" and status.turns[0].agent_failure == "context_window"
     assert status.turns[0].stage == Stage.DONE
 
 
@@ -281,7 +281,7 @@ def test_an_endpoint_that_never_answers_is_an_outage() -> None:
     )
     plant(world, "a", [hung])
     status = run(two_turns(), agent=harness("opencode"), world=world, retries=0)[0]
-    assert (status.outcome, status.failure_kind) == ("Ungraded", "outage:model-unavailable")
+    assert (status.outcome, status.failure_kind) == ("Ungraded", "outage:model_unavailable")
 
 
 def test_an_agent_that_recovered_from_a_429_is_not_failed() -> None:

@@ -239,7 +239,7 @@ class TurnStatus(ApiModel):
     agent_failure: AgentFailure | None = Field(
         default=None,
         description="How the agent's turn ended badly, as its recorded model calls (else its output) tell: "
-        "model-auth, model-not-found, model-rate-limit, model-unavailable, context-window, timeout, exited.",
+        "model_auth, model_not_found, model_rate_limit, model_unavailable, context_window, timeout, exited.",
     )
     started_at: Timestamp | None = None
     finished_at: Timestamp | None = None

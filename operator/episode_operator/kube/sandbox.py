@@ -75,7 +75,7 @@ class KubeSandbox:
                 self.namespace, self.name, container, command.argv, stdin=command.stdin, timeout_sec=timeout_sec
             )
         except NotFound as error:
-            raise SandboxError(f"pod {self.name} is gone", kind="pod-lost") from error
+            raise SandboxError(f"pod {self.name} is gone", kind="pod_lost") from error
         except ExecTransportError as error:
             kind, detail = await self._transport_kind()
             raise SandboxError(f"{error}; {detail}" if detail else str(error), kind=kind) from error
@@ -101,14 +101,14 @@ class KubeSandbox:
         try:
             pod = await self.client.read_pod(self.namespace, self.name)
         except NotFound:
-            return "pod-lost", f"pod {self.name} is gone"
+            return "pod_lost", f"pod {self.name} is gone"
         except KubeError:
             return "exec", ""
         verdict = pod_verdict(pod)
         if verdict.lost:
-            kind: OutageKind = "container-exited" if verdict.message.startswith("container ") else "pod-lost"
+            kind: OutageKind = "container_exited" if verdict.message.startswith("container ") else "pod_lost"
             if ((pod.get("status") or {}).get("reason") or "") in ("Evicted", "NodeLost", "Shutdown", "Terminated"):
-                kind = "pod-lost"
+                kind = "pod_lost"
             return kind, f"pod {self.name}: {verdict.message}"
         return "exec", ""
 
@@ -311,25 +311,25 @@ class KubeProvider:
             try:
                 pod = await self.client.read_pod(self.episode.namespace, name)
             except NotFound:
-                raise SandboxError(f"pod {name} was deleted while starting", kind="pod-lost") from None
+                raise SandboxError(f"pod {name} was deleted while starting", kind="pod_lost") from None
             verdict = pod_verdict(pod)
             if verdict.ready:
                 return
             if verdict.lost:
-                raise SandboxError(f"pod {name}: {verdict.message}", kind="pod-lost")
+                raise SandboxError(f"pod {name}: {verdict.message}", kind="pod_lost")
             if verdict.waiting in HOPELESS_WAITING:
-                raise SandboxError(f"pod {name}: {verdict.message}", kind="image-pull")
+                raise SandboxError(f"pod {name}: {verdict.message}", kind="image_pull")
             now = self.clock()
             if verdict.waiting in PULL_WAITING | CONFIG_WAITING:
                 pulling_since = pulling_since if pulling_since is not None else now
                 if now - pulling_since > self.pull_grace_sec:
-                    waited: OutageKind = "image-pull" if verdict.waiting in PULL_WAITING else "container-config"
+                    waited: OutageKind = "image_pull" if verdict.waiting in PULL_WAITING else "container_config"
                     raise SandboxError(f"pod {name}: {verdict.message}", kind=waited)
             else:
                 pulling_since = None
             if now - started > start_timeout_sec:
                 raise SandboxError(
-                    f"pod {name} not ready after {start_timeout_sec:.0f} s: {verdict.message}", kind="start-timeout"
+                    f"pod {name} not ready after {start_timeout_sec:.0f} s: {verdict.message}", kind="start_timeout"
                 )
             await nap(changed, pause)
             pause = min(pause * 1.5, self.poll_max_sec)

@@ -43,27 +43,27 @@ MEASURED: Final = Consequence()
 
 #: The seed's rules, one row per failure.
 CONSEQUENCES: Final[dict[AgentFailure, Consequence]] = {
-    "model-auth": Consequence(ungraded=FAILURE_MODEL_AUTH),
-    "model-not-found": Consequence(ungraded=FAILURE_MODEL_NOT_FOUND),
-    "model-rate-limit": Consequence(outage="model-rate-limit"),
-    "model-unavailable": Consequence(outage="model-unavailable"),
-    "context-window": MEASURED,
+    "model_auth": Consequence(ungraded=FAILURE_MODEL_AUTH),
+    "model_not_found": Consequence(ungraded=FAILURE_MODEL_NOT_FOUND),
+    "model_rate_limit": Consequence(outage="model_rate_limit"),
+    "model_unavailable": Consequence(outage="model_unavailable"),
+    "context_window": MEASURED,
     "timeout": MEASURED,
     "exited": MEASURED,
 }
 
 #: A failed call's ``error_category`` (Gym's) → the failure it shows; None: it says nothing of the endpoint.
 CATEGORY_FAILURES: Final[dict[ErrorCategory, AgentFailure | None]] = {
-    "auth": "model-auth",
-    "not_found": "model-not-found",
-    "rate_limit": "model-rate-limit",
-    "timeout": "model-unavailable",
-    "connection": "model-unavailable",
-    "upstream_error": "model-unavailable",
-    "exception": "model-unavailable",
-    "incomplete": "model-unavailable",
-    "stream_truncated": "model-unavailable",
-    "capture_parse_error": "model-unavailable",
+    "auth": "model_auth",
+    "not_found": "model_not_found",
+    "rate_limit": "model_rate_limit",
+    "timeout": "model_unavailable",
+    "connection": "model_unavailable",
+    "upstream_error": "model_unavailable",
+    "exception": "model_unavailable",
+    "incomplete": "model_unavailable",
+    "stream_truncated": "model_unavailable",
+    "capture_parse_error": "model_unavailable",
     "client_error": None,  # a 4xx the harness caused; a context-window refusal is told by its body
     "cancelled": None,  # the agent went away (e.g. killed at its budget): see _never_answered
 }
@@ -99,7 +99,7 @@ def classify(
         return None
     text = output.decode("utf-8", "replace")
     if CONTEXT_WINDOW.search(text):
-        return "context-window"
+        return "context_window"
     for pattern, failure in patterns:
         if pattern.search(text):
             return failure
@@ -110,9 +110,9 @@ def _failure_of(call: CapturedCall) -> AgentFailure | None:
     if call.error_category is None:
         return None
     if call.error_category == "cancelled":
-        return "model-unavailable" if _never_answered(call) else None
+        return "model_unavailable" if _never_answered(call) else None
     if call.error_category == "client_error" and CONTEXT_WINDOW.search(_body(call)):
-        return "context-window"
+        return "context_window"
     return CATEGORY_FAILURES[call.error_category]
 
 
