@@ -20,7 +20,7 @@ import subprocess
 import tarfile
 import tempfile
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Literal
@@ -30,9 +30,9 @@ import pytest
 from episode_operator.runtime import supervisor
 from episode_operator.runtime.sandbox import JobSpec, JobState, Upload
 from episode_operator.runtime.supervisor import SUPERVISOR_PATH, Command
+from tests.unit.tools import tool
 
 HOST_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
-BUSYBOX = shutil.which("busybox")
 NOBODY_UID = 65534
 
 
@@ -116,19 +116,25 @@ class Pod:
 
 def _applet_dir(root: Path) -> str:
     """A PATH that holds busybox's applets and nothing else."""
-    assert BUSYBOX
+    busybox = tool("busybox")
     root.mkdir()
-    applets = subprocess.run([BUSYBOX, "--list"], capture_output=True, check=True, text=True).stdout.split()
+    applets = subprocess.run([busybox, "--list"], capture_output=True, check=True, text=True).stdout.split()
     for applet in applets:
-        (root / applet).symlink_to(BUSYBOX)
+        (root / applet).symlink_to(busybox)
     return str(root)
 
 
 @pytest.fixture(scope="session")
 def busybox_path(tmp_path_factory: pytest.TempPathFactory) -> str:
-    if BUSYBOX is None:
-        pytest.skip("busybox is not installed")
     return _applet_dir(tmp_path_factory.mktemp("busybox") / "bin")
+
+
+def wait_for(condition: Callable[[], bool], what: str, timeout: float = 10) -> None:
+    """Until ``condition()`` holds; fails naming ``what`` after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"still waiting after {timeout} s for {what}"
+        time.sleep(0.01)
 
 
 # What the script and the tests' jobs run: a PATH of these stands for a Debian image.
@@ -256,10 +262,11 @@ def test_timeout_terms_the_group_then_kills_what_ignores_term(pod: Pod) -> None:
     assert not polite.succeeded
 
 
-def test_kill_terms_then_kills(pod: Pod) -> None:
+def test_kill_terms_then_kills(pod: Pod, tmp_path: Path) -> None:
+    trapped = tmp_path / "trapped"
     pod.start(pod.spec("victim", "sleep 30"))
-    pod.start(pod.spec("stubborn", "trap '' TERM; sleep 30; sleep 30"), kill_after_sec=0.5)
-    time.sleep(0.3)  # let the stubborn job install its trap
+    pod.start(pod.spec("stubborn", f"trap '' TERM; : > '{trapped}'; sleep 30; sleep 30"), kill_after_sec=0.5)
+    wait_for(trapped.exists, "the stubborn job to install its trap")
     began = time.monotonic()
     victim = supervisor.parse_state("victim", pod.run(supervisor.kill("victim")).stdout)
     stubborn = supervisor.parse_state("stubborn", pod.run(supervisor.kill("stubborn")).stdout)
@@ -424,19 +431,16 @@ def test_jobs_get_default_sigint_and_sigquit(host_pod: Pod) -> None:
 def test_a_job_whose_runner_is_killed_is_reported_lost(host_pod: Pod) -> None:
     pod = host_pod
     pod.start(pod.spec("orphan", "sleep 30"))
-    for _ in range(50):
-        if (pod.base / "jobs" / "orphan" / "jobpid").is_file():
-            break
-        time.sleep(0.05)
+    jobpid = pod.base / "jobs" / "orphan" / "jobpid"
+    wait_for(lambda: jobpid.is_file() and jobpid.read_text().strip().isdigit(), "the job's pid")
     runner = int(pod.job_file("orphan", "runner").split()[0])
-    job = int(pod.job_file("orphan", "jobpid"))
+    job = int(jobpid.read_text())
     os.kill(runner, signal.SIGKILL)
-    time.sleep(0.1)
+    wait_for(lambda: not _alive(runner), "the runner to die")
     state = pod.status("orphan")
     assert (state.phase, state.exit_code) == ("exited", None)
     assert state.reason and state.reason.startswith("lost:")
-    time.sleep(0.1)
-    assert not _alive(job)
+    wait_for(lambda: not _alive(job), "the lost job to be killed")
 
 
 def test_a_job_never_launched_is_reported_lost(host_pod: Pod) -> None:
@@ -463,21 +467,16 @@ def _session_members(session: int) -> list[int]:
 def test_the_runner_and_its_watchdog_leave_with_the_job(host_pod: Pod) -> None:
     assert host_pod.start(host_pod.spec("short", "true", timeout_sec=3600), wait_sec=10).succeeded
     runner = int(host_pod.job_file("short", "runner").split()[0])
-    deadline = time.monotonic() + 5
-    while _session_members(runner) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert _session_members(runner) == []
+    wait_for(lambda: _session_members(runner) == [], "the runner's session to empty")
 
 
 def test_each_container_keeps_its_own_working_directory(host_pod: Pod, tmp_path: Path) -> None:
     """Containers share the supervisor's emptyDir; placement in another one must not move ours."""
-    if shutil.which("unshare") is None:
-        pytest.skip("no unshare")
     sidecar = tmp_path / "sidecar"
     sidecar.mkdir()
     placement = supervisor.placement(str(host_pod.base))
     other = subprocess.run(
-        ["unshare", "--mount", *placement.argv], input=placement.stdin, capture_output=True, cwd=sidecar, timeout=30
+        [tool("unshare"), "--mount", *placement.argv], input=placement.stdin, capture_output=True, cwd=sidecar, timeout=30
     )
     assert other.returncode == 0, other.stderr
     assert (host_pod.base / "workdir").read_text() == str(sidecar)
