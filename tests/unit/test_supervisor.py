@@ -338,6 +338,28 @@ def test_output_to_a_custom_path_and_its_tail(pod: Pod, tmp_path: Path) -> None:
     assert pod.run(supervisor.output("ghost", 10), ok=False).returncode == 1
 
 
+def test_jobs_sharing_an_output_file_each_get_their_own_output(pod: Pod, tmp_path: Path) -> None:
+    """The oracle's solve.sh of every turn appends to /logs/agent/oracle.txt: turn 2's kept log
+    (its tail, or ``output``) must hold turn 2's output only, never turn 1's again."""
+    shared = str(tmp_path / "logs" / "agent" / "oracle.txt")
+    first = pod.spec("turn-1", "echo turn one", output=shared, tail=1000)
+    second = pod.spec("turn-2", "echo turn two; echo more", output=shared, tail=1000)
+    for spec in (first, second):
+        assert supervisor.parse_answer(spec, pod.run(supervisor.start(spec, wait_sec=10)).stdout).succeeded
+    assert Path(shared).read_bytes() == b"turn one\nturn two\nmore\n"  # the file has everything
+    answer = supervisor.parse_answer(second, pod.run(supervisor.wait(second, 1)).stdout)
+    assert answer.output == b"turn two\nmore\n"
+    assert pod.output("turn-2") == b"turn two\nmore\n" and pod.output("turn-2", 5) == b"more\n"
+    assert pod.output("turn-1") == b"turn one\nturn two\nmore\n"  # it never knows what came after it
+    # A file truncated since a job started holds only newer bytes: all of them are the job's.
+    Path(shared).write_bytes(b"new\n")
+    assert pod.output("turn-2") == b"new\n"
+    # A job recorded by a supervisor without offsets (an upgrade mid-episode) gets the file's tail.
+    (pod.base / "jobs" / "turn-2" / "output_offset").unlink()
+    Path(shared).write_bytes(b"a\nb\n")
+    assert pod.output("turn-2", 2) == b"b\n"
+
+
 def test_background_processes_outlive_the_job_without_holding_it(pod: Pod, tmp_path: Path) -> None:
     pidfile = tmp_path / "sleeper"
     began = time.monotonic()
