@@ -9,6 +9,7 @@ annotations, so kopf never writes into the status the driver owns.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import os
 import time
@@ -20,7 +21,7 @@ import kopf
 
 from episode_operator.api.episodeset import SET_LABEL, SET_PLURAL
 from episode_operator.api.models import GROUP, PLURAL, VERSION
-from episode_operator.kube.client import KubeClient, KubeError
+from episode_operator.kube.client import KubeClient, KubeError, login_for
 from episode_operator.kube.driver import (
     DriverSettings,
     announce_waiting,
@@ -54,6 +55,13 @@ class OperatorOptions:
     metrics_port: int | None = 8080
     max_active_episodes: int = 0
     extra_pod_labels: dict[str, str] = field(default_factory=dict)
+
+
+@kopf.on.login()
+async def login(memo: kopf.Memo, settings: kopf.OperatorSettings, **_: Any) -> kopf.ConnectionInfo:
+    """kopf logs in where our client does: ``--kubeconfig`` when given (its own logins read only $KUBECONFIG)."""
+    found = await login_for(memo.options.kubeconfig)
+    return kopf.ConnectionInfo(**dataclasses.asdict(found), trust_env=settings.networking.trust_env)
 
 
 @kopf.on.startup()

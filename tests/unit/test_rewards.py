@@ -49,7 +49,7 @@ REWARD_FILES: list[tuple[str, bytes | None, bytes | None, dict[str, float] | Non
     ("txt-devanagari-fraction", None, "०.५".encode(), None),
     ("txt-no-break-space", None, "\u00a01".encode(), None),
     ("txt-ascii-whitespace", None, b"\t0.5\r\n\x0b\x0c", {"reward": 0.5}),
-    ("json-fullwidth-digit", "{\"reward\": １}".encode(), None, None),
+    ("json-fullwidth-digit", '{"reward": １}'.encode(), None, None),
     ("neither-file", None, None, None),
 ]
 

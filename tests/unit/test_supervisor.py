@@ -147,10 +147,10 @@ HOST_TOOLS = (  # noqa: SIM905 (a list literal would take forty lines)
 def _host_path_without(root: Path, *missing: str) -> str:
     """The host's tools minus ``missing``: an image without them."""
     root.mkdir()
-    for tool in HOST_TOOLS:
-        found = shutil.which(tool, path=HOST_PATH)
-        if tool not in missing and found:
-            (root / tool).symlink_to(found)
+    for name in HOST_TOOLS:
+        found = shutil.which(name, path=HOST_PATH)
+        if name not in missing and found:
+            (root / name).symlink_to(found)
     return str(root)
 
 
@@ -498,7 +498,11 @@ def test_each_container_keeps_its_own_working_directory(host_pod: Pod, tmp_path:
     sidecar.mkdir()
     placement = supervisor.placement(str(host_pod.base))
     other = subprocess.run(
-        [tool("unshare"), "--mount", *placement.argv], input=placement.stdin, capture_output=True, cwd=sidecar, timeout=30
+        [tool("unshare"), "--mount", *placement.argv],
+        input=placement.stdin,
+        capture_output=True,
+        cwd=sidecar,
+        timeout=30,
     )
     assert other.returncode == 0, other.stderr
     assert (host_pod.base / "workdir").read_text() == str(sidecar)

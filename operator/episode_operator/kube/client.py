@@ -100,6 +100,52 @@ async def _json(response: Any) -> Any:
     return json.loads(body) if body else None
 
 
+async def _configuration(kubeconfig: str | None) -> k8s.Configuration:
+    """In-cluster configuration inside a pod, else ``kubeconfig``, ``$KUBECONFIG`` or ~/.kube/config."""
+    configuration = k8s.Configuration()
+    if os.environ.get("KUBERNETES_SERVICE_HOST") and kubeconfig is None and not os.environ.get("KUBECONFIG"):
+        k8s_config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
+    else:
+        path = kubeconfig or os.environ.get("KUBECONFIG") or str(Path.home() / ".kube" / "config")
+        await k8s_config.load_kube_config(config_file=path, client_configuration=configuration)
+    return configuration
+
+
+@dataclass(frozen=True)
+class Login:
+    """The API server and credentials :meth:`KubeClient.connect` would use, for another client (kopf's)."""
+
+    server: str
+    ca_path: str | None
+    insecure: bool
+    scheme: str | None
+    token: str | None
+    certificate_path: str | None
+    private_key_path: str | None
+    username: str | None
+    password: str | None
+    proxy_url: str | None
+
+
+async def login_for(kubeconfig: str | None = None) -> Login:
+    """Where and how :meth:`KubeClient.connect` logs in with ``kubeconfig`` (same resolution)."""
+    configuration = await _configuration(kubeconfig)
+    header = await configuration.get_api_key_with_prefix("BearerToken")
+    scheme, _, token = header.rpartition(" ") if header else ("", "", "")
+    return Login(
+        server=str(configuration.host),
+        ca_path=configuration.ssl_ca_cert,
+        insecure=not configuration.verify_ssl,
+        scheme=scheme or None,
+        token=token or None,
+        certificate_path=configuration.cert_file,
+        private_key_path=configuration.key_file,
+        username=configuration.username or None,
+        password=configuration.password or None,
+        proxy_url=configuration.proxy,
+    )
+
+
 class KubeClient:
     """Typed access to the few resources the operator uses."""
 
@@ -116,12 +162,7 @@ class KubeClient:
     @classmethod
     async def connect(cls, kubeconfig: str | None = None, *, metrics: Metrics | None = None) -> KubeClient:
         """In-cluster configuration inside a pod, else ``kubeconfig`` or ``$KUBECONFIG``."""
-        configuration = k8s.Configuration()
-        if os.environ.get("KUBERNETES_SERVICE_HOST") and kubeconfig is None and not os.environ.get("KUBECONFIG"):
-            k8s_config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
-        else:
-            path = kubeconfig or os.environ.get("KUBECONFIG") or str(Path.home() / ".kube" / "config")
-            await k8s_config.load_kube_config(config_file=path, client_configuration=configuration)
+        configuration = await _configuration(kubeconfig)
         return cls(k8s.ApiClient(configuration), WsApiClient(configuration), metrics=metrics)
 
     async def close(self) -> None:

@@ -110,17 +110,12 @@ def stored_logs(root: Path, *, turn: str | None = None, attempt: int | None = No
             continue
         position = {entry: index for index, entry in enumerate(_log_order(attempt_dir / LOG_ORDER))}
         found = [
-            (turn_dir.name, log)
+            (position.get(f"{turn_dir.name}/{log.stem}", len(position)), log.stat().st_mtime_ns, turn_dir.name, log)
             for turn_dir in attempt_dir.iterdir()
             if turn_dir.is_dir() and (turn is None or turn_dir.name == safe(turn))
             for log in (turn_dir / "logs").glob("*.txt")
         ]
-
-        def run_order(item: tuple[str, Path]) -> tuple[int, int]:
-            turn_name, log = item
-            return position.get(f"{turn_name}/{log.stem}", len(position)), log.stat().st_mtime_ns
-
-        logs += [StoredLog(number, turn_name, log.stem, log) for turn_name, log in sorted(found, key=run_order)]
+        logs += [StoredLog(number, turn_name, log.stem, log) for *_, turn_name, log in sorted(found)]
     return logs
 
 
