@@ -341,7 +341,8 @@ def run_mutation(mutation: Mutation, tests: list[str]) -> Outcome:
 
 
 def _pytest(tests: list[str], package_root: str | None) -> subprocess.CompletedProcess[str] | None:
-    env = dict(os.environ)
+    """The tests against the mutated copy at ``package_root``, or (None) against the working tree."""
+    env = {name: value for name, value in os.environ.items() if name not in ("PYTHONPATH", "EPISODE_MUTATION_PACKAGE")}
     if package_root is not None:
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [package_root, str(REPO), env.get("PYTHONPATH")]))
         env["EPISODE_MUTATION_PACKAGE"] = package_root  # the suite checks it imports this copy

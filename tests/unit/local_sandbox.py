@@ -109,15 +109,8 @@ class LocalPods:
         return {"metadata": {"name": name}, "status": {"phase": "Running", "containerStatuses": [main]}}
 
     def kill(self, name: str) -> None:
-        """KILL every job (process group) and runner the pod's supervisor recorded."""
-        jobs = self.path(name, SUPERVISOR_DIR) / "jobs"
-        for job in jobs.iterdir() if jobs.is_dir() else ():
-            for record in ("jobpid", "runner"):
-                text = (job / record).read_text().split() if (job / record).is_file() else []
-                if text and text[0].isdigit():
-                    for target in (-int(text[0]), int(text[0])):
-                        with contextlib.suppress(ProcessLookupError, PermissionError):
-                            os.kill(target, signal.SIGKILL)
+        """KILL every job and runner the pod's supervisor recorded."""
+        kill_jobs(self.path(name, SUPERVISOR_DIR) / "jobs")
 
     def names(self) -> list[str]:
         pods = self.root / "pods"
@@ -169,3 +162,14 @@ class LocalProvider:
         self.pods.kill(name)
         if name not in self.released:
             self.released.append(name)
+
+
+def kill_jobs(jobs: Path) -> None:
+    """KILL the process group of every job, and every runner, recorded under a supervisor's ``jobs/``."""
+    for job in jobs.iterdir() if jobs.is_dir() else ():
+        for record in ("jobpid", "runner"):
+            text = (job / record).read_text().split() if (job / record).is_file() else []
+            if text and text[0].isdigit():
+                for target in (-int(text[0]), int(text[0])):
+                    with contextlib.suppress(ProcessLookupError, PermissionError):
+                        os.kill(target, signal.SIGKILL)

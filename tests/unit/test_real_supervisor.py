@@ -101,20 +101,30 @@ def test_every_job_runs_as_its_user_in_the_working_directory_with_its_environmen
     assert status.verifier_mode == "mixed" and "pod-a1-v2" in pods.names()
 
 
-def test_time_limits_are_the_supervisors(pods: LocalPods, tmp_path: Path) -> None:
-    toml = "[agent]\ntimeout_sec = 1\n[verifier]\ntimeout_sec = 1\n"
+def test_an_agent_is_bound_by_its_budget(pods: LocalPods, tmp_path: Path) -> None:
+    """1 s for the agent, the verifier's 600 s left alone: a solve.sh of 3 s is killed at 1 s."""
     folder = single_step(
-        toml,
+        "[agent]\ntimeout_sec = 1\n",
         {
-            "solution/solve.sh": "touch /app/started; sleep 30; touch /app/late\n",
-            "tests/test.sh": "sleep 30; echo 1 > /logs/verifier/reward.txt\n",
+            "solution/solve.sh": "touch /app/started; sleep 3; touch /app/late\n",
+            "tests/test.sh": "echo 1 > /logs/verifier/reward.txt\n",
         },
     )
     store = FileStore(tmp_path / "store")
     turn = run(folder, pods, store).turns[0]
-    assert (turn.agent_exit_code, turn.reward_valid) == (KILLED_BY_TERM, False), kept_logs(store)
-    assert (turn.message or "").startswith("no valid reward file (the verifier timed out)")
+    assert (turn.agent_exit_code, turn.reward) == (KILLED_BY_TERM, 1.0), kept_logs(store)
     assert pods.path("pod-a1", "/app/started").exists() and not pods.path("pod-a1", "/app/late").exists()
+
+
+def test_a_verifier_is_bound_by_its_budget(pods: LocalPods, tmp_path: Path) -> None:
+    """1 s for test.sh, the agent's 28 800 s left alone: a test.sh of 3 s is killed at 1 s."""
+    folder = single_step(
+        "[verifier]\ntimeout_sec = 1\n", {"tests/test.sh": "sleep 3; echo 1 > /logs/verifier/reward.txt\n"}
+    )
+    store = FileStore(tmp_path / "store")
+    turn = run(folder, pods, store).turns[0]
+    assert turn.reward_valid is False, kept_logs(store)
+    assert (turn.message or "").startswith("no valid reward file (the verifier timed out)")
 
 
 def test_setup_sh_is_bound_by_the_step_budget(pods: LocalPods, tmp_path: Path) -> None:

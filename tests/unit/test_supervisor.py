@@ -30,6 +30,7 @@ import pytest
 from episode_operator.runtime import supervisor
 from episode_operator.runtime.sandbox import JobSpec, JobState, Upload
 from episode_operator.runtime.supervisor import SUPERVISOR_PATH, Command
+from tests.unit.local_sandbox import kill_jobs
 from tests.unit.tools import tool
 
 HOST_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
@@ -101,17 +102,10 @@ class Pod:
 
     def cleanup(self) -> None:
         """KILL every process group a job or runner made, and every pid a test recorded."""
-        jobs = self.base / "jobs"
-        targets: list[int] = []
-        for job in jobs.iterdir() if jobs.is_dir() else ():
-            for name in ("jobpid", "runner"):
-                text = (job / name).read_text().split() if (job / name).is_file() else []
-                if text and text[0].isdigit():
-                    targets += [-int(text[0]), int(text[0])]
-        targets += self.extra_pids
-        for target in targets:
+        kill_jobs(self.base / "jobs")
+        for pid in self.extra_pids:
             with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.kill(target, signal.SIGKILL)
+                os.kill(pid, signal.SIGKILL)
 
 
 def _applet_dir(root: Path) -> str:
