@@ -9,6 +9,7 @@ annotations, so kopf never writes into the status the driver owns.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import os
 import time
@@ -21,7 +22,7 @@ import kopf
 from episode_operator.api.episodeset import SET_PLURAL
 from episode_operator.api.models import PLURAL
 from episode_operator.api.vocabulary import EPISODE_LABEL, GROUP, SET_LABEL, VERSION, is_terminal, parse_timestamp
-from episode_operator.kube.client import KubeClient, KubeError
+from episode_operator.kube.client import KubeClient, KubeError, login_for
 from episode_operator.kube.driver import (
     DriverSettings,
     announce_waiting,
@@ -58,6 +59,13 @@ class OperatorOptions:
     image_mirrors: ImageMirrors = field(default_factory=ImageMirrors)
     capture_image: str | None = None
     toolchain_repository: str = "episode-operator.local"
+
+
+@kopf.on.login()
+async def login(memo: kopf.Memo, settings: kopf.OperatorSettings, **_: Any) -> kopf.ConnectionInfo:
+    """kopf logs in where our client does: ``--kubeconfig`` when given (its own logins read only $KUBECONFIG)."""
+    found = await login_for(memo.options.kubeconfig)
+    return kopf.ConnectionInfo(**dataclasses.asdict(found), trust_env=settings.networking.trust_env)
 
 
 @kopf.on.startup()
