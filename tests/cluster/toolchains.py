@@ -44,6 +44,11 @@ class Harness:
     def root(self) -> str:
         return f"{TOOLCHAIN_ROOT}/{self.name}"
 
+    @property
+    def entry(self) -> str:
+        """The harness's executable (the first word of its command)."""
+        return self.command("-", "-", "-", False)[0]
+
 
 def mini_swe_agent_command(instruction: str, model: str, base_url: str, continue_session: bool) -> list[str]:
     if continue_session:
