@@ -5,7 +5,8 @@ and the tree, no glibc, no Python, no Node), chrooted into a network namespace t
 loopback, where the scripted model server listens. strace records every connect/send of the
 harness and its children: the only peer allowed is the model. This is the toolchain's promise
 ("self-contained, offline") checked without Kubernetes in the way; the cluster tests check the
-same harnesses in a sandbox pod.
+same harnesses in a sandbox pod, as root; here the harness runs as an unprivileged user, as a
+task's agent user may be.
 """
 
 from __future__ import annotations
@@ -35,7 +36,9 @@ SERVER = REPO / "tests" / "scripted_model" / "server.py"
 MODEL = "scripted-m1"
 PORT = 18080
 INSTRUCTION = "Offline toolchain check: write the marker file."
-MARKER = "/root/marker.txt"
+AGENT_UID = 1000  # no entry in the image's /etc/passwd: harnesses must not need one
+HOME = "/home/agent"
+MARKER = f"{HOME}/marker.txt"
 SCRIPT = {
     "rules": [
         {
@@ -137,7 +140,7 @@ def model_server(netns: str, tmp_path: Path) -> Iterator[Path]:
 def run_chrooted(netns: str, rootfs: Path, harness: Harness, trace: Path) -> subprocess.CompletedProcess[str]:
     """The harness's command in the chroot, in the namespace, under strace; proc and dev mounted privately."""
     base_url = f"http://127.0.0.1:{PORT}"
-    env = {"PATH": "/bin", "HOME": "/root", **harness.environment(MODEL, base_url)}
+    env = {"PATH": "/bin", "HOME": HOME, **harness.environment(MODEL, base_url)}
     command = [
         "/bin/busybox",  # the image's only tools: busybox applets, `env` among them but not linked
         "env",
@@ -161,6 +164,7 @@ def run_chrooted(netns: str, rootfs: Path, harness: Harness, trace: Path) -> sub
         str(rootfs),
         *trace_argv,
         "chroot",
+        f"--userspec={AGENT_UID}:{AGENT_UID}",
         str(rootfs),
         *command,
     ]
@@ -185,8 +189,9 @@ def test_toolchain_runs_in_an_empty_root_with_only_the_model_reachable(
     rootfs = tmp_path / "rootfs"
     unpack_image(image_archives[name], rootfs)
     assert not list(rootfs.glob("lib*")) and not (rootfs / "usr").exists(), "the image must hold no libc of its own"
-    for directory in ("root", "logs/agent"):
-        (rootfs / directory).mkdir(parents=True, exist_ok=True)
+    for directory in (HOME, "/logs/agent"):
+        (rootfs / directory.lstrip("/")).mkdir(parents=True)
+        os.chown(rootfs / directory.lstrip("/"), AGENT_UID, AGENT_UID)
 
     trace = tmp_path / "network.strace"
     result = run_chrooted(netns, rootfs, harness, trace)
