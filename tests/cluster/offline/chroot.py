@@ -1,8 +1,8 @@
 """Running a toolchain image's own root in a network namespace: helpers of the offline tests.
 
 The root is the toolchain image's single layer (a static busybox and the tree), unpacked from the
-docker-archive `hack/cluster images` cached; the harness runs chrooted into it, as an
-unprivileged user, in a network namespace with only loopback (where the scripted model server
+docker-archive `hack/cluster images` cached, given its own few device nodes; the harness runs
+chrooted into it, as an unprivileged user, in a network namespace with only loopback (where the scripted model server
 listens), under strace so that every network peer it tries is on record.
 """
 
@@ -13,6 +13,7 @@ import importlib.util
 import json
 import os
 import re
+import stat
 import subprocess
 import sys
 import tarfile
@@ -68,7 +69,10 @@ def run_chrooted(netns: str, rootfs: Path, harness: Harness, trace: Path) -> sub
         *(f"{k}={v}" for k, v in env.items()),
         *harness.command(INSTRUCTION, MODEL, base_url, False),
     ]
-    inner = 'mount -t proc proc "$0/proc" && mount --bind /dev "$0/dev" && exec "$@"'
+    # Only /proc is mounted, in a private mount namespace that ends with the run. /dev is the
+    # root's own few device nodes (prepare_rootfs), never a bind of the host's: a root holding
+    # a bind of the host's /dev would let a later `rm -rf` of the root delete the host's nodes.
+    inner = 'mount -t proc proc "$0/proc" && exec "$@"'
     trace_argv = ["strace", "-f", "-qq", "-o", str(trace), "-e", "trace=connect,sendto,sendmsg,sendmmsg"]
     argv = [
         "ip",
@@ -77,6 +81,7 @@ def run_chrooted(netns: str, rootfs: Path, harness: Harness, trace: Path) -> sub
         netns,
         "unshare",
         "--mount",
+        "--propagation=private",
         "--fork",
         "sh",
         "-c",
@@ -91,11 +96,21 @@ def run_chrooted(netns: str, rootfs: Path, harness: Harness, trace: Path) -> sub
     return subprocess.run(argv, capture_output=True, text=True, timeout=600, stdin=subprocess.DEVNULL, check=False)
 
 
+# The device nodes a harness needs: (name, major, minor), all 0666 as the kernel makes them.
+DEVICES = (("null", 1, 3), ("zero", 1, 5), ("full", 1, 7), ("random", 1, 8), ("urandom", 1, 9), ("tty", 5, 0))
+
+
 def prepare_rootfs(archive: Path, tmp_path: Path) -> Path:
-    """The toolchain image's root, with a home and /logs/agent for the agent user."""
+    """The toolchain image's root, with its own /dev, a home and /logs/agent for the agent user."""
     rootfs = tmp_path / "rootfs"
     unpack_image(archive, rootfs)
     assert not list(rootfs.glob("lib*")) and not (rootfs / "usr").exists(), "the image must hold no libc of its own"
+    for name, major, minor in DEVICES:
+        os.mknod(rootfs / "dev" / name, stat.S_IFCHR | 0o666, os.makedev(major, minor))
+        os.chmod(rootfs / "dev" / name, 0o666)
+    (rootfs / "dev" / "fd").symlink_to("/proc/self/fd")
+    (rootfs / "dev" / "shm").mkdir(mode=0o1777)
+    (rootfs / "dev" / "shm").chmod(0o1777)
     for directory in (HOME, "/logs/agent"):
         (rootfs / directory.lstrip("/")).mkdir(parents=True)
         os.chown(rootfs / directory.lstrip("/"), AGENT_UID, AGENT_UID)
