@@ -2,8 +2,8 @@
 
 The root is the toolchain image's single layer (a static busybox and the tree), unpacked from the
 docker-archive `hack/cluster images` cached, given its own few device nodes; the harness runs
-chrooted into it, as an unprivileged user, in a network namespace with only loopback (where the scripted model server
-listens), under strace so that every network peer it tries is on record.
+chrooted into it, as an unprivileged user, in a network namespace with only loopback (where the
+scripted model server listens), under strace so that every network peer it tries is on record.
 """
 
 from __future__ import annotations
