@@ -71,6 +71,10 @@ def free_port() -> int:
         return int(probe.getsockname()[1])
 
 
+# The operator's image as `hack/cluster images` builds it (its wheel is this checkout's).
+OPERATOR_IMAGE = "episode-operator.local/operator:dev"
+
+
 class OperatorProcess:
     """``episode-operator run`` as a subprocess, started and stopped by its pid."""
 
@@ -112,6 +116,9 @@ class OperatorProcess:
             f"http://127.0.0.1:{self.port}/healthz",
             "--metrics-port",
             str(self.metrics_port),
+            # Agent pods run the capture proxy from the operator's image as `hack/cluster images` built it.
+            "--capture-image",
+            OPERATOR_IMAGE,
             *self.extra_args,
         ]
         log = self.log_path.open("ab")

@@ -2,198 +2,95 @@
 
 A toolchain image (`hack/cluster images`, built by hack/toolchain) holds one self-contained tree;
 an init container copies it into an emptyDir that the main container -- the task's image, here
-the plain sandbox image -- mounts read-only at the tree's own path. `HARNESSES` is the command
-line, environment and native log of each harness exactly as docs/harnesses.md gives them: the
-lead turns these rows into the operator's presets.
+the plain sandbox image -- mounts read-only at the tree's own path. `HARNESSES` runs the
+operator's own presets (runtime/agents/harnesses.py), pointed straight at the scripted server.
 """
 
 from __future__ import annotations
 
-import json
 import time
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from kubernetes import client
 from kubernetes.stream import stream
 
+from episode_operator.kube.objects.pods import AgentImages
+from episode_operator.runtime.agents.harnesses import INSTRUCTION, PRESETS, HarnessPreset, HarnessRun
+from episode_operator.runtime.agents.model import Toolchain
+
 TOOLCHAIN_ROOT = "/opt/episode-operator/toolchains"
 LOGS = "/logs/agent"
 API_KEY = "sk-episode-test-key"  # a fake: the scripted server records it, tests check it arrived
-KEY_VARIABLE = "EPISODE_MODEL_API_KEY"
 KEEP_ALIVE = ["sh", "-c", "trap 'exit 0' TERM INT; while :; do sleep 3600 & wait $!; done"]
 
 
 @dataclass(frozen=True)
 class Harness:
-    """How one harness runs from its toolchain (one row of docs/harnesses.md)."""
+    """One operator preset (runtime/agents/harnesses.py) run straight at a model server, key included.
 
-    name: str
-    version: str
-    dialect: str  # the model API it speaks: chat | responses | messages
-    command: Callable[[str, str, str, bool], list[str]]  # (instruction, model, base_url, continue) -> argv
-    environment: Callable[[str, str], dict[str, str]]  # (model, base_url) -> env (the key comes separately)
-    native_logs: tuple[str, ...] = field(default=())  # globs under LOGS the harness writes
+    The proof tests run the presets' own command lines and environments, so what they prove is what
+    the operator runs; only the model's address and key differ (the operator puts its capture proxy
+    and a placeholder there).
+    """
+
+    preset: HarnessPreset
+    native_logs: tuple[str, ...]  # globs under LOGS the harness writes
+
+    @property
+    def name(self) -> str:
+        return self.preset.name
+
+    @property
+    def version(self) -> str:
+        return self.preset.version
+
+    @property
+    def dialect(self) -> str:
+        """The scripted server's name of the model API the harness speaks."""
+        [api] = self.preset.apis
+        return DIALECTS[api]
+
+    @property
+    def toolchain(self) -> Toolchain:
+        return Toolchain(self.name, self.version)
 
     @property
     def image(self) -> str:
-        return f"episode-operator.local/toolchain-{self.name}:{self.version}"
+        return AgentImages().toolchain(self.toolchain)
 
     @property
     def root(self) -> str:
-        return f"{TOOLCHAIN_ROOT}/{self.name}"
+        return self.toolchain.path
 
     @property
     def entry(self) -> str:
         """The harness's executable (the first word of its command)."""
         return self.command("-", "-", "-", False)[0]
 
+    def run(self, model: str, base_url: str, continue_session: bool) -> HarnessRun:
+        # The preset's base URL carries the endpoint's version path; the scripted server serves /v1.
+        return HarnessRun(self.toolchain, model, f"{base_url}/v1", API_KEY, continue_session)
 
-def mini_swe_agent_command(instruction: str, model: str, base_url: str, continue_session: bool) -> list[str]:
-    if continue_session:
-        raise ValueError("mini-swe-agent cannot continue a session")
-    return [
-        f"{TOOLCHAIN_ROOT}/mini-swe-agent/bin/mini-swe-agent",
-        "--yolo",
-        f"--model=openai/{model}",
-        f"--task={instruction}",
-        f"--output={LOGS}/mini-swe-agent.trajectory.json",
-        "-c",
-        "mini",
-        "--exit-immediately",
-    ]
+    def command(self, instruction: str, model: str, base_url: str, continue_session: bool) -> list[str]:
+        """The preset's argv with the instruction in place (one element, as the shell line makes it)."""
+        if continue_session and not self.preset.continues:
+            raise ValueError(f"{self.name} cannot continue a session")
+        argv = self.preset.argv(self.run(model, base_url, continue_session))
+        return [part.replace(INSTRUCTION, instruction) for part in argv]
 
-
-def mini_swe_agent_environment(model: str, base_url: str) -> dict[str, str]:
-    return {
-        "OPENAI_API_KEY": API_KEY,
-        "OPENAI_BASE_URL": f"{base_url}/v1",
-        "MSWEA_CONFIGURED": "true",
-        "MSWEA_COST_TRACKING": "ignore_errors",
-        "LITELLM_LOCAL_MODEL_COST_MAP": "true",
-    }
+    def environment(self, model: str, base_url: str) -> dict[str, str]:
+        return self.preset.env(self.run(model, base_url, False))
 
 
-def opencode_command(instruction: str, model: str, base_url: str, continue_session: bool) -> list[str]:
-    return [
-        f"{TOOLCHAIN_ROOT}/opencode/bin/opencode",
-        f"--model=episode/{model}",
-        "run",
-        "--format=json",
-        *(["--continue"] if continue_session else []),
-        "--dangerously-skip-permissions",
-        "--",
-        instruction,
-    ]
-
-
-def opencode_environment(model: str, base_url: str) -> dict[str, str]:
-    provider = {
-        "npm": "@ai-sdk/openai-compatible",
-        "name": "episode",
-        "options": {"baseURL": f"{base_url}/v1", "apiKey": f"{{env:{KEY_VARIABLE}}}"},
-        "models": {model: {}},
-    }
-    config = {"autoupdate": False, "share": "disabled", "provider": {"episode": provider}}
-    return {
-        KEY_VARIABLE: API_KEY,
-        "OPENCODE_CONFIG_CONTENT": json.dumps(config),
-        "XDG_DATA_HOME": f"{LOGS}/opencode/xdg-data",
-        "XDG_STATE_HOME": f"{LOGS}/opencode/xdg-state",
-        "OPENCODE_DISABLE_AUTOUPDATE": "1",
-        "OPENCODE_DISABLE_SHARE": "1",
-        "OPENCODE_DISABLE_MODELS_FETCH": "true",
-        "OPENCODE_DISABLE_LSP_DOWNLOAD": "true",
-    }
-
-
-def claude_code_command(instruction: str, model: str, base_url: str, continue_session: bool) -> list[str]:
-    return [
-        f"{TOOLCHAIN_ROOT}/claude-code/bin/claude",
-        "--verbose",
-        "--output-format=stream-json",
-        "--permission-mode=bypassPermissions",
-        *(["--continue"] if continue_session else []),
-        "--print",
-        "--",
-        instruction,
-    ]
-
-
-def claude_code_environment(model: str, base_url: str) -> dict[str, str]:
-    return {
-        "ANTHROPIC_API_KEY": API_KEY,
-        "ANTHROPIC_BASE_URL": base_url,
-        "ANTHROPIC_MODEL": model,
-        "CLAUDE_CONFIG_DIR": f"{LOGS}/sessions",
-        "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
-        "DISABLE_AUTOUPDATER": "1",
-        "IS_SANDBOX": "1",
-    }
-
-
-def codex_command(instruction: str, model: str, base_url: str, continue_session: bool) -> list[str]:
-    provider = f'{{name="episode", base_url="{base_url}/v1", env_key="{KEY_VARIABLE}", wire_api="responses"}}'
-    settings = [
-        'model_provider="episode"',
-        f"model_providers.episode={provider}",
-        "features.plugins=false",
-        "features.remote_plugin=false",
-        "features.apps=false",
-        "check_for_update_on_startup=false",
-        "analytics.enabled=false",
-        'web_search="disabled"',
-    ]
-    return [
-        f"{TOOLCHAIN_ROOT}/codex/bin/codex",
-        "exec",
-        *(["resume", "--last"] if continue_session else []),
-        "--dangerously-bypass-approvals-and-sandbox",
-        "--skip-git-repo-check",
-        "--model",
-        model,
-        "--json",
-        *[part for setting in settings for part in ("-c", setting)],
-        "--",
-        instruction,
-    ]
-
-
-def codex_environment(model: str, base_url: str) -> dict[str, str]:
-    return {KEY_VARIABLE: API_KEY, "CODEX_HOME": f"{LOGS}/codex"}
-
-
+DIALECTS = {"chat-completions": "chat", "responses": "responses", "messages": "messages"}
 HARNESSES: dict[str, Harness] = {
     harness.name: harness
     for harness in (
-        Harness(
-            "mini-swe-agent",
-            "2.4.6",
-            "chat",
-            mini_swe_agent_command,
-            mini_swe_agent_environment,
-            ("mini-swe-agent.trajectory.json",),
-        ),
-        Harness(
-            "opencode",
-            "1.17.11",
-            "chat",
-            opencode_command,
-            opencode_environment,
-            ("opencode/xdg-data/opencode/opencode.db",),
-        ),
-        Harness(
-            "claude-code",
-            "2.1.332",
-            "messages",
-            claude_code_command,
-            claude_code_environment,
-            ("sessions/projects/*/*.jsonl",),
-        ),
-        Harness(
-            "codex", "0.144.4", "responses", codex_command, codex_environment, ("codex/sessions/*/*/*/rollout-*.jsonl",)
-        ),
+        Harness(PRESETS["mini-swe-agent"], ("mini-swe-agent.trajectory.json",)),
+        Harness(PRESETS["opencode"], ("opencode/xdg-data/opencode/opencode.db",)),
+        Harness(PRESETS["claude-code"], ("sessions/projects/*/*.jsonl",)),
+        Harness(PRESETS["codex"], ("codex/sessions/*/*/*/rollout-*.jsonl",)),
     )
 }
 

@@ -22,7 +22,7 @@ from episode_operator.capture.records import CapturedCall
 from episode_operator.kube.objects.pods import AgentImages, OwnerRef, SandboxPod, sandbox_pod
 from episode_operator.runtime.admission import Refusal, admit_spec, admit_task
 from episode_operator.runtime.agents import agent_kind, spec_problems
-from episode_operator.runtime.agents.harnesses import INSTRUCTION, PRESETS, HarnessRun
+from episode_operator.runtime.agents.harnesses import INSTRUCTION, PRESETS, harness_run
 from episode_operator.runtime.agents.model import CAPTURE_CONTAINER, PLACEHOLDER_KEY, Toolchain
 from episode_operator.taskfolder import TaskFiles
 from episode_operator.taskfolder.models import EnvironmentConfig
@@ -102,7 +102,9 @@ def test_the_instruction_reaches_the_harness_as_one_argv_element(tmp_path: Path,
     """Whatever the instruction holds, the harness gets exactly the preset's argv with it in place."""
     preset = PRESETS[name]
     toolchain = Toolchain(name, preset.version)
-    run_ = HarnessRun(toolchain, AgentSpec.model_validate(harness(name)).model, continuing)  # type: ignore[arg-type]
+    model = AgentSpec.model_validate(harness(name)).model
+    assert model is not None
+    run_ = harness_run(toolchain, model, continue_session=continuing)
     root = tmp_path / "toolchains" / name / "bin"
     root.mkdir(parents=True)
     entry = Path(preset.argv(run_)[0]).name
@@ -122,7 +124,7 @@ def test_the_harness_is_pointed_at_the_proxy_with_a_placeholder_never_at_the_end
         model = {**MODEL, "api": APIS[name], "apiKeySecretRef": {"name": "k"}}
         spec = AgentSpec.model_validate(harness(name) | {"model": model})
         assert spec.model is not None
-        run_ = HarnessRun(Toolchain(name, preset.version), spec.model, False)
+        run_ = harness_run(Toolchain(name, preset.version), spec.model, continue_session=False)
         wiring = json.dumps(preset.env(run_)) + json.dumps(preset.argv(run_))
         assert "127.0.0.1:47311" in wiring, name  # the agent calls the capture proxy
         assert "198.19.0.9" not in wiring, name  # never the endpoint itself

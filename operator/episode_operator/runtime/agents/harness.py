@@ -6,7 +6,7 @@ from typing import Any, ClassVar, Final
 
 from episode_operator.api.models import AgentSpec
 from episode_operator.runtime.agents.base import AgentJob, instruction_file, turn_env
-from episode_operator.runtime.agents.harnesses import LOGS, PRESETS, HarnessPreset, HarnessRun
+from episode_operator.runtime.agents.harnesses import LOGS, PRESETS, HarnessPreset, harness_run
 from episode_operator.runtime.agents.model import SandboxNeeds, Toolchain, capture_of
 from episode_operator.runtime.archive import text_tar
 from episode_operator.runtime.sandbox import JobSpec, Upload
@@ -81,10 +81,8 @@ class Harness:
         spec = turn.services.agent_spec
         assert spec.harness is not None and spec.model is not None
         preset = PRESETS[spec.harness.name]
-        run = HarnessRun(
-            toolchain(preset, spec),
-            spec.model,
-            continue_session=spec.turn_sessions == "continue" and not turn.first,
+        run = harness_run(
+            toolchain(preset, spec), spec.model, continue_session=spec.turn_sessions == "continue" and not turn.first
         )
         file = instruction_file(turn)
         return AgentJob(

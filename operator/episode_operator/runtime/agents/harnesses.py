@@ -31,13 +31,17 @@ class HarnessRun:
     """What a preset builds one turn's command from."""
 
     toolchain: Toolchain
-    model: ModelEndpoint
+    model: str  # the model's name at the endpoint
+    # Where the harness sends its calls, with the version path (``http://127.0.0.1:PORT/v1``: the pod's
+    # capture proxy), and the key it sends (a placeholder: the proxy holds the real one).
+    base_url: str
+    api_key: str
     continue_session: bool  # continue the session of the earlier turns (turnSessions: continue, not the first turn)
 
-    @property
-    def base_url(self) -> str:
-        """The capture proxy's URL with the endpoint's version path (``http://127.0.0.1:PORT/v1``)."""
-        return proxied_base_url(self.model)
+
+def harness_run(toolchain: Toolchain, model: ModelEndpoint, *, continue_session: bool) -> HarnessRun:
+    """A turn's run through the pod's capture proxy."""
+    return HarnessRun(toolchain, model.name, proxied_base_url(model), PLACEHOLDER_KEY, continue_session)
 
 
 @dataclass(frozen=True)
@@ -74,7 +78,7 @@ def _opencode_config(run: HarnessRun) -> str:
         "npm": "@ai-sdk/openai-compatible",
         "name": "episode",
         "options": {"baseURL": run.base_url, "apiKey": "{env:EPISODE_MODEL_API_KEY}"},
-        "models": {run.model.name: {}},
+        "models": {run.model: {}},
     }
     return json.dumps({"autoupdate": False, "share": "disabled", "provider": {"episode": provider}})
 
@@ -97,7 +101,7 @@ PRESETS: Final[Mapping[str, HarnessPreset]] = {
             argv=lambda run: [
                 f"{run.toolchain.path}/bin/mini-swe-agent",
                 "--yolo",
-                f"--model=openai/{run.model.name}",
+                f"--model=openai/{run.model}",
                 f"--task={INSTRUCTION}",
                 f"--output={LOGS}/mini-swe-agent.trajectory.json",
                 "-c",
@@ -105,7 +109,7 @@ PRESETS: Final[Mapping[str, HarnessPreset]] = {
                 "--exit-immediately",
             ],
             env=lambda run: {
-                "OPENAI_API_KEY": PLACEHOLDER_KEY,
+                "OPENAI_API_KEY": run.api_key,
                 "OPENAI_BASE_URL": run.base_url,
                 "MSWEA_CONFIGURED": "true",
                 "MSWEA_COST_TRACKING": "ignore_errors",
@@ -121,7 +125,7 @@ PRESETS: Final[Mapping[str, HarnessPreset]] = {
             continues=True,
             argv=lambda run: [
                 f"{run.toolchain.path}/bin/opencode",
-                f"--model=episode/{run.model.name}",
+                f"--model=episode/{run.model}",
                 "run",
                 "--format=json",
                 *(["--continue"] if run.continue_session else []),
@@ -130,7 +134,7 @@ PRESETS: Final[Mapping[str, HarnessPreset]] = {
                 INSTRUCTION,
             ],
             env=lambda run: {
-                "EPISODE_MODEL_API_KEY": PLACEHOLDER_KEY,
+                "EPISODE_MODEL_API_KEY": run.api_key,
                 "OPENCODE_CONFIG_CONTENT": _opencode_config(run),
                 "XDG_DATA_HOME": f"{LOGS}/opencode/xdg-data",
                 "XDG_STATE_HOME": f"{LOGS}/opencode/xdg-state",
@@ -158,9 +162,9 @@ PRESETS: Final[Mapping[str, HarnessPreset]] = {
                 INSTRUCTION,
             ],
             env=lambda run: {
-                "ANTHROPIC_API_KEY": PLACEHOLDER_KEY,
+                "ANTHROPIC_API_KEY": run.api_key,
                 "ANTHROPIC_BASE_URL": run.base_url.removesuffix("/v1"),
-                "ANTHROPIC_MODEL": run.model.name,
+                "ANTHROPIC_MODEL": run.model,
                 "CLAUDE_CONFIG_DIR": f"{LOGS}/sessions",
                 # Offline: no telemetry, no update checks; bypassPermissions as root in a sandbox.
                 "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
@@ -181,7 +185,7 @@ PRESETS: Final[Mapping[str, HarnessPreset]] = {
                 "--dangerously-bypass-approvals-and-sandbox",
                 "--skip-git-repo-check",
                 "--model",
-                run.model.name,
+                run.model,
                 "--json",
                 "-c",
                 'model_provider="episode"',
@@ -203,7 +207,7 @@ PRESETS: Final[Mapping[str, HarnessPreset]] = {
                 "--",
                 INSTRUCTION,
             ],
-            env=lambda run: {"EPISODE_MODEL_API_KEY": PLACEHOLDER_KEY, "CODEX_HOME": f"{LOGS}/codex"},
+            env=lambda run: {"EPISODE_MODEL_API_KEY": run.api_key, "CODEX_HOME": f"{LOGS}/codex"},
             state=(f"{LOGS}/codex/",),
         ),
     )
