@@ -21,6 +21,7 @@ import kopf
 from episode_operator.api.episodeset import SET_LABEL, SET_PLURAL
 from episode_operator.api.models import GROUP, PLURAL, VERSION
 from episode_operator.kube.client import KubeClient, KubeError
+from episode_operator.kube.dataapi import start_data_api
 from episode_operator.kube.driver import (
     DriverSettings,
     announce_waiting,
@@ -52,12 +53,13 @@ class OperatorOptions:
     liveness_endpoint: str | None = None
     metrics_host: str = "0.0.0.0"
     metrics_port: int | None = 8080
+    data_api_port: int | None = None
     max_active_episodes: int = 0
     extra_pod_labels: dict[str, str] = field(default_factory=dict)
 
 
 @kopf.on.startup()
-async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
+async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: kopf.Logger, **_: Any) -> None:
     options: OperatorOptions = memo.options
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=GROUP)
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(prefix=GROUP)
@@ -76,7 +78,11 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) 
     memo.client = await KubeClient.connect(options.kubeconfig, metrics=memo.metrics)
     memo.server = None
     if options.metrics_port is not None:
-        memo.server = await serve(memo.metrics, options.data_dir, options.metrics_host, options.metrics_port)
+        memo.server = await serve(memo.metrics, options.metrics_host, options.metrics_port)
+    if options.data_api_port is not None:
+        memo.data_api = await start_data_api(
+            memo.client, options.data_dir, options.metrics_host, options.data_api_port, logger
+        )
     memo.pod_wakeups = Wakeups()
     memo.settings = DriverSettings(
         data_dir=options.data_dir,
@@ -93,9 +99,9 @@ async def close(memo: kopf.Memo, **_: Any) -> None:
     client: KubeClient | None = getattr(memo, "client", None)
     if client is not None:
         await client.close()
-    server = getattr(memo, "server", None)
-    if server is not None:
-        await server.cleanup()
+    for server in (getattr(memo, "server", None), getattr(memo, "data_api", None)):
+        if server is not None:
+            await server.cleanup()
 
 
 def is_active(status: kopf.Status, spec: kopf.Spec, **_: Any) -> bool:

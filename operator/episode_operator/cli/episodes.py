@@ -21,9 +21,10 @@ from rich.table import Table
 
 from episode_operator.api.export import FAILURES, ROLLOUTS, split_rows
 from episode_operator.api.models import AgentSpec, EpisodeSpec, EpisodeStatus, TaskSource, episode_manifest
-from episode_operator.kube.client import KubeClient, KubeError, NotFound
+from episode_operator.kube.client import KubeClient, KubeError
 from episode_operator.kube.episodeset import set_selector
 from episode_operator.kube.tasks import TaskTooLarge, task_config_map
+from episode_operator.runtime.dataapi import API_SERVICE
 from episode_operator.runtime.store import episode_store_root, export_artifacts, stored_logs
 from episode_operator.taskfolder import TaskFiles, validate_task
 
@@ -234,11 +235,9 @@ def register(cli: click.Group) -> None:
         turn: str | None,
         attempt: int | None,
         data_dir: str | None,
-        operator_namespace: str,
-        operator_service: str,
     ) -> None:
         """Print the logs an Episode's turns left (agent, setup, verifier, hooks)."""
-        source = _kept(kubeconfig, namespace, name, data_dir, operator_namespace, operator_service)
+        source = _kept(kubeconfig, namespace, name, data_dir)
         text = source.logs(turn=turn, attempt=attempt)
         if not text:
             raise click.ClickException(f"no logs kept for {namespace}/{name}" + (f" turn {turn}" if turn else ""))
@@ -255,11 +254,9 @@ def register(cli: click.Group) -> None:
         namespace: str,
         kubeconfig: str | None,
         data_dir: str | None,
-        operator_namespace: str,
-        operator_service: str,
     ) -> None:
         """Copy an Episode's artifacts (latest attempt) into DESTINATION/<turn>/."""
-        source = _kept(kubeconfig, namespace, name, data_dir, operator_namespace, operator_service)
+        source = _kept(kubeconfig, namespace, name, data_dir)
         written = source.artifacts(destination)
         if not written:
             raise click.ClickException(f"no artifacts kept for {namespace}/{name}")
@@ -313,27 +310,14 @@ def register_export(cli: click.Group) -> None:
 
 
 def operator_options(command: Callable[..., Any]) -> Callable[..., Any]:
-    """Where the operator keeps logs and artifacts: its data directory here, or its Service."""
-    command = click.option(
-        "--operator-service",
-        default=lambda: os.environ.get("EPISODE_OPERATOR_SERVICE", "episode-operator"),
-        show_default="episode-operator",
-        help="The in-cluster operator's Service.",
-    )(command)
-    command = click.option(
-        "--operator-namespace",
-        default=lambda: os.environ.get("EPISODE_OPERATOR_NAMESPACE", "episode-operator-system"),
-        show_default="episode-operator-system",
-        help="The in-cluster operator's namespace.",
-    )(command)
-    command = click.option(
+    """Where the operator keeps logs and artifacts: its data directory here, or the data API."""
+    return click.option(
         "--data-dir",
         default=lambda: os.environ.get("EPISODE_OPERATOR_DATA_DIR"),
         show_default="$EPISODE_OPERATOR_DATA_DIR",
         help="The data directory of an operator running on this machine; without it the in-cluster "
-        "operator is asked through the API server's service proxy.",
+        f"operator's data API ({API_SERVICE}) is asked through the API server.",
     )(command)
-    return command
 
 
 class _LocalStore:
@@ -352,30 +336,35 @@ class _LocalStore:
 
 
 class _RemoteStore:
-    def __init__(self, kubeconfig: str | None, namespace: str, service: str, path: str) -> None:
-        self.kubeconfig, self.namespace, self.service, self.path = kubeconfig, namespace, service, path
+    """The in-cluster operator's data API, through the API server: it authenticates the user and
+    authorizes ``get`` on ``episodes/log`` or ``episodes/artifacts`` (group data.episode-operator.dev)."""
 
-    def _get(self, suffix: str, query: dict[str, str]) -> bytes | None:
+    def __init__(self, kubeconfig: str | None, namespace: str, name: str, uid: str) -> None:
+        self.kubeconfig, self.namespace, self.name, self.uid = kubeconfig, namespace, name, uid
+
+    def _get(self, subresource: str, query: dict[str, str]) -> bytes | None:
         async def fetch(client: KubeClient) -> bytes | None:
             try:
-                return await client.service_get(self.namespace, f"{self.service}:http", self.path + suffix, query)
-            except NotFound as error:
-                if "no such service" in str(error):
+                return await client.get_episode_data(self.namespace, self.name, subresource, query | {"uid": self.uid})
+            except KubeError as error:
+                if error.status == 404 and "could not find the requested resource" not in str(error):
+                    return None  # the operator has nothing kept
+                if error.status in (404, 503):
                     raise click.ClickException(
-                        f"no operator Service {self.namespace}/{self.service} (set --operator-namespace and "
-                        "--operator-service, or --data-dir for an operator running on this machine)"
+                        f"the operator's data API (apiservice {API_SERVICE}) is not available: {error}; is the "
+                        "operator installed with its Helm chart? (--data-dir reads an operator running here)"
                     ) from error
-                return None
+                raise
 
         return with_client(self.kubeconfig, fetch)
 
     def logs(self, *, turn: str | None, attempt: int | None) -> str:
         query = {key: str(value) for key, value in (("turn", turn), ("attempt", attempt)) if value is not None}
-        body = self._get("/logs", query)
+        body = self._get("log", query)
         return "" if body is None else body.decode("utf-8", "replace")
 
     def artifacts(self, destination: Path) -> int:
-        body = self._get("/artifacts.tar.gz", {})
+        body = self._get("artifacts", {})
         if body is None:
             return 0
         destination.mkdir(parents=True, exist_ok=True)
@@ -385,14 +374,7 @@ class _RemoteStore:
         return sum(1 for member in members if member.isfile())
 
 
-def _kept(
-    kubeconfig: str | None,
-    namespace: str,
-    name: str,
-    data_dir: str | None,
-    operator_namespace: str,
-    operator_service: str,
-) -> _LocalStore | _RemoteStore:
+def _kept(kubeconfig: str | None, namespace: str, name: str, data_dir: str | None) -> _LocalStore | _RemoteStore:
     async def fetch(client: KubeClient) -> dict[str, Any]:
         return await client.get_episode(namespace, name)
 
@@ -402,7 +384,7 @@ def _kept(
         if not root.is_dir():
             raise click.ClickException(f"{root}: not found; is --data-dir the operator's data directory?")
         return _LocalStore(root)
-    return _RemoteStore(kubeconfig, operator_namespace, operator_service, f"/v1/episodes/{namespace}/{name}/{uid}")
+    return _RemoteStore(kubeconfig, namespace, name, uid)
 
 
 def _reward(value: Any) -> str:

@@ -62,7 +62,15 @@ def main() -> None:
     type=int,
     default=8080,
     show_default=True,
-    help="Port of /metrics and of the kept logs and artifacts; 0 turns it off.",
+    help="Port of /metrics (open to anyone who reaches it); 0 turns it off.",
+)
+@click.option(
+    "--data-api-port",
+    type=click.IntRange(min=0, max=65535),
+    default=0,
+    show_default=True,
+    help="Port (TLS) of the data API: kept logs and artifacts, served to the callers the API server forwards and "
+    "authorizes through the APIService v1alpha1.data.episode-operator.dev (the Helm chart installs it); 0: off.",
 )
 @click.option(
     "--max-active-episodes",
@@ -79,6 +87,7 @@ def run(
     poll_interval_sec: float,
     liveness_endpoint: str | None,
     metrics_port: int,
+    data_api_port: int,
     max_active_episodes: int,
 ) -> None:
     """Run the operator until interrupted."""
@@ -91,6 +100,7 @@ def run(
             poll_interval_sec=poll_interval_sec,
             liveness_endpoint=liveness_endpoint,
             metrics_port=metrics_port or None,
+            data_api_port=data_api_port or None,
             max_active_episodes=max_active_episodes,
         )
     )

@@ -14,6 +14,7 @@ operator sends is idempotent (jobs are started by id), so a retry never runs wor
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import json
 import os
@@ -31,6 +32,7 @@ from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, sto
 
 from episode_operator.api.episodeset import SET_PLURAL
 from episode_operator.api.models import GROUP, PLURAL, VERSION
+from episode_operator.runtime.dataapi import DATA_GROUP, DATA_VERSION
 from episode_operator.runtime.metrics import Metrics
 
 STDIN, STDOUT, STDERR, ERROR = 0, 1, 2, 3
@@ -93,11 +95,16 @@ async def _json(response: Any) -> Any:
     the generated client would. Pods are read this way: building their model objects (every
     timestamp parsed by dateutil) was a fifth of a busy operator's CPU."""
     body = await response.read()
+    _raise_for_status(response, body)
+    return json.loads(body) if body else None
+
+
+def _raise_for_status(response: Any, body: bytes) -> None:
+    """An error status of a call made with ``_preload_content=False`` raises as the generated client would."""
     if not 200 <= response.status <= 299:
         error = ApiException(status=response.status, reason=response.reason)
-        error.body = body.decode("utf-8", "replace")
+        error.body = body
         raise error
-    return json.loads(body) if body else None
 
 
 class KubeClient:
@@ -315,28 +322,55 @@ class KubeClient:
         except NotFound:
             pass
 
-    # Services ------------------------------------------------------------------------------
-    async def service_get(self, namespace: str, service: str, path: str, query: dict[str, str] | None = None) -> bytes:
-        """GET ``path`` of a Service through the API server's proxy (RBAC: ``services/proxy`` get)."""
-        what = f"service {namespace}/{service}{path}"
+    # The data API ----------------------------------------------------------------------------
+    async def get_api_service(self, name: str) -> dict[str, Any]:
+        """An APIService as the API's JSON (the data API's: where it points, its caBundle)."""
+        registration: Any = k8s.ApiregistrationV1Api(self.api)
+        with _api_call(f"apiservice {name}"):
+            result: dict[str, Any] = await _json(await registration.read_api_service(name, _preload_content=False))
+        return result
+
+    async def set_api_service_ca_bundle(self, name: str, ca_bundle: bytes) -> None:
+        """Make the API server trust ``ca_bundle`` (PEM) for the aggregated API of this APIService."""
+        registration: Any = k8s.ApiregistrationV1Api(self.api)
+        patch = {"spec": {"caBundle": base64.b64encode(ca_bundle).decode(), "insecureSkipTLSVerify": False}}
+        with _api_call(f"apiservice {name}"):
+            await _json(
+                await registration.patch_api_service(
+                    name, patch, _content_type="application/merge-patch+json", _preload_content=False
+                )
+            )
+
+    async def review_access(
+        self, user: str, groups: Sequence[str], extra: dict[str, list[str]], attributes: dict[str, str]
+    ) -> tuple[bool, str]:
+        """Ask the API server whether ``user`` may do what ``attributes`` say (a SubjectAccessReview)."""
+        authorization: Any = k8s.AuthorizationV1Api(self.api)
+        review = {
+            "apiVersion": "authorization.k8s.io/v1",
+            "kind": "SubjectAccessReview",
+            "spec": {"user": user, "groups": list(groups), "extra": extra, "resourceAttributes": attributes},
+        }
+        with _api_call(f"subjectaccessreview of {user}"):
+            answer = await _json(await authorization.create_subject_access_review(review, _preload_content=False))
+        status = answer.get("status") or {}
+        return bool(status.get("allowed")), str(status.get("reason") or status.get("evaluationError") or "")
+
+    async def get_episode_data(self, namespace: str, name: str, subresource: str, query: dict[str, str]) -> bytes:
+        """GET an Episode's kept data from the operator's data API, through the API server (which
+        authenticates the caller and authorizes ``get`` on ``episodes/<subresource>``)."""
+        what = f"{subresource} of episode {namespace}/{name}"
         with _api_call(what):
             response = await self.api.call_api(
-                f"/api/v1/namespaces/{namespace}/services/{service}/proxy{path}",
+                f"/apis/{DATA_GROUP}/{DATA_VERSION}/namespaces/{namespace}/episodes/{name}/{subresource}",
                 "GET",
-                query_params=list((query or {}).items()),
+                query_params=list(query.items()),
                 auth_settings=["BearerToken"],
                 _preload_content=False,
                 _return_http_data_only=True,
             )
             body: bytes = await response.read()
-        if response.status == 404:
-            # The API server answers JSON when the Service itself is missing; the service answers text.
-            detail = "no such service" if body.startswith(b"{") else body.decode("utf-8", "replace").strip()
-            raise NotFound(f"{what}: {detail}", status=404)
-        if response.status >= 400:
-            raise KubeError(
-                f"{what}: {response.status} {body[:300].decode('utf-8', 'replace')}", status=response.status
-            )
+            _raise_for_status(response, body)
         return body
 
     # Exec ---------------------------------------------------------------------------------
