@@ -26,8 +26,7 @@ import yaml
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from tests.chart import hack_chart
-from tests.cluster.harness import EXAMPLES, create_episode, episode_spec
+from tests.cluster.harness import EXAMPLES, create_episode, episode_spec, install_crd
 from tests.cluster.test_install import (
     RELEASE,
     Release,
@@ -41,6 +40,7 @@ from tests.cluster.test_install import (
 API_SERVICE = "v1alpha1.data.episode-operator.dev"
 DATA_PATH = "/apis/data.episode-operator.dev/v1alpha1/namespaces/{namespace}/episodes/{name}/{subresource}"
 KUBECTL_EPISODE = Path(sys.executable).parent / "kubectl-episode"
+HACK_IMAGES = Path(__file__).resolve().parents[2] / "hack" / "images"
 
 
 def wait_for_the_api_service_to_be_free(api: client.ApiClient, timeout: float = 300) -> None:
@@ -77,11 +77,35 @@ def wait_for_the_api_service_to_be_available(api: client.ApiClient, core: client
 
 
 @pytest.fixture(scope="module")
+def released_images(api_client: client.ApiClient) -> dict[str, str]:
+    """The release's operator and sandbox images, built here from their Dockerfiles with buildah (from a
+    base made of Debian packages: no registry is reachable) and imported into the cluster's containerd."""
+    names = {}
+    for name in ("episode-operator", "sandbox"):
+        result = subprocess.run(
+            [str(HACK_IMAGES), "load", name], capture_output=True, text=True, timeout=3000, check=False
+        )
+        if result.returncode != 0:
+            pytest.fail(f"`hack/images load {name}` failed:\n{result.stderr[-4000:]}", pytrace=False)
+        names[name] = result.stdout.split()[-1]
+    install_crd(api_client)  # Helm installs crds/ only when the CRD is absent: make it this version's
+    return names
+
+
+def image_values(reference: str) -> dict[str, str]:
+    repository, _, tag = reference.rpartition(":")
+    return {"repository": repository, "tag": tag}
+
+
+@pytest.fixture(scope="module")
 def data_release(
-    kubeconfig: Path, api_client: client.ApiClient, core: client.CoreV1Api, operator_image: str
+    kubeconfig: Path, api_client: client.ApiClient, core: client.CoreV1Api, released_images: dict[str, str]
 ) -> Iterator[Release]:
+    """The chart with the data API, running the operator image the Dockerfile makes."""
     operator_namespace, watched = new_namespace(core, "data"), new_namespace(core, "dw")
-    values = release_values(watched, **hack_chart.TEST_CLUSTER_VALUES, dataApi={"enabled": True})
+    values = release_values(watched, dataApi={"enabled": True})
+    values["image"] = image_values(released_images["episode-operator"]) | {"pullPolicy": "Never"}
+    values["sandboxImage"] = image_values(released_images["sandbox"])
     installed = Release(kubeconfig, operator_namespace, watched, values)
     wait_for_the_api_service_to_be_free(api_client)
     try:
@@ -321,6 +345,15 @@ def wait_succeeded(api: client.ApiClient, namespace: str, name: str) -> None:
         if time.monotonic() > deadline:
             raise TimeoutError(f"{namespace}/{name}: {status.get('phase')}")
         time.sleep(1)
+
+
+def test_the_operator_runs_the_image_its_dockerfile_makes(
+    data_release: Release, core: client.CoreV1Api, released_images: dict[str, str]
+) -> None:
+    selector = "app.kubernetes.io/name=episode-operator"
+    (pod,) = core.list_namespaced_pod(data_release.namespace, label_selector=selector).items
+    assert pod.spec.containers[0].image == released_images["episode-operator"]
+    assert pod.status.container_statuses[0].ready and pod.status.container_statuses[0].restart_count == 0
 
 
 def test_the_api_service_trusts_the_operators_own_certificate(
