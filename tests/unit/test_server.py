@@ -65,41 +65,38 @@ def free_port() -> int:
         return int(probe.getsockname()[1])
 
 
-def certificate_authority(name: str) -> tuple[ec.EllipticCurvePrivateKey, x509.Certificate]:
-    key = ec.generate_private_key(ec.SECP256R1())
-    subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)])
-    now = datetime.datetime.now(datetime.UTC)
-    certificate = (
-        x509.CertificateBuilder()
-        .subject_name(subject)
-        .issuer_name(subject)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(minutes=1))
-        .not_valid_after(now + datetime.timedelta(days=1))
-        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-        .sign(key, hashes.SHA256())
-    )
-    return key, certificate
+Authority = tuple[ec.EllipticCurvePrivateKey, x509.Certificate]
 
 
-def client_certificate(
-    authority: tuple[ec.EllipticCurvePrivateKey, x509.Certificate], common_name: str, directory: Path
-) -> tuple[Path, Path]:
-    ca_key, ca = authority
-    key = ec.generate_private_key(ec.SECP256R1())
+def issue(common_name: str, key: ec.EllipticCurvePrivateKey, signer: Authority | None) -> x509.Certificate:
+    """A CA certificate (no signer: self-signed) or a client certificate the signer's CA signs."""
     now = datetime.datetime.now(datetime.UTC)
-    certificate = (
-        x509.CertificateBuilder()
-        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)]))
-        .issuer_name(ca.subject)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(minutes=1))
-        .not_valid_after(now + datetime.timedelta(days=1))
-        .add_extension(x509.ExtendedKeyUsage([x509.oid.ExtendedKeyUsageOID.CLIENT_AUTH]), critical=False)
-        .sign(ca_key, hashes.SHA256())
+    subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)])
+    builder = x509.CertificateBuilder(
+        issuer_name=signer[1].subject if signer else subject,
+        subject_name=subject,
+        public_key=key.public_key(),
+        serial_number=x509.random_serial_number(),
+        not_valid_before=now - datetime.timedelta(minutes=1),
+        not_valid_after=now + datetime.timedelta(days=1),
     )
+    if signer is None:
+        builder = builder.add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+    else:
+        builder = builder.add_extension(
+            x509.ExtendedKeyUsage([x509.oid.ExtendedKeyUsageOID.CLIENT_AUTH]), critical=False
+        )
+    return builder.sign(signer[0] if signer else key, hashes.SHA256())
+
+
+def certificate_authority(name: str) -> Authority:
+    key = ec.generate_private_key(ec.SECP256R1())
+    return key, issue(name, key, None)
+
+
+def client_certificate(authority: Authority, common_name: str, directory: Path) -> tuple[Path, Path]:
+    key = ec.generate_private_key(ec.SECP256R1())
+    certificate = issue(common_name, key, authority)
     cert_path, key_path = directory / f"{common_name}-{os.urandom(3).hex()}.crt", directory / f"{common_name}.key"
     cert_path.write_bytes(certificate.public_bytes(serialization.Encoding.PEM))
     key_path.write_bytes(
@@ -126,7 +123,7 @@ class RecordingAuthorizer:
 class DataApi:
     url: str
     server_ca: Path  # the serving certificate (self-signed: its own CA)
-    proxy_ca: tuple[ec.EllipticCurvePrivateKey, x509.Certificate]
+    proxy_ca: Authority
     authorizer: RecordingAuthorizer
     directory: Path
 
