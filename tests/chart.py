@@ -42,7 +42,6 @@ INSTALL_FILES = {
     "rbac.yaml": ("ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding"),
     "deployment.yaml": ("Deployment",),
     "service.yaml": ("Service",),
-    "apiservice.yaml": ("APIService",),
 }
 
 

@@ -54,6 +54,7 @@ class OperatorOptions:
     metrics_host: str = "0.0.0.0"
     metrics_port: int | None = 8080
     data_api_port: int | None = None
+    data_api_service: str = "episode-operator"
     max_active_episodes: int = 0
     extra_pod_labels: dict[str, str] = field(default_factory=dict)
 
@@ -81,7 +82,7 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: ko
         memo.server = await serve(memo.metrics, options.metrics_host, options.metrics_port)
     if options.data_api_port is not None:
         memo.data_api = await start_data_api(
-            memo.client, options.data_dir, options.metrics_host, options.data_api_port, logger
+            memo.client, options.data_dir, options.metrics_host, options.data_api_port, options.data_api_service, logger
         )
     memo.pod_wakeups = Wakeups()
     memo.settings = DriverSettings(
@@ -96,12 +97,12 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: ko
 
 @kopf.on.cleanup()
 async def close(memo: kopf.Memo, **_: Any) -> None:
+    for server in (getattr(memo, "data_api", None), getattr(memo, "server", None)):  # the data API unregisters
+        if server is not None:
+            await server.cleanup()
     client: KubeClient | None = getattr(memo, "client", None)
     if client is not None:
         await client.close()
-    for server in (getattr(memo, "server", None), getattr(memo, "data_api", None)):
-        if server is not None:
-            await server.cleanup()
 
 
 def is_active(status: kopf.Status, spec: kopf.Spec, **_: Any) -> bool:

@@ -44,8 +44,8 @@ HACK_IMAGES = Path(__file__).resolve().parents[2] / "hack" / "images"
 
 
 def wait_for_the_api_service_to_be_free(api: client.ApiClient, timeout: float = 300) -> None:
-    """The data API is one per cluster: another release (another session's test, a quickstart left
-    installed) must go first. Its owner is named when it does not."""
+    """The data API is one per cluster: another operator serving it (another session's test, a
+    quickstart left installed) must go first. It is named when it does not."""
     registration = client.ApiregistrationV1Api(api)
     deadline = time.monotonic() + timeout
     while True:
@@ -56,11 +56,8 @@ def wait_for_the_api_service_to_be_free(api: client.ApiClient, timeout: float = 
                 return
             raise
         if time.monotonic() > deadline:
-            annotations = current.metadata.annotations or {}
-            owner = (
-                f"{annotations.get('meta.helm.sh/release-namespace')}/{annotations.get('meta.helm.sh/release-name')}"
-            )
-            pytest.fail(f"apiservice {API_SERVICE} still belongs to release {owner} after {timeout:.0f} s", False)
+            owner = f"{current.spec.service.namespace}/{current.spec.service.name}"
+            pytest.fail(f"apiservice {API_SERVICE} still sends to Service {owner} after {timeout:.0f} s", False)
         time.sleep(2)
 
 
@@ -362,3 +359,19 @@ def test_the_api_service_trusts_the_operators_own_certificate(
     spec = client.ApiregistrationV1Api(api_client).read_api_service(API_SERVICE).spec
     assert spec.ca_bundle and not spec.insecure_skip_tls_verify
     assert (spec.service.namespace, spec.service.name) == (data_release.namespace, RELEASE)
+
+
+def test_uninstalling_removes_the_registration(data_release: Release, api_client: client.ApiClient) -> None:
+    """The operator unregisters at exit: no APIService is left pointing at nothing (which would hold
+    up every namespace deletion of the cluster)."""
+    data_release.uninstall()
+    registration = client.ApiregistrationV1Api(api_client)
+    deadline = time.monotonic() + 90  # the pod's grace period: the operator unregisters as it stops
+    while True:
+        try:
+            registration.read_api_service(API_SERVICE)
+        except ApiException as error:
+            assert error.status == 404
+            return
+        assert time.monotonic() < deadline, f"apiservice {API_SERVICE} left behind"
+        time.sleep(1)

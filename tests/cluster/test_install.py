@@ -32,7 +32,6 @@ from tests.cluster.conftest import HACK_CLUSTER, in_ci, unavailable, wait_for_de
 from tests.cluster.harness import EXAMPLES, create_episode, episode_spec, install_crd, read_episode
 
 OPERATOR_IMAGE = "episode-operator.local/operator:dev"
-DATA_API = "v1alpha1.data.episode-operator.dev"
 DATA_ROLE = "episode-operator-system-episode-operator-data-api"  # manifests/install's
 RELEASE = "episode-operator"
 SERVICE = "episode-operator"
@@ -375,7 +374,7 @@ def test_kubectl_apply_k_installs_a_working_operator(
 ) -> None:
     """manifests/install through an overlay: its own namespace and ClusterRole names, one watched
     namespace, and the CRDs left out (cluster-wide, shared with the other tests: deleting them
-    would delete every Episode), and the data API too (one per cluster: test_data_api.py's)."""
+    would delete every Episode), and the data API's rules too (one data API per cluster: test_data_api.py's)."""
     if shutil.which("kubectl") is None:
         if in_ci():
             pytest.fail("kubectl is not installed: manifests/install cannot be checked")
@@ -413,14 +412,17 @@ def test_kubectl_apply_k_installs_a_working_operator(
                 for path in sorted(CRDS.glob("*.yaml"))
             ),
             *(
-                {"patch": yaml.safe_dump({"$patch": "delete", **shared})}
-                for shared in (
-                    {"apiVersion": "apiregistration.k8s.io/v1", "kind": "APIService", "metadata": {"name": DATA_API}},
-                    *(
-                        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": kind, "metadata": {"name": DATA_ROLE}}
-                        for kind in ("ClusterRole", "ClusterRoleBinding")
-                    ),
-                )
+                {
+                    "patch": yaml.safe_dump(
+                        {
+                            "$patch": "delete",
+                            "apiVersion": "rbac.authorization.k8s.io/v1",
+                            "kind": kind,
+                            "metadata": {"name": DATA_ROLE},
+                        }
+                    )
+                }
+                for kind in ("ClusterRole", "ClusterRoleBinding")
             ),
             {
                 "target": {"kind": "Deployment", "name": RELEASE},

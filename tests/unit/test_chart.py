@@ -13,8 +13,8 @@ import helm_python as helm
 import pytest
 import yaml
 
+from episode_operator.kube import dataapi as kube_dataapi
 from episode_operator.kube import rbac
-from episode_operator.runtime import dataapi
 from tests.chart import CHART, CRDS, INSTALL, chart_crds, find, hack_chart, install_manifests, lint, notes, render
 from tests.conftest import REPO
 
@@ -64,6 +64,7 @@ def test_named_namespaces_get_a_role_each_and_nothing_cluster_wide_but_the_data_
     assert rules_of(objects, "ClusterRole") == {None: rbac.grants(rbac.OPERATOR_PERMISSIONS, "data-api")}
     assert [rule.get("resourceNames") for rule in data_api_role["rules"]] == [
         None,  # subjectaccessreviews: created, never named
+        None,  # the APIService's create
         ["v1alpha1.data.episode-operator.dev"],
         ["extension-apiserver-authentication"],
     ]
@@ -210,7 +211,8 @@ def test_the_notes_point_at_nothing_outside_the_cluster(values: dict[str, Any]) 
         assert f"/apis/data.episode-operator.dev/v1alpha1/namespaces/{namespace}/episodes/hello/log" in text
 
 
-def test_the_service_is_where_the_api_service_points() -> None:
+def test_the_service_is_where_the_operator_registers_its_data_api() -> None:
+    """The operator registers the APIService itself (kube/dataapi.py), for the Service the chart makes."""
     objects = render(release="ops", namespace="episode-operator-system")
     (service,) = find(objects, "Service")
     assert service["metadata"]["name"] == "episode-operator"
@@ -218,20 +220,10 @@ def test_the_service_is_where_the_api_service_points() -> None:
         {"name": "http", "port": 8080, "targetPort": "http", "protocol": "TCP"},
         {"name": "data-api", "port": 443, "targetPort": "data-api", "protocol": "TCP"},
     ]
-    (api_service,) = find(objects, "APIService")
-    assert api_service["metadata"]["name"] == f"{dataapi.DATA_VERSION}.{dataapi.DATA_GROUP}" == dataapi.API_SERVICE
-    assert api_service["spec"] | {"service": None} == {
-        "group": dataapi.DATA_GROUP,
-        "version": dataapi.DATA_VERSION,
-        "service": None,
-        "groupPriorityMinimum": 1000,
-        "versionPriority": 15,
-    }, "no caBundle, no insecureSkipTLSVerify: the operator registers its certificate"
-    assert api_service["spec"]["service"] == {
-        "name": "episode-operator",
-        "namespace": "episode-operator-system",
-        "port": 443,
-    }
+    assert kube_dataapi.SERVICE_PORT == 443
+    (container,) = find(objects, "Deployment")[0]["spec"]["template"]["spec"]["containers"]
+    assert {"--data-api-port=8443", "--data-api-service=episode-operator"} <= set(container["args"])
+    assert find(objects, "APIService") == [], "Helm 4 applies server-side, which a 1.20 API server refuses for it"
 
 
 def test_the_data_api_can_be_left_to_another_release() -> None:
@@ -251,14 +243,14 @@ def test_the_service_monitor_is_a_toggle() -> None:
 
 
 def test_two_releases_do_not_share_cluster_scoped_names() -> None:
-    """But the APIService: there is one data API per cluster, and a second release turns it off."""
+    """The data API is one per cluster (its operator registers it); a second release turns it off."""
     first = {(o["kind"], o["metadata"]["name"]) for o in render(namespace="one") if "namespace" not in o["metadata"]}
     second = {
         (o["kind"], o["metadata"]["name"])
         for o in render({"dataApi": {"enabled": False}}, namespace="two")
         if "namespace" not in o["metadata"]
     }
-    assert {kind for kind, _ in first} == {"ClusterRole", "ClusterRoleBinding", "APIService"}
+    assert {kind for kind, _ in first} == {"ClusterRole", "ClusterRoleBinding"}
     assert second and not first & second
 
 

@@ -220,7 +220,7 @@ def test_every_client_call_maps_to_a_permission() -> None:
         ("data.episode-operator.dev", "episodes/artifacts", "get"),
     }
     assert methods["review_access"][0] == {("authorization.k8s.io", "subjectaccessreviews", "create")}
-    assert methods["set_api_service_ca_bundle"][0] == {("apiregistration.k8s.io", "apiservices", "patch")}
+    assert methods["replace_api_service"][0] == {("apiregistration.k8s.io", "apiservices", "update")}
     assert methods["replace_episode_status"][0] == {(GROUP, f"{PLURAL}/status", "patch")}
     assert reachable_grants({"exec"}) == methods["_exec_once"][0]
 
@@ -237,12 +237,13 @@ def test_the_data_api_rules_are_what_the_data_api_uses() -> None:
     """Granted apart (cluster-wide, and only with the chart's dataApi.enabled), so checked apart."""
     used = reachable_grants(called_client_methods([PACKAGE / "kube" / "dataapi.py"]))
     assert used == rbac.grants(rbac.OPERATOR_PERMISSIONS, "data-api")
-    names = {p.resource: p.resource_names for p in rbac.OPERATOR_PERMISSIONS if p.when == "data-api"}
-    assert names == {
-        "subjectaccessreviews": (),
-        "apiservices": (dataapi.API_SERVICE,),
-        "configmaps": ("extension-apiserver-authentication",),
-    }
+    named = [(p.resource, p.verbs, p.resource_names) for p in rbac.OPERATOR_PERMISSIONS if p.when == "data-api"]
+    assert named == [
+        ("subjectaccessreviews", ("create",), ()),
+        ("apiservices", ("create",), ()),  # a create cannot be narrowed by name
+        ("apiservices", ("get", "update", "delete"), (dataapi.API_SERVICE,)),
+        ("configmaps", ("get",), ("extension-apiserver-authentication",)),
+    ]
 
 
 def test_kopf_observation_grants_are_cluster_scoped_and_conditional() -> None:

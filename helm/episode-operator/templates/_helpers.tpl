@@ -65,8 +65,3 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- define "episode-operator.sandboxImage" -}}
 {{- printf "%s:%s" .Values.sandboxImage.repository (default .Chart.AppVersion .Values.sandboxImage.tag) }}
 {{- end }}
-
-{{/* The data API's APIService: one per cluster, named by its version and group. */}}
-{{- define "episode-operator.dataApiService" -}}
-v1alpha1.data.episode-operator.dev
-{{- end }}

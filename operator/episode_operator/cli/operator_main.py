@@ -70,7 +70,14 @@ def main() -> None:
     default=0,
     show_default=True,
     help="Port (TLS) of the data API: kept logs and artifacts, served to the callers the API server forwards and "
-    "authorizes through the APIService v1alpha1.data.episode-operator.dev (the Helm chart installs it); 0: off.",
+    "authorizes; the operator registers the APIService v1alpha1.data.episode-operator.dev for it; 0: off.",
+)
+@click.option(
+    "--data-api-service",
+    default="episode-operator",
+    show_default=True,
+    help="The Service the APIService sends the data API's requests to (port 443 to --data-api-port): NAME in the "
+    "operator's namespace, or NAMESPACE/NAME.",
 )
 @click.option(
     "--max-active-episodes",
@@ -88,6 +95,7 @@ def run(
     liveness_endpoint: str | None,
     metrics_port: int,
     data_api_port: int,
+    data_api_service: str,
     max_active_episodes: int,
 ) -> None:
     """Run the operator until interrupted."""
@@ -101,6 +109,7 @@ def run(
             liveness_endpoint=liveness_endpoint,
             metrics_port=metrics_port or None,
             data_api_port=data_api_port or None,
+            data_api_service=data_api_service,
             max_active_episodes=max_active_episodes,
         )
     )

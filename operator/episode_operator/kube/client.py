@@ -14,7 +14,6 @@ operator sends is idempotent (jobs are started by id), so a retry never runs wor
 from __future__ import annotations
 
 import asyncio
-import base64
 import contextlib
 import json
 import os
@@ -330,16 +329,25 @@ class KubeClient:
             result: dict[str, Any] = await _json(await registration.read_api_service(name, _preload_content=False))
         return result
 
-    async def set_api_service_ca_bundle(self, name: str, ca_bundle: bytes) -> None:
-        """Make the API server trust ``ca_bundle`` (PEM) for the aggregated API of this APIService."""
+    async def create_api_service(self, manifest: dict[str, Any]) -> None:
         registration: Any = k8s.ApiregistrationV1Api(self.api)
-        patch = {"spec": {"caBundle": base64.b64encode(ca_bundle).decode(), "insecureSkipTLSVerify": False}}
+        with _api_call(f"apiservice {manifest['metadata']['name']}"):
+            await _json(await registration.create_api_service(manifest, _preload_content=False))
+
+    async def replace_api_service(self, manifest: dict[str, Any]) -> None:
+        """PUT, with the resourceVersion read before (never server-side apply: a 1.20 API server
+        panics on an apply of an APIService)."""
+        registration: Any = k8s.ApiregistrationV1Api(self.api)
+        name = manifest["metadata"]["name"]
         with _api_call(f"apiservice {name}"):
-            await _json(
-                await registration.patch_api_service(
-                    name, patch, _content_type="application/merge-patch+json", _preload_content=False
-                )
-            )
+            await _json(await registration.replace_api_service(name, manifest, _preload_content=False))
+
+    async def delete_api_service(self, name: str, resource_version: str) -> None:
+        """Delete an APIService unless it changed since ``resource_version`` was read (409)."""
+        registration: Any = k8s.ApiregistrationV1Api(self.api)
+        options = {"preconditions": {"resourceVersion": resource_version}}
+        with _api_call(f"apiservice {name}"):
+            await _json(await registration.delete_api_service(name, body=options, _preload_content=False))
 
     async def review_access(
         self, user: str, groups: Sequence[str], extra: dict[str, list[str]], attributes: dict[str, str]

@@ -1,14 +1,21 @@
-"""The data API in the cluster: its front proxy, its serving certificate, its authorizer.
+"""The data API in the cluster: its registration, its front proxy, its certificate, its authorizer.
 
-``start_data_api`` (called once at startup) reads where the chart's APIService points, issues a
-self-signed serving certificate for that Service's name, starts ``runtime/dataapi.py`` over TLS and
-only then writes the certificate into the APIService's ``caBundle``, so the API server verifies
-whom it talks to and a new certificate is trusted only once it is served. The certificate lives
-as long as the process: a restarted operator issues and registers a new one.
+``start_data_api`` (called once at startup) issues a self-signed serving certificate for the
+operator's Service, starts ``runtime/dataapi.py`` over TLS and only then registers the APIService
+``v1alpha1.data.episode-operator.dev`` for that Service with the certificate as its ``caBundle``, so
+the API server verifies whom it talks to and a new certificate is trusted only once it is served.
+The operator, not the Helm chart, owns the APIService: its caBundle changes at every start, and a
+Kubernetes 1.20 API server panics on a server-side apply of an APIService (kubernetes#89264), which
+is how Helm 4 installs. At shutdown the operator removes the registration when it is still its own:
+while no operator serves the group the API server answers 404 for it, rather than keeping it
+"unavailable" (which holds up namespace deletion). One operator per cluster serves the data API;
+another one finding it served by a live operator logs why and serves none.
 """
 
 from __future__ import annotations
 
+import base64
+import contextlib
 import datetime
 import json
 import logging
@@ -22,9 +29,11 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
-from episode_operator.kube.client import KubeClient, KubeError
+from episode_operator.kube.client import Conflict, KubeClient, KubeError, NotFound
 from episode_operator.runtime.dataapi import (
     API_SERVICE,
+    DATA_GROUP,
+    DATA_VERSION,
     Access,
     Caller,
     Decision,
@@ -36,6 +45,8 @@ from episode_operator.runtime.dataapi import (
 # Where the API server publishes its --requestheader-* settings for aggregated API servers.
 AUTHENTICATION_CONFIG_MAP = ("kube-system", "extension-apiserver-authentication")
 CERTIFICATE_DAYS = 3650  # pinned by caBundle and replaced at every start: expiry protects nothing here
+SERVICE_PORT = 443  # the Service's data-api port (the chart's)
+SERVICE_ACCOUNT_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
 
 
 class DataApiUnavailable(Exception):
@@ -112,42 +123,107 @@ class SubjectAccessReviewer:
         return Decision(allowed, reason)
 
 
-def service_hostnames(api_service: dict[str, Any]) -> list[str]:
-    """The names the API server checks our certificate against: ``<service>.<namespace>.svc``."""
-    service = (api_service.get("spec") or {}).get("service") or {}
-    if not service.get("name") or not service.get("namespace"):
-        raise DataApiUnavailable(f"apiservice {API_SERVICE} names no Service (spec.service)")
-    base = f"{service['name']}.{service['namespace']}.svc"
-    return [base, f"{base}.cluster.local"]
+def api_service_manifest(service: tuple[str, str], ca_bundle: bytes) -> dict[str, Any]:
+    """The APIService that sends the data API's group to ``service`` (namespace, name), port 443."""
+    return {
+        "apiVersion": "apiregistration.k8s.io/v1",
+        "kind": "APIService",
+        "metadata": {"name": API_SERVICE, "labels": {"app.kubernetes.io/managed-by": "episode-operator"}},
+        "spec": {
+            "group": DATA_GROUP,
+            "version": DATA_VERSION,
+            "service": {"namespace": service[0], "name": service[1], "port": SERVICE_PORT},
+            "caBundle": base64.b64encode(ca_bundle).decode(),
+            "groupPriorityMinimum": 1000,
+            "versionPriority": 15,
+        },
+    }
+
+
+def _points_at(api_service: dict[str, Any], service: tuple[str, str]) -> bool:
+    target = (api_service.get("spec") or {}).get("service") or {}
+    return (target.get("namespace"), target.get("name")) == service
+
+
+def _available(api_service: dict[str, Any]) -> bool:
+    conditions = (api_service.get("status") or {}).get("conditions") or []
+    return any(c.get("type") == "Available" and c.get("status") == "True" for c in conditions)
+
+
+async def register(client: KubeClient, service: tuple[str, str], ca_bundle: bytes) -> None:
+    """Create or take over the APIService for ``service``; refuse while another operator serves it."""
+    manifest = api_service_manifest(service, ca_bundle)
+    try:
+        current = await client.get_api_service(API_SERVICE)
+    except NotFound:
+        await client.create_api_service(manifest)
+        return
+    if not _points_at(current, service) and _available(current):
+        other = current["spec"]["service"]
+        raise DataApiUnavailable(
+            f"it is served by the operator of Service {other['namespace']}/{other['name']}: one operator per "
+            "cluster serves it (the Helm chart's dataApi.enabled=false turns it off in the others)"
+        )
+    manifest["metadata"]["resourceVersion"] = current["metadata"]["resourceVersion"]
+    await client.replace_api_service(manifest)
+
+
+async def unregister(client: KubeClient, service: tuple[str, str]) -> None:
+    """Remove the APIService if it still sends the group to ``service`` (and nobody changed it since)."""
+    with contextlib.suppress(NotFound, Conflict):
+        current = await client.get_api_service(API_SERVICE)
+        if _points_at(current, service):
+            await client.delete_api_service(API_SERVICE, current["metadata"]["resourceVersion"])
+
+
+def pod_namespace() -> str:
+    """The namespace this pod runs in (its service account's), where its Service is."""
+    return SERVICE_ACCOUNT_NAMESPACE.read_text().strip()
+
+
+@dataclass
+class DataApi:
+    """The running data API: stop it with ``cleanup`` (unregister, then stop serving)."""
+
+    runner: web.AppRunner
+    client: KubeClient
+    service: tuple[str, str]
+
+    async def cleanup(self) -> None:
+        # On failure the registration stays; the next operator to start takes it over.
+        with contextlib.suppress(KubeError):
+            await unregister(self.client, self.service)
+        await self.runner.cleanup()
 
 
 async def start_data_api(
-    client: KubeClient, data_dir: Path, host: str, port: int, logger: logging.Logger | logging.LoggerAdapter[Any]
-) -> web.AppRunner | None:
-    """Serve the data API and register its certificate; None (and an error logged) when it cannot."""
+    client: KubeClient,
+    data_dir: Path,
+    host: str,
+    port: int,
+    service_name: str,
+    logger: logging.Logger | logging.LoggerAdapter[Any],
+) -> DataApi | None:
+    """Serve the data API and register it for the Service ``service_name`` (``NAMESPACE/NAME``, or
+    ``NAME`` in this pod's namespace); None (and an error logged) when it cannot."""
     try:
-        api_service = await client.get_api_service(API_SERVICE)
-        hostnames = service_hostnames(api_service)
+        namespace, _, name = service_name.rpartition("/")
+        service = (namespace or pod_namespace(), name)
+        hostnames = [f"{service[1]}.{service[0]}.svc", f"{service[1]}.{service[0]}.svc.cluster.local"]
         authentication = await client.get_config_map(*AUTHENTICATION_CONFIG_MAP)
         front_proxy = front_proxy_from(authentication.data)
         certificate, key = self_signed_certificate(hostnames)
-        runner = await serve(
-            front_proxy,
-            SubjectAccessReviewer(client),
-            data_dir,
-            server_context(certificate, key, front_proxy),
-            host,
-            port,
-        )
+        context = server_context(certificate, key, front_proxy)
+        runner = await serve(front_proxy, SubjectAccessReviewer(client), data_dir, context, host, port)
         try:
-            await client.set_api_service_ca_bundle(API_SERVICE, certificate)
+            await register(client, service, certificate)
         except BaseException:
             await runner.cleanup()
             raise
-    except (KubeError, DataApiUnavailable) as error:
+    except (KubeError, DataApiUnavailable, OSError) as error:
         logger.error(
-            "the data API (logs and artifacts through the API server, apiservice %s) is off: %s", API_SERVICE, error
+            "the data API (apiservice %s: logs and artifacts through the API server) is off: %s", API_SERVICE, error
         )
         return None
-    logger.info("serving the data API %s on port %d as %s", API_SERVICE, port, hostnames[0])
-    return runner
+    logger.info("serving the data API %s on port %d for Service %s/%s", API_SERVICE, port, *service)
+    return DataApi(runner, client, service)

@@ -113,9 +113,16 @@ OPERATOR_PERMISSIONS: tuple[Permission, ...] = (
     Permission(
         "apiregistration.k8s.io",
         "apiservices",
-        ("get", "patch"),
+        ("create",),
         "data-api",
-        "the data API's own APIService: the Service it names, and the caBundle of the serving certificate",
+        "the data API registers its APIService (RBAC cannot name an object that does not exist yet)",
+    ),
+    Permission(
+        "apiregistration.k8s.io",
+        "apiservices",
+        ("get", "update", "delete"),
+        "data-api",
+        "the data API's own APIService: its Service and the caBundle of each start's certificate; removed at exit",
         resource_names=(API_SERVICE,),
     ),
     Permission(
