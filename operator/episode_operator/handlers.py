@@ -55,6 +55,7 @@ class OperatorOptions:
     metrics_port: int | None = 8080
     data_api_port: int | None = None
     data_api_service: str = "episode-operator"
+    data_api_owner: str = ""
     max_active_episodes: int = 0
     extra_pod_labels: dict[str, str] = field(default_factory=dict)
 
@@ -82,7 +83,13 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: ko
         memo.server = await serve(memo.metrics, options.metrics_host, options.metrics_port)
     if options.data_api_port is not None:
         memo.data_api = await start_data_api(
-            memo.client, options.data_dir, options.metrics_host, options.data_api_port, options.data_api_service, logger
+            memo.client,
+            options.data_dir,
+            options.metrics_host,
+            options.data_api_port,
+            options.data_api_service,
+            options.data_api_owner,
+            logger,
         )
     memo.pod_wakeups = Wakeups()
     memo.settings = DriverSettings(

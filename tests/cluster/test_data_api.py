@@ -106,7 +106,7 @@ def data_release(
     installed = Release(kubeconfig, operator_namespace, watched, values)
     wait_for_the_api_service_to_be_free(api_client)
     try:
-        installed.notes = installed.install()["info"]["notes"]
+        installed.notes = installed.install()["notes"]
         wait_for_the_api_service_to_be_available(api_client, core, operator_namespace)
         yield installed
     finally:
@@ -356,14 +356,17 @@ def test_the_operator_runs_the_image_its_dockerfile_makes(
 def test_the_api_service_trusts_the_operators_own_certificate(
     data_release: Release, api_client: client.ApiClient
 ) -> None:
-    spec = client.ApiregistrationV1Api(api_client).read_api_service(API_SERVICE).spec
+    api_service = client.ApiregistrationV1Api(api_client).read_api_service(API_SERVICE)
+    (owner,) = api_service.metadata.owner_references
+    assert (owner.kind, owner.name) == ("ClusterRole", f"{data_release.namespace}-{RELEASE}-data-api")
+    spec = api_service.spec
     assert spec.ca_bundle and not spec.insecure_skip_tls_verify
     assert (spec.service.namespace, spec.service.name) == (data_release.namespace, RELEASE)
 
 
 def test_uninstalling_removes_the_registration(data_release: Release, api_client: client.ApiClient) -> None:
-    """The operator unregisters at exit: no APIService is left pointing at nothing (which would hold
-    up every namespace deletion of the cluster)."""
+    """No APIService is left pointing at nothing (which would hold up every namespace deletion of the
+    cluster): its owner, the release's ClusterRole, goes, and the operator unregisters at exit."""
     data_release.uninstall()
     registration = client.ApiregistrationV1Api(api_client)
     deadline = time.monotonic() + 90  # the pod's grace period: the operator unregisters as it stops

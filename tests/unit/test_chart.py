@@ -66,8 +66,11 @@ def test_named_namespaces_get_a_role_each_and_nothing_cluster_wide_but_the_data_
         None,  # subjectaccessreviews: created, never named
         None,  # the APIService's create
         ["v1alpha1.data.episode-operator.dev"],
+        [data_api_role["metadata"]["name"]],  # itself: the APIService's owner
         ["extension-apiserver-authentication"],
     ]
+    (container,) = find(objects, "Deployment")[0]["spec"]["template"]["spec"]["containers"]
+    assert f"--data-api-owner={data_api_role['metadata']['name']}" in container["args"]
     objects = render({"watchNamespaces": ["team-a", "team-b"], "dataApi": {"enabled": False}})
     assert find(objects, "ClusterRole") == [] and find(objects, "ClusterRoleBinding") == []
     namespaced = rbac.grants(rbac.OPERATOR_PERMISSIONS, "namespaced")

@@ -54,6 +54,7 @@ CORE_KINDS = {
     "network_policy": ("networking.k8s.io", "networkpolicies"),
     "subject_access_review": ("authorization.k8s.io", "subjectaccessreviews"),
     "api_service": ("apiregistration.k8s.io", "apiservices"),
+    "role": ("rbac.authorization.k8s.io", "roles"),  # read_cluster_role: clusterroles (below)
 }
 SUBRESOURCES = ("status", "exec", "log", "proxy")
 METHOD = re.compile(
@@ -71,6 +72,8 @@ def grants_of_api_method(name: str, custom: tuple[str, str] | None = None) -> se
     if match["kind"] == "custom_object":
         assert custom is not None, name
         group, resource = custom
+    if match["kind"] == "role" and "_cluster_role" in name:
+        resource = "clusterroles"
     if match["sub"]:
         resource = f"{resource}/{match['sub']}"
     return {(group, resource, verb) for verb in VERB_PREFIXES[match["verb"]]}
@@ -242,6 +245,7 @@ def test_the_data_api_rules_are_what_the_data_api_uses() -> None:
         ("subjectaccessreviews", ("create",), ()),
         ("apiservices", ("create",), ()),  # a create cannot be narrowed by name
         ("apiservices", ("get", "update", "delete"), (dataapi.API_SERVICE,)),
+        ("clusterroles", ("get",), (rbac.DATA_API_CLUSTER_ROLE,)),  # its own, named by the chart
         ("configmaps", ("get",), ("extension-apiserver-authentication",)),
     ]
 
@@ -278,6 +282,8 @@ def test_the_user_permissions_are_exactly_what_the_cli_uses() -> None:
         ("create_namespaced_event", {("", "events", "create")}),
         ("connect_get_namespaced_pod_exec", {("", "pods/exec", "get"), ("", "pods/exec", "create")}),
         ("replace_custom_resource_definition", {("apiextensions.k8s.io", "customresourcedefinitions", "update")}),
+        ("read_cluster_role", {("rbac.authorization.k8s.io", "clusterroles", "get")}),
+        ("read_namespaced_role", {("rbac.authorization.k8s.io", "roles", "get")}),
     ],
 )
 def test_api_method_names_map_to_rbac(name: str, expected: set[Grant]) -> None:

@@ -80,6 +80,12 @@ def main() -> None:
     "operator's namespace, or NAMESPACE/NAME.",
 )
 @click.option(
+    "--data-api-owner",
+    default="",
+    help="The ClusterRole granting the data API's rights: it owns the APIService, so that removing the install "
+    "removes the registration too (the Helm chart passes its own).",
+)
+@click.option(
     "--max-active-episodes",
     type=click.IntRange(min=0),
     default=0,
@@ -96,6 +102,7 @@ def run(
     metrics_port: int,
     data_api_port: int,
     data_api_service: str,
+    data_api_owner: str,
     max_active_episodes: int,
 ) -> None:
     """Run the operator until interrupted."""
@@ -110,6 +117,7 @@ def run(
             metrics_port=metrics_port or None,
             data_api_port=data_api_port or None,
             data_api_service=data_api_service,
+            data_api_owner=data_api_owner,
             max_active_episodes=max_active_episodes,
         )
     )

@@ -322,6 +322,13 @@ class KubeClient:
             pass
 
     # The data API ----------------------------------------------------------------------------
+    async def get_cluster_role_uid(self, name: str) -> str:
+        """The uid of a ClusterRole (the owner of the data API's APIService)."""
+        rbac: Any = k8s.RbacAuthorizationV1Api(self.api)
+        with _api_call(f"clusterrole {name}"):
+            role = await _json(await rbac.read_cluster_role(name, _preload_content=False))
+        return str(role["metadata"]["uid"])
+
     async def get_api_service(self, name: str) -> dict[str, Any]:
         """An APIService as the API's JSON (the data API's: where it points, its caBundle)."""
         registration: Any = k8s.ApiregistrationV1Api(self.api)

@@ -4,12 +4,15 @@
 operator's Service, starts ``runtime/dataapi.py`` over TLS and only then registers the APIService
 ``v1alpha1.data.episode-operator.dev`` for that Service with the certificate as its ``caBundle``, so
 the API server verifies whom it talks to and a new certificate is trusted only once it is served.
-The operator, not the Helm chart, owns the APIService: its caBundle changes at every start, and a
+The operator, not the Helm chart, writes the APIService: its caBundle changes at every start, and a
 Kubernetes 1.20 API server panics on a server-side apply of an APIService (kubernetes#89264), which
-is how Helm 4 installs. At shutdown the operator removes the registration when it is still its own:
-while no operator serves the group the API server answers 404 for it, rather than keeping it
-"unavailable" (which holds up namespace deletion). One operator per cluster serves the data API;
-another one finding it served by a live operator logs why and serves none.
+is how Helm 4 installs. An APIService left pointing at nothing keeps its group "unavailable", which
+holds up every namespace deletion of the cluster, so it never outlives the install: its owner is
+the ClusterRole that grants the data API's rights (``--data-api-owner``), and when an uninstall
+removes that, the garbage collector removes the APIService, whatever became of the operator. The
+operator also removes the registration at exit when it is still its own (the group is then
+absent, not unavailable, while it restarts). One operator per cluster serves the data API; another
+one finding it served by a live operator logs why and serves none.
 """
 
 from __future__ import annotations
@@ -123,12 +126,18 @@ class SubjectAccessReviewer:
         return Decision(allowed, reason)
 
 
-def api_service_manifest(service: tuple[str, str], ca_bundle: bytes) -> dict[str, Any]:
-    """The APIService that sends the data API's group to ``service`` (namespace, name), port 443."""
+def api_service_manifest(service: tuple[str, str], ca_bundle: bytes, owner: tuple[str, str] | None) -> dict[str, Any]:
+    """The APIService that sends the data API's group to ``service`` (namespace, name), port 443,
+    owned by the ClusterRole ``owner`` (name, uid) when there is one."""
+    metadata: dict[str, Any] = {"name": API_SERVICE, "labels": {"app.kubernetes.io/managed-by": "episode-operator"}}
+    if owner is not None:
+        metadata["ownerReferences"] = [
+            {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole", "name": owner[0], "uid": owner[1]}
+        ]
     return {
         "apiVersion": "apiregistration.k8s.io/v1",
         "kind": "APIService",
-        "metadata": {"name": API_SERVICE, "labels": {"app.kubernetes.io/managed-by": "episode-operator"}},
+        "metadata": metadata,
         "spec": {
             "group": DATA_GROUP,
             "version": DATA_VERSION,
@@ -150,9 +159,11 @@ def _available(api_service: dict[str, Any]) -> bool:
     return any(c.get("type") == "Available" and c.get("status") == "True" for c in conditions)
 
 
-async def register(client: KubeClient, service: tuple[str, str], ca_bundle: bytes) -> None:
+async def register(
+    client: KubeClient, service: tuple[str, str], ca_bundle: bytes, owner: tuple[str, str] | None
+) -> None:
     """Create or take over the APIService for ``service``; refuse while another operator serves it."""
-    manifest = api_service_manifest(service, ca_bundle)
+    manifest = api_service_manifest(service, ca_bundle, owner)
     try:
         current = await client.get_api_service(API_SERVICE)
     except NotFound:
@@ -202,13 +213,16 @@ async def start_data_api(
     host: str,
     port: int,
     service_name: str,
+    owner_name: str,
     logger: logging.Logger | logging.LoggerAdapter[Any],
 ) -> DataApi | None:
     """Serve the data API and register it for the Service ``service_name`` (``NAMESPACE/NAME``, or
-    ``NAME`` in this pod's namespace); None (and an error logged) when it cannot."""
+    ``NAME`` in this pod's namespace), owned by the ClusterRole ``owner_name`` ("": none); None (and an
+    error logged) when it cannot."""
     try:
         namespace, _, name = service_name.rpartition("/")
         service = (namespace or pod_namespace(), name)
+        owner = (owner_name, await client.get_cluster_role_uid(owner_name)) if owner_name else None
         hostnames = [f"{service[1]}.{service[0]}.svc", f"{service[1]}.{service[0]}.svc.cluster.local"]
         authentication = await client.get_config_map(*AUTHENTICATION_CONFIG_MAP)
         front_proxy = front_proxy_from(authentication.data)
@@ -216,7 +230,7 @@ async def start_data_api(
         context = server_context(certificate, key, front_proxy)
         runner = await serve(front_proxy, SubjectAccessReviewer(client), data_dir, context, host, port)
         try:
-            await register(client, service, certificate)
+            await register(client, service, certificate, owner)
         except BaseException:
             await runner.cleanup()
             raise

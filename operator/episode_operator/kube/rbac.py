@@ -33,6 +33,8 @@ from episode_operator.kube.dataapi import AUTHENTICATION_CONFIG_MAP
 from episode_operator.runtime.dataapi import API_SERVICE, DATA_GROUP, RESOURCE, SUBRESOURCES
 
 RBAC_FILE = Path("helm/episode-operator/files/rbac.yaml")
+# The data API's ClusterRole is named per release: the chart puts its name where this stands.
+DATA_API_CLUSTER_ROLE = "DATA-API-CLUSTER-ROLE"
 
 When = Literal["namespaced", "scanning", "namespace-globs", "data-api", "cluster"]
 
@@ -124,6 +126,14 @@ OPERATOR_PERMISSIONS: tuple[Permission, ...] = (
         "data-api",
         "the data API's own APIService: its Service and the caBundle of each start's certificate; removed at exit",
         resource_names=(API_SERVICE,),
+    ),
+    Permission(
+        "rbac.authorization.k8s.io",
+        "clusterroles",
+        ("get",),
+        "data-api",
+        "the uid of the data API's own ClusterRole, which owns the APIService (its name: the chart's)",
+        resource_names=(DATA_API_CLUSTER_ROLE,),
     ),
     Permission(
         "",
