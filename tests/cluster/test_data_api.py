@@ -285,7 +285,8 @@ def test_a_pod_without_rights_reads_nothing_while_metrics_and_health_stay_open(
     assert answers["direct"][0] == 401, answers["direct"]
     assert json.loads(answers["direct"][1])["reason"] == "Unauthorized"
     assert answers["api-server"][0] == 403, answers["api-server"]
-    assert 'cannot get resource "episodes/log" in API group "data.episode-operator.dev"' in answers["api-server"][1]
+    refusal = json.loads(answers["api-server"][1])["message"]
+    assert 'cannot get resource "episodes/log" in API group "data.episode-operator.dev"' in refusal
     assert answers["metrics"][0] == 200
     for family in ("process_resident_memory_bytes", "process_cpu_seconds_total", "episode_operator_episodes_total"):
         assert f"\n{family}" in answers["metrics"][1], family
@@ -318,7 +319,7 @@ def test_a_user_with_the_rbac_gets_logs_and_artifacts_with_kubectl_episode(
     assert logs.returncode == 0, logs.stderr
     assert "==> attempt 1 turn 03-report:" in logs.stdout and "turn 01-record" not in logs.stdout
     copied = kubectl_episode(reader, "artifacts", name, str(tmp_path / "out"))
-    assert copied.returncode == 0, copied.stderr
+    assert copied.returncode == 0, copied.stderr + operator_log(core, data_release.namespace)
     assert (tmp_path / "out" / "03-report" / "report.txt").is_file(), sorted((tmp_path / "out").rglob("*"))
     refused = kubectl_episode(stranger, "logs", name)
     assert refused.returncode == 1

@@ -24,6 +24,7 @@ from episode_operator.api.models import AgentSpec, EpisodeSpec, EpisodeStatus, T
 from episode_operator.kube.client import KubeClient, KubeError
 from episode_operator.kube.episodeset import set_selector
 from episode_operator.kube.tasks import TaskTooLarge, task_config_map
+from episode_operator.runtime.archive import extract_safely
 from episode_operator.runtime.dataapi import API_SERVICE
 from episode_operator.runtime.store import episode_store_root, export_artifacts, stored_logs
 from episode_operator.taskfolder import TaskFiles, validate_task
@@ -370,7 +371,7 @@ class _RemoteStore:
         destination.mkdir(parents=True, exist_ok=True)
         with tarfile.open(fileobj=io.BytesIO(body), mode="r:gz") as archive:
             members = archive.getmembers()
-            archive.extractall(destination, filter="data")
+            extract_safely(archive, destination)
         return sum(1 for member in members if member.isfile())
 
 

@@ -18,6 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
+from episode_operator.runtime.archive import extract_safely
+
 MANIFEST = "manifest.json"
 SAFE_NAME = re.compile(r"[^A-Za-z0-9._-]")
 
@@ -150,6 +152,6 @@ def _unpack_renamed(archive_path: Path, source: str, destination: str, target: P
             else:
                 continue
             members.append(member)
-        archive.extractall(target, members=members, filter="data")
+        extract_safely(archive, target, members)
         written += [target / member.name for member in members if member.isfile()]
     return written
