@@ -136,3 +136,18 @@ def test_build_keys_follow_the_inputs(name: str, tmp_path: Path) -> None:
     assert image.key("base-1") == image.key("base-1")
     assert image.key("base-1") != image.key("base-2")
     assert image.dockerfile in images.files_under(image.inputs)
+
+
+def test_the_chart_packages_at_the_release_version_with_its_schema(tmp_path: Path) -> None:
+    """What the workflow's `helm package --version V --app-version V` makes (Helm's own packager)."""
+    import helm_python as helm
+
+    archive = Path(helm.package(CHART, destination=tmp_path, version="1.2.3", app_version="1.2.3"))
+    assert archive.name == "episode-operator-1.2.3.tgz"
+    with helm.Chart.load_archive(archive.read_bytes()) as chart:
+        metadata = chart.metadata
+        assert (metadata["version"], metadata["appVersion"]) == ("1.2.3", "1.2.3")
+        assert chart.schema, "values.schema.json travels with the chart"
+        rendered = chart.render({}, name="episode-operator", namespace="ns")
+    deployment = yaml.safe_load(rendered["episode-operator/templates/deployment.yaml"])
+    assert deployment["spec"]["template"]["spec"]["containers"][0]["image"].endswith("/episode-operator:1.2.3")
