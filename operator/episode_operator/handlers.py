@@ -18,8 +18,9 @@ from typing import Any
 
 import kopf
 
-from episode_operator.api.episodeset import SET_LABEL, SET_PLURAL
-from episode_operator.api.models import GROUP, PLURAL, VERSION
+from episode_operator.api.episodeset import SET_PLURAL
+from episode_operator.api.models import PLURAL
+from episode_operator.api.vocabulary import EPISODE_LABEL, GROUP, SET_LABEL, VERSION, is_terminal, parse_timestamp
 from episode_operator.kube.client import KubeClient, KubeError
 from episode_operator.kube.dataapi import start_data_api
 from episode_operator.kube.driver import (
@@ -30,15 +31,14 @@ from episode_operator.kube.driver import (
     suspend_episode,
 )
 from episode_operator.kube.episodeset import run_episode_set
-from episode_operator.kube.pods import EPISODE_LABEL, label_value
+from episode_operator.kube.objects.pods import label_value
 from episode_operator.kube.status import EpisodeGone
-from episode_operator.runtime.episode import parse_timestamp
+from episode_operator.kube.tombstones import expire_episode
 from episode_operator.runtime.metrics import Metrics
 from episode_operator.runtime.server import serve
 from episode_operator.runtime.slots import FifoSlots
 from episode_operator.runtime.wakeups import Wakeups
-
-TERMINAL = ("Succeeded", "Failed")
+from episode_operator.taskfolder.images import ImageMirrors
 
 
 @dataclass(frozen=True)
@@ -58,6 +58,8 @@ class OperatorOptions:
     data_api_owner: str = ""
     max_active_episodes: int = 0
     extra_pod_labels: dict[str, str] = field(default_factory=dict)
+    # Where images are pulled from (--image-mirror); the seed stage applies it to every image it names.
+    image_mirrors: ImageMirrors = field(default_factory=ImageMirrors)
 
 
 @kopf.on.startup()
@@ -115,12 +117,12 @@ async def close(memo: kopf.Memo, **_: Any) -> None:
 def is_active(status: kopf.Status, spec: kopf.Spec, **_: Any) -> bool:
     """Episodes that have not finished and are not suspended get a driver."""
     phase: Any = status.get("phase") if status else None
-    return phase not in TERMINAL and not spec.get("suspend")
+    return not is_terminal(phase) and not spec.get("suspend")
 
 
 def is_suspended(status: kopf.Status, spec: kopf.Spec, **_: Any) -> bool:
     phase: Any = status.get("phase") if status else None
-    return phase not in TERMINAL and bool(spec.get("suspend"))
+    return not is_terminal(phase) and bool(spec.get("suspend"))
 
 
 @kopf.on.resume(GROUP, VERSION, PLURAL, when=is_suspended)
@@ -208,17 +210,17 @@ async def _drive_in_a_slot(body: kopf.Body, memo: Any, logger: Any) -> None:
 
 def has_ttl(status: kopf.Status, spec: kopf.Spec, **_: Any) -> bool:
     phase: Any = status.get("phase") if status else None
-    return phase in TERMINAL and spec.get("ttlSecondsAfterFinished") is not None and bool(status.get("finishedAt"))
+    return is_terminal(phase) and spec.get("ttlSecondsAfterFinished") is not None and bool(status.get("finishedAt"))
 
 
 @kopf.daemon(GROUP, VERSION, PLURAL, when=has_ttl, cancellation_timeout=5.0, backoff=30.0)
 async def expire(body: kopf.Body, memo: Any, **_: Any) -> None:
     """Delete a finished Episode ``spec.ttlSecondsAfterFinished`` after it finished (as Jobs do)."""
-    metadata, spec, status = body["metadata"], body["spec"], body["status"]
+    spec, status = body["spec"], body["status"]
     remaining = parse_timestamp(status["finishedAt"]) + float(spec["ttlSecondsAfterFinished"]) - time.time()
     if remaining > 0:
         await asyncio.sleep(remaining)
-    await memo.client.delete_episode(metadata["namespace"], metadata["name"])
+    await expire_episode(memo.client, body)  # a run-once Episode leaves its tombstone (kube/tombstones.py)
 
 
 def run_operator(options: OperatorOptions) -> None:

@@ -8,6 +8,7 @@ CI must never pass by skipping them.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 import subprocess
@@ -24,7 +25,8 @@ from kubernetes.client.exceptions import ApiException
 from tests.cluster.harness import OperatorProcess, install_crd, running_operator, wait_for_namespace_gone
 
 HERE = Path(__file__).resolve().parent
-HACK_CLUSTER = HERE.parents[1] / "hack" / "cluster"
+REPO_ROOT = HERE.parents[1]
+HACK_CLUSTER = REPO_ROOT / "hack" / "cluster"
 DEFAULT_STATE_DIR = "/var/lib/episode-operator/cluster"
 START_COMMAND = "sudo hack/cluster up && sudo hack/cluster images"
 
@@ -109,12 +111,14 @@ def sandbox_image() -> str:
 
 
 def namespace_prefix() -> str:
-    """Prefix of this session's namespaces (``t-``); two sessions sharing a cluster set different ones.
+    """Prefix of this session's namespaces: ``t<checkout>-``, unless EPISODE_TEST_NAMESPACE_PREFIX says.
 
-    The session's operator watches ``<prefix>*``, so another session's operator never drives
-    this session's Episodes.
+    The session's operator watches ``<prefix>*``, so another checkout's test session sharing the
+    cluster (a second worktree, a second CI job) never drives this session's Episodes, nor this
+    one theirs: the default is derived from the checkout's path.
     """
-    return os.environ.get("EPISODE_TEST_NAMESPACE_PREFIX", "t-")
+    checkout = hashlib.sha256(str(REPO_ROOT).encode()).hexdigest()[:4]
+    return os.environ.get("EPISODE_TEST_NAMESPACE_PREFIX", f"t{checkout}-")
 
 
 def namespace_name(test_name: str) -> str:

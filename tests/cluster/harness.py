@@ -2,7 +2,7 @@
 
 The operator runs as its console script (``episode-operator run``), a process of its own
 with its pid recorded, so a test can kill it and start another as a crash would. It
-watches namespaces by a glob (``t-*`` for the shared one), so a test that needs an
+watches namespaces by a glob (``<prefix>*`` for the shared one, see ``namespace_prefix``), so a test that needs an
 operator to itself uses another prefix.
 """
 
@@ -23,6 +23,10 @@ from typing import Any
 import yaml
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
+
+from episode_operator.kube.objects.pods import OwnerRef
+from episode_operator.kube.sandbox import KubeSandbox
+from episode_operator.runtime.sandbox import JobSpec
 
 REPO = Path(__file__).resolve().parents[2]
 CRD_PATH = REPO / "crds" / "episodes.episode-operator.dev.yaml"
@@ -234,3 +238,34 @@ def run_episode(
 def pods_of(core: client.CoreV1Api, namespace: str, episode: str) -> list[str]:
     pods = core.list_namespaced_pod(namespace, label_selector=f"episode-operator.dev/episode={episode}")
     return [pod.metadata.name for pod in pods.items if not pod.metadata.deletion_timestamp]
+
+
+def suspended_episode(api: client.ApiClient, namespace: str, name: str) -> OwnerRef:
+    """An Episode no operator drives (suspended), to own pods a test makes through the kube layer.
+
+    The garbage collector deletes pods whose owner does not exist, so a test's pods need a real one.
+    """
+    install_crd(api)
+    create_episode(api, namespace, name, episode_spec(files={"task.toml": "# not driven"}, suspend=True))
+    return OwnerRef(name, namespace, read_episode(api, namespace, name)["metadata"]["uid"])
+
+
+async def run_sandbox_job(sandbox: KubeSandbox, command: str, *, name: str) -> tuple[int | None, str]:
+    """Run ``command`` (sh) as a supervised job in ``sandbox`` to its end: its exit code and output."""
+    spec = JobSpec(id=f"test.{name}", command=command, timeout_sec=60, shell="sh", tail=4096)
+    state = await sandbox.start_job(spec, wait_sec=60)
+    while not state.done:
+        state = await sandbox.wait_job(spec, max_wait_sec=30)
+    return state.exit_code, (state.output or b"").decode()
+
+
+def context_kubeconfig(admin: Path, path: Path, namespaces: dict[str, str]) -> Path:
+    """The admin kubeconfig with one context per (name -> namespace), the first one current."""
+    document = yaml.safe_load(admin.read_text())
+    current = next(c for c in document["contexts"] if c["name"] == document["current-context"])["context"]
+    document["contexts"] = [
+        {"name": name, "context": {**current, "namespace": namespace}} for name, namespace in namespaces.items()
+    ]
+    document["current-context"] = next(iter(namespaces))
+    path.write_text(yaml.safe_dump(document))
+    return path

@@ -197,11 +197,19 @@ def grant(api: client.ApiClient, namespace: str, account: str, rules: list[dict[
     )
 
 
-# What the README tells a `kubectl episode logs|artifacts` user to be granted.
-READER_RULES = [
-    {"apiGroups": ["episode-operator.dev"], "resources": ["episodes"], "verbs": ["get"]},
-    {"apiGroups": ["data.episode-operator.dev"], "resources": ["episodes/log", "episodes/artifacts"], "verbs": ["get"]},
-]
+def readme_reader_rules() -> list[dict[str, Any]]:
+    """The rules of the README's example Role for a `kubectl episode logs|artifacts` user."""
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    for block in re.findall(r"```yaml\n(.*?)```", readme, re.DOTALL):
+        document = yaml.safe_load(block)
+        if isinstance(document, dict) and document.get("kind") == "Role":
+            rules: list[dict[str, Any]] = document["rules"]
+            return rules
+    raise AssertionError("the README shows no Role for kubectl episode users")
+
+
+READER_RULES = readme_reader_rules()
+
 
 PROBE = """
 import json, os, ssl, sys, urllib.error, urllib.request
@@ -303,7 +311,8 @@ def test_a_user_with_the_rbac_gets_logs_and_artifacts_with_kubectl_episode(
     stranger = kubeconfig_for(
         kubeconfig, service_account(core, data_release.watched, "stranger"), tmp_path / "stranger"
     )
-    grant(api_client, data_release.watched, "stranger", READER_RULES[:1])  # may read the Episode, not its data
+    # The stranger may read the Episode, not its data.
+    grant(api_client, data_release.watched, "stranger", [r for r in READER_RULES if "episodes" in r["resources"]])
     wait_succeeded(api_client, data_release.watched, name)
 
     def kubectl_episode(config: Path, *args: str) -> subprocess.CompletedProcess[str]:

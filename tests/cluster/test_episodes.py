@@ -13,7 +13,6 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-import jsonschema
 import pytest
 import urllib3
 from kubernetes import client, watch
@@ -33,7 +32,7 @@ from tests.cluster.harness import (
     running_operator,
     wait_for_episode,
 )
-from tests.gym_row_schema import GYM_ROW
+from tests.gym_row_schema import check_rows
 
 SCORED = TASKS / "scored-steps"
 
@@ -466,9 +465,9 @@ def test_export_gym_jsonl(
             namespace,
             "--kubeconfig",
             str(kubeconfig),
-            "--format",
-            "gym-jsonl",
             "-o",
+            "gym-jsonl",
+            "--output-dir",
             str(tmp_path),
         ],
         capture_output=True,
@@ -477,8 +476,7 @@ def test_export_gym_jsonl(
     assert result.returncode == 0, result.stderr
     rollouts = [json.loads(line) for line in (tmp_path / "rollouts.jsonl").read_text().splitlines()]
     failures = [json.loads(line) for line in (tmp_path / "rollouts_failures.jsonl").read_text().splitlines()]
-    for row in rollouts + failures:
-        jsonschema.validate(row, GYM_ROW)
+    check_rows(rollouts, failures)
     assert [(row["episode"], row["reward"], len(row["turns"])) for row in rollouts] == [(f"{namespace}/good", 1.0, 3)]
     assert [(row["episode"], row["failure_kind"]) for row in failures] == [(f"{namespace}/bad", "harbor:invalid_task")]
 

@@ -25,17 +25,16 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
-from datetime import UTC, datetime
 from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
-import jsonschema
 import pytest
 import urllib3
 from kubernetes import client, watch
 from kubernetes.client.exceptions import ApiException
 
+from episode_operator.api.vocabulary import parse_timestamp
 from tests.cluster.conftest import SANDBOX_IMAGE, namespace_prefix, wait_for_default_service_account
 from tests.cluster.harness import (
     EXAMPLES,
@@ -48,7 +47,7 @@ from tests.cluster.harness import (
     install_crd,
     pods_of,
 )
-from tests.gym_row_schema import GYM_ROW
+from tests.gym_row_schema import check_rows
 
 SETS = "episodesets"
 KUBECTL_EPISODE = str(Path(sys.executable).parent / "kubectl-episode")
@@ -114,12 +113,6 @@ def enumerated_pass_at_k(outcomes: list[bool], k: int) -> Fraction:
     """pass@k by enumerating every k-subset of the samples (no closed form)."""
     subsets = list(itertools.combinations(outcomes, k))
     return Fraction(sum(1 for subset in subsets if any(subset)), len(subsets))
-
-
-def parse_time(text: str) -> float:
-    """Epoch seconds of an RFC 3339 UTC time, with or without a fraction."""
-    layout = "%Y-%m-%dT%H:%M:%S.%fZ" if "." in text else "%Y-%m-%dT%H:%M:%SZ"
-    return datetime.strptime(text, layout).replace(tzinfo=UTC).timestamp()
 
 
 def max_overlap(intervals: list[tuple[float, float]]) -> int:
@@ -362,10 +355,10 @@ def test_dataset_of_20_tasks_times_2_attempts_at_parallelism_4(
     assert set(records) == expected_names
     intervals = []
     for child_name, child in children.items():
-        created_at = parse_time(child["metadata"]["annotations"]["episode-operator.dev/created-at"])
-        observed = parse_time(records[child_name]["observedFinishedAt"])
-        created_by_server = parse_time(child["metadata"]["creationTimestamp"])
-        finished_by_child = parse_time(child["status"]["finishedAt"])
+        created_at = parse_timestamp(child["metadata"]["annotations"]["episode-operator.dev/created-at"])
+        observed = parse_timestamp(records[child_name]["observedFinishedAt"])
+        created_by_server = parse_timestamp(child["metadata"]["creationTimestamp"])
+        finished_by_child = parse_timestamp(child["status"]["finishedAt"])
         assert math.floor(created_at) <= created_by_server <= created_at + 5, child_name
         assert finished_by_child <= observed <= finished_by_child + 60, child_name
         assert records[child_name]["createdAt"] == child["metadata"]["annotations"]["episode-operator.dev/created-at"]
@@ -374,13 +367,17 @@ def test_dataset_of_20_tasks_times_2_attempts_at_parallelism_4(
 
     # The set's rows, Gym's format.
     out = tmp_path / "export"
-    exported = kubectl_episode("export", "--set", name, "-n", namespace, "-o", str(out), kubeconfig=kubeconfig)
+    exported = kubectl_episode(
+        "export", "--set", name, "-n", namespace, "--output-dir", str(out), kubeconfig=kubeconfig
+    )
     assert exported.returncode == 0, exported.stderr
     rows = [json.loads(line) for line in (out / "rollouts.jsonl").read_text().splitlines()]
     failures = [json.loads(line) for line in (out / "rollouts_failures.jsonl").read_text().splitlines()]
-    for row in rows + failures:
-        jsonschema.validate(row, GYM_ROW)
+    check_rows(rows, failures)
     assert (len(rows), len(failures)) == (38, 2)
+    assert sorted((row["_ng_task_index"], row["_ng_rollout_index"]) for row in rows + failures) == sorted(
+        (index, attempt - 1) for index in range(TASKS) for attempt in (1, 2)
+    )
     assert sum(row["reward"] for row in rows) / len(rows) == pytest.approx(mean)
 
     # Deleting the set deletes its children.

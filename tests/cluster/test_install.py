@@ -5,7 +5,7 @@ chart is installed, upgraded and uninstalled with the real Helm library (helm-py
 the operator runs the example tasks with exactly the chart's least-privilege RBAC.
 
 Every install here watches only its own ``inst-*`` namespaces: the rest of the cluster tier runs
-the operator as a local process watching ``t-*``, and two operators must never drive one Episode.
+the operator as a local process watching ``t<checkout>-*``, and two operators must never drive one Episode.
 """
 
 from __future__ import annotations

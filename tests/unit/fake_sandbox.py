@@ -223,7 +223,7 @@ class FakeSandbox:
                 self.lost = True
             elif word == "echo":
                 output.write(rest.encode() + b"\n")
-        data = output.getvalue() or f"ran {spec.id}\n".encode()
+        data = output.getvalue() or self.world.printed(spec) or f"ran {spec.id}\n".encode()
         if spec.output:
             files[spec.output] = data
         state = JobState(
@@ -265,6 +265,10 @@ class World:
     hooks: dict[str, Any] = field(default_factory=dict)  # job id suffix → callable(sandbox, spec)
     networks: list[str] = field(default_factory=list)  # the agent pod's network modes, as they changed
     crash_after: set[str] = field(default_factory=set)  # job id suffixes: the runner dies once they started
+    outputs: dict[str, bytes] = field(default_factory=dict)  # job id suffix → what its command prints
+
+    def printed(self, spec: JobSpec) -> bytes | None:
+        return next((data for suffix, data in self.outputs.items() if spec.id.endswith(suffix)), None)
 
     def before_job(self, sandbox: FakeSandbox, spec: JobSpec) -> None:
         for suffix, hook in self.hooks.items():

@@ -39,7 +39,7 @@ def test_the_chart_lints_strictly() -> None:
 def test_the_charts_crds_are_the_generated_ones() -> None:
     committed = {path.name: path.read_text() for path in sorted(CRDS.glob("*.yaml"))}
     assert "episodes.episode-operator.dev.yaml" in committed
-    assert chart_crds() == committed, "run: python -m episode_operator.api.crd --write"
+    assert chart_crds() == committed, "run: python -m episode_operator.kube.objects.crds --write"
 
 
 def test_manifests_install_is_the_chart_with_its_defaults() -> None:
@@ -279,3 +279,23 @@ def test_the_dockerfile_and_the_test_clusters_image_agree() -> None:
     local = hack_chart.TEST_CLUSTER_VALUES
     assert f"{local['image']['repository']}:{local['image']['tag']}" == cluster.OPERATOR_IMAGE
     assert f"{local['sandboxImage']['repository']}:{local['sandboxImage']['tag']}" == cluster.SANDBOX_IMAGE
+
+
+def test_image_mirrors_become_flags_the_operator_accepts() -> None:
+    from click.testing import CliRunner
+
+    from episode_operator.cli.operator_main import main
+
+    mirrors = {"docker.io/library/": "registry.internal/library/", "ubuntu:24.04": "registry.internal/u:24.04"}
+    (deployment,) = find(render({"imageMirrors": mirrors}), "Deployment")
+    args = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
+    flags = [arg for arg in args if arg.startswith("--image-mirror=")]
+    assert flags == [
+        "--image-mirror=docker.io/library/=registry.internal/library/",
+        "--image-mirror=ubuntu:24.04=registry.internal/u:24.04",
+    ]
+    # The operator parses exactly these (a bad one is a usage error naming it).
+    run_context = main.commands["run"].make_context("run", flags)
+    assert run_context.params["image_mirrors"].apply("ubuntu:24.04") == "registry.internal/u:24.04"
+    result = CliRunner().invoke(main, ["run", "--image-mirror=ubuntu=x:1"])
+    assert result.exit_code == 2 and "a repository maps to a repository" in result.output

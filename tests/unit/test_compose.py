@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from episode_operator.taskfolder import TaskFiles
+from episode_operator.taskfolder import TaskFiles, resolve_plan, seed_refusals
 from episode_operator.taskfolder.compose import parse_compose
 from episode_operator.taskfolder.models import EnvironmentConfig
 from tests.unit.folders import check, plan_of, single_step
@@ -102,7 +102,12 @@ def test_task_image_variable_and_escapes() -> None:
 @pytest.mark.parametrize(
     ("service", "key", "fragment"),
     [
-        ("build: .", "services.web.build", "name a prebuilt `image`"),
+        ("build: .", "services.web.build.dockerfile", "environment/Dockerfile is not in the task folder"),
+        ("build: ../../x", "services.web.build.context", "'../../x' leaves the task folder"),
+        ("build: missing", "services.web.build.context", "environment/missing/ is not a folder of the task"),
+        ("build: https://github.com/x/y.git", "services.web.build.context", "a remote context needs the network"),
+        ("build: {context: ., dockerfile_inline: 'FROM x'}", "services.web.build.dockerfile_inline", "to a file"),
+        ("command: x", "services.web.image", "a sidecar needs an `image` or a `build`"),
         ("image: x\n    network_mode: host", "services.web.network_mode", "share one network namespace"),
         ("image: x\n    privileged: true", "services.web.privileged", "without privilege"),
         (
@@ -184,3 +189,43 @@ def test_older_compose_file_names_are_read_and_extra_ones_warned() -> None:
     assert result.valid and result.task is not None
     assert result.task.compose.file == "environment/compose.yaml"
     assert any(w.file == "environment/compose.yml" for w in result.warnings)
+
+
+def test_a_built_sidecar_keeps_its_context_and_is_not_the_task_image() -> None:
+    """The issue's case: `build: ./api-server` was refused, then `depends_on` said "unknown service 'api'"."""
+    sidecars, problems, _ = parse(
+        "services:\n  main:\n    depends_on: [api]\n  api:\n    build: ./api-server\n"
+        "  tool:\n    build:\n      context: tools\n      dockerfile: Dockerfile.tool\n"
+        "      args: [VERSION=2]\n      target: runtime\n",
+        **{"api-server/Dockerfile": "FROM python:3.12\n", "tools/Dockerfile.tool": "FROM x AS runtime\n"},
+    )
+    assert problems == []
+    assert [(s["name"], s.get("image"), s["build"]) for s in sidecars] == [
+        ("api", None, {"context": "environment/api-server", "dockerfile": "environment/api-server/Dockerfile"}),
+        (
+            "tool",
+            None,
+            {
+                "context": "environment/tools",
+                "dockerfile": "environment/tools/Dockerfile.tool",
+                "args": {"VERSION": "2"},
+                "target": "runtime",
+            },
+        ),
+    ]
+
+
+def test_an_episode_with_a_built_sidecar_is_refused_at_seed_naming_its_dockerfile() -> None:
+
+    files = {
+        "environment/docker-compose.yaml": "services:\n  api:\n    build: ./api-server\n",
+        "environment/api-server/Dockerfile": "FROM python:3.12\n",
+    }
+    task = check(single_step(files=files)).task
+    assert task is not None
+    plan = resolve_plan(task)
+    problems = [problem.render() for problem in seed_refusals(plan, accepts_prior_trajectory=True, image_override="x")]
+    assert problems == [
+        "environment/api-server/Dockerfile: sidecar 'api' needs its image replayed or built from this Dockerfile, "
+        "which this operator does not do for sidecars yet; give the service a prebuilt `image`"
+    ]

@@ -11,9 +11,10 @@ from click.testing import CliRunner
 
 from episode_operator.api.episodeset import SET_KIND, EpisodeSetSpec, SetTaskStatus
 from episode_operator.api.models import EpisodeSpec
+from episode_operator.api.naming import content_name
 from episode_operator.cli.kubectl_episode import cli
-from episode_operator.kube.episodeset import child_manifest, child_name, set_selector, task_label_value
-from episode_operator.kube.pods import OwnerRef
+from episode_operator.kube.objects.children import child_manifest, child_name, set_selector, task_label_value
+from episode_operator.kube.objects.pods import OwnerRef
 from episode_operator.taskfolder.dataset import discover_dataset
 from tests.conftest import EXAMPLE_TASKS
 
@@ -177,7 +178,8 @@ def test_eval_prints_the_configmaps_and_the_set(tmp_path: Path) -> None:
     assert result.exit_code == 0, result.output
     *config_maps, episode_set = list(yaml.safe_load_all(result.output))
     assert [config_map["kind"] for config_map in config_maps] == ["ConfigMap", "ConfigMap"]
-    assert episode_set["metadata"] == {"namespace": "evals", "generateName": "suite-"}
+    # Named after the folder and the spec: GitOps tools apply it; the same evaluation is one set.
+    assert episode_set["metadata"] == {"name": content_name("suite", episode_set["spec"]), "namespace": "evals"}
     spec = EpisodeSetSpec.model_validate(episode_set["spec"])
     assert [(task.name, task.config_map.name if task.config_map else None) for task in spec.dataset.tasks] == [
         ("hello", config_maps[0]["metadata"]["name"]),

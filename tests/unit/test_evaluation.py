@@ -21,16 +21,15 @@ from episode_operator.api.episodeset import (
     child_spec,
 )
 from episode_operator.api.models import EpisodeSpec, TaskSource
+from episode_operator.api.vocabulary import parse_timestamp, precise_timestamp
 from episode_operator.runtime.evaluation import (
     ChildView,
     aggregate,
     definition_digest,
     next_children,
-    parse_time,
     pass_at_k,
     plan_set,
     policy_verdict,
-    precise_timestamp,
     record_children,
     summarize_task,
 )
@@ -440,5 +439,18 @@ def test_definition_digest_covers_what_is_evaluated_only() -> None:
 
 def test_precise_timestamps_round_trip() -> None:
     assert precise_timestamp(1767225600.25) == "2026-01-01T00:00:00.250000Z"
-    assert parse_time("2026-01-01T00:00:00.250000Z") == 1767225600.25
-    assert parse_time("2026-01-01T00:00:00Z") == 1767225600.0
+    assert parse_timestamp("2026-01-01T00:00:00.250000Z") == 1767225600.25
+    assert parse_timestamp("2026-01-01T00:00:00Z") == 1767225600.0
+
+
+def test_every_condition_of_a_set_carries_the_generation_it_was_computed_from() -> None:
+    spec = set_spec(parallelism=2)
+    first = plan_set(spec, resolved(3), [view(0, 1)], definition=DEFINITION, now=NOW, generation=4)
+    assert {c.type: c.observed_generation for c in first.status.conditions} == {
+        "Suspended": 4,
+        "Complete": 4,
+        "Failed": 4,
+    }
+    later = plan_set(spec, first.status, [view(0, 1)], definition=DEFINITION, now="2026-01-01T00:09:00Z", generation=5)
+    # Re-evaluated at generation 5 with the same status: the generation moves, the transition time stays.
+    assert {(c.observed_generation, c.last_transition_time) for c in later.status.conditions} == {(5, NOW)}

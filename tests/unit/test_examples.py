@@ -16,8 +16,8 @@ import jsonschema
 import pytest
 import yaml
 
-from episode_operator.api.crd import episode_crd
-from episode_operator.kube.tasks import task_config_map
+from episode_operator.kube.objects.crds import episode_crd
+from episode_operator.kube.objects.tasks import task_config_map
 from episode_operator.taskfolder.loader import validate_task
 from episode_operator.taskfolder.sources import TaskFiles
 from tests.conftest import EXAMPLE_TASKS, REPO

@@ -1,66 +1,345 @@
-"""Gym-style export rows: graded to rollouts, the rest to failures, every row schema-valid."""
+"""Gym rows of finished Episodes, table-driven over turn sessions and outcomes, checked against Gym's own models."""
 
 from __future__ import annotations
 
-import jsonschema
+import copy
+import json
+from dataclasses import dataclass, field, replace
+from typing import Any
 
-from episode_operator.api.export import gym_row, split_rows
-from tests.gym_row_schema import GYM_ROW
+import pytest
 
-SPEC = {"task": {"inline": {"files": {}}}, "agent": {"kind": "oracle"}}
+from episode_operator.api.export import (
+    NO_EVIDENCE,
+    EpisodeEvidence,
+    TurnEvidence,
+    rollout_id,
+    rows,
+    split_rows,
+)
+from episode_operator.capture.records import CapturedCall
+from tests.gym_row_schema import check_rows
+from tests.reference import check_failure_row, check_rollout_row
+from tests.unit.conversations import INSTRUCTION, captured, chat_call
+
+SPEC = {"task": {"inline": {"files": {}}}, "agent": {"kind": "command", "command": "run-agent"}}
+SET_LABELS = {"episode-operator.dev/task-index": "3", "episode-operator.dev/set-attempt": "1"}
+SECOND = "Now append bye to hello.txt."
 
 
-def episode(name: str, status: dict[str, object]) -> dict[str, object]:
-    return {"metadata": {"name": name, "namespace": "ns", "uid": f"uid-{name}"}, "spec": SPEC, "status": status}
+def episode(status: dict[str, Any], *, labels: dict[str, str] | None = None, name: str = "e") -> dict[str, Any]:
+    metadata = {"name": name, "namespace": "ns", "uid": f"uid-{name}", "labels": labels or {}}
+    return {"metadata": metadata, "spec": SPEC, "status": status}
 
 
-GRADED = episode(
-    "graded",
-    {
+def turn(name: str, reward: float | None, **extra: Any) -> dict[str, Any]:
+    return {
+        "name": name,
+        "phase": "Succeeded",
+        "reward": reward,
+        "verifierRewards": {"reward": reward} if reward is not None else {},
+        "rewardValid": reward is not None,
+        "agentExitCode": 0,
+        "startedAt": "2026-11-30T10:00:00Z",
+        "finishedAt": "2026-11-30T10:01:00Z",
+        **extra,
+    }
+
+
+def graded(*turns: dict[str, Any], attempts: int = 1, **extra: Any) -> dict[str, Any]:
+    return {
         "phase": "Succeeded",
         "outcome": "Graded",
-        "reward": 0.5,
-        "verifierRewards": {"reward": 0.5},
+        "reward": 1.0,
+        "verifierRewards": {"reward": 1.0},
         "verifierMode": "shared",
-        "stoppedAfterTurn": "b",
-        "attempts": [{"number": 1}],
-        "task": {"digest": "sha256:" + "0" * 64, "name": "org/task"},
-        "turns": [
-            {"name": "a", "phase": "Succeeded", "reward": 1.0, "verifierRewards": {"reward": 1.0}, "rewardValid": True},
-            {
-                "name": "b",
-                "phase": "Failed",
-                "reward": 0.0,
-                "rewardValid": False,
-                "failureKind": "harbor:step_setup_failed",
-            },
-            {"name": "c", "phase": "Skipped"},
+        "attempt": attempts,
+        "attempts": [
+            {"number": number, **({"reason": "PodLost: node went away"} if number < attempts else {})}
+            for number in range(1, attempts + 1)
         ],
-    },
-)
-TERMINAL = episode(
-    "terminal",
-    {"phase": "Failed", "outcome": "TerminalFailure", "failureKind": "harbor:invalid_task", "message": "task refused"},
-)
-RUNNING = episode("running", {"phase": "Running"})
+        "task": {"digest": "sha256:" + "0" * 64, "name": "org/hello"},
+        "turns": list(turns),
+        **extra,
+    }
 
 
-def test_rows_split_and_validate() -> None:
-    rollouts, failures = split_rows([GRADED, TERMINAL, RUNNING])
-    assert [row["episode"] for row in rollouts] == ["ns/graded"]
-    assert [row["episode"] for row in failures] == ["ns/terminal"]
-    for row in rollouts + failures:
-        jsonschema.validate(row, GYM_ROW)
-    graded = rollouts[0]
-    assert [turn["name"] for turn in graded["turns"]] == ["a", "b"]  # the skipped turn did not run
-    assert (graded["reward"], graded["stopped_after_turn"], graded["task"]) == (0.5, "b", "org/task")
+# --- the calls of two turns, fresh (two sessions) and continued (one) --------------------------------------
+def second_turn_call(*, continued: bool) -> CapturedCall:
+    """Turn 2's one call: a new session, or turn 1's conversation with the new instruction appended."""
+    history: list[dict[str, Any]] = []
+    if continued:
+        first = chat_call(2)
+        assert first.request is not None and first.response is not None
+        history = [*first.request["messages"], first.response["choices"][0]["message"]]
+    else:
+        history = [{"role": "system", "content": "You are an agent in a Linux sandbox."}]
+    request = {"model": "policy", "messages": [*history, {"role": "user", "content": SECOND}]}
+    response = {
+        "id": "chatcmpl-2b",
+        "model": "policy",
+        "choices": [{"index": 0, "message": {"role": "assistant", "content": "Appended."}, "finish_reason": "stop"}],
+        "usage": {"prompt_tokens": 200, "completion_tokens": 3, "total_tokens": 203},
+    }
+    return captured("turn-2", "chat", request, response, 10, turn="02-append")
 
 
-def test_schema_rejects_a_malformed_row() -> None:
-    row = gym_row(GRADED)
-    row["reward"] = "high"
-    try:
-        jsonschema.validate(row, GYM_ROW)
-    except jsonschema.ValidationError:
+def evidence(sessions: str, **extra: Any) -> EpisodeEvidence:
+    return EpisodeEvidence(
+        turns={
+            "01-make": TurnEvidence(instruction=INSTRUCTION, calls=[chat_call(index) for index in range(3)]),
+            "02-append": TurnEvidence(instruction=SECOND, calls=[second_turn_call(continued=sessions == "continue")]),
+        },
+        harness="opencode",
+        harness_version="1.17.11",
+        model="policy",
+        turn_sessions=sessions,  # type: ignore[arg-type]
+        **extra,
+    )
+
+
+TWO_TURNS = graded(turn("01-make", 1.0), turn("02-append", 1.0))
+
+
+@dataclass
+class Case:
+    name: str
+    status: dict[str, Any]
+    evidence: EpisodeEvidence = NO_EVIDENCE
+    labels: dict[str, str] = field(default_factory=dict)
+    rollouts: int = 0
+    failures: list[tuple[bool, str | None]] = field(default_factory=list)  # (terminal, stage) per failure row
+    row: dict[str, Any] = field(default_factory=dict)  # expected values of the rollout row
+
+
+CASES = [
+    Case(
+        "fresh: two sessions",
+        TWO_TURNS,
+        evidence("fresh"),
+        rollouts=1,
+        row={
+            "mask_sample": False,
+            "reward": 1.0,
+            "params": SECOND,
+            "answer": "Appended.",
+            "episode_observations": False,
+        },
+    ),
+    Case(
+        "fresh: one session",
+        graded(turn("01-make", 1.0)),
+        evidence("fresh"),
+        rollouts=1,
+        row={"params": INSTRUCTION, "answer": "Done.", "episode_observations": True},
+    ),
+    Case(
+        "continue: the cumulative session",
+        TWO_TURNS,
+        evidence("continue"),
+        rollouts=1,
+        row={"params": SECOND, "answer": "Appended.", "episode_observations": True},
+    ),
+    Case(
+        "masked",
+        {**graded(turn("01-make", None)), "outcome": "Masked", "reward": None, "message": "verifier could not start"},
+        evidence("fresh"),
+        rollouts=1,
+        row={"mask_sample": True, "reward": 0.0, "failure_reason": "verifier could not start"},
+    ),
+    Case(
+        "step 2 preparation failed: measured 0, the response is turn 1's",
+        {
+            **graded(
+                turn("01-make", 1.0), turn("02-append", 0.0, agentExitCode=None, failureKind="harbor:step_setup_failed")
+            ),
+            "reward": 0.5,
+            "failureKind": "harbor:step_setup_failed",
+            "stoppedAfterTurn": "02-append",
+            "message": "setup.sh exited 1",
+        },
+        replace(evidence("fresh"), turns={"01-make": evidence("fresh").turns["01-make"]}),
+        rollouts=1,
+        row={"reward": 0.5, "params": INSTRUCTION, "answer": "Done.", "failure_reason": "setup.sh exited 1"},
+    ),
+    Case(
+        "graded after an outage: a failure row for the lost attempt",
+        graded(turn("01-make", 1.0), attempts=2),
+        evidence("fresh"),
+        labels=SET_LABELS,
+        rollouts=1,
+        failures=[(False, None)],
+        row={"rollout_id": "3-0-a1"},
+    ),
+    Case(
+        "terminal: step 1 preparation failed",
+        {
+            "phase": "Failed",
+            "outcome": "TerminalFailure",
+            "failureKind": "harbor:step_healthcheck_failed",
+            "message": "healthcheck never passed",
+            "attempt": 1,
+            "attempts": [{"number": 1}],
+            "turns": [
+                {"name": "01-make", "phase": "Failed", "stage": "setup"},
+                {"name": "02-append", "phase": "Skipped"},
+            ],
+        },
+        labels=SET_LABELS,
+        failures=[(True, "seed")],
+    ),
+    Case(
+        "ungraded: every attempt lost",
+        {
+            "phase": "Failed",
+            "outcome": "Ungraded",
+            "failureKind": "outage:PodLost",
+            "message": "3 attempt(s) failed; last: PodLost",
+            "attempt": 3,
+            "attempts": [{"number": n, "reason": "PodLost: evicted"} for n in (1, 2, 3)],
+            "turns": [{"name": "01-make", "phase": "Running", "stage": "agent"}],
+        },
+        failures=[(False, None), (False, None), (False, "agent")],
+    ),
+    Case(
+        "an oracle: no capture, no observation keys",
+        graded(turn("01-make", 1.0)),
+        rollouts=1,
+        row={"answer": None, "model": "command"},
+    ),
+    Case("running: no row yet", {"phase": "Running", "turns": [turn("01-make", None)]}),
+]
+
+
+@pytest.mark.parametrize("case", CASES, ids=[case.name for case in CASES])
+def test_rows(case: Case) -> None:
+    item = episode(case.status, labels=case.labels)
+    rollouts, failures = rows(item, case.evidence)
+    assert (len(rollouts), [(row["_ng_failure_terminal"], row.get("_ng_failure_stage")) for row in failures]) == (
+        case.rollouts,
+        case.failures,
+    )
+    check_rows([json.loads(json.dumps(row)) for row in rollouts], failures)
+    for row in failures:
+        if case.labels:
+            assert (row["_ng_task_index"], row["_ng_rollout_index"]) == (3, 0)
+    for row in rollouts:
+        check_expectations(row, case)
+
+
+def check_expectations(row: dict[str, Any], case: Case) -> None:
+    expected = case.row
+    for key in ("mask_sample", "reward", "failure_reason"):
+        if key in expected:
+            assert row[key] == expected[key], key
+    if "params" in expected:
+        assert row["responses_create_params"] == {
+            "input": [{"role": "user", "content": expected["params"], "type": "message"}]
+        }
+    if "answer" in expected:
+        texts = [item["content"][0]["text"] for item in row["response"]["output"] if item["type"] == "message"]
+        assert (texts[-1] if texts else None) == expected["answer"]
+    if "model" in expected:
+        assert row["response"]["model"] == expected["model"]
+    captured_row = case.evidence.captured
+    assert ("ng_model_call_capture" in row) == captured_row
+    if not captured_row:
+        assert not [key for key in row if key.startswith("ng_")]
         return
-    raise AssertionError("the schema accepted a string reward")
+    if "episode_observations" in expected:
+        assert ("ng_agent_observations" in row) == expected["episode_observations"]
+    if "rollout_id" in expected:
+        assert row["ng_model_call_capture"]["rollout_id"] == expected["rollout_id"]
+    sessions = case.evidence.turn_sessions
+    names = [turn["name"] for turn in case.status["turns"] if turn["phase"] != "Skipped"]
+    calls = sum(len(case.evidence.turns[name].calls) for name in names if name in case.evidence.turns)
+    assert row["ng_model_call_capture"]["metrics"]["num_calls"] == calls
+    assert len(row["ng_trajectory"]["model_calls"]) == calls
+    assert all(call["request"] is not None for call in row["ng_trajectory"]["model_calls"])
+    for entry in row["turns"]:
+        ran = entry["name"] in case.evidence.turns
+        assert ("ng_agent_observations" in entry) == (sessions == "fresh" and ran), entry["name"]
+
+
+def test_fresh_turns_each_keep_their_own_session() -> None:
+    (row,), _ = rows(episode(TWO_TURNS), evidence("fresh"))
+    first, second = row["turns"]
+    assert [ref["model_call_id"] for ref in first["ng_agent_observations"]["records"][0]["model_calls"]] == [
+        "chat-0",
+        "chat-1",
+        "chat-2",
+    ]
+    assert [ref["model_call_id"] for ref in second["ng_agent_observations"]["records"][0]["model_calls"]] == ["turn-2"]
+    assert [turn["turn_no"] for turn in first["ng_trajectory"]["turns"]] == [1, 2, 3]
+    assert not any("request" in call for call in first["ng_trajectory"]["model_calls"])  # the episode's hold them
+    assert first["responses_create_params"]["input"][0]["content"] == INSTRUCTION
+    assert [call["turn"] for call in row["ng_model_call_capture"]["calls"]] == ["01-make"] * 3 + ["02-append"]
+
+
+def test_a_continued_turn_reports_only_its_own_activation() -> None:
+    (row,), _ = rows(episode(TWO_TURNS), evidence("continue"))
+    second = row["turns"][1]
+    assert [item["type"] for item in second["response"]["output"]] == ["message"]
+    (invocation,) = row["ng_agent_observations"]["records"]
+    assert [ref["model_call_id"] for ref in invocation["model_calls"]] == ["chat-0", "chat-1", "chat-2", "turn-2"]
+    contents = [item.get("content") for item in invocation["conversation"] if item.get("role") == "user"]
+    assert contents == [INSTRUCTION, SECOND]  # the whole session, both instructions
+    assert row["response"]["usage"]["input_tokens"] == 200  # the last activation's call alone
+
+
+def test_calls_outside_any_turn_are_counted_and_flagged() -> None:
+    stray = chat_call(0).model_copy(update={"model_call_id": "stray", "turn": None})
+    (row,), _ = rows(episode(TWO_TURNS), replace(evidence("fresh"), outside_turn_calls=[stray]))
+    capture = row["ng_model_call_capture"]
+    assert capture["metrics"]["num_calls"] == 5
+    assert {"code": "model_call_outside_turn", "detail": "count=1:stray"} in capture["gaps"]
+    assert ("model_call_outside_turn", "count=1:stray") in [
+        (gap["code"], gap["detail"]) for gap in row["ng_trajectory"]["gaps"]
+    ]
+
+
+def test_an_incomplete_capture_is_a_gap() -> None:
+    partial = replace(
+        evidence("fresh"), turns={"01-make": TurnEvidence(INSTRUCTION, [chat_call(0)], capture_complete=False)}
+    )
+    (row,), _ = rows(episode(graded(turn("01-make", 1.0))), partial)
+    assert {"code": "model_call_capture_incomplete", "detail": "01-make"} in row["ng_model_call_capture"]["gaps"]
+
+
+def test_rollout_ids_follow_gym() -> None:
+    assert rollout_id({"labels": SET_LABELS}, 1) == "3-0"
+    assert rollout_id({"labels": SET_LABELS}, 3) == "3-0-a2"
+    assert rollout_id({"namespace": "ns", "name": "e"}, None) == "ns.e"
+
+
+def test_split_rows_keeps_masked_rows_with_the_graded() -> None:
+    masked = copy.deepcopy(CASES[3].status)
+    terminal = CASES[6].status
+    rollouts, failures = split_rows(
+        [
+            episode(TWO_TURNS, name="a"),
+            episode(masked, name="b"),
+            episode(terminal, name="c"),
+            episode({"phase": "Running"}),
+        ]
+    )
+    assert [(row["episode"], row["mask_sample"]) for row in rollouts] == [("ns/a", False), ("ns/b", True)]
+    assert [(row["episode"], row["failure_kind"]) for row in failures] == [("ns/c", "harbor:step_healthcheck_failed")]
+
+
+def test_the_reference_check_rejects_a_malformed_row() -> None:
+    (row,), _ = rows(episode(TWO_TURNS), evidence("fresh"))
+    for breakage in (
+        lambda bad: bad.update(reward="high"),
+        lambda bad: bad["response"].update(output=[{"type": "message"}]),
+        lambda bad: bad["ng_trajectory"].update(schema_version="2.0"),
+        lambda bad: bad["ng_model_call_capture"]["metrics"].update(num_calls=99),
+        lambda bad: bad.update(_ng_invented=1),
+    ):
+        bad = copy.deepcopy(row)
+        breakage(bad)
+        with pytest.raises((AssertionError, ValueError)):
+            check_rollout_row(bad)
+    (failure,) = rows(episode(CASES[6].status))[1]
+    with pytest.raises((AssertionError, ValueError)):
+        check_failure_row({**failure, "_ng_failure_stage": "preparation"})

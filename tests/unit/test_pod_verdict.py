@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from episode_operator.kube.sandbox import PodVerdict, pod_verdict
+from episode_operator.kube.objects.pod_state import PodVerdict, pod_verdict
 
 
 def pod(phase: str, *containers: dict[str, Any], **extra: Any) -> dict[str, Any]:

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from episode_operator.api.models import EpisodeSpec
-from episode_operator.kube.network import network_policy
-from episode_operator.kube.pods import OwnerRef, SandboxPod, agent_pod_name, sandbox_pod, short_name
+from episode_operator.kube.objects.network import network_policy
+from episode_operator.kube.objects.pods import OwnerRef, SandboxPod, agent_pod_name, sandbox_pod, short_name
 from episode_operator.taskfolder import TaskFiles, load_task, resolve_plan
 from episode_operator.taskfolder.plan import NetworkPolicy
 from tests.conftest import EXAMPLE_TASKS

@@ -19,7 +19,8 @@ import pytest
 
 import episode_operator
 import episode_operator.kube.client as client_module
-from episode_operator.api.models import GROUP, PLURAL
+from episode_operator.api.models import PLURAL
+from episode_operator.api.vocabulary import GROUP
 from episode_operator.kube import rbac
 from episode_operator.runtime import dataapi
 
@@ -55,6 +56,7 @@ CORE_KINDS = {
     "subject_access_review": ("authorization.k8s.io", "subjectaccessreviews"),
     "api_service": ("apiregistration.k8s.io", "apiservices"),
     "role": ("rbac.authorization.k8s.io", "roles"),  # read_cluster_role: clusterroles (below)
+    "job": ("batch", "jobs"),
 }
 SUBRESOURCES = ("status", "exec", "log", "proxy")
 METHOD = re.compile(
@@ -144,7 +146,11 @@ def client_methods() -> dict[str, tuple[set[Grant], set[str]]]:
                 continue
             target, name = ast.unparse(node.func.value), node.func.attr
             if target in objects:
-                grants |= grants_of_api_method(name, custom_object_of(node))
+                method_grants = grants_of_api_method(name, custom_object_of(node))
+                if any(k.arg == "watch" and ast.unparse(k.value) == "True" for k in node.keywords):
+                    # A list call with watch=True is a watch (RBAC's own verb).
+                    method_grants = {(group, resource, "watch") for group, resource, _ in method_grants}
+                grants |= method_grants
             elif target == "self.api" and name == "call_api":
                 grants |= grants_of_raw_call(node)
             elif target == "self":
@@ -225,6 +231,7 @@ def test_every_client_call_maps_to_a_permission() -> None:
     assert methods["review_access"][0] == {("authorization.k8s.io", "subjectaccessreviews", "create")}
     assert methods["replace_api_service"][0] == {("apiregistration.k8s.io", "apiservices", "update")}
     assert methods["replace_episode_status"][0] == {(GROUP, f"{PLURAL}/status", "patch")}
+    assert methods["watch_episodes"][0] == {(GROUP, PLURAL, "watch")}
     assert reachable_grants({"exec"}) == methods["_exec_once"][0]
 
 

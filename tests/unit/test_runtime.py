@@ -10,9 +10,11 @@ from typing import Any
 import pytest
 
 from episode_operator.api.models import AgentSpec, EpisodeStatus
+from episode_operator.api.vocabulary import Stage
 from episode_operator.runtime.archive import text_tar
 from episode_operator.runtime.episode import EpisodeConfig, EpisodeRunner
 from episode_operator.runtime.sandbox import JobSpec
+from episode_operator.runtime.turn.table import is_published
 from episode_operator.taskfolder import TaskFiles, load_task, resolve_plan
 from tests.unit.fake_sandbox import Crash, FakeProvider, FakeSink, MemoryStore, World
 from tests.unit.folders import multi_step, single_step, steps_toml
@@ -29,6 +31,7 @@ def run(
     retries: int = 2,
     keep_pods: bool = False,
     plan_update: dict[str, Any] | None = None,
+    observer: Any = None,
 ) -> tuple[EpisodeStatus, World, FakeSink, MemoryStore]:
     world = world or World()
     sink = sink or FakeSink()
@@ -53,6 +56,7 @@ def run(
         clock=world.clock.time,
         monotonic=world.clock.monotonic,
         sleep=world.clock.sleep,
+        observer=observer,
     )
     result = asyncio.run(runner.run(status))
     return result, world, sink, store
@@ -396,14 +400,9 @@ def test_keep_pods_on_failure() -> None:
     assert world.kept is True and "all" not in world.released
 
 
-# Every stage the runner publishes. Until the agent a restart redoes only harmless work and
-# re-attaches to setup.sh, whose start carried workdir/; collect re-attaches to the agent; a
-# shared turn's verification re-attaches to test.sh, whose start carried the tests, and its
-# done rides on the next turn's first write. A separate verifier's turn publishes
-# verify-prepare, verify (after the artifacts' upload cleared the grading folders) and done,
-# because they end pod lifetimes.
-SHARED_TURN_STAGES = ["cleanup", "agent"]
-SEPARATE_TURN_STAGES = [*SHARED_TURN_STAGES, "verify-prepare", "verify", "done"]
+# Every stage the runner publishes, as the stage table declares (runtime/turn/table.py).
+SHARED_TURN_STAGES = [stage for stage in Stage if is_published(stage, separate=False)]
+SEPARATE_TURN_STAGES = [stage for stage in Stage if is_published(stage, separate=True)]
 SEPARATE = 'artifacts = ["/app/runs.txt"]\n[steps.verifier]\nenvironment_mode = "separate"\n'
 
 

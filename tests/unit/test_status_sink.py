@@ -10,7 +10,7 @@ import pytest
 
 from episode_operator.api.models import EpisodeStatus
 from episode_operator.kube.client import KubeError
-from episode_operator.kube.pods import OwnerRef
+from episode_operator.kube.objects.pods import OwnerRef
 from episode_operator.kube.status import KubeStatusSink
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from episode_operator.kube.pods import OwnerRef
+from episode_operator.kube.objects.pods import OwnerRef
 from episode_operator.kube.sandbox import KubeProvider
 from episode_operator.runtime.wakeups import Wakeups, nap
 

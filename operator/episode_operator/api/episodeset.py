@@ -4,7 +4,7 @@ An EpisodeSet is an evaluation declared in one object: which task folders (a lis
 selector over packed task ConfigMaps, or both), which agent, how many attempts per task
 (pass@k), how many children may be active at once. The operator turns it into child
 Episodes and rolls their results up into the set's status. Like ``Episode``'s, these models
-are the source of the CRD (:func:`episode_operator.api.crd.episodeset_crd`).
+are the source of the CRD (:func:`episode_operator.kube.objects.crds.episodeset_crd`).
 
 The Episode template is *derived* from :class:`~episode_operator.api.models.EpisodeSpec`
 (every field but ``task`` and ``agent``), so a field added to Episodes is a field of the
@@ -17,39 +17,24 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from pydantic import Field, create_model, model_validator
 
-from episode_operator.api.models import (
-    GROUP,
-    AgentSpec,
-    ApiModel,
-    Condition,
-    EpisodeSpec,
-    Outcome,
-    Phase,
-    TaskSource,
-)
+from episode_operator.api.models import AgentSpec, EpisodeSpec, TaskSource
+from episode_operator.api.vocabulary import GROUP, ApiModel, Conditions, Outcome, Phase, Timestamp
 
 SET_KIND = "EpisodeSet"
 SET_PLURAL = "episodesets"
 SET_SINGULAR = "episodeset"
 SET_SHORT_NAMES = ["epis"]
 
-# Labels of every child Episode: which set, which task (sanitized ID), which task index and attempt.
-SET_LABEL = f"{GROUP}/set"
-SET_TASK_LABEL = f"{GROUP}/task"
-SET_TASK_INDEX_LABEL = f"{GROUP}/task-index"
-SET_ATTEMPT_LABEL = f"{GROUP}/set-attempt"
+# Labels of every child Episode (which set, task, task index and attempt): api/vocabulary.py.
 # Annotations of every child: the task ID as given, and when the controller created it (µs).
 SET_TASK_NAME_ANNOTATION = f"{GROUP}/task-name"
 CREATED_AT_ANNOTATION = f"{GROUP}/created-at"
 # On a child the set suspended (and will resume): children suspended by anyone else stay so.
 SUSPENDED_BY_SET_ANNOTATION = f"{GROUP}/suspended-by-set"
-QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
-# Env of every child's agent (agents may seed sampling by attempt).
-SET_ENV = ("EPISODE_SET", "EPISODE_SET_TASK", "EPISODE_SET_TASK_INDEX", "EPISODE_SET_ATTEMPT")
 # tasks × attempts: each child has a record in the set's status, which etcd bounds (~1.5 MiB).
 MAX_CHILDREN = 5000
 
-SetPhase = Literal["Pending", "Running", "Succeeded", "Failed"]
+SetPhase = Phase
 
 
 # --- spec ---------------------------------------------------------------------------------------
@@ -199,9 +184,9 @@ class SetChildStatus(ApiModel):
     outcome: Outcome | None = None
     reward: float | None = None
     failure_kind: str | None = None
-    created_at: str | None = Field(default=None, description="When the controller created it (µs; annotation).")
-    finished_at: str | None = Field(default=None, description="The child's own status.finishedAt.")
-    observed_finished_at: str | None = Field(
+    created_at: Timestamp | None = Field(default=None, description="When the controller created it (µs; annotation).")
+    finished_at: Timestamp | None = Field(default=None, description="The child's own status.finishedAt.")
+    observed_finished_at: Timestamp | None = Field(
         default=None, description="When the controller first saw it finished (µs), before creating any other child."
     )
 
@@ -257,10 +242,12 @@ class EpisodeSetStatus(ApiModel):
     definition: str | None = Field(
         default=None, description="sha256 of dataset, attempts, agent and template when the set started."
     )
-    start_time: str | None = None
-    completion_time: str | None = Field(default=None, description="Set when no child is active and none will start.")
+    start_time: Timestamp | None = None
+    completion_time: Timestamp | None = Field(
+        default=None, description="Set when no child is active and none will start."
+    )
     observed_generation: int | None = None
-    conditions: list[Condition] = Field(default_factory=list)
+    conditions: Conditions = Field(default_factory=list)
 
 
 def child_spec(spec: EpisodeSetSpec, task: TaskSource, env: dict[str, str]) -> EpisodeSpec:

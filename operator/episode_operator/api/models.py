@@ -1,7 +1,7 @@
 """Pydantic models of the ``Episode`` resource (``episode-operator.dev/v1alpha1``).
 
 These models are the single source of truth: the CRD in ``crds/`` is generated from them
-(:mod:`episode_operator.api.crd`) and a test fails when the committed file drifts. Field
+(:mod:`episode_operator.kube.objects.crds`) and a test fails when the committed file drifts. Field
 descriptions become the CRD's descriptions, so ``kubectl explain episode.spec`` reads
 them. Names are camelCase on the wire and snake_case in Python.
 """
@@ -10,35 +10,24 @@ from __future__ import annotations
 
 from typing import Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
-from pydantic.alias_generators import to_camel
+from pydantic import Field, ValidationError, model_validator
 
-GROUP = "episode-operator.dev"
-VERSION = "v1alpha1"
-API_VERSION = f"{GROUP}/{VERSION}"
+from episode_operator.api.vocabulary import (
+    API_VERSION,
+    ApiModel,
+    Conditions,
+    Outcome,
+    Phase,
+    Stage,
+    Timestamp,
+    TurnPhase,
+)
+
 KIND = "Episode"
 PLURAL = "episodes"
 SINGULAR = "episode"
 SHORT_NAMES = ["epi"]
 DEFAULT_TASK_ARCHIVE_KEY = "task.tar.gz"
-
-Phase = Literal["Pending", "Running", "Succeeded", "Failed"]
-Outcome = Literal["Graded", "Masked", "TerminalFailure", "Ungraded"]
-TurnPhase = Literal["Pending", "Running", "Succeeded", "Failed", "Skipped"]
-AgentKind = Literal["oracle", "nop", "command"]
-
-
-class ApiModel(BaseModel):
-    """camelCase on the wire, snake_case in Python; unknown fields dropped as the API server prunes them."""
-
-    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="ignore")
-
-    # Fields whose value is a Kubernetes object the CRD does not describe (kept as given).
-    free_form: ClassVar[frozenset[str]] = frozenset()
-
-    def to_api(self) -> dict[str, Any]:
-        """The JSON-ready camelCase dict, without unset optional fields."""
-        return self.model_dump(mode="json", by_alias=True, exclude_none=True)
 
 
 # --- spec ---------------------------------------------------------------------------------------
@@ -72,9 +61,8 @@ class TaskSource(ApiModel):
 class AgentSpec(ApiModel):
     free_form: ClassVar[frozenset[str]] = frozenset({"env", "env_from"})
 
-    kind: AgentKind = Field(
-        description="oracle: runs the turn's /solution/solve.sh; nop: does nothing; "
-        "command: runs `command` in the sandbox every turn."
+    kind: str = Field(
+        description="What acts in the sandbox each turn: one of the operator's agent kinds (the enum lists them)."
     )
     command: str | None = Field(
         default=None,
@@ -92,14 +80,6 @@ class AgentSpec(ApiModel):
         default_factory=list,
         description="Kubernetes EnvFromSource entries (Secrets, ConfigMaps) for the agent.",
     )
-
-    @model_validator(mode="after")
-    def _command_for_command_kind(self) -> AgentSpec:
-        if self.kind == "command" and not (self.command or "").strip():
-            raise ValueError("spec.agent.command is required when spec.agent.kind is command")
-        if self.kind != "command" and (self.command or self.setup):
-            raise ValueError(f"spec.agent.command and setup apply to kind command only, not {self.kind}")
-        return self
 
 
 class RetryPolicy(ApiModel):
@@ -162,15 +142,6 @@ class EpisodeSpec(ApiModel):
 
 
 # --- status -------------------------------------------------------------------------------------
-class Condition(ApiModel):
-    type: str
-    status: Literal["True", "False", "Unknown"]
-    reason: str
-    message: str = ""
-    last_transition_time: str
-    observed_generation: int | None = None
-
-
 class ArtifactSummary(ApiModel):
     collected: int = Field(default=0, description="Entries with status ok.")
     failed: int = Field(default=0, description="Entries with status failed (missing source, …).")
@@ -181,15 +152,23 @@ class ArtifactSummary(ApiModel):
 class TurnStatus(ApiModel):
     name: str
     phase: TurnPhase = "Pending"
-    stage: str | None = Field(default=None, description="Where the turn is: cleanup, prepare, agent, collect, verify.")
+    stage: Stage | None = Field(
+        default=None,
+        description="Where the turn is (the runtime's stage table): cleanup, workdir, setup, healthcheck, agent, "
+        "collect, verify-prepare, verify, done.",
+    )
     reward: float | None = None
     verifier_rewards: dict[str, float] = Field(default_factory=dict)
     reward_valid: bool | None = None
+    gate: Literal["passed", "missed"] | None = Field(
+        default=None,
+        description="The turn's min_reward gate, decided once when its reward was read: missed stops the episode.",
+    )
     verifier_mode: Literal["shared", "separate"] | None = None
     failure_kind: str | None = None
     agent_exit_code: int | None = None
-    started_at: str | None = None
-    finished_at: str | None = None
+    started_at: Timestamp | None = None
+    finished_at: Timestamp | None = None
     artifacts: ArtifactSummary | None = None
     message: str | None = None
 
@@ -203,10 +182,14 @@ class TaskStatus(ApiModel):
 class AttemptStatus(ApiModel):
     number: int
     reason: str | None = Field(default=None, description="Why the attempt ended, for an outage.")
-    started_at: str | None = None
-    ready_at: str | None = Field(default=None, description="When the sandbox was ready: the deadline's clock starts.")
-    deadline_at: str | None = Field(default=None, description="Past this the attempt fails as harbor:task_deadline.")
-    finished_at: str | None = None
+    started_at: Timestamp | None = None
+    ready_at: Timestamp | None = Field(
+        default=None, description="When the sandbox was ready: the deadline's clock starts."
+    )
+    deadline_at: Timestamp | None = Field(
+        default=None, description="Past this the attempt fails as harbor:task_deadline."
+    )
+    finished_at: Timestamp | None = None
 
 
 class EpisodeStatus(ApiModel):
@@ -225,10 +208,10 @@ class EpisodeStatus(ApiModel):
     turns: list[TurnStatus] = Field(default_factory=list)
     task: TaskStatus | None = None
     pod_name: str | None = None
-    started_at: str | None = None
-    finished_at: str | None = None
+    started_at: Timestamp | None = None
+    finished_at: Timestamp | None = None
     observed_generation: int | None = None
-    conditions: list[Condition] = Field(default_factory=list)
+    conditions: Conditions = Field(default_factory=list)
 
 
 class Episode(ApiModel):
@@ -242,15 +225,16 @@ class Episode(ApiModel):
 
 
 def episode_manifest(
-    namespace: str,
+    namespace: str | None,
     spec: EpisodeSpec,
     *,
     name: str | None = None,
     generate_name: str | None = None,
     labels: dict[str, str] | None = None,
 ) -> dict[str, Any]:
-    """An Episode object ready to create (``name`` or ``generate_name``)."""
-    metadata: dict[str, Any] = {"namespace": namespace, "labels": labels or {}}
+    """An Episode object ready to create (``name`` or ``generate_name``); no namespace: where it is applied."""
+    metadata: dict[str, Any] = {"namespace": namespace} if namespace else {}
+    metadata["labels"] = labels or {}
     if name:
         metadata["name"] = name
     else:

@@ -9,9 +9,9 @@ import os
 import sys
 import tarfile
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, cast
 
 import click
 import yaml
@@ -20,39 +20,38 @@ from rich.live import Live
 from rich.table import Table
 
 from episode_operator.api.export import FAILURES, ROLLOUTS, split_rows
-from episode_operator.api.models import AgentSpec, EpisodeSpec, EpisodeStatus, TaskSource, episode_manifest
-from episode_operator.kube.client import KubeClient, KubeError
-from episode_operator.kube.episodeset import set_selector
-from episode_operator.kube.tasks import TaskTooLarge, task_config_map
+from episode_operator.api.models import (
+    AgentSpec,
+    EpisodeSpec,
+    EpisodeStatus,
+    TaskSource,
+    TurnStatus,
+    episode_manifest,
+)
+from episode_operator.api.naming import content_name
+from episode_operator.api.vocabulary import TASK_LABEL, is_terminal
+from episode_operator.cli import printing
+from episode_operator.cli.cluster import Cluster, cluster_options
+from episode_operator.kube.client import Gone, KubeClient, KubeError
+from episode_operator.kube.objects.children import set_selector
+from episode_operator.kube.objects.tasks import TaskTooLarge, task_config_map
+from episode_operator.runtime.agents import AGENT_KINDS, spec_problems
 from episode_operator.runtime.archive import extract_safely
 from episode_operator.runtime.dataapi import API_SERVICE
 from episode_operator.runtime.store import episode_store_root, export_artifacts, stored_logs
 from episode_operator.taskfolder import TaskFiles, validate_task
 
-T = TypeVar("T")
-TERMINAL = ("Succeeded", "Failed")
+# Where a watch starts over after the API server ended it (its timeout) or the list went stale.
+WATCH_RESTARTS = 1000
 
 
-def with_client(kubeconfig: str | None, action: Callable[[KubeClient], Awaitable[T]]) -> T:
-    """Run ``action`` with a connected client; API errors become one line and exit 1."""
-
-    async def main() -> T:
-        client = await KubeClient.connect(kubeconfig)
-        try:
-            return await action(client)
-        finally:
-            await client.close()
-
-    try:
-        return asyncio.run(main())
-    except KubeError as error:
-        raise click.ClickException(str(error)) from error
-
-
-def cluster_options(command: Callable[..., Any]) -> Callable[..., Any]:
-    command = click.option("-n", "--namespace", default="default", show_default=True, help="Namespace.")(command)
-    command = click.option("--kubeconfig", default=None, help="Kubeconfig (default: $KUBECONFIG).")(command)
-    return command
+def agent_spec(document: dict[str, Any]) -> AgentSpec:
+    """``spec.agent`` from the command line, checked by its kind's registry entry (a clear error, exit 1)."""
+    spec = AgentSpec.model_validate({key: value for key, value in document.items() if value is not None})
+    problems = spec_problems(spec)
+    if problems:
+        raise click.ClickException("; ".join(problems))
+    return spec
 
 
 def _load_folder(directory: str) -> TaskFiles:
@@ -67,11 +66,55 @@ def _load_folder(directory: str) -> TaskFiles:
     return files
 
 
-def _pack_manifest(directory: str, namespace: str) -> dict[str, Any]:
+def _pack_manifest(directory: str) -> dict[str, Any]:
     try:
-        return task_config_map(_load_folder(directory), task=Path(directory).resolve().name, namespace=namespace)
+        return task_config_map(_load_folder(directory), task=Path(directory).resolve().name, namespace=None)
     except TaskTooLarge as error:
         raise click.ClickException(f"{directory}: {error}") from error
+
+
+def placed(manifest: dict[str, Any], namespace: str | None) -> dict[str, Any]:
+    """The manifest in ``namespace`` unless it names its own; None leaves it where it will be applied."""
+    metadata = manifest.setdefault("metadata", {})
+    if namespace and "namespace" not in metadata:
+        name = {"name": metadata.pop("name")} if "name" in metadata else {}
+        manifest["metadata"] = {**name, "namespace": namespace, **metadata}
+    return manifest
+
+
+def output_namespace(cluster: Cluster, output: str) -> str | None:
+    """Where created objects go; printed manifests (``-o yaml``) name a namespace only when -n does.
+
+    Read after the input is checked: a bad folder is reported even without a kubeconfig."""
+    return cluster.namespace_flag if output == "yaml" else cluster.namespace
+
+
+def dump_manifests(manifests: Sequence[dict[str, Any]]) -> str:
+    """Manifests as one multi-document YAML stream, what ``kubectl apply -f`` and kustomize read."""
+    return str(yaml.safe_dump_all(manifests, sort_keys=False, allow_unicode=True))
+
+
+def manifest_output(create_help: str) -> Callable[..., Any]:
+    """``-o name|yaml`` of the commands that create objects: yaml prints them and creates nothing."""
+    return click.option(
+        "-o",
+        "--output",
+        type=click.Choice(["name", "yaml"]),
+        default="name",
+        show_default=True,
+        help=f"name: {create_help}; yaml: only print the manifests (no namespace unless -n), create nothing.",
+    )
+
+
+def turn_name(status: EpisodeStatus, given: str) -> str:
+    """The turn ``given`` names: a turn's name, else its 1-based index (``--turn 2``)."""
+    turns: list[TurnStatus] = status.turns
+    if any(turn.name == given for turn in turns):
+        return given
+    if given.isdigit() and 1 <= int(given) <= len(turns):
+        return turns[int(given) - 1].name
+    known = ", ".join(f"{number} {turn.name}" for number, turn in enumerate(turns, start=1)) or "none yet"
+    raise click.BadParameter(f"no turn {given!r} (turns: {known})", param_hint="--turn")
 
 
 def register(cli: click.Group) -> None:
@@ -81,35 +124,33 @@ def register(cli: click.Group) -> None:
     @cli.command()
     @click.argument("directory", type=click.Path(exists=True, file_okay=False))
     @cluster_options
-    @click.option(
-        "-o",
-        "--output",
-        type=click.Choice(["name", "yaml"]),
-        default="name",
-        show_default=True,
-        help="name: create the ConfigMap and print its name; yaml: only print it.",
-    )
-    def pack(directory: str, namespace: str, kubeconfig: str | None, output: str) -> None:
+    @manifest_output("create the ConfigMap and print its name")
+    def pack(directory: str, cluster: Cluster, output: str) -> None:
         """Pack a task folder into a content-addressed ConfigMap."""
-        manifest = _pack_manifest(directory, namespace)
+        manifest = placed(_pack_manifest(directory), output_namespace(cluster, output))
         if output == "yaml":
-            click.echo(yaml.safe_dump(manifest, sort_keys=False))
+            click.echo(dump_manifests([manifest]), nl=False)
             return
 
         async def apply(client: KubeClient) -> None:
             await client.apply_config_map(manifest)
 
-        with_client(kubeconfig, apply)
+        cluster.run(apply)
         click.echo(f"configmap/{manifest['metadata']['name']}")
 
     @cli.command()
     @click.argument("source", type=click.Path(exists=True))
     @cluster_options
-    @click.option("--agent", type=click.Choice(["oracle", "nop", "command"]), default="oracle", show_default=True)
+    @click.option("--agent", type=click.Choice(AGENT_KINDS), default="oracle", show_default=True)
     @click.option("--command", "agent_command", default=None, help="For --agent command: the shell command.")
     @click.option("--image", default=None, help="Image for a task without docker_image.")
-    @click.option("--name", default=None, help="Episode name (default: generated from the folder's name).")
+    @click.option(
+        "--name",
+        default=None,
+        help="Episode name (default: the folder's name; a random suffix, or with -o yaml a digest of the spec).",
+    )
     @click.option("--timeout-multiplier", type=click.FloatRange(min=0, min_open=True), default=1.0, show_default=True)
+    @manifest_output("create the Episode and print its name")
     @click.option("--wait/--no-wait", default=False, help="Follow the episode to its end, turn by turn.")
     @click.option(
         "--timeout",
@@ -121,86 +162,121 @@ def register(cli: click.Group) -> None:
     )
     def run(
         source: str,
-        namespace: str,
-        kubeconfig: str | None,
+        cluster: Cluster,
         agent: str,
         agent_command: str | None,
         image: str | None,
         name: str | None,
         timeout_multiplier: float,
+        output: str,
         wait: bool,
         wait_timeout: float,
     ) -> None:
-        """Run SOURCE (a task folder, or an Episode YAML) as an Episode."""
+        """Run SOURCE (a task folder, or an Episode YAML) as an Episode.
+
+        Every run is a new Episode (a random name suffix). With -o yaml the Episode is named after the
+        folder and a digest of its spec instead: a manifest for Git, which applies as one object however
+        often it is applied.
+        """
         config_map: dict[str, Any] | None = None
         if Path(source).is_dir():
-            config_map = _pack_manifest(source, namespace)
+            config_map = _pack_manifest(source)
             try:
                 spec = EpisodeSpec(
                     task=TaskSource.model_validate({"configMap": {"name": config_map["metadata"]["name"]}}),
-                    agent=AgentSpec.model_validate({"kind": agent, "command": agent_command}),
+                    agent=agent_spec({"kind": agent, "command": agent_command}),
                     image=image,
                     timeout_multiplier=timeout_multiplier,
                 )
             except ValueError as error:
                 raise click.ClickException(str(error)) from error
-            stem = config_map["metadata"]["labels"]["episode-operator.dev/task"][:40]
-            manifest = episode_manifest(namespace, spec, name=name, generate_name=f"{stem}-")
+            stem = config_map["metadata"]["labels"][TASK_LABEL]
+            if name or output == "yaml":
+                manifest = episode_manifest(None, spec, name=name or content_name(stem, spec.to_api()))
+            else:
+                manifest = episode_manifest(None, spec, generate_name=f"{stem[:40]}-")
         else:
             manifest = yaml.safe_load(Path(source).read_text())
             if not isinstance(manifest, dict) or manifest.get("kind") != "Episode":
                 raise click.ClickException(f"{source}: not an Episode manifest")
-            manifest.setdefault("metadata", {}).setdefault("namespace", namespace)
+        namespace = output_namespace(cluster, output)
+        manifests = [placed(m, namespace) for m in (config_map, manifest) if m is not None]
+        if output == "yaml":
+            click.echo(dump_manifests(manifests), nl=False)
+            return
 
         async def create(client: KubeClient) -> dict[str, Any]:
             if config_map is not None:
                 await client.apply_config_map(config_map)
             return await client.create_episode(manifest)
 
-        created = with_client(kubeconfig, create)
+        created = cluster.run(create)
         episode_name = created["metadata"]["name"]
         episode_namespace = created["metadata"]["namespace"]
         click.echo(f"episode/{episode_name} created in {episode_namespace}")
         if wait:
-            status = follow(kubeconfig, episode_namespace, episode_name, wait_timeout)
+            status = follow(cluster, episode_namespace, episode_name, wait_timeout)
             sys.exit(0 if status.phase == "Succeeded" else 1)
 
     @cli.command()
     @click.argument("name", required=False)
     @cluster_options
-    @click.option("-A", "--all-namespaces", is_flag=True)
-    def get(name: str | None, namespace: str, kubeconfig: str | None, all_namespaces: bool) -> None:
-        """List Episodes with phase, reward and turns."""
+    @click.option("-A", "--all-namespaces", is_flag=True, help="Every namespace.")
+    @click.option("-l", "--selector", default=None, help="Label selector, e.g. episode-operator.dev/set=NAME.")
+    @click.option(
+        "-o",
+        "--output",
+        type=click.Choice(["json", "yaml", "wide", "name"]),
+        default=None,
+        help="json, yaml, name, or wide (a table with more columns); default: a table.",
+    )
+    @click.option("-w", "--watch", is_flag=True, help="After listing, print every change.")
+    def get(
+        name: str | None, cluster: Cluster, all_namespaces: bool, selector: str | None, output: str | None, watch: bool
+    ) -> None:
+        """List Episodes (or show one) as kubectl does: phase, reward, turns, outcome, age."""
+        if name and selector:
+            raise click.UsageError("a name cannot be given with a selector (-l)")
+        if name and all_namespaces:
+            raise click.UsageError("an Episode cannot be named across all namespaces (-A)")
+        namespace = None if all_namespaces else cluster.namespace
+        view = GetView(cast(printing.OutputFormat, output or "table"), all_namespaces, one_by_one=bool(name) or watch)
 
-        async def fetch(client: KubeClient) -> list[dict[str, Any]]:
-            if name:
-                return [await client.get_episode(namespace, name)]
-            return await client.list_episodes(None if all_namespaces else namespace)
+        async def show(client: KubeClient) -> None:
+            for restart in range(WATCH_RESTARTS):
+                if name:
+                    assert namespace is not None
+                    item = await client.get_episode(namespace, name)
+                    items, version = [item], str(item["metadata"].get("resourceVersion", ""))
+                else:
+                    items, version = await client.list_episodes_at(namespace, selector)
+                if restart == 0:
+                    view.show(items)
+                    if not items and not watch:
+                        where = "" if namespace is None else f" in {namespace} namespace"
+                        click.echo(f"No resources found{where}.", err=True)
+                if not watch:
+                    return
+                try:
+                    async for _kind, item in client.watch_episodes(namespace, selector, version):
+                        if not name or item["metadata"]["name"] == name:
+                            view.show([item])
+                except Gone:
+                    continue  # too old to watch from: list again (nothing already shown is shown again)
 
-        table = Table("NAMESPACE", "NAME", "PHASE", "OUTCOME", "REWARD", "TURNS", "FAILURE", box=None)
-        for item in with_client(kubeconfig, fetch):
-            status = item.get("status") or {}
-            table.add_row(
-                item["metadata"]["namespace"],
-                item["metadata"]["name"],
-                status.get("phase", ""),
-                status.get("outcome", ""),
-                _reward(status.get("reward")),
-                status.get("progress", ""),
-                status.get("failureKind") or "",
-            )
-        Console().print(table)
+        cluster.run(show)
 
     @cli.command()
     @click.argument("name")
     @cluster_options
-    def describe(name: str, namespace: str, kubeconfig: str | None) -> None:
+    def describe(name: str, cluster: Cluster) -> None:
         """An Episode's outcome and every turn."""
+        namespace = cluster.namespace
 
         async def fetch(client: KubeClient) -> dict[str, Any]:
             return await client.get_episode(namespace, name)
 
-        item = with_client(kubeconfig, fetch)
+        item = cluster.run(fetch)
         status = EpisodeStatus.model_validate(item.get("status") or {})
         console = Console()
         console.print(
@@ -226,22 +302,26 @@ def register(cli: click.Group) -> None:
     @cli.command()
     @click.argument("name")
     @cluster_options
-    @click.option("--turn", default=None, help="Only this turn.")
+    @click.option("--turn", default=None, help="Only this turn: its name, or its number (1 is the first).")
     @click.option("--attempt", type=int, default=None, help="Only this attempt (default: all).")
     @operator_options
     def logs(
         name: str,
-        namespace: str,
-        kubeconfig: str | None,
+        cluster: Cluster,
         turn: str | None,
         attempt: int | None,
         data_dir: str | None,
     ) -> None:
         """Print the logs an Episode's turns left (agent, setup, verifier, hooks)."""
-        source = _kept(kubeconfig, namespace, name, data_dir)
+        episode = _episode(cluster, name)
+        if turn is not None:
+            turn = turn_name(EpisodeStatus.model_validate(episode.get("status") or {}), turn)
+        source = _kept(cluster, episode, data_dir)
         text = source.logs(turn=turn, attempt=attempt)
         if not text:
-            raise click.ClickException(f"no logs kept for {namespace}/{name}" + (f" turn {turn}" if turn else ""))
+            raise click.ClickException(
+                f"no logs kept for {cluster.namespace}/{name}" + (f" turn {turn}" if turn else "")
+            )
         click.echo(text, nl=False)
 
     @cli.command()
@@ -252,29 +332,80 @@ def register(cli: click.Group) -> None:
     def artifacts(
         name: str,
         destination: Path,
-        namespace: str,
-        kubeconfig: str | None,
+        cluster: Cluster,
         data_dir: str | None,
     ) -> None:
         """Copy an Episode's artifacts (latest attempt) into DESTINATION/<turn>/."""
-        source = _kept(kubeconfig, namespace, name, data_dir)
+        source = _kept(cluster, _episode(cluster, name), data_dir)
         written = source.artifacts(destination)
         if not written:
-            raise click.ClickException(f"no artifacts kept for {namespace}/{name}")
+            raise click.ClickException(f"no artifacts kept for {cluster.namespace}/{name}")
         click.echo(f"{written} file(s) under {destination}")
+
+
+class GetView:
+    """How ``get`` prints what it lists and then every change it watches, in kubectl's formats: a
+    ``List`` for ``-o json|yaml`` of a listing; one document per object for one Episode or a watch."""
+
+    def __init__(self, output: printing.OutputFormat, all_namespaces: bool, *, one_by_one: bool) -> None:
+        self.output, self.all_namespaces, self.one_by_one = output, all_namespaces, one_by_one
+        self.widths: list[int] | None = None
+        self.documents = 0
+
+    def show(self, items: Sequence[dict[str, Any]]) -> None:
+        if self.output == "name":
+            for item in items:
+                click.echo(printing.resource_name(item))
+        elif self.output in ("json", "yaml"):
+            documents = [[item] for item in items] if self.one_by_one else [items]
+            for document in documents:
+                if self.documents and self.output == "yaml":
+                    click.echo("---")
+                rendered = printing.as_document(document, single=self.one_by_one)
+                click.echo(printing.render_document(rendered, self.output), nl=False)
+                self.documents += 1
+        else:
+            self._table(items)
+
+    def _table(self, items: Sequence[dict[str, Any]]) -> None:
+        wide, now = self.output == "wide", time.time()
+        rows = [printing.table_row(item, wide=wide, all_namespaces=self.all_namespaces, now=now) for item in items]
+        if self.widths is None:
+            if not rows:
+                return
+            header = printing.table_header(wide=wide, all_namespaces=self.all_namespaces)
+            # A watch prints later rows in these widths, as kubectl does.
+            self.widths = printing.column_widths([header, *rows])
+            click.echo(printing.render_row(header, self.widths))
+        for row in rows:
+            click.echo(printing.render_row(row, self.widths))
+
+
+def _episode(cluster: Cluster, name: str) -> dict[str, Any]:
+    async def fetch(client: KubeClient) -> dict[str, Any]:
+        return await client.get_episode(cluster.namespace, name)
+
+    return cluster.run(fetch)
 
 
 def register_export(cli: click.Group) -> None:
     @cli.command()
     @click.argument("names", nargs=-1)
     @cluster_options
-    @click.option("-A", "--all-namespaces", is_flag=True)
+    @click.option("-A", "--all-namespaces", is_flag=True, help="Every namespace.")
     @click.option("-l", "--selector", default=None, help="Label selector, e.g. episode-operator.dev/set=NAME.")
     @click.option("--set", "episode_set", default=None, help="The children of this EpisodeSet (with -l: both).")
-    @click.option("--format", "output_format", type=click.Choice(["gym-jsonl"]), default="gym-jsonl", show_default=True)
     @click.option(
         "-o",
         "--output",
+        "output_format",
+        type=click.Choice(["gym-jsonl"]),
+        default="gym-jsonl",
+        show_default=True,
+        help="The rows' format.",
+    )
+    @click.option(
+        "--output-dir",
         type=click.Path(file_okay=False, path_type=Path),
         default=Path("."),
         show_default=True,
@@ -282,31 +413,33 @@ def register_export(cli: click.Group) -> None:
     )
     def export(
         names: tuple[str, ...],
-        namespace: str,
-        kubeconfig: str | None,
+        cluster: Cluster,
         all_namespaces: bool,
         selector: str | None,
         episode_set: str | None,
         output_format: str,
-        output: Path,
+        output_dir: Path,
     ) -> None:
-        """Write finished Episodes as Gym rows: graded to rollouts.jsonl, the rest to rollouts_failures.jsonl."""
+        """Write finished Episodes as Gym rows: graded and masked to rollouts.jsonl, failed attempts to the failures."""
         if episode_set:
             selector = ",".join(part for part in (set_selector(episode_set), selector) if part)
+        if names and all_namespaces:
+            raise click.UsageError("Episodes cannot be named across all namespaces (-A)")
 
         async def fetch(client: KubeClient) -> list[dict[str, Any]]:
             if names:
-                return [await client.get_episode(namespace, name) for name in names]
-            return await client.list_episodes(None if all_namespaces else namespace, selector)
+                return [await client.get_episode(cluster.namespace, name) for name in names]
+            return await client.list_episodes(None if all_namespaces else cluster.namespace, selector)
 
-        rollouts, failures = split_rows(with_client(kubeconfig, fetch))
-        output.mkdir(parents=True, exist_ok=True)
+        rollouts, failures = split_rows(cluster.run(fetch))
+        output_dir.mkdir(parents=True, exist_ok=True)
         for filename, rows in ((ROLLOUTS, rollouts), (FAILURES, failures)):
-            with (output / filename).open("w") as stream:
+            with (output_dir / filename).open("w") as stream:
                 for row in rows:
                     stream.write(json.dumps(row, sort_keys=True) + "\n")
         click.echo(
-            f"{len(rollouts)} rollout(s) to {output / ROLLOUTS}, {len(failures)} failure(s) to {output / FAILURES}"
+            f"{len(rollouts)} rollout(s) to {output_dir / ROLLOUTS}, "
+            f"{len(failures)} failure(s) to {output_dir / FAILURES}"
         )
 
 
@@ -340,8 +473,8 @@ class _RemoteStore:
     """The in-cluster operator's data API, through the API server: it authenticates the user and
     authorizes ``get`` on ``episodes/log`` or ``episodes/artifacts`` (group data.episode-operator.dev)."""
 
-    def __init__(self, kubeconfig: str | None, namespace: str, name: str, uid: str) -> None:
-        self.kubeconfig, self.namespace, self.name, self.uid = kubeconfig, namespace, name, uid
+    def __init__(self, cluster: Cluster, namespace: str, name: str, uid: str) -> None:
+        self.cluster, self.namespace, self.name, self.uid = cluster, namespace, name, uid
 
     def _get(self, subresource: str, query: dict[str, str]) -> bytes | None:
         async def fetch(client: KubeClient) -> bytes | None:
@@ -357,7 +490,7 @@ class _RemoteStore:
                     ) from error
                 raise
 
-        return with_client(self.kubeconfig, fetch)
+        return self.cluster.run(fetch)
 
     def logs(self, *, turn: str | None, attempt: int | None) -> str:
         query = {key: str(value) for key, value in (("turn", turn), ("attempt", attempt)) if value is not None}
@@ -375,17 +508,14 @@ class _RemoteStore:
         return sum(1 for member in members if member.isfile())
 
 
-def _kept(kubeconfig: str | None, namespace: str, name: str, data_dir: str | None) -> _LocalStore | _RemoteStore:
-    async def fetch(client: KubeClient) -> dict[str, Any]:
-        return await client.get_episode(namespace, name)
-
-    uid = with_client(kubeconfig, fetch)["metadata"]["uid"]
+def _kept(cluster: Cluster, episode: dict[str, Any], data_dir: str | None) -> _LocalStore | _RemoteStore:
+    namespace, name, uid = (episode["metadata"][key] for key in ("namespace", "name", "uid"))
     if data_dir:
         root = episode_store_root(Path(data_dir), namespace, name, uid)
         if not root.is_dir():
             raise click.ClickException(f"{root}: not found; is --data-dir the operator's data directory?")
         return _LocalStore(root)
-    return _RemoteStore(kubeconfig, namespace, name, uid)
+    return _RemoteStore(cluster, namespace, name, uid)
 
 
 def _reward(value: Any) -> str:
@@ -408,7 +538,7 @@ def _turn_table(status: EpisodeStatus) -> Table:
     return table
 
 
-def follow(kubeconfig: str | None, namespace: str, name: str, timeout: float) -> EpisodeStatus:
+def follow(cluster: Cluster, namespace: str, name: str, timeout: float) -> EpisodeStatus:
     """Show the Episode's turns live until it ends; print the outcome."""
     console = Console()
 
@@ -423,13 +553,13 @@ def follow(kubeconfig: str | None, namespace: str, name: str, timeout: float) ->
                 table = _turn_table(status)
                 table.title = header
                 live.update(table)
-                if status.phase in TERMINAL or time.monotonic() > deadline:
+                if is_terminal(status.phase) or time.monotonic() > deadline:
                     return status
                 await asyncio.sleep(1.0)
 
-    status = with_client(kubeconfig, watch)
+    status = cluster.run(watch)
     console.print()
-    if status.phase not in TERMINAL:
+    if not is_terminal(status.phase):
         raise click.ClickException(f"episode {namespace}/{name} still {status.phase} after {timeout:.0f} s")
     console.print(
         f"{status.phase} ({status.outcome}): reward {_reward(status.reward)}"

@@ -9,26 +9,27 @@ from pathlib import Path
 from typing import Any
 
 import click
-import yaml
 from pydantic import ValidationError
 from rich.console import Console, Group
 from rich.live import Live
 from rich.table import Table
 
 from episode_operator.api.episodeset import SET_KIND, EpisodeSetSpec, EpisodeSetStatus, SetTaskStatus
-from episode_operator.api.models import API_VERSION
-from episode_operator.cli.episodes import cluster_options, with_client
+from episode_operator.api.naming import content_name
+from episode_operator.api.vocabulary import API_VERSION, is_terminal
+from episode_operator.cli.cluster import Cluster, cluster_options
+from episode_operator.cli.episodes import agent_spec, dump_manifests, manifest_output, output_namespace, placed
 from episode_operator.kube.client import KubeClient
-from episode_operator.kube.tasks import TaskTooLarge, task_config_map
+from episode_operator.kube.objects.tasks import TaskTooLarge, task_config_map
+from episode_operator.runtime.agents import AGENT_KINDS
 from episode_operator.taskfolder import TaskFiles, validate_task
 from episode_operator.taskfolder.dataset import discover_dataset
 
-TERMINAL = ("Succeeded", "Failed")
 SHOWN_TASKS = 30
 OUTCOME_CELLS = {"Ungraded": "infra", "Masked": "masked", "TerminalFailure": "term"}
 
 
-def pack_dataset(directory: str, namespace: str) -> list[tuple[str, dict[str, Any]]]:
+def pack_dataset(directory: str) -> list[tuple[str, dict[str, Any]]]:
     """(task ID, ConfigMap) of every task folder under ``directory``; every refusal reported at once."""
     dataset = discover_dataset(directory)
     problems = [problem.render() for problem in dataset.problems]
@@ -40,7 +41,7 @@ def pack_dataset(directory: str, namespace: str) -> list[tuple[str, dict[str, An
             problems += [f"{task.path}: {problem.render()}" for problem in validation.problems]
             continue
         try:
-            packed.append((task.name, task_config_map(files, task=task.name, namespace=namespace)))
+            packed.append((task.name, task_config_map(files, task=task.name, namespace=None)))
         except TaskTooLarge as error:
             problems.append(f"{task.path}: {error}")
     if problems:
@@ -60,7 +61,7 @@ def register_sets(cli: click.Group) -> None:
     @cli.command("eval")
     @click.argument("dataset", type=click.Path(exists=True, file_okay=False))
     @cluster_options
-    @click.option("--agent", type=click.Choice(["oracle", "nop", "command"]), default="oracle", show_default=True)
+    @click.option("--agent", type=click.Choice(AGENT_KINDS), default="oracle", show_default=True)
     @click.option("--command", "agent_command", default=None, help="For --agent command: the shell command.")
     @click.option("--setup", "agent_setup", default=None, help="For --agent command: run once per sandbox.")
     @click.option("--image", default=None, help="Image for tasks without docker_image.")
@@ -68,7 +69,11 @@ def register_sets(cli: click.Group) -> None:
     @click.option(
         "--parallelism", type=click.IntRange(1, 10000), default=4, show_default=True, help="Children active at once."
     )
-    @click.option("--name", default=None, help="EpisodeSet name (default: generated from the folder's name).")
+    @click.option(
+        "--name",
+        default=None,
+        help="EpisodeSet name (default: the folder's name; a random suffix, or with -o yaml a digest of the spec).",
+    )
     @click.option("--queue-name", default=None, help="Kueue LocalQueue for the children (kueue.x-k8s.io/queue-name).")
     @click.option("--timeout-multiplier", type=click.FloatRange(min=0, min_open=True), default=1.0, show_default=True)
     @click.option(
@@ -79,22 +84,14 @@ def register_sets(cli: click.Group) -> None:
     )
     @click.option("--max-outages", type=click.IntRange(min=0), default=None, help="Stop after more outages.")
     @click.option("--max-terminal-failures", type=click.IntRange(min=0), default=None, help="Stop after more.")
-    @click.option(
-        "-o",
-        "--output",
-        type=click.Choice(["name", "yaml"]),
-        default="name",
-        show_default=True,
-        help="name: create and print the set's name; yaml: only print the ConfigMaps and the set.",
-    )
+    @manifest_output("create the set and print its name")
     @click.option("--wait/--no-wait", default=False, help="Show live progress until the set finishes.")
     @click.option(
         "--timeout", "wait_timeout", type=float, default=86400.0, show_default=True, help="With --wait: give up after."
     )
     def evaluate(
         dataset: str,
-        namespace: str,
-        kubeconfig: str | None,
+        cluster: Cluster,
         agent: str,
         agent_command: str | None,
         agent_setup: str | None,
@@ -112,8 +109,12 @@ def register_sets(cli: click.Group) -> None:
         wait: bool,
         wait_timeout: float,
     ) -> None:
-        """Evaluate every task folder under DATASET: pack them, create an EpisodeSet, follow it."""
-        packed = pack_dataset(dataset, namespace)
+        """Evaluate every task folder under DATASET: pack them, create an EpisodeSet, follow it.
+
+        Every evaluation is a new set (a random name suffix). With -o yaml the set is named after the
+        folder and a digest of its spec instead: a manifest for Git, one object however often applied.
+        """
+        packed = pack_dataset(dataset)
         template: dict[str, Any] = {"timeoutMultiplier": timeout_multiplier}
         if image:
             template["image"] = image
@@ -128,7 +129,7 @@ def register_sets(cli: click.Group) -> None:
                             for task, config_map in packed
                         ]
                     },
-                    "agent": {"kind": agent, "command": agent_command, "setup": agent_setup},
+                    "agent": agent_spec({"kind": agent, "command": agent_command, "setup": agent_setup}).to_api(),
                     "attempts": attempts,
                     "parallelism": parallelism,
                     "template": template,
@@ -140,29 +141,31 @@ def register_sets(cli: click.Group) -> None:
         except ValidationError as error:
             messages = "; ".join(str(detail["msg"]).removeprefix("Value error, ") for detail in error.errors())
             raise click.ClickException(messages) from error
-        metadata: dict[str, Any] = {"namespace": namespace}
-        if name:
-            metadata["name"] = name
-        else:
-            metadata["generateName"] = (Path(dataset).resolve().name.lower()[:40].strip("-.") or "eval") + "-"
         given = spec.model_dump(mode="json", by_alias=True, exclude_none=True, exclude_unset=True)
+        stem = Path(dataset).resolve().name
+        metadata: dict[str, Any] = (
+            {"name": name or content_name(stem, given, fallback="eval")}
+            if name or output == "yaml"
+            else {"generateName": (stem.lower()[:40].strip("-.") or "eval") + "-"}
+        )
         manifest = {"apiVersion": API_VERSION, "kind": SET_KIND, "metadata": metadata, "spec": given}
+        namespace = output_namespace(cluster, output)
+        manifests = [placed(m, namespace) for m in [*(config_map for _, config_map in packed), manifest]]
         if output == "yaml":
-            click.echo(yaml.safe_dump_all([config_map for _, config_map in packed] + [manifest], sort_keys=False))
+            click.echo(dump_manifests(manifests), nl=False)
             return
 
         async def create(client: KubeClient) -> dict[str, Any]:
             await asyncio.gather(*(client.apply_config_map(config_map) for _, config_map in packed))
             return await client.create_episodeset(manifest)
 
-        created = with_client(kubeconfig, create)
-        set_name = created["metadata"]["name"]
+        set_name = cluster.run(create)["metadata"]["name"]
         click.echo(
-            f"episodeset/{set_name} created in {namespace}: {len(packed)} task(s) × {attempts} attempt(s), "
+            f"episodeset/{set_name} created in {cluster.namespace}: {len(packed)} task(s) × {attempts} attempt(s), "
             f"parallelism {parallelism}"
         )
         if wait:
-            status = follow_set(kubeconfig, namespace, set_name, wait_timeout)
+            status = follow_set(cluster, cluster.namespace, set_name, wait_timeout)
             sys.exit(0 if status.phase == "Succeeded" else 1)
 
 
@@ -177,7 +180,7 @@ def _attempt_cell(task: SetTaskStatus, attempts: int) -> str:
         record = records.get(attempt)
         if record is None:
             cells.append("·")
-        elif record.phase not in TERMINAL:
+        elif not is_terminal(record.phase):
             cells.append("…")
         elif record.outcome == "Graded":
             cells.append(_number(record.reward))
@@ -213,7 +216,7 @@ def set_view(name: str, status: EpisodeSetStatus, attempts: int) -> Group:
     return Group(*parts)
 
 
-def follow_set(kubeconfig: str | None, namespace: str, name: str, timeout: float) -> EpisodeSetStatus:
+def follow_set(cluster: Cluster, namespace: str, name: str, timeout: float) -> EpisodeSetStatus:
     """Show a set's progress live until it completes; print the result."""
     console = Console()
 
@@ -229,7 +232,7 @@ def follow_set(kubeconfig: str | None, namespace: str, name: str, timeout: float
                     return status
                 await asyncio.sleep(1.0)
 
-    status = with_client(kubeconfig, watch)
+    status = cluster.run(watch)
     console.print()
     if not status.completion_time:
         raise click.ClickException(f"episodeset {namespace}/{name} still {status.phase} after {timeout:.0f} s")

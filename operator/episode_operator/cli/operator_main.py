@@ -8,9 +8,16 @@ from pathlib import Path
 
 import click
 
-from episode_operator.api.crd import episode_crd, episodeset_crd
-from episode_operator.handlers import OperatorOptions, run_operator
-from episode_operator.kube.client import KubeClient, KubeError
+from episode_operator.cli.capture import COMMANDS as CAPTURE_COMMANDS
+from episode_operator.taskfolder.images import ImageMirrors, InvalidImageReference
+
+
+def parse_image_mirrors(_context: click.Context, _parameter: click.Parameter, values: tuple[str, ...]) -> ImageMirrors:
+    """``--image-mirror FROM=TO`` values as mirror rules; a bad one is a usage error naming it."""
+    try:
+        return ImageMirrors.parse(values)
+    except InvalidImageReference as error:
+        raise click.BadParameter(str(error)) from error
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -92,6 +99,16 @@ def main() -> None:
     show_default=True,
     help="Drive at most this many Episodes at once (0: no limit); the rest wait Pending, oldest first.",
 )
+@click.option(
+    "--image-mirror",
+    "image_mirrors",
+    multiple=True,
+    metavar="FROM=TO",
+    callback=parse_image_mirrors,
+    help="Pull FROM from TO instead (repeatable): a reference (ubuntu:24.04=registry.internal/library/ubuntu:24.04), "
+    "a repository (python=registry.internal/python) or a prefix ending in / "
+    "(docker.io/library/=registry.internal/library/). Applies to task, FROM, sidecar and verifier images.",
+)
 def run(
     namespaces: tuple[str, ...],
     data_dir: Path,
@@ -104,8 +121,12 @@ def run(
     data_api_service: str,
     data_api_owner: str,
     max_active_episodes: int,
+    image_mirrors: ImageMirrors,
 ) -> None:
     """Run the operator until interrupted."""
+    # Imported here: the capture container runs this program too, and needs neither kopf nor Kubernetes.
+    from episode_operator.handlers import OperatorOptions, run_operator
+
     run_operator(
         OperatorOptions(
             namespaces=namespaces,
@@ -119,6 +140,7 @@ def run(
             data_api_service=data_api_service,
             data_api_owner=data_api_owner,
             max_active_episodes=max_active_episodes,
+            image_mirrors=image_mirrors,
         )
     )
 
@@ -132,6 +154,9 @@ def run(
 )
 def install_crd(kubeconfig: str | None) -> None:
     """Create or update the Episode and EpisodeSet CRDs (generated from this version's models) until served."""
+    from episode_operator.kube.client import KubeClient, KubeError
+    from episode_operator.kube.objects.crds import episode_crd, episodeset_crd
+
     manifests = [episode_crd(), episodeset_crd()]
 
     async def apply() -> list[str]:
@@ -147,3 +172,7 @@ def install_crd(kubeconfig: str | None) -> None:
         raise click.ClickException(str(error)) from error
     for manifest, action in zip(manifests, actions, strict=True):
         click.echo(f"customresourcedefinition/{manifest['metadata']['name']} {action}")
+
+
+for command in CAPTURE_COMMANDS:
+    main.add_command(command)

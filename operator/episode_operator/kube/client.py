@@ -17,20 +17,22 @@ import asyncio
 import contextlib
 import json
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import AsyncIterator, Iterator, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import aiohttp
 from kubernetes_asyncio import client as k8s
 from kubernetes_asyncio import config as k8s_config
 from kubernetes_asyncio.client.exceptions import ApiException
+from kubernetes_asyncio.config import ConfigException
 from kubernetes_asyncio.stream import WsApiClient
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, stop_after_attempt, wait_exponential
 
 from episode_operator.api.episodeset import SET_PLURAL
-from episode_operator.api.models import GROUP, PLURAL, VERSION
+from episode_operator.api.models import PLURAL
+from episode_operator.api.vocabulary import GROUP, VERSION
+from episode_operator.kube.kubeconfig import KubeconfigError, Target, locate
 from episode_operator.runtime.dataapi import DATA_GROUP, DATA_VERSION
 from episode_operator.runtime.metrics import Metrics
 
@@ -52,6 +54,10 @@ class NotFound(KubeError):
 
 class Conflict(KubeError):
     pass
+
+
+class Gone(KubeError):
+    """410: a watch's resourceVersion is too old; list again."""
 
 
 class ExecTransportError(KubeError):
@@ -93,17 +99,18 @@ async def _json(response: Any) -> Any:
     """The JSON body of a call made with ``_preload_content=False``; an error status raises as
     the generated client would. Pods are read this way: building their model objects (every
     timestamp parsed by dateutil) was a fifth of a busy operator's CPU."""
-    body = await response.read()
-    _raise_for_status(response, body)
+    body = await _body(response)
     return json.loads(body) if body else None
 
 
-def _raise_for_status(response: Any, body: bytes) -> None:
-    """An error status of a call made with ``_preload_content=False`` raises as the generated client would."""
+async def _body(response: Any) -> bytes:
+    """The raw body of a call made with ``_preload_content=False``; an error status raises."""
+    body = await response.read()
     if not 200 <= response.status <= 299:
         error = ApiException(status=response.status, reason=response.reason)
-        error.body = body
+        error.body = body.decode("utf-8", "replace")
         raise error
+    return bytes(body)
 
 
 class KubeClient:
@@ -120,14 +127,24 @@ class KubeClient:
         self.core_ws: Any = k8s.CoreV1Api(ws_api)
 
     @classmethod
-    async def connect(cls, kubeconfig: str | None = None, *, metrics: Metrics | None = None) -> KubeClient:
-        """In-cluster configuration inside a pod, else ``kubeconfig`` or ``$KUBECONFIG``."""
+    async def connect(
+        cls, kubeconfig: str | None = None, *, context: str | None = None, metrics: Metrics | None = None
+    ) -> KubeClient:
+        """Connect as kubectl would (:mod:`episode_operator.kube.kubeconfig`): the kubeconfig files and
+        context, else inside a pod its service account; a missing or broken one is a :class:`KubeError`."""
         configuration = k8s.Configuration()
-        if os.environ.get("KUBERNETES_SERVICE_HOST") and kubeconfig is None and not os.environ.get("KUBECONFIG"):
-            k8s_config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
-        else:
-            path = kubeconfig or os.environ.get("KUBECONFIG") or str(Path.home() / ".kube" / "config")
-            await k8s_config.load_kube_config(config_file=path, client_configuration=configuration)
+        try:
+            location = locate(Target(kubeconfig, context))
+            if location.in_cluster:
+                k8s_config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
+            else:
+                await k8s_config.load_kube_config(
+                    config_file=os.pathsep.join(location.files),
+                    context=location.context,
+                    client_configuration=configuration,
+                )
+        except (KubeconfigError, ConfigException) as error:
+            raise KubeError(str(error)) from error
         return cls(k8s.ApiClient(configuration), WsApiClient(configuration), metrics=metrics)
 
     async def close(self) -> None:
@@ -172,6 +189,12 @@ class KubeClient:
             pass
 
     async def list_episodes(self, namespace: str | None, selector: str | None = None) -> list[dict[str, Any]]:
+        return (await self.list_episodes_at(namespace, selector))[0]
+
+    async def list_episodes_at(
+        self, namespace: str | None, selector: str | None = None
+    ) -> tuple[list[dict[str, Any]], str]:
+        """The Episodes (every namespace for None) and the list's resourceVersion, where a watch starts."""
         with _api_call("episodes"):
             if namespace is None:
                 result = await self.custom.list_cluster_custom_object(GROUP, VERSION, PLURAL, label_selector=selector)
@@ -179,7 +202,46 @@ class KubeClient:
                 result = await self.custom.list_namespaced_custom_object(
                     GROUP, VERSION, namespace, PLURAL, label_selector=selector
                 )
-        return list(result.get("items", []))
+        return list(result.get("items", [])), str((result.get("metadata") or {}).get("resourceVersion", ""))
+
+    async def watch_episodes(
+        self, namespace: str | None, selector: str | None, resource_version: str
+    ) -> AsyncIterator[tuple[str, dict[str, Any]]]:
+        """The changes after ``resource_version`` as (ADDED|MODIFIED|DELETED, Episode), until the API
+        server ends the watch; a resourceVersion too old to watch from is :class:`Gone`.
+
+        Events are read as whole lines of any length (an inline task makes an Episode large)."""
+        with _api_call("episodes"):
+            if namespace is None:
+                response = await self.custom.list_cluster_custom_object(
+                    GROUP, VERSION, PLURAL, label_selector=selector, watch=True,
+                    resource_version=resource_version, _preload_content=False,
+                )  # fmt: skip
+            else:
+                response = await self.custom.list_namespaced_custom_object(
+                    GROUP, VERSION, namespace, PLURAL, label_selector=selector, watch=True,
+                    resource_version=resource_version, _preload_content=False,
+                )  # fmt: skip
+            if response.status != 200:
+                await _json(response)  # raises with the API server's message
+        try:
+            pending = b""
+            async for chunk in response.content.iter_any():
+                *lines, pending = (pending + chunk).split(b"\n")
+                for line in lines:
+                    if not line.strip():
+                        continue
+                    event = json.loads(line)
+                    if event.get("type") == "ERROR":
+                        status = event.get("object") or {}
+                        message = f"watch of episodes: {status.get('message') or status}"
+                        raise (Gone if status.get("code") == 410 else KubeError)(message, status=status.get("code", 0))
+                    if event.get("type") in ("ADDED", "MODIFIED", "DELETED"):
+                        yield event["type"], event["object"]
+        except aiohttp.ClientError as error:
+            raise KubeError(f"watch of episodes: {type(error).__name__}: {error}") from error
+        finally:
+            response.release()
 
     async def apply_crd(self, manifest: dict[str, Any], *, timeout_sec: float = 60.0) -> str:
         """Create or update a CustomResourceDefinition and wait until it is served; says which."""
@@ -243,11 +305,19 @@ class KubeClient:
     # ConfigMaps, events --------------------------------------------------------------------
     async def apply_config_map(self, manifest: dict[str, Any]) -> None:
         """Create a ConfigMap, or leave it: packed tasks are content-addressed, so one that exists is the same."""
-        try:
-            with _api_call(f"configmap {manifest['metadata']['namespace']}/{manifest['metadata']['name']}"):
-                await self.core.create_namespaced_config_map(manifest["metadata"]["namespace"], manifest)
-        except Conflict:
-            pass
+        with contextlib.suppress(Conflict):
+            await self.create_config_map(manifest)
+
+    async def create_config_map(self, manifest: dict[str, Any]) -> None:
+        """Create a ConfigMap; one that exists is :class:`Conflict`."""
+        with _api_call(f"configmap {manifest['metadata']['namespace']}/{manifest['metadata']['name']}"):
+            await self.core.create_namespaced_config_map(manifest["metadata"]["namespace"], manifest)
+
+    async def replace_config_map(self, manifest: dict[str, Any]) -> None:
+        """Replace a ConfigMap; a ``metadata.resourceVersion`` other than the stored one is :class:`Conflict`."""
+        namespace, name = manifest["metadata"]["namespace"], manifest["metadata"]["name"]
+        with _api_call(f"configmap {namespace}/{name}"):
+            await self.core.replace_namespaced_config_map(name, namespace, manifest)
 
     async def get_config_map(self, namespace: str, name: str) -> Any:
         with _api_call(f"configmap {namespace}/{name}"):
@@ -294,6 +364,42 @@ class KubeClient:
                 await self.core.list_namespaced_pod(namespace, label_selector=selector, _preload_content=False)
             )
         return list(pods.get("items") or [])
+
+    async def read_pod_log(self, namespace: str, name: str, container: str, *, limit_bytes: int) -> bytes:
+        """The end of a container's log (the first ``limit_bytes`` the API returns)."""
+        with _api_call(f"log of pod {namespace}/{name}"):
+            response = await self.core.read_namespaced_pod_log(
+                name, namespace, container=container, limit_bytes=limit_bytes, _preload_content=False
+            )
+            return await _body(response)
+
+    # Jobs (in-cluster builds) -------------------------------------------------------------------
+    async def create_job(self, manifest: dict[str, Any]) -> None:
+        """Create a Job; :class:`Conflict` when one of that name exists."""
+        batch: Any = k8s.BatchV1Api(self.api)
+        namespace, name = manifest["metadata"]["namespace"], manifest["metadata"]["name"]
+        with _api_call(f"job {namespace}/{name}"):
+            await _json(await batch.create_namespaced_job(namespace, manifest, _preload_content=False))
+
+    async def read_job(self, namespace: str, name: str) -> dict[str, Any]:
+        """The Job as the API's JSON; :class:`NotFound` when there is none."""
+        batch: Any = k8s.BatchV1Api(self.api)
+        with _api_call(f"job {namespace}/{name}"):
+            job: dict[str, Any] = await _json(await batch.read_namespaced_job(name, namespace, _preload_content=False))
+        return job
+
+    async def delete_job(self, namespace: str, name: str) -> None:
+        """Delete a Job and its pods; one that is already gone is fine."""
+        batch: Any = k8s.BatchV1Api(self.api)
+        try:
+            with _api_call(f"job {namespace}/{name}"):
+                await _json(
+                    await batch.delete_namespaced_job(
+                        name, namespace, propagation_policy="Background", _preload_content=False
+                    )
+                )
+        except NotFound:
+            pass
 
     # NetworkPolicies ------------------------------------------------------------------------
     async def apply_network_policy(self, manifest: dict[str, Any]) -> None:
@@ -384,9 +490,7 @@ class KubeClient:
                 _preload_content=False,
                 _return_http_data_only=True,
             )
-            body: bytes = await response.read()
-            _raise_for_status(response, body)
-        return body
+            return await _body(response)
 
     # Exec ---------------------------------------------------------------------------------
     async def exec(

@@ -1,11 +1,11 @@
-"""From an Episode object to a finished episode: read the task, check it, run it.
+"""From an Episode object to a finished episode: read the task, admit it, run it.
 
 The driver is what the operator runs for each active Episode (a kopf daemon calls
-:func:`drive_episode`). Everything that can be refused is refused before any pod exists:
-a spec the models reject, a task source that cannot be read, a task folder the loader
-refuses, a seed-time refusal (no image, an oracle without solutions, an unresolvable
-``${VAR}``). Each ends the Episode ``Failed`` with a message naming the cause — never a
-crash loop. Then :class:`~episode_operator.runtime.episode.EpisodeRunner` takes over.
+:func:`drive_episode`). It reads the task source (the only I/O before the run) and hands
+the spec and the files to admission (``runtime/admission.py``), which refuses everything
+that can be refused before any pod exists; a refusal ends the Episode ``Failed`` with a
+message naming the cause — never a crash loop. Then
+:class:`~episode_operator.runtime.episode.EpisodeRunner` takes over.
 """
 
 from __future__ import annotations
@@ -15,38 +15,31 @@ import base64
 import contextlib
 import logging
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from pydantic import ValidationError
 
-from episode_operator.api.models import (
+from episode_operator.api.models import EpisodeStatus, TaskSource, TaskStatus
+from episode_operator.api.vocabulary import (
+    FAILURE_TASK_SOURCE,
+    QUEUE_LABEL,
     Condition,
-    EpisodeSpec,
-    EpisodeStatus,
-    TaskSource,
-    TaskStatus,
-    validation_message,
+    is_terminal,
+    timestamp,
 )
 from episode_operator.kube.client import KubeClient, KubeError, NotFound
-from episode_operator.kube.pods import OwnerRef, episode_selector
+from episode_operator.kube.objects.pods import OwnerRef, episode_selector
 from episode_operator.kube.sandbox import KubeProvider
 from episode_operator.kube.status import KubeStatusSink
-from episode_operator.runtime.episode import EpisodeConfig, EpisodeObserver, EpisodeRunner, timestamp
+from episode_operator.kube.tombstones import answer_from_tombstone
+from episode_operator.runtime.admission import Refusal, admit_spec, admit_task
+from episode_operator.runtime.episode import EpisodeConfig, EpisodeObserver, EpisodeRunner
 from episode_operator.runtime.store import FileStore, episode_store_root
 from episode_operator.runtime.wakeups import Wakeups
-from episode_operator.taskfolder import EpisodePlan, Problem, TaskFiles, resolve_plan, seed_refusals, validate_task
-from episode_operator.taskfolder.envtemplates import UnresolvedTemplate, resolve_env_templates
-
-# Kueue's queue label: an Episode's is copied to its pods.
-QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
-FAILURE_INVALID_SPEC = "episode:invalid_spec"
-FAILURE_TASK_SOURCE = "episode:task_source"
-FAILURE_INVALID_TASK = "harbor:invalid_task"
-FAILURE_SEED = "harbor:seed_refused"
-MESSAGE_LIMIT = 4000
+from episode_operator.taskfolder import TaskFiles
 
 
 @dataclass(frozen=True)
@@ -76,62 +69,51 @@ async def drive_episode(
     observer: EpisodeObserver | None = None,
 ) -> EpisodeStatus:
     """Run the Episode in ``body`` from its current status to a terminal phase."""
+    if (recorded := await answer_from_tombstone(client, body, logger)) is not None:
+        return recorded  # a run-once Episode re-created after its TTL: not run again (kube/tombstones.py)
     metadata = body["metadata"]
     episode = OwnerRef(metadata["name"], metadata["namespace"], metadata["uid"])
-    sink = KubeStatusSink(client, episode, metadata.get("generation"), logger)
+    generation = metadata.get("generation")
+    sink = KubeStatusSink(client, episode, generation, logger)
     try:
         status = EpisodeStatus.model_validate(body.get("status") or {})
     except ValidationError:
         status = EpisodeStatus()  # a status we cannot read is one we did not write: start over
-    if status.phase in ("Succeeded", "Failed"):
+    if is_terminal(status.phase):
         return status
-    try:
-        spec = EpisodeSpec.model_validate(body.get("spec") or {})
-    except ValidationError as error:
-        return await _refuse(sink, status, FAILURE_INVALID_SPEC, "invalid spec: " + validation_message(error))
+    spec = admit_spec(body.get("spec") or {})
+    if isinstance(spec, Refusal):
+        return await _refuse(sink, status, spec, generation)
     try:
         files = await read_task_files(client, episode.namespace, spec.task, settings.source_wait_sec)
     except TaskSourceError as error:
-        return await _refuse(sink, status, FAILURE_TASK_SOURCE, str(error))
-    validation = validate_task(files)
-    if validation.task is None:
-        return await _refuse(
-            sink, status, FAILURE_INVALID_TASK, "task refused: " + _problems(validation.problems), digest=files.digest()
-        )
-    plan = resolve_plan(validation.task, timeout_multiplier=spec.timeout_multiplier)
-    problems = seed_refusals(plan, agent=spec.agent.kind, image_override=spec.image) + _oracle_refusals(plan, spec)
-    try:
-        plan, main_env = resolve_plan_env(plan, spec)
-    except UnresolvedTemplate as error:
-        problems.append(Problem("task.toml", "env", str(error)))
-    if problems:
-        return await _refuse(
-            sink, status, FAILURE_SEED, "refused at seed: " + _problems(problems), digest=files.digest()
-        )
-    image = spec.image or plan.environment.docker_image
-    assert image is not None
+        return await _refuse(sink, status, Refusal(FAILURE_TASK_SOURCE, str(error)), generation)
+    admission = admit_task(spec, files)
+    if isinstance(admission, Refusal):
+        return await _refuse(sink, status, admission, generation)
     labels = {**settings.extra_pod_labels, **queue_labels(metadata.get("labels") or {})}
     provider = KubeProvider(
         client,
         episode,
         spec,
-        plan,
-        image,
-        main_env,
+        admission.plan,
+        admission.image,
+        admission.main_env,
         extra_labels=labels,
         pull_grace_sec=settings.pull_grace_sec,
         wakeups=settings.pod_wakeups,
     )
     config = EpisodeConfig(
-        plan=plan,
+        plan=admission.plan,
         files=files,
         agent=spec.agent,
-        digest=files.digest(),
-        task_name=validation.task.config.task.name if validation.task.config.task else None,
+        digest=admission.digest,
+        task_name=admission.task_name,
         outage_retries=spec.retries.outages,
         keep_pods_on_failure=spec.debug.keep_pods,
         poll_interval_sec=settings.poll_interval_sec,
         backoff_base_sec=settings.backoff_base_sec,
+        generation=generation,
     )
     store = FileStore(episode_store_root(settings.data_dir, episode.namespace, episode.name, episode.uid))
     return await EpisodeRunner(config, provider, sink, store, observer=observer).run(status)
@@ -172,59 +154,29 @@ async def read_task_files(client: KubeClient, namespace: str, source: TaskSource
     return TaskFiles.from_tar(archive)
 
 
-def resolve_plan_env(plan: EpisodePlan, spec: EpisodeSpec) -> tuple[EpisodePlan, dict[str, str]]:
-    """Resolve ``${VAR}`` templates of the main, verifier and solution env from the agent's literal env."""
-    source = {
-        entry["name"]: entry["value"]
-        for entry in spec.agent.env
-        if isinstance(entry.get("name"), str) and isinstance(entry.get("value"), str)
-    }
-    main_env = resolve_env_templates(plan.main_env, source)
-    turns = [
-        turn.model_copy(
-            update={
-                "verifier": turn.verifier.model_copy(update={"env": resolve_env_templates(turn.verifier.env, source)})
-            }
-        )
-        for turn in plan.turns
-    ]
-    solution_env = resolve_env_templates(plan.solution_env, source)
-    return plan.model_copy(update={"turns": turns, "solution_env": solution_env, "main_env": main_env}), main_env
-
-
-def _oracle_refusals(plan: EpisodePlan, spec: EpisodeSpec) -> list[Problem]:
-    if spec.agent.kind != "oracle":
-        return []
-    return [
-        Problem(f"{turn.solution or 'solution'}/solve.sh", None, f"the oracle needs a solve.sh for turn {turn.name!r}")
-        for turn in plan.turns
-        if not turn.solution_runnable
-    ]
-
-
-def _problems(problems: Sequence[Problem]) -> str:
-    text = "; ".join(problem.render() for problem in problems)
-    return text if len(text) <= MESSAGE_LIMIT else text[: MESSAGE_LIMIT - 3] + "..."
-
-
 async def _refuse(
-    sink: KubeStatusSink, status: EpisodeStatus, failure_kind: str, message: str, *, digest: str | None = None
+    sink: KubeStatusSink, status: EpisodeStatus, refusal: Refusal, generation: int | None
 ) -> EpisodeStatus:
     now = timestamp(time.time())
     status.phase = "Failed"
     status.outcome = "TerminalFailure"
-    status.failure_kind = failure_kind
-    status.message = message
+    status.failure_kind = refusal.failure_kind
+    status.message = refusal.message
     status.started_at = status.started_at or now
     status.finished_at = now
-    if digest:
-        status.task = TaskStatus(digest=digest)
+    if refusal.digest:
+        status.task = TaskStatus(digest=refusal.digest)
     status.conditions = [
         Condition(
-            type="Failed", status="True", reason="TerminalFailure", message=message[:1024], last_transition_time=now
+            type="Failed",
+            status="True",
+            reason="TerminalFailure",
+            message=refusal.message[:1024],
+            last_transition_time=now,
+            observed_generation=generation,
         )
     ]
-    await sink.event("EpisodeRefused", message, warning=True)
+    await sink.event("EpisodeRefused", refusal.message, warning=True)
     await sink.publish(status)
     return status
 

@@ -23,9 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 import logging
-import re
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -34,33 +32,20 @@ from typing import Any
 from pydantic import ValidationError
 
 from episode_operator.api.episodeset import (
-    CREATED_AT_ANNOTATION,
     MAX_CHILDREN,
-    QUEUE_LABEL,
-    SET_ATTEMPT_LABEL,
     SET_KIND,
-    SET_LABEL,
-    SET_TASK_INDEX_LABEL,
-    SET_TASK_LABEL,
-    SET_TASK_NAME_ANNOTATION,
     SUSPENDED_BY_SET_ANNOTATION,
     EpisodeSetSpec,
     EpisodeSetStatus,
     SetTaskStatus,
-    child_spec,
 )
-from episode_operator.api.models import DEFAULT_TASK_ARCHIVE_KEY, TaskSource, episode_manifest, validation_message
+from episode_operator.api.models import DEFAULT_TASK_ARCHIVE_KEY, validation_message
+from episode_operator.api.vocabulary import TASK_LABEL, parse_timestamp, precise_timestamp
 from episode_operator.kube.client import Conflict, KubeClient, KubeError, NotFound
-from episode_operator.kube.pods import MANAGED_BY, NAME_LIMIT, OwnerRef, label_value, short_name
+from episode_operator.kube.objects.children import child_manifest, child_view, set_selector
+from episode_operator.kube.objects.pods import OwnerRef
 from episode_operator.kube.status import post_event
-from episode_operator.kube.tasks import TASK_LABEL
-from episode_operator.runtime.evaluation import (
-    ChildView,
-    definition_digest,
-    parse_time,
-    plan_set,
-    precise_timestamp,
-)
+from episode_operator.runtime.evaluation import definition_digest, plan_set
 from episode_operator.runtime.wakeups import nap
 
 MESSAGE_LIMIT = 2000
@@ -86,26 +71,6 @@ class DatasetError(Exception):
     def __init__(self, message: str, *, waitable: bool = False) -> None:
         super().__init__(message)
         self.waitable = waitable
-
-
-# --- names and labels ---------------------------------------------------------------------------
-def child_name(set_name: str, index: int, attempt: int) -> str:
-    """``<set>-<task index>-<attempt>``, a DNS-safe name of at most 63 characters."""
-    return short_name(set_name, f"{index}-{attempt}")
-
-
-def set_selector(set_name: str) -> str:
-    """The label selector of every child of a set."""
-    return f"{SET_LABEL}={label_value(set_name)}"
-
-
-def task_label_value(task: str) -> str:
-    """A task ID as a label value: other characters become '-', long ones keep a hash."""
-    cleaned = re.sub(r"[^A-Za-z0-9._-]+", "-", task).strip("-._")
-    if len(cleaned) > NAME_LIMIT or cleaned != task:
-        digest = hashlib.sha256(task.encode()).hexdigest()[:8]
-        cleaned = f"{cleaned[: NAME_LIMIT - 9].rstrip('-._')}-{digest}".lstrip("-")
-    return cleaned
 
 
 # --- the loop -----------------------------------------------------------------------------------
@@ -174,7 +139,7 @@ async def reconcile_episode_set(
     plan = plan_set(
         spec,
         previous,
-        [_child_view(child) for child in children],
+        [child_view(child) for child in children],
         definition=definition,
         now=now,
         generation=metadata.get("generation"),
@@ -219,7 +184,7 @@ async def _resolve(
     try:
         tasks = await resolve_dataset(client, ref.namespace, spec)
     except DatasetError as error:
-        created = parse_time(metadata.get("creationTimestamp") or precise_timestamp(time.time()))
+        created = parse_timestamp(metadata.get("creationTimestamp") or precise_timestamp(time.time()))
         if error.waitable and time.time() - created < settings.source_wait_sec:
             status = previous.model_copy(
                 update={"phase": "Pending", "reason": "WaitingForDataset", "message": f"waiting: {error}"}
@@ -314,45 +279,7 @@ async def resolve_dataset(client: KubeClient, namespace: str, spec: EpisodeSetSp
     return tasks
 
 
-def task_source(spec: EpisodeSetSpec, task: SetTaskStatus) -> TaskSource:
-    """Where a task's files come from: its entry of ``spec.dataset.tasks``, or its selected ConfigMap."""
-    if task.index < len(spec.dataset.tasks):
-        return TaskSource.model_validate(spec.dataset.tasks[task.index].to_api())
-    assert task.config_map is not None
-    return TaskSource.model_validate({"configMap": {"name": task.config_map}})
-
-
 # --- children -------------------------------------------------------------------------------------
-def child_manifest(
-    ref: OwnerRef, spec: EpisodeSetSpec, task: SetTaskStatus, attempt: int, created_at: str
-) -> dict[str, Any]:
-    """A child Episode: owned by the set, named and labelled by task and attempt."""
-    env = {
-        "EPISODE_SET": ref.name,
-        "EPISODE_SET_TASK": task.name,
-        "EPISODE_SET_TASK_INDEX": str(task.index),
-        "EPISODE_SET_ATTEMPT": str(attempt),
-    }
-    labels = {
-        **MANAGED_BY,
-        SET_LABEL: label_value(ref.name),
-        SET_TASK_LABEL: task_label_value(task.name),
-        SET_TASK_INDEX_LABEL: str(task.index),
-        SET_ATTEMPT_LABEL: str(attempt),
-    }
-    if spec.queue_name:
-        labels[QUEUE_LABEL] = spec.queue_name
-    manifest = episode_manifest(
-        ref.namespace,
-        child_spec(spec, task_source(spec, task), env),
-        name=child_name(ref.name, task.index, attempt),
-        labels=labels,
-    )
-    manifest["metadata"]["annotations"] = {SET_TASK_NAME_ANNOTATION: task.name, CREATED_AT_ANNOTATION: created_at}
-    manifest["metadata"]["ownerReferences"] = [ref.owner_reference()]
-    return manifest
-
-
 def _refused(error: KubeError) -> bool:
     """A request the API server will refuse again (bad request, invalid object), unlike 403/429/5xx."""
     return error.status in (400, 422)
@@ -365,32 +292,6 @@ def _owned_by(item: Mapping[str, Any], uid: str) -> bool:
 async def _owned_children(client: KubeClient, ref: OwnerRef) -> list[dict[str, Any]]:
     listed = await client.list_episodes(ref.namespace, set_selector(ref.name))
     return [item for item in listed if _owned_by(item, ref.uid)]
-
-
-def _child_view(item: Mapping[str, Any]) -> ChildView:
-    metadata = item["metadata"]
-    labels = metadata.get("labels") or {}
-    annotations = metadata.get("annotations") or {}
-    status = item.get("status") or {}
-    try:
-        index, attempt = int(labels[SET_TASK_INDEX_LABEL]), int(labels[SET_ATTEMPT_LABEL])
-    except (KeyError, ValueError):
-        index, attempt = -1, -1  # not one of ours after all: counted active, never matched to a task
-    phase = status.get("phase")
-    return ChildView(
-        index=index,
-        attempt=attempt,
-        name=metadata["name"],
-        phase=phase if phase in ("Pending", "Running", "Succeeded", "Failed") else None,
-        outcome=status.get("outcome"),
-        reward=status.get("reward"),
-        failure_kind=status.get("failureKind"),
-        created_at=annotations.get(CREATED_AT_ANNOTATION) or metadata.get("creationTimestamp"),
-        finished_at=status.get("finishedAt"),
-        suspended=bool((item.get("spec") or {}).get("suspend")),
-        suspended_by_set=annotations.get(SUSPENDED_BY_SET_ANNOTATION) == "true",
-        deleting=bool(metadata.get("deletionTimestamp")),
-    )
 
 
 async def _create_children(

@@ -28,7 +28,8 @@ from pathlib import Path
 from typing import Literal
 
 from episode_operator.api.episodeset import SET_PLURAL
-from episode_operator.api.models import GROUP, PLURAL
+from episode_operator.api.models import PLURAL
+from episode_operator.api.vocabulary import GROUP
 from episode_operator.kube.dataapi import AUTHENTICATION_CONFIG_MAP
 from episode_operator.runtime.dataapi import API_SERVICE, DATA_GROUP, RESOURCE, SUBRESOURCES
 
@@ -82,7 +83,22 @@ OPERATOR_PERMISSIONS: tuple[Permission, ...] = (
         "agent and verifier pods; kopf watches them so that a driver reads a starting pod when it changes",
     ),
     Permission("", "pods/exec", ("create", "get"), "namespaced", "jobs start and are polled by exec (websocket: get)"),
-    Permission("", "configmaps", ("get", "list"), "namespaced", "tasks packed by `kubectl episode pack`"),
+    Permission(
+        "",
+        "configmaps",
+        ("get", "list", "create", "update"),
+        "namespaced",
+        "tasks packed by `kubectl episode pack`; build contexts of in-cluster builds; the tombstones of "
+        "run-once Episodes their TTL deleted",
+    ),
+    Permission(
+        "batch",
+        "jobs",
+        ("create", "get", "delete"),
+        "namespaced",
+        "in-cluster image builds, one Job per build context digest (kube/builds.py)",
+    ),
+    Permission("", "pods/log", ("get",), "namespaced", "a failed build's log, kept and classified"),
     Permission("", "events", ("create",), "namespaced", "turn and outage Events, and kopf's own"),
     Permission(
         "networking.k8s.io",
@@ -148,7 +164,9 @@ OPERATOR_PERMISSIONS: tuple[Permission, ...] = (
 # What a person running `kubectl episode` (and `episode-operator install-crd`) needs in a namespace;
 # documented in the README, checked against kube/client.py like the operator's.
 USER_PERMISSIONS: tuple[Permission, ...] = (
-    Permission(GROUP, PLURAL, ("create", "get", "list"), "namespaced", "kubectl episode run, get, describe"),
+    Permission(
+        GROUP, PLURAL, ("create", "get", "list", "watch"), "namespaced", "kubectl episode run, get [-w], describe"
+    ),
     Permission(GROUP, SET_PLURAL, ("create", "get"), "namespaced", "kubectl episode run of an EpisodeSet"),
     Permission("", "configmaps", ("create",), "namespaced", "kubectl episode pack"),
     *(

@@ -14,16 +14,13 @@ import contextlib
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 from episode_operator.api.models import EpisodeSpec
+from episode_operator.api.vocabulary import ATTEMPT_LABEL, EPISODE_LABEL, ROLE_LABEL, TURN_LABEL, OutageKind
 from episode_operator.kube.client import ExecTransportError, KubeClient, KubeError, NotFound
-from episode_operator.kube.network import network_policy
-from episode_operator.kube.pods import (
-    ATTEMPT_LABEL,
-    EPISODE_LABEL,
-    ROLE_LABEL,
-    TURN_LABEL,
+from episode_operator.kube.objects.network import network_policy
+from episode_operator.kube.objects.pod_state import pod_verdict
+from episode_operator.kube.objects.pods import (
     OwnerRef,
     SandboxPod,
     agent_pod_name,
@@ -97,7 +94,7 @@ class KubeSandbox:
             )
         return result.stdout
 
-    async def _transport_kind(self) -> tuple[str, str]:
+    async def _transport_kind(self) -> tuple[OutageKind, str]:
         """After exec gave up: was the pod lost, a container killed (e.g. OOM), or only the connection?"""
         try:
             pod = await self.client.read_pod(self.namespace, self.name)
@@ -107,7 +104,7 @@ class KubeSandbox:
             return "exec", ""
         verdict = pod_verdict(pod)
         if verdict.lost:
-            kind = "container-exited" if verdict.message.startswith("container ") else "pod-lost"
+            kind: OutageKind = "container-exited" if verdict.message.startswith("container ") else "pod-lost"
             if ((pod.get("status") or {}).get("reason") or "") in ("Evicted", "NodeLost", "Shutdown", "Terminated"):
                 kind = "pod-lost"
             return kind, f"pod {self.name}: {verdict.message}"
@@ -317,8 +314,8 @@ class KubeProvider:
             if verdict.waiting in PULL_WAITING | CONFIG_WAITING:
                 pulling_since = pulling_since if pulling_since is not None else now
                 if now - pulling_since > self.pull_grace_sec:
-                    kind = "image-pull" if verdict.waiting in PULL_WAITING else "container-config"
-                    raise SandboxError(f"pod {name}: {verdict.message}", kind=kind)
+                    waited: OutageKind = "image-pull" if verdict.waiting in PULL_WAITING else "container-config"
+                    raise SandboxError(f"pod {name}: {verdict.message}", kind=waited)
             else:
                 pulling_since = None
             if now - started > start_timeout_sec:
@@ -327,57 +324,3 @@ class KubeProvider:
                 )
             await nap(changed, pause)
             pause = min(pause * 1.5, self.poll_max_sec)
-
-
-@dataclass(frozen=True)
-class PodVerdict:
-    ready: bool
-    lost: bool
-    waiting: str | None
-    message: str
-
-
-def pod_verdict(pod: Mapping[str, Any]) -> PodVerdict:
-    """Read a pod's state (the API's JSON): ready to work, lost, or waiting (and why)."""
-    status = pod.get("status") or {}
-    phase = status.get("phase")
-    if (pod.get("metadata") or {}).get("deletionTimestamp"):
-        return PodVerdict(False, True, None, "is being deleted")
-    if phase in ("Failed", "Succeeded"):
-        reason = status.get("reason") or phase
-        return PodVerdict(False, True, None, f"{reason}: {status.get('message') or 'a container exited'}")
-    statuses = list(status.get("containerStatuses") or [])
-    for container in statuses:
-        terminated = (container.get("state") or {}).get("terminated")
-        if terminated is not None:
-            return PodVerdict(
-                False,
-                True,
-                None,
-                f"container {container.get('name')} exited with {terminated.get('exitCode')} "
-                f"({terminated.get('reason')}): {(terminated.get('message') or '').strip()[:300]}",
-            )
-    for container in statuses:
-        waiting = (container.get("state") or {}).get("waiting")
-        if waiting is not None and waiting.get("reason") not in (None, "ContainerCreating", "PodInitializing"):
-            return PodVerdict(
-                False,
-                False,
-                waiting.get("reason"),
-                f"container {container.get('name')}: {waiting.get('reason')}: {waiting.get('message') or ''}",
-            )
-    if (
-        phase == "Running"
-        and statuses
-        and all(
-            c.get("ready") or (c.get("name") == MAIN_CONTAINER and (c.get("state") or {}).get("running") is not None)
-            for c in statuses
-        )
-    ):
-        return PodVerdict(True, False, None, "running")
-    for condition in status.get("conditions") or []:
-        if condition.get("type") == "PodScheduled" and condition.get("status") == "False":
-            return PodVerdict(
-                False, False, None, f"not scheduled: {condition.get('message') or condition.get('reason')}"
-            )
-    return PodVerdict(False, False, None, f"phase {phase}")

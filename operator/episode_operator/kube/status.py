@@ -4,16 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from dataclasses import dataclass, field
-from typing import Any
 
-from episode_operator.api.models import API_VERSION, EpisodeStatus
+from episode_operator.api.models import EpisodeStatus
+from episode_operator.api.vocabulary import is_terminal
 from episode_operator.kube.client import KubeClient, KubeError, NotFound
-from episode_operator.kube.pods import OwnerRef
-from episode_operator.runtime.episode import timestamp
-
-COMPONENT = "episode-operator"
+from episode_operator.kube.objects.events import event_manifest
+from episode_operator.kube.objects.pods import OwnerRef
 
 
 class EpisodeGone(Exception):
@@ -33,9 +30,12 @@ class KubeStatusSink:
     _events: asyncio.Task[None] | None = field(default=None, init=False, repr=False)
 
     async def publish(self, status: EpisodeStatus) -> None:
-        if status.phase in ("Succeeded", "Failed"):
+        if is_terminal(status.phase):
             await self.flush()  # the terminal status ends the driver: its Events come first
+        # The whole status, conditions included, was computed from the generation the driver runs.
         status.observed_generation = self.generation
+        for condition in status.conditions:
+            condition.observed_generation = self.generation
         try:
             await self.client.replace_episode_status(self.episode.namespace, self.episode.name, status.to_api())
         except NotFound as error:
@@ -70,28 +70,3 @@ async def post_event(
         logger.warning("could not post event %s: %s", reason, error)
     except Exception:  # posted in the background too: nothing may escape unlogged
         logger.exception("could not post event %s", reason)
-
-
-def event_manifest(owner: OwnerRef, reason: str, message: str, warning: bool) -> dict[str, Any]:
-    now = time.time()
-    stamp = timestamp(now)
-    return {
-        "apiVersion": "v1",
-        "kind": "Event",
-        "metadata": {"name": f"{owner.name[:200]}.{int(now * 1e6):x}", "namespace": owner.namespace},
-        "involvedObject": {
-            "apiVersion": API_VERSION,
-            "kind": owner.kind,
-            "name": owner.name,
-            "namespace": owner.namespace,
-            "uid": owner.uid,
-        },
-        "reason": reason,
-        "message": message[:1024],
-        "type": "Warning" if warning else "Normal",
-        "source": {"component": COMPONENT},
-        "reportingComponent": COMPONENT,
-        "firstTimestamp": stamp,
-        "lastTimestamp": stamp,
-        "count": 1,
-    }

@@ -14,11 +14,8 @@ tasks with ``n ≥ k``.
 
 from __future__ import annotations
 
-import hashlib
-import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from fractions import Fraction
 from math import comb
 from typing import Any
@@ -33,21 +30,10 @@ from episode_operator.api.episodeset import (
     SetChildStatus,
     SetTaskStatus,
 )
-from episode_operator.api.models import Condition, Outcome, Phase
+from episode_operator.api.naming import document_digest
+from episode_operator.api.vocabulary import ConditionStatus, Outcome, Phase, is_terminal, set_condition
 
-TERMINAL: tuple[Phase, ...] = ("Succeeded", "Failed")
 DEFINITION_FIELDS = ("dataset", "attempts", "agent", "template")
-
-
-def precise_timestamp(epoch: float) -> str:
-    """RFC 3339 in UTC with microseconds (Kubernetes' MicroTime)."""
-    return datetime.fromtimestamp(epoch, UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
-
-
-def parse_time(text: str) -> float:
-    """Epoch seconds of an RFC 3339 UTC time, with or without a fraction."""
-    layout = "%Y-%m-%dT%H:%M:%S.%fZ" if "." in text else "%Y-%m-%dT%H:%M:%SZ"
-    return datetime.strptime(text, layout).replace(tzinfo=UTC).timestamp()
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -64,7 +50,7 @@ def pass_at_k(n: int, c: int, k: int) -> float:
 def definition_digest(spec: Mapping[str, Any]) -> str:
     """sha256 of what a set evaluates (dataset, attempts, agent, template) in the stored spec."""
     document = {key: spec.get(key) for key in DEFINITION_FIELDS}
-    return "sha256:" + hashlib.sha256(json.dumps(document, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+    return document_digest(document)
 
 
 @dataclass(frozen=True)
@@ -86,7 +72,7 @@ class ChildView:
 
     @property
     def terminal(self) -> bool:
-        return self.phase in TERMINAL
+        return is_terminal(self.phase)
 
 
 @dataclass
@@ -122,7 +108,7 @@ def record_children(
             records.setdefault(attempt, SetChildStatus(attempt=attempt, name=view.name))
         kept: list[SetChildStatus] = []
         for attempt, record in sorted(records.items()):
-            if record.phase in TERMINAL:
+            if is_terminal(record.phase):
                 kept.append(record)
                 continue
             child = listed.get(attempt)
@@ -148,7 +134,7 @@ def record_children(
 
 def summarize_task(task: SetTaskStatus, threshold: float) -> SetTaskStatus:
     """A task with its counts, mean reward and pass@k over its graded attempts."""
-    finished = [record for record in task.children if record.phase in TERMINAL]
+    finished = [record for record in task.children if is_terminal(record.phase)]
     rewards = [record.reward for record in finished if record.outcome == "Graded" and record.reward is not None]
     successes = sum(1 for reward in rewards if reward >= threshold)
     return task.model_copy(
@@ -168,7 +154,7 @@ def aggregate(tasks: Sequence[SetTaskStatus], attempts: int) -> tuple[float | No
         record.reward
         for task in tasks
         for record in task.children
-        if record.phase in TERMINAL and record.outcome == "Graded" and record.reward is not None
+        if is_terminal(record.phase) and record.outcome == "Graded" and record.reward is not None
     ]
     mean = sum(rewards) / len(rewards) if rewards else None
     table = []
@@ -185,7 +171,7 @@ def count(tasks: Sequence[SetTaskStatus]) -> tuple[PhaseCounts, OutcomeCounts]:
     for record in (record for task in tasks for record in task.children):
         phase = (record.phase or "Pending").lower()
         setattr(phases, phase, getattr(phases, phase) + 1)
-        if record.phase in TERMINAL and record.outcome is not None:
+        if is_terminal(record.phase) and record.outcome is not None:
             name = fields[record.outcome]
             setattr(outcomes, name, getattr(outcomes, name) + 1)
     return phases, outcomes
@@ -228,13 +214,8 @@ def next_children(
     return chosen
 
 
-def condition(kind: str, value: bool, reason: str, message: str, now: str, previous: Sequence[Condition]) -> Condition:
-    """A condition that keeps its lastTransitionTime while its status stays the same."""
-    status: Any = "True" if value else "False"
-    for old in previous:
-        if old.type == kind and old.status == status:
-            return old.model_copy(update={"reason": reason, "message": message})
-    return Condition(type=kind, status=status, reason=reason, message=message, last_transition_time=now)
+def _truth(value: bool) -> ConditionStatus:
+    return "True" if value else "False"
 
 
 def plan_set(
@@ -309,33 +290,36 @@ def plan_set(
             status.message = None
     # Every message is non-empty: a 1.20 API server refuses an empty string in a status.
     failed = status.phase == "Failed"
-    status.conditions = [
-        condition(
-            "Suspended",
-            spec.suspend,
-            "SpecSuspend" if spec.suspend else "NotSuspended",
-            "spec.suspend is true: no child starts" if spec.suspend else "not suspended",
-            now,
-            previous.conditions,
-        ),
-        condition(
-            "Complete",
-            status.phase == "Succeeded",
-            "Completed" if status.phase == "Succeeded" else "InProgress",
-            f"{finished}/{total} children finished",
-            now,
-            previous.conditions,
-        ),
-        condition(
-            "Failed",
-            failed,
-            (status.reason or "Failed") if failed else "NotFailed",
-            (status.message or "failed") if failed else "not failed",
-            now,
-            previous.conditions,
-        ),
-    ]
-    if status.phase in ("Succeeded", "Failed") and not active and not plan.create and status.completion_time is None:
+    conditions = [condition.model_copy() for condition in previous.conditions]
+    set_condition(
+        conditions,
+        "Suspended",
+        _truth(spec.suspend),
+        "SpecSuspend" if spec.suspend else "NotSuspended",
+        "spec.suspend is true: no child starts" if spec.suspend else "not suspended",
+        now=now,
+        generation=generation,
+    )
+    set_condition(
+        conditions,
+        "Complete",
+        _truth(status.phase == "Succeeded"),
+        "Completed" if status.phase == "Succeeded" else "InProgress",
+        f"{finished}/{total} children finished",
+        now=now,
+        generation=generation,
+    )
+    set_condition(
+        conditions,
+        "Failed",
+        _truth(failed),
+        (status.reason or "Failed") if failed else "NotFailed",
+        (status.message or "failed") if failed else "not failed",
+        now=now,
+        generation=generation,
+    )
+    status.conditions = conditions
+    if is_terminal(status.phase) and not active and not plan.create and status.completion_time is None:
         status.completion_time = now
         plan.events.append(
             (

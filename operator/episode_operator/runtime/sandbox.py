@@ -13,6 +13,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
+from episode_operator.api.vocabulary import OutageKind
 from episode_operator.taskfolder.plan import NetworkPolicy, VerifierPlan
 
 MAIN_CONTAINER = "main"
@@ -80,9 +81,9 @@ class SandboxError(Exception):
     ``kind`` names the outage for status and metrics (``pod-lost``, ``image-pull``, ``exec``…).
     """
 
-    def __init__(self, message: str, *, kind: str = "sandbox") -> None:
+    def __init__(self, message: str, *, kind: OutageKind) -> None:
         super().__init__(message)
-        self.kind = kind
+        self.kind: OutageKind = kind
 
 
 @dataclass(frozen=True)

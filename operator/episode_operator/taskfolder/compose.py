@@ -5,11 +5,14 @@ whose main container is the agent's sandbox and whose other containers are the c
 services, reachable by their service names through ``hostAliases`` (127.0.0.1). What a
 pod cannot express (host networking, bind mounts, builds, privileged containers…) is
 refused with the service and key named; what a pod does not need (``restart``,
-``container_name``, port publishing…) is ignored with a warning.
+``container_name``, port publishing…) is ignored with a warning. A sidecar with ``build:``
+keeps its build context and Dockerfile (:class:`SidecarBuild`): its image comes from
+replaying or building that Dockerfile, never from the task's own image.
 """
 
 from __future__ import annotations
 
+import posixpath
 import re
 import shlex
 from collections.abc import Mapping
@@ -36,7 +39,6 @@ DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)(us|ms|s|m|h)")
 VARIABLE = re.compile(r"\$(?:\$|\{(?P<braced>[^}]*)\}|(?P<bare>[A-Za-z_][A-Za-z0-9_]*))")
 
 REFUSED_KEYS = {
-    "build": "in-cluster image builds are not supported; name a prebuilt `image`",
     "network_mode": "all containers of a pod share one network namespace",
     "privileged": "sidecars run without privilege",
     "cap_add": "sidecars run with the default capabilities",
@@ -106,13 +108,36 @@ class SidecarVolume(BaseModel):
     read_only: bool = False
 
 
+class SidecarBuild(BaseModel):
+    """A compose ``build:``: the build context and Dockerfile as paths of the task folder."""
+
+    model_config = CAMEL_FROZEN
+
+    context: str = Field(description="The build context, a folder of the task (e.g. environment/api-server).")
+    dockerfile: str = Field(description="The Dockerfile, a file of the task.")
+    args: dict[str, str] = Field(default_factory=dict)
+    target: str | None = Field(default=None, description="The stage to build (multi-stage Dockerfiles).")
+
+
+# Keys of a compose `build:` mapping that a build from the task folder cannot honour, and why.
+REFUSED_BUILD_KEYS = {
+    "dockerfile_inline": "write the Dockerfile to a file of the build context",
+    "additional_contexts": "a build sees only its own context from the task folder",
+    "secrets": "build secrets are not available to in-cluster builds",
+    "ssh": "build SSH agents are not available to in-cluster builds",
+}
+
+
 class Sidecar(BaseModel):
     """One compose service other than ``main``, as a container of the agent pod."""
 
     model_config = CAMEL_FROZEN
 
     name: str = Field(description="Compose service name; also the container and host name.")
-    image: str | None = Field(description="Image; null means the task's own image (${MAIN_IMAGE_NAME}).")
+    image: str | None = Field(
+        description="Image; null means the task's own image (${MAIN_IMAGE_NAME}), unless `build` gives one."
+    )
+    build: SidecarBuild | None = Field(default=None, description="Where the image comes from when it is built.")
     command: list[str] | None = None
     args: list[str] | None = None
     env: dict[str, str] = Field(default_factory=dict)
@@ -255,7 +280,7 @@ class _ComposeReader:
                 "(lowercase letters, digits and '-', at most 63 characters)",
             )
         for refused, reason in REFUSED_KEYS.items():
-            if refused in service and not (refused == "build" and "image" in service):
+            if refused in service:
                 self.refuse(f"{key}.{refused}", f"a pod cannot express this: {reason}")
         if "build" in service and "image" in service:
             self.warn(f"{key}.build", "ignored: the prebuilt `image` is used")
@@ -265,9 +290,10 @@ class _ComposeReader:
         if service.get("scale", 1) not in (0, 1) or replicas not in (None, 0, 1):
             self.refuse(f"{key}.deploy.replicas", "a sidecar runs as exactly one container")
         image = service.get("image")
+        build = self.build(service.get("build"), f"{key}.build") if "build" in service and not image else None
         if not isinstance(image, str) or not image:
             if "build" not in service:
-                self.refuse(f"{key}.image", "a sidecar needs a prebuilt `image`")
+                self.refuse(f"{key}.image", "a sidecar needs an `image` or a `build`")
             image = None
         elif "${" in image.replace(TASK_IMAGE, ""):
             self.refuse(f"{key}.image", f"cannot resolve image {image!r}")
@@ -279,6 +305,7 @@ class _ComposeReader:
         sidecar = Sidecar(
             name=name,
             image=None if image in (None, TASK_IMAGE) else image,
+            build=build,
             command=command,
             args=args,
             env=self.environment(service, key),
@@ -292,6 +319,49 @@ class _ComposeReader:
         )
         self.depends_on(service, key)
         return sidecar if len(self.problems) == before else None
+
+    def build(self, raw: Any, key: str) -> SidecarBuild | None:
+        """``build: DIR`` or ``build: {context, dockerfile, args, target}``, as paths of the task folder."""
+        table: dict[str, Any] = {"context": raw} if isinstance(raw, str) else raw if isinstance(raw, dict) else {}
+        if not isinstance(raw, str | dict):
+            self.refuse(key, "must be a build context folder or a mapping with `context`")
+            return None
+        for refused, reason in REFUSED_BUILD_KEYS.items():
+            if refused in table:
+                self.refuse(f"{key}.{refused}", f"not supported: {reason}")
+        context_value = table.get("context", ".")
+        if not isinstance(context_value, str) or re.match(r"^[a-z]+://|^git@|\.git(#.*)?$", context_value):
+            self.refuse(f"{key}.context", "must be a folder of the task (a remote context needs the network)")
+            return None
+        base = posixpath.dirname(self.file)
+        context = posixpath.normpath(posixpath.join(base, context_value))
+        if context_value.startswith("/") or context == ".." or context.startswith("../"):
+            self.refuse(f"{key}.context", f"{context_value!r} leaves the task folder")
+            return None
+        dockerfile_value = table.get("dockerfile", "Dockerfile")
+        if not isinstance(dockerfile_value, str) or not dockerfile_value:
+            self.refuse(f"{key}.dockerfile", "must name a file of the build context")
+            return None
+        dockerfile = posixpath.normpath(posixpath.join(context, dockerfile_value))
+        if not self.files.has_dir(context) and context != ".":
+            self.refuse(f"{key}.context", f"{context}/ is not a folder of the task")
+            return None
+        if not self.files.has_file(dockerfile):
+            self.refuse(f"{key}.dockerfile", f"{dockerfile} is not in the task folder")
+            return None
+        args = table.get("args") or {}
+        if isinstance(args, list):
+            args = dict(str(item).partition("=")[::2] for item in args)
+        if not isinstance(args, dict):
+            self.refuse(f"{key}.args", "must be a mapping or a list of NAME=value")
+            args = {}
+        target = table.get("target")
+        return SidecarBuild(
+            context=context,
+            dockerfile=dockerfile,
+            args={str(name): "" if value is None else str(value) for name, value in args.items()},
+            target=str(target) if target is not None else None,
+        )
 
     def words(self, value: Any, key: str) -> list[str] | None:
         if value is None:

@@ -18,16 +18,23 @@ class Problem:
     file: str
     key: str | None
     message: str
+    # A line of ``file`` (Dockerfiles); rendered ``file:line:`` as compilers do.
+    line: int | None = None
 
     def render(self) -> str:
-        """``file: key: message`` — the one-line form used by the CLI and in status."""
+        """``file: key: message`` (``file:line: message`` with a line) — the form used by the CLI and in status."""
+        if self.line is not None:
+            return f"{self.file}:{self.line}: {self.message}"
         if self.key:
             return f"{self.file}: {self.key}: {self.message}"
         return f"{self.file}: {self.message}"
 
-    def as_json(self) -> dict[str, str | None]:
+    def as_json(self) -> dict[str, str | int | None]:
         """The shape of ``kubectl-episode validate --json``."""
-        return {"file": self.file, "key": self.key, "message": self.message}
+        shape: dict[str, str | int | None] = {"file": self.file, "key": self.key, "message": self.message}
+        if self.line is not None:
+            shape["line"] = self.line
+        return shape
 
 
 class TaskRefused(Exception):

@@ -15,6 +15,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from episode_operator.taskfolder.compose import ComposeSpec, parse_compose
+from episode_operator.taskfolder.dockerfiles import replay_warnings
 from episode_operator.taskfolder.errors import Problem, TaskRefused
 from episode_operator.taskfolder.models import (
     MAIN_SERVICE,
@@ -125,6 +126,7 @@ class _Checker:
             self.check_single_step(self.config)
         self.check_services(self.config)
         self.check_environment(self.config.environment)
+        self.warnings += replay_warnings(self.files, self.config, self.compose)
 
     def read_toml(self) -> dict[str, Any] | None:
         if not self.files.has_file(TASK_CONFIG):

@@ -215,14 +215,6 @@ class TaskFiles(Mapping[str, TaskFile]):
             hasher.update(f"{directory}/\x00".encode())
         return "sha256:" + hasher.hexdigest()
 
-    def subtree(self, directory: str) -> TaskFiles:
-        """The folder below ``directory`` as a tree of its own (a dataset's task)."""
-        prefix = directory.strip("/") + "/"
-        return TaskFiles(
-            {path[len(prefix) :]: entry for path, entry in self._files.items() if path.startswith(prefix)},
-            [d[len(prefix) :] for d in self._directories if d.startswith(prefix)],
-        )
-
     # Constructors ---------------------------------------------------------------------
     @classmethod
     def from_mapping(cls, mapping: Mapping[str, bytes | str], *, limits: SourceLimits | None = None) -> TaskFiles:

@@ -7,11 +7,10 @@ import re
 from typing import Any
 
 from episode_operator.api.models import DEFAULT_TASK_ARCHIVE_KEY
+from episode_operator.api.vocabulary import TASK_DIGEST_LABEL, TASK_LABEL
 from episode_operator.taskfolder import TaskFiles
 from episode_operator.taskfolder.sources import pack_tar
 
-DIGEST_LABEL = "episode-operator.dev/task-digest"
-TASK_LABEL = "episode-operator.dev/task"
 # etcd refuses objects above ~1.5 MiB; a ConfigMap's data and binaryData together stay under 1 MiB.
 CONFIG_MAP_LIMIT = 1024 * 1024
 
@@ -20,8 +19,9 @@ class TaskTooLarge(ValueError):
     pass
 
 
-def task_config_map(files: TaskFiles, *, task: str, namespace: str) -> dict[str, Any]:
-    """The ConfigMap of a task folder, named after its content so re-packing is idempotent."""
+def task_config_map(files: TaskFiles, *, task: str, namespace: str | None) -> dict[str, Any]:
+    """The ConfigMap of a task folder, named after its content so re-packing is idempotent; without a
+    namespace (a manifest for Git) it goes where it is applied."""
     archive = pack_tar(files)
     if len(archive) * 4 // 3 > CONFIG_MAP_LIMIT:
         raise TaskTooLarge(
@@ -29,13 +29,13 @@ def task_config_map(files: TaskFiles, *, task: str, namespace: str) -> dict[str,
         )
     digest = files.digest().removeprefix("sha256:")
     stem = re.sub(r"[^a-z0-9-]+", "-", task.lower()).strip("-")[:40].strip("-") or "task"
+    metadata: dict[str, Any] = {"name": f"task-{stem}-{digest[:12]}", "namespace": namespace}
+    if namespace is None:
+        del metadata["namespace"]
+    metadata["labels"] = {TASK_LABEL: stem, TASK_DIGEST_LABEL: digest[:63]}
     return {
         "apiVersion": "v1",
         "kind": "ConfigMap",
-        "metadata": {
-            "name": f"task-{stem}-{digest[:12]}",
-            "namespace": namespace,
-            "labels": {TASK_LABEL: stem, DIGEST_LABEL: digest[:63]},
-        },
+        "metadata": metadata,
         "binaryData": {DEFAULT_TASK_ARCHIVE_KEY: base64.b64encode(archive).decode()},
     }

@@ -17,18 +17,20 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from episode_operator.api.models import API_VERSION, KIND, EpisodeSpec
+from episode_operator.api.models import KIND, EpisodeSpec
+from episode_operator.api.vocabulary import (
+    API_VERSION,
+    ATTEMPT_LABEL,
+    EPISODE_LABEL,
+    MANAGED_BY,
+    ROLE_LABEL,
+    TURN_LABEL,
+)
 from episode_operator.runtime.supervisor import SUPERVISOR_DIR
 from episode_operator.taskfolder.compose import Sidecar
 from episode_operator.taskfolder.models import EnvironmentConfig
 from episode_operator.taskfolder.plan import NetworkPolicy
 
-LABEL_PREFIX = "episode-operator.dev"
-EPISODE_LABEL = f"{LABEL_PREFIX}/episode"
-ATTEMPT_LABEL = f"{LABEL_PREFIX}/attempt"
-ROLE_LABEL = f"{LABEL_PREFIX}/role"
-TURN_LABEL = f"{LABEL_PREFIX}/turn"
-MANAGED_BY = {"app.kubernetes.io/managed-by": "episode-operator"}
 SUPERVISOR_VOLUME = "episode-operator"
 # PID 1 of main: waits for ever, and exits at once on TERM so pods go away promptly.
 KEEP_ALIVE = ["sh", "-c", "trap 'exit 0' TERM INT; while :; do sleep 3600 & wait $!; done"]

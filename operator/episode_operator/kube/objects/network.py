@@ -15,7 +15,8 @@ import ipaddress
 from collections.abc import Mapping
 from typing import Any
 
-from episode_operator.kube.pods import EPISODE_LABEL, OwnerRef, label_value
+from episode_operator.api.vocabulary import EPISODE_LABEL
+from episode_operator.kube.objects.pods import OwnerRef, label_value
 from episode_operator.taskfolder.plan import NetworkPolicy
 
 DNS_PORTS = [{"protocol": "UDP", "port": 53}, {"protocol": "TCP", "port": 53}]

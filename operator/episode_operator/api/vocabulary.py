@@ -1,0 +1,222 @@
+"""The words every layer shares: phases, stages, outcomes, failure kinds, conditions, labels, times.
+
+Each is defined here once, as a closed type where the set of values is closed, so that mypy
+catches a misspelt phase or failure kind anywhere, and the CRD's enums come from the same
+definitions. Everything is pure: no I/O, no Kubernetes client.
+"""
+
+from __future__ import annotations
+
+import enum
+from datetime import UTC, datetime
+from typing import Annotated, Any, ClassVar, Final, Literal, get_args
+
+from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema
+from pydantic.alias_generators import to_camel
+
+# --- the API's identity -------------------------------------------------------------------------
+GROUP: Final = "episode-operator.dev"
+VERSION: Final = "v1alpha1"
+API_VERSION: Final = f"{GROUP}/{VERSION}"
+
+
+# --- phases and outcomes --------------------------------------------------------------------------
+Phase = Literal["Pending", "Running", "Succeeded", "Failed"]
+TurnPhase = Literal["Pending", "Running", "Succeeded", "Failed", "Skipped"]
+Outcome = Literal["Graded", "Masked", "TerminalFailure", "Ungraded"]
+# Once an Episode (or EpisodeSet) is here, nothing drives it any more.
+TERMINAL_PHASES: Final[frozenset[str]] = frozenset({"Succeeded", "Failed"})
+
+
+def is_terminal(phase: object) -> bool:
+    """Whether an Episode or EpisodeSet in ``phase`` (any value read from an object) is finished."""
+    return phase in TERMINAL_PHASES
+
+
+class Stage(enum.StrEnum):
+    """Where a turn is (``status.turns[].stage``), in the order a turn goes through them.
+
+    The runtime's stage table (``runtime/turn/table.py``) gives each its step, its successor,
+    whether it is written to the status before its step runs, its network and what a restarted
+    operator does there.
+    """
+
+    CLEANUP = "cleanup"
+    WORKDIR = "workdir"
+    SETUP = "setup"
+    HEALTHCHECK = "healthcheck"
+    AGENT = "agent"
+    COLLECT = "collect"
+    VERIFY_PREPARE = "verify-prepare"
+    VERIFY = "verify"
+    DONE = "done"
+
+
+# --- failure kinds --------------------------------------------------------------------------------
+# What a failed turn or episode records in ``failureKind``. Gym's own kinds carry the
+# ``harbor:`` prefix; an outage that used up its retries is ``outage:<OutageKind>``.
+FailureKind = Literal[
+    # measured or terminal, by the task (Gym's names)
+    "harbor:step_setup_failed",
+    "harbor:step_workdir_failed",
+    "harbor:step_healthcheck_failed",
+    "harbor:verifier_error",
+    "harbor:invalid_task",
+    "harbor:seed_refused",
+    # retried like an outage, but Gym's own name
+    "harbor:task_deadline",
+    # the agent's own setup failed: the episode ends ungraded
+    "agent:setup_failed",
+    # the Episode object itself cannot be run
+    "episode:invalid_spec",
+    "episode:task_source",
+]
+FAILURE_SETUP: Final[FailureKind] = "harbor:step_setup_failed"
+FAILURE_WORKDIR: Final[FailureKind] = "harbor:step_workdir_failed"
+FAILURE_HEALTHCHECK: Final[FailureKind] = "harbor:step_healthcheck_failed"
+FAILURE_VERIFIER: Final[FailureKind] = "harbor:verifier_error"
+FAILURE_INVALID_TASK: Final[FailureKind] = "harbor:invalid_task"
+FAILURE_SEED: Final[FailureKind] = "harbor:seed_refused"
+# Both a failure kind and an outage kind: past the deadline the attempt is retried (Gym).
+FAILURE_DEADLINE: Final = "harbor:task_deadline"
+FAILURE_AGENT_SETUP: Final[FailureKind] = "agent:setup_failed"
+FAILURE_INVALID_SPEC: Final[FailureKind] = "episode:invalid_spec"
+FAILURE_TASK_SOURCE: Final[FailureKind] = "episode:task_source"
+
+# Why an attempt was lost under the task (the sandbox failed, not the task or the agent).
+OutageKind = Literal[
+    "pod-lost",  # the pod was deleted, evicted or its node lost
+    "container-exited",  # a container of the pod ended (e.g. OOM-killed)
+    "image-pull",  # an image that cannot be pulled
+    "container-config",  # a container that cannot be created (bad config, missing Secret…)
+    "start-timeout",  # the pod did not start within build_timeout_sec
+    "exec",  # the exec transport failed past its retries
+    "api",  # the API server refused or failed a call
+    "supervisor",  # the supervisor could not be placed in the pod
+    "lost-job",  # a job vanished from the sandbox
+    "run-command",  # a command could not be started (no bash, …)
+    "place-solution",  # the oracle's solution could not be placed
+    "place-instruction",  # the agent's instruction could not be placed
+    "clear-grading-files",  # the previous turn's tests or rewards could not be removed
+    "user-switch",  # the turn's user could not be switched to
+    "read-reward",  # the reward files could not be read back
+    "environment-healthcheck",  # [environment.healthcheck] never passed at seed
+    "harbor:task_deadline",  # past the episode's deadline (Gym's name, kept as is)
+]
+OUTAGE_KINDS: Final[frozenset[str]] = frozenset(get_args(OutageKind))
+
+
+def outage_failure_kind(kind: OutageKind) -> str:
+    """The ``failureKind`` of an episode whose last attempt ended in this outage."""
+    return kind if kind.startswith("harbor:") else f"outage:{kind}"
+
+
+# --- time stamps -------------------------------------------------------------------------------
+def timestamp(epoch: float) -> str:
+    """RFC 3339 in UTC to the second, as Kubernetes writes ``metav1.Time``."""
+    return datetime.fromtimestamp(epoch, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def precise_timestamp(epoch: float) -> str:
+    """RFC 3339 in UTC with microseconds (Kubernetes' ``MicroTime``)."""
+    return datetime.fromtimestamp(epoch, UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def parse_timestamp(text: str) -> float:
+    """Epoch seconds of an RFC 3339 UTC time, with or without a fraction of a second."""
+    layout = "%Y-%m-%dT%H:%M:%S.%fZ" if "." in text else "%Y-%m-%dT%H:%M:%SZ"
+    return datetime.strptime(text, layout).replace(tzinfo=UTC).timestamp()
+
+
+# --- conditions --------------------------------------------------------------------------------
+class ApiModel(BaseModel):
+    """camelCase on the wire, snake_case in Python; unknown fields dropped as the API server prunes them."""
+
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="ignore")
+
+    # Fields whose value is a Kubernetes object the CRD does not describe (kept as given).
+    free_form: ClassVar[frozenset[str]] = frozenset()
+
+    def to_api(self) -> dict[str, Any]:
+        """The JSON-ready camelCase dict, without unset optional fields."""
+        return self.model_dump(mode="json", by_alias=True, exclude_none=True)
+
+
+# RFC 3339 in UTC ("2025-01-02T03:04:05Z", or with a fraction): the API server checks the format.
+Timestamp = Annotated[str, WithJsonSchema({"type": "string", "format": "date-time"})]
+# metav1.Condition's rules (Kubernetes API conventions), which kubectl and GitOps tools rely on.
+CONDITION_TYPE_PATTERN: Final = (
+    r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])$"
+)
+CONDITION_REASON_PATTERN: Final = r"^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$"
+ConditionStatus = Literal["True", "False", "Unknown"]
+
+
+class Condition(ApiModel):
+    """A condition as Kubernetes' API conventions define it (``metav1.Condition``)."""
+
+    type: str = Field(max_length=316, pattern=CONDITION_TYPE_PATTERN, description="CamelCase, e.g. Complete.")
+    status: ConditionStatus
+    reason: str = Field(min_length=1, max_length=1024, pattern=CONDITION_REASON_PATTERN, description="Why, CamelCase.")
+    message: str = Field(default="", max_length=32768)
+    last_transition_time: Timestamp = Field(description="When status last changed.")
+    observed_generation: int | None = Field(
+        default=None, ge=0, description="The metadata.generation the condition was computed from."
+    )
+
+
+# Conditions are a map keyed by type: one condition per type, merged by type in server-side apply.
+Conditions = Annotated[
+    list[Condition],
+    Field(json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]}),
+]
+
+
+def set_condition(
+    conditions: list[Condition],
+    kind: str,
+    status: ConditionStatus,
+    reason: str,
+    message: str,
+    *,
+    now: str,
+    generation: int | None = None,
+) -> None:
+    """Set condition ``kind`` in place; its ``lastTransitionTime`` moves only when its status changes."""
+    for condition in conditions:
+        if condition.type == kind:
+            if condition.status != status:
+                condition.last_transition_time = now
+            condition.status, condition.reason, condition.message = status, reason, message
+            condition.observed_generation = generation
+            return
+    conditions.append(
+        Condition(
+            type=kind,
+            status=status,
+            reason=reason,
+            message=message,
+            last_transition_time=now,
+            observed_generation=generation,
+        )
+    )
+
+
+# --- labels and annotations ------------------------------------------------------------------------
+# On every sandbox pod: which Episode, which attempt, which role (agent/verifier) and turn.
+EPISODE_LABEL: Final = f"{GROUP}/episode"
+ATTEMPT_LABEL: Final = f"{GROUP}/attempt"
+ROLE_LABEL: Final = f"{GROUP}/role"
+TURN_LABEL: Final = f"{GROUP}/turn"
+# On packed task ConfigMaps and on EpisodeSet children: the task ID (sanitized) and its digest.
+TASK_LABEL: Final = f"{GROUP}/task"
+TASK_DIGEST_LABEL: Final = f"{GROUP}/task-digest"
+# On EpisodeSet children: the set, the task's index and the attempt.
+SET_LABEL: Final = f"{GROUP}/set"
+SET_TASK_INDEX_LABEL: Final = f"{GROUP}/task-index"
+SET_ATTEMPT_LABEL: Final = f"{GROUP}/set-attempt"
+# On in-cluster image build Jobs and their context ConfigMaps: the build context's digest.
+BUILD_LABEL: Final = f"{GROUP}/build"
+# Kueue's queue: an Episode's is copied to its pods, an EpisodeSet's to its children.
+QUEUE_LABEL: Final = "kueue.x-k8s.io/queue-name"
+MANAGED_BY: Final = {"app.kubernetes.io/managed-by": "episode-operator"}

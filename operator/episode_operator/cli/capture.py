@@ -1,0 +1,134 @@
+"""``episode-operator capture-*``: the capture container's commands (the proxy, and the operator's exec hooks)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from pathlib import Path
+
+import click
+
+from episode_operator.capture.store import CaptureStore, CurrentTurn
+
+API_KEY_ENV = "EPISODE_CAPTURE_API_KEY"
+store_option = click.option(
+    "--store",
+    type=click.Path(file_okay=False, path_type=Path),
+    required=True,
+    help="The capture store: an emptyDir mounted in the capture container only.",
+)
+
+
+def listen_address(_context: click.Context, _parameter: click.Parameter, value: str) -> tuple[str, int]:
+    host, _, port = value.rpartition(":")
+    if not host or not port.isdigit():
+        raise click.BadParameter(f"expected HOST:PORT, got {value!r}")
+    return host, int(port)
+
+
+@click.command("capture-proxy")
+@click.option(
+    "--listen",
+    callback=listen_address,
+    default="127.0.0.1:8321",
+    show_default=True,
+    help="HOST:PORT; loopback is the agent's own, since containers of a pod share its network.",
+)
+@click.option(
+    "--upstream", required=True, help="The model's base URL as a client would use it, e.g. https://api.openai.com/v1."
+)
+@store_option
+@click.option(
+    "--api-key-env",
+    default=API_KEY_ENV,
+    show_default=True,
+    help="Environment variable holding the real key (set from the Secret); empty or unset: no key is sent.",
+)
+@click.option("--connect-timeout", type=click.FloatRange(min=0.1), default=10.0, show_default=True, help="Seconds.")
+@click.option(
+    "--read-timeout",
+    type=click.FloatRange(min=0.1),
+    default=300.0,
+    show_default=True,
+    help="Longest silence from upstream, before or during an answer, in seconds.",
+)
+@click.option(
+    "--max-call-seconds",
+    type=click.FloatRange(min=0.1),
+    default=1800.0,
+    show_default=True,
+    help="No call is held open longer than this.",
+)
+@click.option("--token-ids", is_flag=True, help="Ask a vLLM upstream for token ids and logprobs (capture.tokenIds).")
+@click.option(
+    "--fsync",
+    is_flag=True,
+    help="fsync each record before the client sees the call end. Off: an emptyDir dies with its pod, so a "
+    "record written to the page cache is as lasting as the store itself (and a disk flush costs ms per call).",
+)
+def capture_proxy(
+    listen: tuple[str, int],
+    upstream: str,
+    store: Path,
+    api_key_env: str,
+    connect_timeout: float,
+    read_timeout: float,
+    max_call_seconds: float,
+    token_ids: bool,
+    fsync: bool,
+) -> None:
+    """Forward model calls to UPSTREAM and record every exchange in the store."""
+    # Imported here: the operator execs capture-turn and capture-harvest twice a turn, and they need no aiohttp.
+    from episode_operator.capture.proxy import ProxyConfig, serve
+
+    config = ProxyConfig(
+        upstream=upstream,
+        store=store,
+        api_key=os.environ.get(api_key_env) or None,
+        connect_timeout=connect_timeout,
+        read_timeout=read_timeout,
+        max_call_seconds=max_call_seconds,
+        token_ids=token_ids,
+        fsync=fsync,
+    )
+    try:
+        config.origin  # noqa: B018 - validates the URL before listening
+    except ValueError as error:
+        raise click.BadParameter(str(error), param_hint="--upstream") from error
+    host, port = listen
+    asyncio.run(serve(config, host, port))
+
+
+@click.command("capture-turn")
+@store_option
+@click.option("--attempt", type=click.IntRange(min=1), required=True)
+@click.option("--turn", default=None, help="The turn whose calls arrive from now on; omitted: between turns.")
+def capture_turn(store: Path, attempt: int, turn: str | None) -> None:
+    """Name the current attempt and turn (run by the operator through exec into the capture container)."""
+    try:
+        CaptureStore(store).set_current_turn(CurrentTurn(attempt=attempt, turn=turn))
+    except ValueError as error:
+        raise click.BadParameter(str(error), param_hint="--turn") from error
+
+
+@click.command("capture-harvest")
+@store_option
+@click.option("--attempt", type=click.IntRange(min=1), required=True)
+@click.option("--turn", default=None, help="The turn to read; omitted: the calls that arrived between turns.")
+@click.option(
+    "--settle",
+    type=click.FloatRange(min=0),
+    default=5.0,
+    show_default=True,
+    help="Seconds to wait for the turn's calls still in flight.",
+)
+def capture_harvest(store: Path, attempt: int, turn: str | None, settle: float) -> None:
+    """Print a turn's records as one JSON document ({calls, unreadable_lines, still_in_flight})."""
+    try:
+        harvest = CaptureStore(store).harvest(attempt, turn, settle_seconds=settle)
+    except ValueError as error:
+        raise click.BadParameter(str(error), param_hint="--turn") from error
+    click.echo(harvest.model_dump_json(exclude_none=True))
+
+
+COMMANDS = (capture_proxy, capture_turn, capture_harvest)

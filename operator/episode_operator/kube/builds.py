@@ -1,0 +1,278 @@
+"""In-cluster image builds: "ensure the image of context digest D exists", once per digest.
+
+:class:`BuildCoordinator` packs a build context (pure, :mod:`episode_operator.taskfolder.buildcontext`),
+and then either finds the build of that digest — a Job named by it, in the build namespace —
+or creates it (a ConfigMap with the context, a Job running buildah, :mod:`episode_operator.kube.objects.buildjobs`),
+and waits for it. So a dataset of 1,000 attempts of one task builds once: the first caller
+creates the Job, every later one finds it succeeded, and callers that come while it runs wait
+for that one Job (in this operator they share one wait; across operator restarts the Job is the
+record). A build that failed for the task's reason stays failed — its Job is the cached
+verdict; one that failed for an outage is deleted and built again by the next caller.
+
+Failures are classified from the build script's exit code (:mod:`episode_operator.kube.objects.buildjobs`):
+a Dockerfile that fails to build, a base image that does not exist or a build past its
+``build_timeout_sec`` is the task's failure (terminal); a registry that cannot be reached for
+a pull or a push, a builder that cannot start, or an API that fails is an outage.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import re
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from episode_operator.kube.client import Conflict, KubeClient, KubeError, NotFound
+from episode_operator.kube.objects.buildjobs import (
+    EXIT_BUILD,
+    EXIT_CONTEXT,
+    EXIT_PULL,
+    EXIT_PUSH,
+    MAX_CONTEXT_BYTES,
+    BuildJobSpec,
+    build_job,
+    context_config_map,
+)
+from episode_operator.taskfolder.buildcontext import BuildSource, base_images, pack_build_context
+from episode_operator.taskfolder.images import ImageMirrors
+from episode_operator.taskfolder.sources import TaskFiles
+
+LOG_LIMIT = 256 * 1024
+# Past the Job's own deadline, how long to wait for Kubernetes to say it failed.
+DEADLINE_MARGIN_SEC = 60.0
+# Words of a pull error that mean "could not reach the registry", not "no such image".
+UNREACHABLE = re.compile(
+    r"connection refused|no such host|i/o timeout|network is unreachable|TLS handshake|"
+    r"server gave HTTP response to HTTPS client|connection reset|dial tcp",
+    re.IGNORECASE,
+)
+# Pod waiting reasons that mean the builder image will not start.
+BUILDER_UNSTARTABLE = {"ErrImagePull", "ImagePullBackOff", "ErrImageNeverPull", "InvalidImageName"}
+
+
+@dataclass(frozen=True)
+class BuildSettings:
+    """Where builds run and push.
+
+    ``registry`` is where the build pod pushes; ``pull_registry`` the same registry as the
+    cluster's nodes name it (default: the same name). ``tls_verify`` False for a plain-HTTP registry.
+    """
+
+    namespace: str
+    registry: str
+    builder_image: str
+    repository: str = "episode-operator/builds"
+    pull_registry: str | None = None
+    tls_verify: bool = True
+    mirrors: ImageMirrors = field(default_factory=ImageMirrors)
+    poll_first_sec: float = 0.5
+    poll_max_sec: float = 5.0
+
+    def image(self, digest_hex: str, *, pull: bool) -> str:
+        registry = (self.pull_registry or self.registry) if pull else self.registry
+        return f"{registry}/{self.repository}:{digest_hex}"
+
+
+@dataclass(frozen=True)
+class BuildReady:
+    """The image exists; ``built`` is False when an earlier build of the same digest was reused."""
+
+    image: str
+    digest: str
+    built: bool
+    log: bytes = b""
+
+
+@dataclass(frozen=True)
+class BuildFailed:
+    """The task's failure (terminal): a broken Dockerfile, a missing base image, a build past its bound."""
+
+    digest: str
+    message: str
+    log: bytes = b""
+
+
+@dataclass(frozen=True)
+class BuildOutage:
+    """Not the task's fault: the registry, the builder or the API failed; retrying may succeed."""
+
+    digest: str
+    kind: str
+    message: str
+    log: bytes = b""
+
+
+BuildOutcome = BuildReady | BuildFailed | BuildOutage
+JobVerdict = Literal["succeeded", "failed", "running"]
+
+
+class BuildCoordinator:
+    """Ensures images of build contexts exist in the registry; one per operator."""
+
+    def __init__(
+        self, client: KubeClient, settings: BuildSettings, *, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self.client = client
+        self.settings = settings
+        self.clock = clock
+        self._waits: dict[str, asyncio.Task[BuildOutcome]] = {}
+
+    async def ensure_image(self, files: TaskFiles, source: BuildSource, *, timeout_sec: float) -> BuildOutcome:
+        """The image of ``source``'s context, built once per digest; never raises for a build's failure."""
+        packed = pack_build_context(files, source, self.settings.mirrors)
+        if len(packed.archive) > MAX_CONTEXT_BYTES:
+            return BuildFailed(
+                packed.digest,
+                f"{source.context}/: the packed build context is {len(packed.archive)} bytes; in-cluster builds "
+                f"take at most {MAX_CONTEXT_BYTES} (a ConfigMap carries it)",
+            )
+        spec = BuildJobSpec(
+            namespace=self.settings.namespace,
+            digest_hex=packed.hex,
+            image=self.settings.image(packed.hex, pull=False),
+            builder_image=self.settings.builder_image,
+            timeout_sec=timeout_sec,
+            base_images=base_images(packed.dockerfile_text, source.args),
+            args=dict(source.args),
+            target=source.target,
+            tls_verify=self.settings.tls_verify,
+        )
+        running = self._waits.get(packed.digest)
+        if running is None or running.done():
+            running = asyncio.ensure_future(self._ensure(spec, packed.digest, packed.archive))
+            self._waits[packed.digest] = running
+        # Shielded: one caller giving up (its Episode deleted) must not cancel the others' wait.
+        return await asyncio.shield(running)
+
+    async def _ensure(self, spec: BuildJobSpec, digest: str, archive: bytes) -> BuildOutcome:
+        try:
+            job = await self._find(spec)
+            built = False
+            if job is not None and self._verdict(job) == "failed":
+                outcome = await self._classify(spec, digest, job)
+                if isinstance(outcome, BuildFailed):
+                    return outcome  # the task's failure: the Job is the cached verdict
+                await self.client.delete_job(spec.namespace, spec.name)  # an outage: build again
+                await self._wait_gone(spec)
+                job = None
+            if job is None:
+                built = await self._create(spec, archive)
+            job = await self._wait(spec)
+            if self._verdict(job) == "succeeded":
+                return BuildReady(self.settings.image(spec.digest_hex, pull=True), digest, built)
+            return await self._classify(spec, digest, job)
+        except KubeError as error:
+            return BuildOutage(digest, "api", f"build {spec.name}: {error}")
+
+    async def _find(self, spec: BuildJobSpec) -> dict[str, Any] | None:
+        try:
+            return await self.client.read_job(spec.namespace, spec.name)
+        except NotFound:
+            return None
+
+    async def _create(self, spec: BuildJobSpec, archive: bytes) -> bool:
+        """Create the ConfigMap and the Job; False when another caller created the Job first."""
+        await self.client.apply_config_map(context_config_map(spec, archive))
+        try:
+            await self.client.create_job(build_job(spec))
+        except Conflict:
+            return False
+        return True
+
+    async def _wait_gone(self, spec: BuildJobSpec) -> None:
+        pause = self.settings.poll_first_sec
+        while await self._find(spec) is not None:
+            await asyncio.sleep(pause)
+            pause = min(pause * 2, self.settings.poll_max_sec)
+
+    async def _wait(self, spec: BuildJobSpec) -> dict[str, Any]:
+        """Poll the Job until it is done (it bounds itself with activeDeadlineSeconds)."""
+        deadline = self.clock() + spec.timeout_sec + DEADLINE_MARGIN_SEC
+        pause = self.settings.poll_first_sec
+        while True:
+            job = await self.client.read_job(spec.namespace, spec.name)
+            if self._verdict(job) != "running":
+                return job
+            pod = await self._pod(spec)
+            waiting = _waiting_reason(pod) if pod is not None else None
+            if waiting in BUILDER_UNSTARTABLE or self.clock() > deadline:
+                return job
+            await asyncio.sleep(pause)
+            pause = min(pause * 2, self.settings.poll_max_sec)
+
+    @staticmethod
+    def _verdict(job: dict[str, Any]) -> JobVerdict:
+        status = job.get("status") or {}
+        if status.get("succeeded"):
+            return "succeeded"
+        conditions = {c.get("type"): c for c in status.get("conditions") or [] if c.get("status") == "True"}
+        if status.get("failed") or "Failed" in conditions:
+            return "failed"
+        return "running"
+
+    async def _pod(self, spec: BuildJobSpec) -> dict[str, Any] | None:
+        pods = await self.client.list_pods(spec.namespace, f"job-name={spec.name}")
+        return pods[-1] if pods else None
+
+    async def _classify(self, spec: BuildJobSpec, digest: str, job: dict[str, Any]) -> BuildOutcome:
+        """What a failed (or stuck) build means, from the Job's condition and the script's exit code."""
+        pod = await self._pod(spec)
+        log = b""
+        if pod is not None:
+            with contextlib.suppress(KubeError):
+                name = pod["metadata"]["name"]
+                log = await self.client.read_pod_log(spec.namespace, name, "build", limit_bytes=LOG_LIMIT)
+        waiting = _waiting_reason(pod) if pod is not None else None
+        if waiting in BUILDER_UNSTARTABLE:
+            message = f"build {spec.name}: the builder image cannot start ({waiting})"
+            return BuildOutage(digest, "builder-image", message, log)
+        conditions = (job.get("status") or {}).get("conditions") or []
+        if any(condition.get("reason") == "DeadlineExceeded" for condition in conditions):
+            return BuildFailed(digest, f"build {spec.name} ran past build_timeout_sec ({spec.timeout_sec:g} s)", log)
+        code = _exit_code(pod) if pod is not None else None
+        tail = _last_line(log)
+        if code == EXIT_BUILD:
+            return BuildFailed(digest, f"build {spec.name}: the Dockerfile failed to build: {tail}", log)
+        if code == EXIT_PULL:
+            if UNREACHABLE.search(log.decode("utf-8", "replace")):
+                message = f"build {spec.name}: cannot reach a registry to pull: {tail}"
+                return BuildOutage(digest, "registry", message, log)
+            return BuildFailed(digest, f"build {spec.name}: a base image cannot be pulled: {tail}", log)
+        if code == EXIT_PUSH:
+            message = f"build {spec.name}: cannot push to {self.settings.registry}: {tail}"
+            return BuildOutage(digest, "registry", message, log)
+        if code == EXIT_CONTEXT:
+            message = f"build {spec.name}: the build context could not be unpacked"
+            return BuildOutage(digest, "build-context", message, log)
+        return BuildOutage(digest, "build", f"build {spec.name} failed ({_describe_pod(pod)}): {tail}", log)
+
+
+def _container_status(pod: dict[str, Any]) -> dict[str, Any]:
+    statuses = (pod.get("status") or {}).get("containerStatuses") or []
+    return statuses[0] if statuses else {}
+
+
+def _waiting_reason(pod: dict[str, Any]) -> str | None:
+    reason = ((_container_status(pod).get("state") or {}).get("waiting") or {}).get("reason")
+    return str(reason) if reason else None
+
+
+def _exit_code(pod: dict[str, Any]) -> int | None:
+    terminated = (_container_status(pod).get("state") or {}).get("terminated") or {}
+    code = terminated.get("exitCode")
+    return int(code) if code is not None else None
+
+
+def _describe_pod(pod: dict[str, Any] | None) -> str:
+    if pod is None:
+        return "no build pod"
+    code = _exit_code(pod)
+    return f"exit code {code}" if code is not None else f"pod {(pod.get('status') or {}).get('phase', 'unknown')}"
+
+
+def _last_line(log: bytes) -> str:
+    lines = [line for line in log.decode("utf-8", "replace").splitlines() if line.strip()]
+    return lines[-1].strip()[:300] if lines else "(no output)"

@@ -1,0 +1,112 @@
+"""The children of an EpisodeSet: their names, labels and manifests, and how a listed child is read."""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from collections.abc import Mapping
+from typing import Any, get_args
+
+from episode_operator.api.episodeset import (
+    CREATED_AT_ANNOTATION,
+    SET_TASK_NAME_ANNOTATION,
+    SUSPENDED_BY_SET_ANNOTATION,
+    EpisodeSetSpec,
+    SetTaskStatus,
+    child_spec,
+)
+from episode_operator.api.models import TaskSource, episode_manifest
+from episode_operator.api.vocabulary import (
+    MANAGED_BY,
+    QUEUE_LABEL,
+    SET_ATTEMPT_LABEL,
+    SET_LABEL,
+    SET_TASK_INDEX_LABEL,
+    TASK_LABEL,
+    Phase,
+)
+from episode_operator.kube.objects.pods import NAME_LIMIT, OwnerRef, label_value, short_name
+from episode_operator.runtime.evaluation import ChildView
+
+
+def child_name(set_name: str, index: int, attempt: int) -> str:
+    """``<set>-<task index>-<attempt>``, a DNS-safe name of at most 63 characters."""
+    return short_name(set_name, f"{index}-{attempt}")
+
+
+def set_selector(set_name: str) -> str:
+    """The label selector of every child of a set."""
+    return f"{SET_LABEL}={label_value(set_name)}"
+
+
+def task_label_value(task: str) -> str:
+    """A task ID as a label value: other characters become '-', long ones keep a hash."""
+    cleaned = re.sub(r"[^A-Za-z0-9._-]+", "-", task).strip("-._")
+    if len(cleaned) > NAME_LIMIT or cleaned != task:
+        digest = hashlib.sha256(task.encode()).hexdigest()[:8]
+        cleaned = f"{cleaned[: NAME_LIMIT - 9].rstrip('-._')}-{digest}".lstrip("-")
+    return cleaned
+
+
+def task_source(spec: EpisodeSetSpec, task: SetTaskStatus) -> TaskSource:
+    """Where a task's files come from: its entry of ``spec.dataset.tasks``, or its selected ConfigMap."""
+    if task.index < len(spec.dataset.tasks):
+        return TaskSource.model_validate(spec.dataset.tasks[task.index].to_api())
+    assert task.config_map is not None
+    return TaskSource.model_validate({"configMap": {"name": task.config_map}})
+
+
+def child_manifest(
+    ref: OwnerRef, spec: EpisodeSetSpec, task: SetTaskStatus, attempt: int, created_at: str
+) -> dict[str, Any]:
+    """A child Episode: owned by the set, named and labelled by task and attempt."""
+    env = {
+        "EPISODE_SET": ref.name,
+        "EPISODE_SET_TASK": task.name,
+        "EPISODE_SET_TASK_INDEX": str(task.index),
+        "EPISODE_SET_ATTEMPT": str(attempt),
+    }
+    labels = {
+        **MANAGED_BY,
+        SET_LABEL: label_value(ref.name),
+        TASK_LABEL: task_label_value(task.name),
+        SET_TASK_INDEX_LABEL: str(task.index),
+        SET_ATTEMPT_LABEL: str(attempt),
+    }
+    if spec.queue_name:
+        labels[QUEUE_LABEL] = spec.queue_name
+    manifest = episode_manifest(
+        ref.namespace,
+        child_spec(spec, task_source(spec, task), env),
+        name=child_name(ref.name, task.index, attempt),
+        labels=labels,
+    )
+    manifest["metadata"]["annotations"] = {SET_TASK_NAME_ANNOTATION: task.name, CREATED_AT_ANNOTATION: created_at}
+    manifest["metadata"]["ownerReferences"] = [ref.owner_reference()]
+    return manifest
+
+
+def child_view(item: Mapping[str, Any]) -> ChildView:
+    metadata = item["metadata"]
+    labels = metadata.get("labels") or {}
+    annotations = metadata.get("annotations") or {}
+    status = item.get("status") or {}
+    try:
+        index, attempt = int(labels[SET_TASK_INDEX_LABEL]), int(labels[SET_ATTEMPT_LABEL])
+    except (KeyError, ValueError):
+        index, attempt = -1, -1  # not one of ours after all: counted active, never matched to a task
+    phase = status.get("phase")
+    return ChildView(
+        index=index,
+        attempt=attempt,
+        name=metadata["name"],
+        phase=phase if phase in get_args(Phase) else None,
+        outcome=status.get("outcome"),
+        reward=status.get("reward"),
+        failure_kind=status.get("failureKind"),
+        created_at=annotations.get(CREATED_AT_ANNOTATION) or metadata.get("creationTimestamp"),
+        finished_at=status.get("finishedAt"),
+        suspended=bool((item.get("spec") or {}).get("suspend")),
+        suspended_by_set=annotations.get(SUSPENDED_BY_SET_ANNOTATION) == "true",
+        deleting=bool(metadata.get("deletionTimestamp")),
+    )

@@ -1,0 +1,113 @@
+"""Admission: an Episode's spec and task folder → what to run, or why not (pure, no I/O).
+
+Everything that can be refused is refused before any pod exists (ARCHITECTURE.md): a spec
+the models or the agent registry reject, a task folder the loader refuses, a seed-time
+refusal (no image, an oracle without solutions, an unresolvable ``${VAR}``, what the agent
+kind refuses). Each refusal carries the ``failureKind`` and a message naming the cause; the
+kube layer reads the task source and writes the verdict.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic import ValidationError
+
+from episode_operator.api.models import EpisodeSpec, validation_message
+from episode_operator.api.vocabulary import (
+    FAILURE_INVALID_SPEC,
+    FAILURE_INVALID_TASK,
+    FAILURE_SEED,
+    FailureKind,
+)
+from episode_operator.runtime.agents import AGENTS, spec_problems
+from episode_operator.taskfolder import EpisodePlan, Problem, TaskFiles, resolve_plan, seed_refusals, validate_task
+from episode_operator.taskfolder.envtemplates import UnresolvedTemplate, resolve_env_templates
+
+# Status messages are bounded (an Episode's status lives in etcd with the object).
+MESSAGE_LIMIT = 4000
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """Why an Episode cannot run: its ``failureKind``, a message naming the cause, and the task's digest if read."""
+
+    failure_kind: FailureKind
+    message: str
+    digest: str | None = None
+
+
+@dataclass(frozen=True)
+class Admission:
+    """An Episode that can run: its spec, plan (templates resolved), the main container's env and image."""
+
+    spec: EpisodeSpec
+    plan: EpisodePlan
+    main_env: dict[str, str]
+    image: str
+    digest: str
+    task_name: str | None
+
+
+def admit_spec(document: Mapping[str, Any]) -> EpisodeSpec | Refusal:
+    """The Episode's spec, checked by its models and by its agent kind's registry entry."""
+    try:
+        spec = EpisodeSpec.model_validate(document)
+    except ValidationError as error:
+        return Refusal(FAILURE_INVALID_SPEC, "invalid spec: " + validation_message(error))
+    problems = spec_problems(spec.agent)
+    if problems:
+        return Refusal(FAILURE_INVALID_SPEC, "invalid spec: " + "; ".join(problems))
+    return spec
+
+
+def admit_task(spec: EpisodeSpec, files: TaskFiles) -> Admission | Refusal:
+    """Load, validate and plan the task for ``spec``, with every seed-time refusal."""
+    digest = files.digest()
+    validation = validate_task(files)
+    if validation.task is None:
+        return Refusal(FAILURE_INVALID_TASK, "task refused: " + render_problems(validation.problems), digest)
+    agent = AGENTS[spec.agent.kind]
+    plan = resolve_plan(validation.task, timeout_multiplier=spec.timeout_multiplier)
+    problems = seed_refusals(
+        plan, accepts_prior_trajectory=agent.accepts_prior_trajectory, image_override=spec.image
+    ) + agent.seed_refusals(plan, spec.agent)
+    try:
+        plan, main_env = resolve_plan_env(plan, spec)
+    except UnresolvedTemplate as error:
+        problems.append(Problem("task.toml", "env", str(error)))
+        main_env = {}
+    if problems:
+        return Refusal(FAILURE_SEED, "refused at seed: " + render_problems(problems), digest)
+    image = spec.image or plan.environment.docker_image
+    assert image is not None  # seed_refusals refuses a plan without one
+    task = validation.task.config.task
+    return Admission(spec, plan, main_env, image, digest, task.name if task else None)
+
+
+def resolve_plan_env(plan: EpisodePlan, spec: EpisodeSpec) -> tuple[EpisodePlan, dict[str, str]]:
+    """Resolve ``${VAR}`` templates of the main, verifier and solution env from the agent's literal env."""
+    source = {
+        entry["name"]: entry["value"]
+        for entry in spec.agent.env
+        if isinstance(entry.get("name"), str) and isinstance(entry.get("value"), str)
+    }
+    main_env = resolve_env_templates(plan.main_env, source)
+    turns = [
+        turn.model_copy(
+            update={
+                "verifier": turn.verifier.model_copy(update={"env": resolve_env_templates(turn.verifier.env, source)})
+            }
+        )
+        for turn in plan.turns
+    ]
+    solution_env = resolve_env_templates(plan.solution_env, source)
+    return plan.model_copy(update={"turns": turns, "solution_env": solution_env, "main_env": main_env}), main_env
+
+
+def render_problems(problems: Sequence[Problem]) -> str:
+    """Problems in one bounded line, each naming its file and key."""
+    text = "; ".join(problem.render() for problem in problems)
+    return text if len(text) <= MESSAGE_LIMIT else text[: MESSAGE_LIMIT - 3] + "..."

@@ -1,0 +1,120 @@
+"""The built-in agent kinds: the oracle, nop and a command."""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+from episode_operator.api.models import AgentSpec
+from episode_operator.runtime.agents.base import AgentJob, instruction_file, turn_env
+from episode_operator.runtime.archive import folder_tar, text_tar
+from episode_operator.runtime.sandbox import JobSpec, Upload
+from episode_operator.runtime.turn.context import INSTRUCTIONS, SOLUTION, TurnRun
+from episode_operator.runtime.turn.failures import Call
+from episode_operator.taskfolder import EpisodePlan, Problem
+
+ORACLE_OUTPUT = "/logs/agent/oracle.txt"
+
+
+class Oracle:
+    """Runs each turn's ``/solution/solve.sh`` (the step's ``solution/``, else the task's), as Harbor's oracle."""
+
+    name: ClassVar[str] = "oracle"
+    description: ClassVar[str] = "runs the turn's /solution/solve.sh"
+    fields: ClassVar[frozenset[str]] = frozenset()
+    required: ClassVar[frozenset[str]] = frozenset()
+    accepts_prior_trajectory: ClassVar[bool] = True
+    acts: ClassVar[bool] = True
+
+    def seed_refusals(self, plan: EpisodePlan, spec: AgentSpec) -> list[Problem]:
+        return [
+            Problem(
+                f"{turn.solution or 'solution'}/solve.sh", None, f"the oracle needs a solve.sh for turn {turn.name!r}"
+            )
+            for turn in plan.turns
+            if not turn.solution_runnable
+        ]
+
+    def seed_job(self, turn: TurnRun) -> JobSpec | None:
+        return None
+
+    def turn_job(self, turn: TurnRun) -> AgentJob:
+        plan = turn.plan
+        assert plan.solution is not None
+        return AgentJob(
+            JobSpec(
+                id=turn.job_id("agent"),
+                command=f"bash {SOLUTION}/solve.sh",
+                timeout_sec=plan.agent.timeout_sec,
+                user=plan.agent.user,
+                # [solution].env is authoritative (Harbor's oracle), with a non-interactive apt.
+                env={**turn.services.plan.solution_env, "DEBIAN_FRONTEND": "noninteractive"},
+                output=ORACLE_OUTPUT,
+            ),
+            Upload(folder_tar(turn.services.files, plan.solution), SOLUTION, (f"{SOLUTION}/",)),
+            Call.PLACE_SOLUTION,
+        )
+
+
+class Nop:
+    """Does nothing: the verifier grades the sandbox as the task left it."""
+
+    name: ClassVar[str] = "nop"
+    description: ClassVar[str] = "does nothing"
+    fields: ClassVar[frozenset[str]] = frozenset()
+    required: ClassVar[frozenset[str]] = frozenset()
+    accepts_prior_trajectory: ClassVar[bool] = False
+    acts: ClassVar[bool] = False
+
+    def seed_refusals(self, plan: EpisodePlan, spec: AgentSpec) -> list[Problem]:
+        return []
+
+    def seed_job(self, turn: TurnRun) -> JobSpec | None:
+        return None
+
+    def turn_job(self, turn: TurnRun) -> AgentJob | None:
+        return None
+
+
+class Command:
+    """Runs ``spec.agent.command`` with bash in the working directory each turn; its ``setup`` once per sandbox.
+
+    The turn's instruction is in the file named by ``$EPISODE_INSTRUCTION_FILE``.
+    """
+
+    name: ClassVar[str] = "command"
+    description: ClassVar[str] = "runs spec.agent.command in the sandbox every turn"
+    fields: ClassVar[frozenset[str]] = frozenset({"command", "setup"})
+    required: ClassVar[frozenset[str]] = frozenset({"command"})
+    accepts_prior_trajectory: ClassVar[bool] = False
+    acts: ClassVar[bool] = True
+
+    def seed_refusals(self, plan: EpisodePlan, spec: AgentSpec) -> list[Problem]:
+        return []
+
+    def seed_job(self, turn: TurnRun) -> JobSpec | None:
+        setup = turn.services.agent_spec.setup
+        if not setup:
+            return None
+        return JobSpec(
+            id=f"a{turn.services.attempt_number}.agent-setup",
+            command=setup,
+            timeout_sec=turn.plan.agent.timeout_sec,
+            user=turn.plan.agent.user,
+            env=turn_env(turn),
+        )
+
+    def turn_job(self, turn: TurnRun) -> AgentJob:
+        command = turn.services.agent_spec.command
+        assert command is not None
+        file = instruction_file(turn)
+        return AgentJob(
+            JobSpec(
+                id=turn.job_id("agent"),
+                command=command,
+                timeout_sec=turn.plan.agent.timeout_sec,
+                user=turn.plan.agent.user,
+                env={**turn_env(turn), "EPISODE_INSTRUCTION_FILE": f"{INSTRUCTIONS}/{file}"},
+            ),
+            Upload(text_tar({file: turn.plan.instruction}), INSTRUCTIONS),
+            Call.PLACE_INSTRUCTION,
+        )

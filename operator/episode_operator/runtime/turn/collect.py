@@ -1,0 +1,97 @@
+"""Stage ``collect``: collect hooks, then artifacts — ``main`` first, then the sidecars (TASK-FORMAT.md §3.4.5).
+
+Best effort, as in Harbor and Gym: a failing hook or a missing artifact source is recorded
+(``failed`` in the manifest) and the turn goes on; only a lost sandbox stops it. The
+collected tars are kept in the store, which is also what a separate verifier receives.
+"""
+
+from __future__ import annotations
+
+from pathlib import PurePosixPath
+from typing import Any, Final, Literal
+
+from episode_operator.api.models import ArtifactSummary
+from episode_operator.runtime.archive import archive_summary
+from episode_operator.runtime.sandbox import CommandFailed, JobSpec, Sandbox, SandboxError
+from episode_operator.runtime.turn.context import TurnRun
+from episode_operator.runtime.turn.failures import sandbox_lost
+from episode_operator.taskfolder.models import MAIN_SERVICE
+from episode_operator.taskfolder.plan import ArtifactPlan
+
+ArtifactStatus = Literal["ok", "failed", "skipped", "empty"]
+_SUMMARY_FIELD: Final[dict[ArtifactStatus, str]] = {
+    "ok": "collected",
+    "failed": "failed",
+    "skipped": "skipped",
+    "empty": "empty",
+}
+
+
+async def collect(turn: TurnRun) -> None:
+    plan = turn.plan
+    services = turn.services
+    sandbox = await services.agent_sandbox()
+    manifest: list[dict[str, Any]] = []
+    claimed: list[str] = []
+    counts = ArtifactSummary()
+    services_named = {hook.service for hook in plan.collect} | {artifact.service for artifact in plan.artifacts}
+    for service in [MAIN_SERVICE, *sorted(services_named - {MAIN_SERVICE})]:
+        for number, hook in enumerate(plan.collect):
+            if hook.service != service:
+                continue
+            state = await services.run_job(
+                sandbox,
+                JobSpec(
+                    id=f"{service}.{turn.job_id('collect')}.{number}",
+                    command=hook.command,
+                    timeout_sec=hook.timeout_sec,
+                    user=hook.user,
+                    shell="bash" if service == MAIN_SERVICE else "sh",
+                    container=service,
+                ),
+            )
+            await services.save_job_log(sandbox, turn.name, f"collect-{number}", state, container=service)
+        for entry in plan.artifacts:
+            if entry.service != service:
+                continue
+            status, kind = await _collect_artifact(turn, sandbox, len(manifest), entry, claimed)
+            manifest.append(
+                {
+                    "source": entry.source,
+                    "destination": entry.destination,
+                    "type": kind,
+                    "status": status,
+                    "service": entry.service,
+                    "origin": entry.origin,
+                }
+            )
+            field = _SUMMARY_FIELD[status]
+            setattr(counts, field, getattr(counts, field) + 1)
+    await services.store.save_manifest(services.attempt_number, turn.name, manifest)
+    turn.record.artifacts = counts
+
+
+async def _collect_artifact(
+    turn: TurnRun, sandbox: Sandbox, position: int, entry: ArtifactPlan, claimed: list[str]
+) -> tuple[ArtifactStatus, str]:
+    if any(_overlaps(entry.destination, earlier) for earlier in claimed):
+        return "skipped", "directory"
+    try:
+        archive = await sandbox.download([entry.source], container=entry.service, exclude=entry.exclude)
+    except CommandFailed:
+        return "failed", "directory"
+    except SandboxError as error:
+        raise sandbox_lost(error) from error
+    kind, count, present = archive_summary(archive, entry.source)
+    if not present:
+        return "failed", kind
+    claimed.append(entry.destination)
+    await turn.services.store.save_artifact(turn.services.attempt_number, turn.name, position, archive)
+    return ("ok" if count else "empty"), kind
+
+
+def _overlaps(first: str, second: str) -> bool:
+    """Two artifact destinations claim the same place (equal, or one inside the other)."""
+    a = PurePosixPath(first.rstrip("/") or ".")
+    b = PurePosixPath(second.rstrip("/") or ".")
+    return a == b or a in b.parents or b in a.parents

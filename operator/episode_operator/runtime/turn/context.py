@@ -1,0 +1,144 @@
+"""What a stage's step sees: the turn it works on, and the runner's services it may use.
+
+A step is a function of a :class:`TurnRun`. Everything that outlives one turn — the sandboxes,
+the job runner with its deadline, the status and its publication, the store, Events — is the
+runner's (:class:`TurnServices`, implemented by ``runtime/episode.py``), so a step holds no
+state of its own and can be re-run from the status alone after a restart.
+"""
+
+from __future__ import annotations
+
+from contextlib import AbstractAsyncContextManager
+from dataclasses import dataclass
+from typing import Protocol
+
+from episode_operator.api.models import AgentSpec, EpisodeStatus, TurnStatus
+from episode_operator.api.vocabulary import Stage
+from episode_operator.runtime.sandbox import MAIN_CONTAINER, JobSpec, JobState, Sandbox, Upload
+from episode_operator.runtime.store import EpisodeStore
+from episode_operator.taskfolder import EpisodePlan, TaskFiles, TurnPlan
+from episode_operator.taskfolder.models import Healthcheck
+from episode_operator.taskfolder.plan import NetworkPolicy
+
+# Fixed paths in the sandbox (TASK-FORMAT.md §1.4).
+LOGS_VERIFIER = "/logs/verifier"
+REWARD_JSON = f"{LOGS_VERIFIER}/reward.json"
+REWARD_TXT = f"{LOGS_VERIFIER}/reward.txt"
+TEST_STDOUT = f"{LOGS_VERIFIER}/test-stdout.txt"
+TESTS = "/tests"
+SOLUTION = "/solution"
+TRAJECTORY = "/logs/agent/trajectory.json"
+# What Gym empties after a turn verified in the agent's sandbox.
+GRADING_FILES = (f"{TESTS}/", f"{LOGS_VERIFIER}/", TRAJECTORY)
+# Where the instructions of agents that read them from a file are placed.
+INSTRUCTIONS = "/episode-operator/instructions"
+
+
+class TurnServices(Protocol):
+    """What the runner offers the steps of a turn (the runner keeps all state across turns)."""
+
+    plan: EpisodePlan
+    status: EpisodeStatus
+
+    @property
+    def files(self) -> TaskFiles: ...
+
+    @property
+    def agent_spec(self) -> AgentSpec: ...
+
+    @property
+    def attempt_number(self) -> int: ...
+
+    @property
+    def store(self) -> EpisodeStore: ...
+
+    def now(self) -> float: ...
+
+    async def agent_sandbox(self) -> Sandbox:
+        """The attempt's agent sandbox, started if needed."""
+        ...
+
+    async def verifier_sandbox(self, index: int) -> Sandbox:
+        """Turn ``index``'s fresh verifier sandbox (separate verification), started if needed."""
+        ...
+
+    async def release_agent(self) -> None: ...
+
+    async def release_verifier(self, index: int) -> None: ...
+
+    async def run_job(self, sandbox: Sandbox, spec: JobSpec, *, upload: Upload | None = None) -> JobState:
+        """Run a supervised job to its end, re-attaching if it exists; a lost sandbox is an outage.
+
+        ``upload`` (the job's inputs) is placed only by the exec that starts the job; its
+        failure raises :class:`~episode_operator.runtime.sandbox.CommandFailed`.
+        """
+        ...
+
+    async def save_job_log(
+        self, sandbox: Sandbox, turn: str, name: str, state: JobState, *, container: str = MAIN_CONTAINER
+    ) -> None: ...
+
+    async def healthcheck(self, sandbox: Sandbox, check: Healthcheck, prefix: str, user: str | int | None) -> bool:
+        """Poll ``check`` as ``user`` (TASK-FORMAT.md §3.4.3); whether it passed."""
+        ...
+
+    async def set_network(self, policy: NetworkPolicy) -> None:
+        """Put the agent pod under ``policy`` for the phase about to run."""
+        ...
+
+    async def publish(self) -> None: ...
+
+    async def event(self, reason: str, message: str, *, warning: bool = False) -> None: ...
+
+    def timed(self, phase: str) -> AbstractAsyncContextManager[None]:
+        """Time a phase for the observer (metrics)."""
+        ...
+
+    def turn_finished(self, result: str, failure_kind: str | None) -> None:
+        """Tell the observer a turn finished (``graded``, ``measured_zero`` or ``failed``)."""
+        ...
+
+
+@dataclass
+class TurnRun:
+    """One turn of the current attempt, as its steps see it."""
+
+    services: TurnServices
+    index: int
+
+    @property
+    def plan(self) -> TurnPlan:
+        return self.services.plan.turns[self.index]
+
+    @property
+    def record(self) -> TurnStatus:
+        return self.services.status.turns[self.index]
+
+    @property
+    def name(self) -> str:
+        return self.plan.name
+
+    @property
+    def first(self) -> bool:
+        return self.index == 0
+
+    @property
+    def last(self) -> bool:
+        return self.index == len(self.services.plan.turns) - 1
+
+    @property
+    def separate(self) -> bool:
+        """Whether this turn verifies in a fresh verifier sandbox."""
+        return self.plan.verifier.mode == "separate"
+
+    @property
+    def previous(self) -> TurnPlan | None:
+        return self.services.plan.turns[self.index - 1] if self.index > 0 else None
+
+    def job_id(self, stage: Stage | str) -> str:
+        """The deterministic id of this turn's job for ``stage``: a restart re-attaches to it."""
+        return f"a{self.services.attempt_number}.t{self.index + 1}.{stage}"
+
+    def label(self) -> str:
+        """``2/3 build``: the turn as Events and messages name it."""
+        return f"{self.index + 1}/{len(self.services.plan.turns)} {self.name}"

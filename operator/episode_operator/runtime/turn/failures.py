@@ -1,0 +1,155 @@
+"""How a turn fails, and the one place where a failed sandbox call becomes one of those failures.
+
+Gym keeps four classes apart (TASK-FORMAT.md §3.9): a *measured* 0 (the turn scored, the
+episode stops), a *terminal* failure (preparation at step 1: no reward, no retry), a *masked*
+episode (the verifier's environment failed) and an *outage* (the sandbox failed under us: the
+attempt is lost and a fresh one may start). The runner raises the exceptions below; which one
+a failed sandbox call raises is decided by :data:`COMMAND_FAILURES` alone.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import enum
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Final, Literal
+
+from episode_operator.api.vocabulary import (
+    FAILURE_VERIFIER,
+    FAILURE_WORKDIR,
+    FailureKind,
+    OutageKind,
+)
+from episode_operator.runtime.sandbox import CommandFailed, JobState, SandboxError
+
+
+class Outage(Exception):
+    """The sandbox failed under us: the attempt is lost and a fresh one may start."""
+
+    def __init__(self, kind: OutageKind, message: str) -> None:
+        super().__init__(message)
+        self.kind: OutageKind = kind
+
+
+class PreparationFailed(Exception):
+    """A turn's preparation failed: terminal at step 1, a measured 0 from step 2 on (Gym)."""
+
+    def __init__(self, failure_kind: FailureKind, message: str) -> None:
+        super().__init__(message)
+        self.failure_kind: FailureKind = failure_kind
+
+
+EndingOutcome = Literal["TerminalFailure", "Masked", "Ungraded"]
+
+
+class EpisodeEnds(Exception):
+    """Ends the episode now with this outcome (terminal, masked, ungraded)."""
+
+    def __init__(self, outcome: EndingOutcome, failure_kind: FailureKind, message: str) -> None:
+        super().__init__(message)
+        self.outcome: EndingOutcome = outcome
+        self.failure_kind: FailureKind = failure_kind
+
+
+class Call(enum.StrEnum):
+    """What the runner asked of a sandbox when a command failed."""
+
+    CLEAR_GRADING_FILES = "clear the previous turn's grading files"
+    SWITCH_USER = "switch the turn's user"
+    MERGE_WORKDIR = "merge workdir/"
+    START_SETUP = "start setup.sh"
+    RUN_HEALTHCHECK = "run the healthcheck"
+    START_AGENT = "start the agent's setup"
+    PLACE_SOLUTION = "place the oracle's solution"
+    PLACE_INSTRUCTION = "place the instruction"
+    PLACE_VERIFIER_INPUTS = "place the artifacts in the verifier's sandbox"
+    START_VERIFIER = "start test.sh"
+    READ_REWARD = "read the reward files"
+
+
+@dataclass(frozen=True)
+class Becomes:
+    """What a failed command turns into: an outage of ``outage`` kind, a failed preparation, or a
+    masked episode; ``doing`` names the part that failed when it is not the whole call."""
+
+    outage: OutageKind | None = None
+    preparation: FailureKind | None = None
+    masked: bool = False
+    doing: str | None = None
+
+
+_CLEAR: Final = Becomes(outage="clear-grading-files", doing=Call.CLEAR_GRADING_FILES)
+_CANNOT_RUN: Final = Becomes(outage="run-command")
+# A job whose shell, user or directory is unusable (the supervisor's ``unstartable``).
+UNSTARTABLE: Final = "unstartable"
+
+#: Call → the part of the supervisor's command that failed (``CommandFailed.step``: ``clear``
+#: the grading folders, ``upload`` the inputs; ``unstartable``: the job could not start;
+#: None: anything else) → what it means. A :class:`SandboxError` (pod lost, exec
+#: transport…) is always an outage of its own kind.
+COMMAND_FAILURES: Final[dict[Call, dict[str | None, Becomes]]] = {
+    Call.CLEAR_GRADING_FILES: {None: _CLEAR},
+    # Gym: a sandbox that cannot switch the user is an outage.
+    Call.SWITCH_USER: {None: Becomes(outage="user-switch")},
+    # workdir/ that cannot unpack over what earlier turns left is the task's failure.
+    Call.MERGE_WORKDIR: {"clear": _CLEAR, None: Becomes(preparation=FAILURE_WORKDIR)},
+    # setup.sh always lives in workdir/, which the exec starting it merges.
+    Call.START_SETUP: {"clear": _CLEAR, "upload": Becomes(preparation=FAILURE_WORKDIR), None: _CANNOT_RUN},
+    Call.RUN_HEALTHCHECK: {None: _CANNOT_RUN},
+    Call.START_AGENT: {None: _CANNOT_RUN},
+    Call.PLACE_SOLUTION: {"clear": _CLEAR, UNSTARTABLE: _CANNOT_RUN, None: Becomes(outage="place-solution")},
+    Call.PLACE_INSTRUCTION: {"clear": _CLEAR, UNSTARTABLE: _CANNOT_RUN, None: Becomes(outage="place-instruction")},
+    # The verifier's image must provide bash, timeout, tar, gzip and find: a verifier that cannot
+    # receive its inputs or start test.sh masks the episode (TASK-FORMAT.md §3.3).
+    Call.PLACE_VERIFIER_INPUTS: {
+        "clear": Becomes(outage="clear-grading-files", doing="empty /tests and /logs/verifier"),
+        None: Becomes(masked=True),
+    },
+    Call.START_VERIFIER: {
+        "clear": Becomes(outage="clear-grading-files", doing="empty /tests and /logs/verifier"),
+        "upload": Becomes(masked=True),
+        UNSTARTABLE: Becomes(masked=True),
+        None: _CANNOT_RUN,
+    },
+    Call.READ_REWARD: {None: Becomes(outage="read-reward")},
+}
+
+
+def failure_of(call: Call, error: SandboxError | CommandFailed) -> Outage | PreparationFailed | EpisodeEnds:
+    """The failure a failed sandbox call means (see :data:`COMMAND_FAILURES`)."""
+    if isinstance(error, SandboxError):
+        return Outage(error.kind, f"cannot {call}: {error}")
+    return _verdict(call, error.step, str(error))
+
+
+def check_started(call: Call, state: JobState) -> None:
+    """Raise the failure a job that could not start means; nothing for a job that ran."""
+    if state.phase == "unstartable":
+        raise _verdict(call, UNSTARTABLE, state.reason or "the job could not start")
+
+
+def _verdict(call: Call, step: str | None, detail: str) -> Outage | PreparationFailed | EpisodeEnds:
+    rules = COMMAND_FAILURES[call]
+    verdict = rules.get(step, rules[None])
+    message = f"cannot {verdict.doing or call}: {detail}"
+    if verdict.masked:
+        return EpisodeEnds("Masked", FAILURE_VERIFIER, message)
+    if verdict.preparation is not None:
+        return PreparationFailed(verdict.preparation, message)
+    assert verdict.outage is not None
+    return Outage(verdict.outage, message)
+
+
+@contextlib.contextmanager
+def sandbox_call(call: Call) -> Iterator[None]:
+    """Run a sandbox call; a failure leaves as the failure it means (:func:`failure_of`)."""
+    try:
+        yield
+    except (SandboxError, CommandFailed) as error:
+        raise failure_of(call, error) from error
+
+
+def sandbox_lost(error: SandboxError) -> Outage:
+    """A sandbox that failed under a call with no command of its own (pod start, job poll…)."""
+    return Outage(error.kind, str(error))

@@ -1,0 +1,195 @@
+"""``kubectl episode`` against the real API server, as a kubectl user runs it: no ``-n``.
+
+The kubeconfig is the cluster's admin one with two contexts: ``work`` (current) whose namespace is
+the test's, and ``elsewhere`` with another. Every command is the console script, run as a process
+with ``$KUBECONFIG`` pointing at that file, so the namespace can only come from the context.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import queue
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+import yaml
+from kubernetes import client
+
+from tests.cluster.harness import (
+    EXAMPLES,
+    GROUP,
+    PLURAL,
+    VERSION,
+    OperatorProcess,
+    context_kubeconfig,
+    create_episode,
+    episode_spec,
+    read_episode,
+)
+
+KUBECTL_EPISODE = str(Path(sys.executable).parent / "kubectl-episode")
+
+
+class Plugin:
+    """Runs ``kubectl-episode`` with ``$KUBECONFIG`` set, as a user's shell would."""
+
+    def __init__(self, kubeconfig: Path) -> None:
+        self.environ = {**os.environ, "KUBECONFIG": str(kubeconfig)}
+
+    def __call__(self, *args: str, code: int = 0) -> subprocess.CompletedProcess[str]:
+        result = subprocess.run(
+            [KUBECTL_EPISODE, *args], capture_output=True, text=True, env=self.environ, timeout=600, check=False
+        )
+        assert result.returncode == code, f"kubectl-episode {' '.join(args)}: {result.stdout}\n{result.stderr}"
+        assert "Traceback" not in result.stderr, result.stderr
+        return result
+
+    @contextlib.contextmanager
+    def watching(self, *args: str) -> Iterator[queue.Queue[str]]:
+        """``kubectl-episode ARGS`` running in the background; its stdout lines arrive on the queue."""
+        process = subprocess.Popen(
+            [KUBECTL_EPISODE, *args], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=self.environ
+        )
+        lines: queue.Queue[str] = queue.Queue()
+
+        def pump() -> None:
+            assert process.stdout is not None
+            for line in process.stdout:
+                lines.put(line.rstrip("\n"))
+
+        reader = threading.Thread(target=pump, daemon=True)
+        reader.start()
+        try:
+            yield lines
+        finally:
+            if process.poll() is None:
+                os.kill(process.pid, signal.SIGTERM)
+            process.wait(timeout=30)
+            reader.join(timeout=30)
+
+
+def read_until(lines: queue.Queue[str], done: Callable[[str], bool], what: str, timeout: float = 240) -> list[str]:
+    """Lines read up to the first for which ``done`` is true."""
+    seen: list[str] = []
+    deadline = time.monotonic() + timeout
+    while not seen or not done(seen[-1]):
+        remaining = deadline - time.monotonic()
+        assert remaining > 0, f"no line {what} in {timeout} s:\n" + "\n".join(seen)
+        with contextlib.suppress(queue.Empty):
+            seen.append(lines.get(timeout=remaining))
+    return seen
+
+
+def held_episode(api: client.ApiClient, namespace: str) -> str:
+    """A suspended Episode (never runs): what a watch lists first, so the test knows the watch is on."""
+    create_episode(api, namespace, "held", episode_spec(EXAMPLES / "hello", suspend=True))
+    return "held"
+
+
+@pytest.fixture
+def plugin(kubeconfig: Path, namespace: str, tmp_path: Path) -> Plugin:
+    path = context_kubeconfig(kubeconfig, tmp_path / "kubeconfig", {"work": namespace, "elsewhere": f"{namespace}-x"})
+    return Plugin(path)
+
+
+def test_the_plugin_works_in_the_contexts_namespace(
+    plugin: Plugin,
+    namespace: str,
+    api_client: client.ApiClient,
+    core: client.CoreV1Api,
+    operator: OperatorProcess,
+    tmp_path: Path,
+) -> None:
+    hello = str(EXAMPLES / "hello")
+    held = held_episode(api_client, namespace)
+    with plugin.watching("get", "-w") as table:
+        # The listing first: the header and the held Episode; then every change.
+        listed = read_until(table, lambda line: line.startswith(held), "listing the held Episode")
+        assert listed[0].split() == ["NAME", "PHASE", "REWARD", "TURNS", "OUTCOME", "AGE"], listed
+        created = plugin("run", hello, "--wait")
+        assert f" created in {namespace}\n" in created.stdout
+        name = created.stdout.split()[0].removeprefix("episode/")
+        assert "Succeeded (Graded): reward 1" in created.stdout
+        rows = read_until(table, lambda line: line.startswith(name) and " Succeeded " in line, "Succeeded")
+        assert next(row.split()[1] for row in rows if row.startswith(name)) != "Succeeded", rows
+        assert rows[-1].split()[:5] == [name, "Succeeded", "1", "1/1", "Graded"], rows
+
+    # get in every format, in the context's namespace.
+    assert [name, "Succeeded"] in [line.split()[:2] for line in plugin("get").stdout.splitlines()]
+    assert plugin("get", "-o", "name").stdout == "".join(
+        f"episode.episode-operator.dev/{episode}\n" for episode in sorted([held, name])
+    )
+    one = json.loads(plugin("get", name, "-o", "json").stdout)
+    assert (one["kind"], one["metadata"]["namespace"], one["status"]["reward"]) == ("Episode", namespace, 1.0)
+    listing = yaml.safe_load(plugin("get", "-o", "yaml").stdout)
+    assert (listing["kind"], sorted(item["metadata"]["name"] for item in listing["items"])) == (
+        "List",
+        sorted([held, name]),
+    )
+    assert "FAILURE" in plugin("get", "-o", "wide").stdout.splitlines()[0]
+    everywhere = plugin("get", "-A").stdout.splitlines()
+    assert everywhere[0].split()[:2] == ["NAMESPACE", "NAME"]
+    assert [namespace, name] in [line.split()[:2] for line in everywhere]
+
+    # -l selects by label, as kubectl's does.
+    client.CustomObjectsApi(api_client).patch_namespaced_custom_object(
+        GROUP, VERSION, namespace, PLURAL, name, {"metadata": {"labels": {"team": "a"}}}
+    )
+    assert plugin("get", "-l", "team=a", "-o", "name").stdout.strip().endswith(f"/{name}")
+    nothing = plugin("get", "-l", "team=b")
+    assert (nothing.stdout, nothing.stderr) == ("", f"No resources found in {namespace} namespace.\n")
+
+    # --context: the other context's namespace.
+    elsewhere = plugin("get", "--context", "elsewhere")
+    assert elsewhere.stderr == f"No resources found in {namespace}-x namespace.\n"
+    missing = plugin("get", "--context", "nowhere", code=1)
+    assert missing.stderr.strip().endswith("no context 'nowhere' (contexts: elsewhere, work)")
+
+    # describe, logs by turn number or name, export to a folder: all without -n.
+    described = " ".join(plugin("describe", name).stdout.split())  # rich wraps at 80 columns off a terminal
+    assert f"{namespace}/{name}: Succeeded (Graded)" in described
+    turn = read_episode(api_client, namespace, name)["status"]["turns"][0]["name"]
+    data = ("--data-dir", str(operator.data_dir))
+    by_number = plugin("logs", name, "--turn", "1", *data).stdout
+    assert by_number and by_number == plugin("logs", name, "--turn", turn, *data).stdout
+    assert f"turn {turn}" in by_number
+    unknown = plugin("logs", name, "--turn", "2", *data, code=2)
+    assert f"no turn '2' (turns: 1 {turn})" in unknown.stderr
+    out = tmp_path / "rows"
+    exported = plugin("export", "--output-dir", str(out))
+    assert exported.stdout.startswith("1 rollout(s) to ")
+    (row,) = [json.loads(line) for line in (out / "rollouts.jsonl").read_text().splitlines()]
+    assert row["episode"] == f"{namespace}/{name}"
+
+    # pack without -n: the context's namespace too.
+    packed = plugin("pack", hello).stdout.strip().removeprefix("configmap/")
+    assert core.read_namespaced_config_map(packed, namespace).metadata.name == packed
+
+
+def test_get_watch_prints_each_change_as_json(
+    plugin: Plugin, namespace: str, api_client: client.ApiClient, operator: OperatorProcess
+) -> None:
+    """``-w -o json`` prints one object per change (as kubectl does), the first being the one created."""
+    held = held_episode(api_client, namespace)
+    with plugin.watching("get", "-w", "-o", "json") as stream:
+        first = read_until(stream, lambda line: line == "}", "ending the held Episode's object")
+        assert json.loads("\n".join(first))["metadata"]["name"] == held
+        name = plugin("run", str(EXAMPLES / "hello")).stdout.split()[0].removeprefix("episode/")
+        seen: list[str] = []
+        while not any('"phase": "Succeeded"' in line for line in seen):
+            seen += read_until(stream, lambda line: line == "}", "ending an object")
+    decoder, objects, position, text = json.JSONDecoder(), [], 0, "\n".join(seen)
+    while position < len(text):
+        obj, position = decoder.raw_decode(text, position)
+        objects.append(obj)
+        position += 1
+    phases = [(obj.get("status") or {}).get("phase") for obj in objects if obj["metadata"]["name"] == name]
+    assert phases[0] is None and "Running" in phases and phases[-1] == "Succeeded", phases

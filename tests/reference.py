@@ -1,0 +1,241 @@
+"""The reference implementations' own models, loaded from their published wheels.
+
+NeMo Gym needs Python ≥ 3.13 and Harbor ≥ 3.12, so neither can be installed here; yet our rows,
+capture records and trajectories must satisfy *their* models, not only ours. So the tests take
+the wheels from PyPI (pinned by hash, cached), read the few source files that define the
+models, and execute only the definitions the checks need: each requested name with the
+top-level statements it depends on, and the imports those use. The models build on pydantic and
+on the ``openai`` package's Responses and Chat types (Gym pins openai 2.44.0; so do our test
+extras). Nothing of Gym's server stack (fastapi, ray, …) is executed.
+"""
+
+from __future__ import annotations
+
+import ast
+import os
+import subprocess
+import sys
+import tempfile
+import types
+import zipfile
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+# The versions AGENTS.md describes, pinned by the sha256 of the wheels on PyPI.
+WHEELS = {
+    "nemo-gym": (
+        "0.7.0",
+        "nemo_gym-0.7.0-py3-none-any.whl",
+        "cce78fc3fd048f36b4c465fe8e9fe3cc5e7afb6f6e287bfe831f156988508a70",
+    ),
+    "harbor": (
+        "0.25.0",
+        "harbor-0.25.0-py3-none-any.whl",
+        "51923ac567fc57b03279e93468b105f689628bcac2cd3d541d4e44aa5c0ec309",
+    ),
+}
+CACHE = Path(os.environ.get("EPISODE_REFERENCE_CACHE", Path.home() / ".cache" / "episode-operator" / "reference"))
+
+
+def wheel(project: str) -> zipfile.ZipFile:
+    """The project's pinned wheel, downloaded once (pip checks the hash)."""
+    version, filename, sha256 = WHEELS[project]
+    path = CACHE / filename
+    if not path.exists():
+        CACHE.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile("w", suffix=".txt") as requirements:
+            requirements.write(f"{project}=={version} --hash=sha256:{sha256}\n")
+            requirements.flush()
+            # The wheels declare Python ≥ 3.13 (Gym) and ≥ 3.12 (Harbor): ask for them as such; they are pure Python.
+            pip = [sys.executable, "-m", "pip", "download", "--quiet", "--disable-pip-version-check", "--no-deps"]
+            only = ["--python-version", "3.13.14", "--only-binary=:all:", "--require-hashes"]
+            subprocess.run([*pip, *only, "-r", requirements.name, "-d", str(CACHE)], check=True)
+    return zipfile.ZipFile(path)
+
+
+def source(project: str, member: str) -> str:
+    with wheel(project) as archive:
+        return archive.read(member).decode()
+
+
+# --- executing a selection of a module -------------------------------------------------------------
+def _defined(statement: ast.stmt) -> set[str]:
+    if isinstance(statement, ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef):
+        return {statement.name}
+    if isinstance(statement, ast.Import | ast.ImportFrom):
+        return {(alias.asname or alias.name).split(".")[0] for alias in statement.names}
+    names = set()
+    targets = statement.targets if isinstance(statement, ast.Assign) else []
+    if isinstance(statement, ast.AnnAssign | ast.AugAssign):
+        targets = [statement.target]
+    for target in targets:
+        names |= {node.id for node in ast.walk(target) if isinstance(node, ast.Name)}
+    return names
+
+
+def _used(statement: ast.stmt) -> set[str]:
+    names = {node.id for node in ast.walk(statement) if isinstance(node, ast.Name)}
+    # String annotations (``"AtifStep"``) and forward references name classes too.
+    for node in ast.walk(statement):
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value.isidentifier():
+            names.add(node.value)
+    return names
+
+
+def select(code: str, wanted: set[str] | None) -> str:
+    """The statements of ``code`` that define ``wanted`` (all when None), with what they use, in order."""
+    tree = ast.parse(code)
+    body = [statement for statement in tree.body if not isinstance(statement, ast.Expr)]  # docstrings
+    if wanted is None:
+        keep = body
+    else:
+        needed = set(wanted)
+        chosen: set[int] = set()
+        changed = True
+        while changed:
+            changed = False
+            for index, statement in enumerate(body):
+                if index not in chosen and _defined(statement) & needed:
+                    chosen.add(index)
+                    needed |= _used(statement)
+                    changed = True
+        keep = [_trimmed(statement, needed) for index, statement in enumerate(body) if index in chosen]
+    return ast.unparse(ast.Module(body=keep, type_ignores=[]))
+
+
+def _trimmed(statement: ast.stmt, needed: set[str]) -> ast.stmt:
+    """An import of only the names needed (``from x import a, b`` where only ``a`` is used)."""
+    if isinstance(statement, ast.Import | ast.ImportFrom):
+        statement.names = [alias for alias in statement.names if (alias.asname or alias.name).split(".")[0] in needed]
+    return statement
+
+
+def _module(name: str, code: str) -> types.ModuleType:
+    module = types.ModuleType(name)
+    module.__dict__["__name__"] = name
+    sys.modules[name] = module  # pydantic resolves forward references through sys.modules
+    exec(compile(code, f"<reference {name}>", "exec"), module.__dict__)
+    return module
+
+
+# The Gym modules the checks need, and from each the names wanted (None: the whole, import-light file).
+GYM_MODULES: dict[str, set[str] | None] = {
+    "nemo_gym.failure_kinds": None,
+    "nemo_gym.config_types": {"ModelServerRef"},
+    "nemo_gym.openai_utils": {
+        "NeMoGymResponse",
+        "NeMoGymResponseCreateParamsNonStreaming",
+        "NeMoGymResponseInputItem",
+        "NeMoGymEasyInputMessage",
+        "NeMoGymFunctionCallOutput",
+        "NeMoGymResponseFunctionToolCall",
+        "NeMoGymResponseOutputMessage",
+        "NeMoGymResponseOutputMessageForTraining",
+        "NeMoGymResponseOutputText",
+    },
+    "nemo_gym.episode_types": {"EpisodeFailure"},
+    "nemo_gym.base_resources_server": {"BaseVerifyResponse"},
+    "nemo_gym.rollout_observability": {"AgentObservationBundle", "TrajectoryRecord", "ModelCallRef", "ObservationGap"},
+    "nemo_gym.base_responses_api_model": {
+        "ModelCallRecord",
+        "build_model_call_record",
+        "aggregate_model_call_records",
+        "_classify_status",
+        "_reconstruct_streamed_response",
+    },
+    "nemo_gym.atif_v1_7": None,
+    "responses_api_agents.harbor_agent.utils": None,
+}
+
+
+@cache
+def gym() -> dict[str, types.ModuleType]:
+    """Gym's modules (only the selected definitions), keyed by module name."""
+    for package in ("nemo_gym", "responses_api_agents", "responses_api_agents.harbor_agent"):
+        sys.modules.setdefault(package, types.ModuleType(package)).__path__ = []
+    loaded = {}
+    for name, wanted in GYM_MODULES.items():
+        code = source("nemo-gym", name.replace(".", "/") + ".py")
+        loaded[name] = _module(name, select(code, wanted))
+    return loaded
+
+
+@cache
+def harbor_trajectory() -> Any:
+    """Harbor's ATIF ``Trajectory`` model (harbor/models/trajectories, which imports only pydantic and itself)."""
+    for package in ("harbor", "harbor.models", "harbor.models.trajectories"):
+        sys.modules.setdefault(package, types.ModuleType(package)).__path__ = []
+    for name in ("content", "subagent_trajectory_ref", "tool_call", "metrics", "final_metrics", "agent"):
+        _module(f"harbor.models.trajectories.{name}", source("harbor", f"harbor/models/trajectories/{name}.py"))
+    for name in ("observation_result", "observation", "step", "trajectory"):
+        _module(f"harbor.models.trajectories.{name}", source("harbor", f"harbor/models/trajectories/{name}.py"))
+    return sys.modules["harbor.models.trajectories.trajectory"].Trajectory
+
+
+def gym_example_rows() -> list[dict[str, Any]]:
+    """Gym's own Harbor rollout rows (``responses_api_agents/harbor_agent/example/example_output.jsonl``)."""
+    import json
+
+    text = source("nemo-gym", "responses_api_agents/harbor_agent/example/example_output.jsonl")
+    return [json.loads(line) for line in text.splitlines() if line.strip()]
+
+
+# --- checking our output against Gym's models ---------------------------------------------------------------
+ROW_COLLECTOR_KEYS = {"_ng_task_index", "_ng_rollout_index"}
+FAILURE_COLLECTOR_KEYS = ROW_COLLECTOR_KEYS | {
+    "_ng_failure_class",
+    "_ng_failure_terminal",
+    "_ng_failure_message",
+    "_ng_failure_stage",
+}
+CAPTURE_KEYS = {"rollout_id", "metrics", "calls", "gaps"}
+PAYLOAD_KEYS = {"request", "response", "request_raw", "response_raw"}
+
+
+def check_observation_keys(record: dict[str, Any]) -> None:
+    """``ng_trajectory``, ``ng_agent_observations`` and ``ng_model_call_capture`` as Gym's models read them."""
+    modules = gym()
+    observability = modules["nemo_gym.rollout_observability"]
+    model = modules["nemo_gym.base_responses_api_model"]
+    if "ng_trajectory" in record:
+        observability.TrajectoryRecord.model_validate(record["ng_trajectory"])
+    if "ng_agent_observations" in record:
+        observability.AgentObservationBundle.model_validate(record["ng_agent_observations"])
+    if "ng_model_call_capture" in record:
+        capture = record["ng_model_call_capture"]
+        assert set(capture) <= CAPTURE_KEYS and {"rollout_id", "metrics", "calls"} <= set(capture), capture.keys()
+        calls = [model.ModelCallRecord.model_validate(call) for call in capture["calls"]]
+        assert not any(PAYLOAD_KEYS & set(call) for call in capture["calls"]), "the payloads belong to ng_trajectory"
+        assert capture["metrics"] == model.aggregate_model_call_records(calls)
+        for gap in capture.get("gaps") or []:
+            observability.ObservationGap.model_validate(gap)
+
+
+def check_rollout_row(row: dict[str, Any]) -> None:
+    """A ``rollouts.jsonl`` row: Gym's verify response, its observation keys, collector keys Gym's only."""
+    modules = gym()
+    modules["nemo_gym.base_resources_server"].BaseVerifyResponse.model_validate(row)
+    assert {key for key in row if key.startswith("_ng_")} <= ROW_COLLECTOR_KEYS
+    check_observation_keys(row)
+    openai_utils = modules["nemo_gym.openai_utils"]
+    for turn in row["turns"]:
+        openai_utils.NeMoGymResponseCreateParamsNonStreaming.model_validate(turn["responses_create_params"])
+        openai_utils.NeMoGymResponse.model_validate(turn["response"])
+        assert "ng_model_call_capture" not in turn
+        check_observation_keys(turn)
+
+
+def check_failure_row(row: dict[str, Any]) -> None:
+    """A ``rollouts_failures.jsonl`` row: Gym's handled environment failure (``EpisodeFailure``), no result."""
+    modules = gym()
+    assert {key for key in row if key.startswith("_ng_")} <= FAILURE_COLLECTOR_KEYS
+    assert row["_ng_failure_class"] == "environment_server_failed"
+    assert not {"reward", "response", "responses_create_params"} & set(row)
+    failure = {
+        "failure_reason": row["_ng_failure_message"],
+        "terminal": row["_ng_failure_terminal"],
+        "stage": row.get("_ng_failure_stage"),
+        "failure_kind": row.get("failure_kind"),
+    }
+    modules["nemo_gym.episode_types"].EpisodeFailure.model_validate(failure)

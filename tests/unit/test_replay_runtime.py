@@ -1,0 +1,227 @@
+"""Replay execution against the fake sandbox: order, users, directories, environment, bounds, restarts.
+
+RUN lines here are in the fake sandbox's line language (``write``, ``exit``, ``timeout``,
+``unstartable``, ``lose-pod``); the cluster tier replays real shell in a real pod.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import math
+import tarfile
+
+import pytest
+
+from episode_operator.runtime.replay import (
+    ReplayConfig,
+    ReplayFailed,
+    ReplayReady,
+    ReplayRefused,
+    ReplaySource,
+    ReplayTimedOut,
+    replay_dockerfile,
+)
+from episode_operator.runtime.sandbox import SandboxError
+from episode_operator.taskfolder import TaskFiles
+from episode_operator.taskfolder.models import EnvironmentConfig
+from tests.unit.fake_sandbox import Crash, FakeSandbox, MemoryStore, World
+
+BASE_OUTPUT = b"x86_64\n" + b"\x00".join([b"PATH=/usr/bin:/bin", b"HOME=/root", b"PWD=/", b"_EO_JOB=x", b""])
+
+DOCKERFILE = """\
+FROM ubuntu:24.04
+ENV PATH=/opt/bin:$PATH MODE=image
+RUN write created-by-run yes
+WORKDIR /srv/app
+COPY --chown=agent --chmod=700 serve.sh ./
+COPY data /srv/data/
+USER agent
+RUN append log as-agent
+ENTRYPOINT ["./serve.sh", "--port", "8000"]
+"""
+
+
+def task_files(dockerfile: str = DOCKERFILE) -> TaskFiles:
+    return TaskFiles.from_mapping(
+        {
+            "environment/Dockerfile": dockerfile,
+            "environment/serve.sh": "#!/bin/sh\nexec python3 -m http.server\n",
+            "environment/data/one.txt": "1",
+            "environment/data/sub/two.txt": "2",
+        }
+    )
+
+
+def run(
+    world: World,
+    sandbox: FakeSandbox,
+    files: TaskFiles,
+    store: MemoryStore,
+    *,
+    budget: float = 600.0,
+    environment: EnvironmentConfig | None = None,
+) -> object:
+    world.outputs.setdefault("replay.base", BASE_OUTPUT)
+    return asyncio.run(
+        replay_dockerfile(
+            sandbox,
+            files,
+            ReplaySource(),
+            environment or EnvironmentConfig(env={"MODE": "task", "TOKEN": "t"}),
+            store,
+            ReplayConfig(attempt=1, budget_sec=budget),
+            clock=world.clock.time,
+        )
+    )
+
+
+def setup() -> tuple[World, FakeSandbox, MemoryStore]:
+    world = World()
+    return world, world.sandbox("pod-a1"), MemoryStore()
+
+
+def test_steps_run_in_order_as_the_build_would_run_them() -> None:
+    world, sandbox, store = setup()
+    result = run(world, sandbox, task_files(), store)
+    assert isinstance(result, ReplayReady)
+    assert sandbox.starts == [
+        "replay.base",
+        "replay.001.run",
+        "replay.002.mkdir",
+        "replay.003.copy",
+        "replay.004.copy",
+        "replay.005.run",
+        "replay.start",
+    ]
+    jobs = {job_id: record.spec for (_, job_id), record in sandbox.jobs.items()}
+    image_env = {"PATH": "/opt/bin:/usr/bin:/bin", "MODE": "image"}
+    assert (jobs["replay.001.run"].user, jobs["replay.001.run"].cwd, dict(jobs["replay.001.run"].env)) == (
+        None,
+        None,
+        image_env,
+    )
+    assert (jobs["replay.005.run"].user, jobs["replay.005.run"].cwd) == ("agent", "/srv/app")
+    assert all(spec.shell == "sh" for spec in jobs.values())
+    # The RUN lines really ran, in their directories (the fake resolves relative paths under /app).
+    assert sandbox.files["main"]["/app/created-by-run"] == b"yes"
+    assert sandbox.files["main"]["/app/log"] == b"as-agent\n"
+    # COPY: the files travelled to a staging folder with the job that places them, modes kept.
+    staged = {path: data for path, data in sandbox.files["main"].items() if "/tmp/replay.003.copy/" in path}
+    assert staged == {"/episode-operator/tmp/replay.003.copy/s0": b"#!/bin/sh\nexec python3 -m http.server\n"}
+    copy = jobs["replay.003.copy"].command
+    assert "cp -p /episode-operator/tmp/replay.003.copy/s0 /srv/app/serve.sh" in copy
+    assert "chown -R agent: /srv/app/serve.sh" in copy and "chmod -R 700 /srv/app/serve.sh" in copy
+    assert copy.endswith("rm -rf /episode-operator/tmp/replay.003.copy")
+    staged_tree = "/episode-operator/tmp/replay.004.copy/s0"
+    assert f"cp -R -p {staged_tree}/one.txt {staged_tree}/sub /srv/data/" in jobs["replay.004.copy"].command
+    # ENTRYPOINT starts under the supervisor, unbounded, with [environment.env] over the image's ENV.
+    start = jobs["replay.start"]
+    assert start.command == "exec ./serve.sh --port 8000" and math.isinf(start.timeout_sec)
+    assert (start.user, start.cwd) == ("agent", "/srv/app")
+    assert dict(start.env) == {"PATH": "/opt/bin:/usr/bin:/bin", "MODE": "task", "TOKEN": "t"}
+    assert result.settings.user == "agent" and result.settings.workdir == "/srv/app"
+    log = store.logs[(1, "seed", "replay")].decode()
+    assert "==> environment/Dockerfile:3: RUN write created-by-run yes\n" in log
+    assert "==> environment/Dockerfile:8: RUN append log as-agent" in log and log.endswith("[exited with 0]\n")
+
+
+def test_a_failing_run_is_the_tasks_failure_and_stops_replay() -> None:
+    world, sandbox, store = setup()
+    result = run(world, sandbox, task_files(DOCKERFILE.replace("RUN write created-by-run yes", "RUN exit 3")), store)
+    assert result == ReplayFailed(
+        3, "RUN exit 3", "environment/Dockerfile:3: RUN exit 3: exited with 3", b"ran replay.001.run\n"
+    )
+    assert sandbox.starts == ["replay.base", "replay.001.run"]
+    assert store.logs[(1, "seed", "replay")].endswith(b"[exited with 3]\n")
+
+
+def test_a_user_that_does_not_exist_fails_the_step() -> None:
+    world, sandbox, store = setup()
+    result = run(world, sandbox, task_files("FROM x\nUSER ghost\nRUN unstartable\n"), store)
+    assert isinstance(result, ReplayFailed) and result.line == 3
+    assert "could not start (bash: not found)" in result.message
+
+
+def test_a_restarted_operator_reattaches_and_never_runs_a_line_twice() -> None:
+    world, sandbox, store = setup()
+    world.crash_after = {"replay.004.copy"}
+    with pytest.raises(Crash):
+        run(world, sandbox, task_files(), store)
+    uploads_before = list(sandbox.uploads)
+    result = run(world, sandbox, task_files(), MemoryStore())
+    assert isinstance(result, ReplayReady)
+    assert len(sandbox.starts) == len(set(sandbox.starts)) == 7
+    assert sandbox.uploads == [*uploads_before]  # no step's files were uploaded again
+    assert sandbox.files["main"]["/app/log"] == b"as-agent\n"
+
+
+def test_replay_is_bounded_by_build_timeout_sec_from_its_first_job() -> None:
+    world, sandbox, store = setup()
+    world.hooks["replay.002.mkdir"] = lambda sandbox, spec: setattr(world.clock, "now", world.clock.now + 601)
+    result = run(world, sandbox, task_files(), store)
+    assert isinstance(result, ReplayTimedOut) and result.line == 5
+    assert "replay ran past build_timeout_sec (600 s)" in result.message
+    assert "replay.003.copy" not in sandbox.starts
+    # Each job's own bound is what is left of the budget.
+    first = sandbox.jobs[("main", "replay.001.run")].spec
+    assert first.timeout_sec == 600.0
+
+
+def test_a_run_that_runs_out_of_time_times_replay_out() -> None:
+    world, sandbox, store = setup()
+    result = run(world, sandbox, task_files("FROM x\nRUN timeout\n"), store, budget=30)
+    assert isinstance(result, ReplayTimedOut) and result.line == 2
+
+
+def test_a_dockerfile_replay_cannot_apply_is_refused() -> None:
+    world, sandbox, store = setup()
+    result = run(world, sandbox, task_files("FROM x\nCOPY --from=build /a /b\n"), store)
+    assert isinstance(result, ReplayRefused)
+    assert result.problems[0].render().startswith("environment/Dockerfile:2: COPY --from=build")
+    assert sandbox.starts == ["replay.base"]
+
+
+def test_a_lost_pod_is_an_outage() -> None:
+    world, sandbox, store = setup()
+    with pytest.raises(SandboxError) as raised:
+        run(world, sandbox, task_files("FROM x\nRUN lose-pod\nRUN write never x\n"), store)
+    assert raised.value.kind == "pod-lost"
+
+
+def test_a_heredoc_script_travels_as_an_executable_file() -> None:
+    world, sandbox, store = setup()
+    script = "#!/usr/bin/env python3\nprint('hi')\n"
+    result = run(world, sandbox, task_files(f"FROM x\nRUN <<EOF\n{script}EOF\n"), store)
+    assert isinstance(result, ReplayReady) and result.start is None
+    spec = sandbox.jobs[("main", "replay.001.run")].spec
+    assert spec.command == "exec /episode-operator/tmp/replay.001.run/script"
+    assert sandbox.files["main"]["/episode-operator/tmp/replay.001.run/script"] == script.encode()
+
+
+def test_the_staging_tar_keeps_modes() -> None:
+    files = TaskFiles.from_tar(
+        _tar({"environment/Dockerfile": (b"FROM x\nCOPY tool /usr/bin/\n", 0o644), "environment/tool": (b"x", 0o755)})
+    )
+    world, sandbox, store = setup()
+    uploaded: list[bytes] = []
+    original = sandbox._upload
+
+    def spy(archive: bytes, destination: str, container: str, clear: object) -> None:
+        uploaded.append(archive)
+        original(archive, destination, container, clear)  # type: ignore[arg-type]
+
+    sandbox._upload = spy  # type: ignore[method-assign]
+    assert isinstance(run(world, sandbox, files, store), ReplayReady)
+    with tarfile.open(fileobj=io.BytesIO(uploaded[0])) as archive:
+        assert archive.getmember("s0").mode == 0o755
+
+
+def _tar(entries: dict[str, tuple[bytes, int]]) -> bytes:
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w") as archive:
+        for name, (data, mode) in entries.items():
+            info = tarfile.TarInfo(name)
+            info.size, info.mode = len(data), mode
+            archive.addfile(info, io.BytesIO(data))
+    return buffer.getvalue()

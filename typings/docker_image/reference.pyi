@@ -1,0 +1,9 @@
+# Type stubs for docker-image-py's reference module: only what episode_operator uses.
+from typing import Any
+
+class InvalidReference(Exception): ...
+
+class Reference(dict[str, Any]):
+    @classmethod
+    def parse_normalized_named(cls, s: str) -> Reference: ...
+    def string(self) -> str: ...
