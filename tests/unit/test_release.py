@@ -151,3 +151,25 @@ def test_the_chart_packages_at_the_release_version_with_its_schema(tmp_path: Pat
         rendered = chart.render({}, name="episode-operator", namespace="ns")
     deployment = yaml.safe_load(rendered["episode-operator/templates/deployment.yaml"])
     assert deployment["spec"]["template"]["spec"]["containers"][0]["image"].endswith("/episode-operator:1.2.3")
+
+
+def test_the_plugin_archives_are_the_ones_the_krew_manifest_names() -> None:
+    """hack/plugin runs on one runner per platform of plugins/krew/episode.yaml; its archive name is checked there."""
+    manifest = (REPO / "plugins" / "krew" / "episode.yaml").read_text()
+    named = set(re.findall(r"kubectl-episode_\{\{ \.TagName \}\}_(\w+)_(\w+)\.tar\.gz", manifest))
+    matrix = workflow()["jobs"]["plugin"]["strategy"]["matrix"]["include"]
+    assert (
+        {(row["os"], row["arch"]) for row in matrix}
+        == named
+        == {
+            ("linux", "amd64"),
+            ("linux", "arm64"),
+            ("darwin", "amd64"),
+            ("darwin", "arm64"),
+        }
+    )
+    build = next(s for s in steps("plugin") if s.get("id") == "build")["run"]
+    assert 'archive=$(hack/plugin "$TAG")' in build
+    assert 'test "$archive" = "dist/kubectl-episode_${TAG}_${{ matrix.os }}_${{ matrix.arch }}.tar.gz"' in build
+    (bot,) = [s for s in steps("krew") if str(s.get("uses", "")).startswith("rajatjindal/krew-release-bot@")]
+    assert bot["with"]["krew_template_file"] == "plugins/krew/episode.yaml"
