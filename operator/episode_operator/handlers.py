@@ -31,7 +31,7 @@ from episode_operator.kube.driver import (
     suspend_episode,
 )
 from episode_operator.kube.episodeset import run_episode_set
-from episode_operator.kube.objects.pods import label_value
+from episode_operator.kube.objects.pods import AgentImages, label_value
 from episode_operator.kube.status import EpisodeGone
 from episode_operator.kube.tombstones import expire_episode
 from episode_operator.runtime.metrics import Metrics
@@ -60,6 +60,8 @@ class OperatorOptions:
     extra_pod_labels: dict[str, str] = field(default_factory=dict)
     # Where images are pulled from (--image-mirror); the seed stage applies it to every image it names.
     image_mirrors: ImageMirrors = field(default_factory=ImageMirrors)
+    capture_image: str | None = None
+    toolchain_repository: str = "episode-operator.local"
 
 
 @kopf.on.startup()
@@ -99,6 +101,7 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: ko
         pull_grace_sec=options.pull_grace_sec,
         poll_interval_sec=options.poll_interval_sec,
         extra_pod_labels=options.extra_pod_labels,
+        agent_images=AgentImages(options.capture_image, options.toolchain_repository),
         pod_wakeups=memo.pod_wakeups,
     )
     options.data_dir.mkdir(parents=True, exist_ok=True)

@@ -339,7 +339,7 @@ def test_bad_input_fails_clearly_and_the_operator_keeps_serving(
     assert no_image_status["failureKind"] == "harbor:seed_refused"
     assert "environment.docker_image: not set, and the Episode gives no spec.image" in no_image_status["message"]
     missing = wait_for_episode(api_client, namespace, "missing-image", operator)
-    assert (missing["phase"], missing["outcome"], missing["failureKind"]) == ("Failed", "Ungraded", "outage:image-pull")
+    assert (missing["phase"], missing["outcome"], missing["failureKind"]) == ("Failed", "Ungraded", "outage:image_pull")
     assert "does-not-exist" in missing["message"]
     assert pods_of(core, namespace, "missing-image") == []
     # The operator is still serving.

@@ -311,7 +311,7 @@ def test_dataset_of_20_tasks_times_2_attempts_at_parallelism_4(
         assert child_status["phase"] in TERMINAL and len(child_status["attempts"]) == 1, child_status
         reward = designed_reward(index, attempt)
         if reward is None:
-            assert (child_status["outcome"], child_status["failureKind"]) == ("Ungraded", "outage:image-pull")
+            assert (child_status["outcome"], child_status["failureKind"]) == ("Ungraded", "outage:image_pull")
         else:
             assert (child_status["outcome"], child_status["reward"]) == ("Graded", reward), child_name
 

@@ -94,7 +94,7 @@ def test_agent_pod_deleted_mid_turn_starts_a_new_attempt(
     core.delete_namespaced_pod("victim-a1", namespace, grace_period_seconds=0)
     status = wait_for_episode(api_client, namespace, "victim", operator)
     assert (status["phase"], status["reward"], status["attempt"]) == ("Succeeded", 1.0, 2), status
-    assert len(status["attempts"]) == 2 and status["attempts"][0]["reason"].startswith(("pod-lost", "exec"))
+    assert len(status["attempts"]) == 2 and status["attempts"][0]["reason"].startswith(("pod_lost", "exec"))
 
 
 def test_missing_image_is_retried_then_fails_clearly(
@@ -102,7 +102,7 @@ def test_missing_image_is_retried_then_fails_clearly(
 ) -> None:
     spec = episode_spec(EXAMPLES / "hello", image="episode-operator.local/not-loaded:1", retries={"outages": 1})
     status = run_episode(api_client, namespace, "unpullable", spec, operator, timeout=300)
-    assert (status["phase"], status["outcome"], status["failureKind"]) == ("Failed", "Ungraded", "outage:image-pull")
+    assert (status["phase"], status["outcome"], status["failureKind"]) == ("Failed", "Ungraded", "outage:image_pull")
     assert [attempt["number"] for attempt in status["attempts"]] == [1, 2]
     assert all("not-loaded:1" in attempt["reason"] for attempt in status["attempts"])
     assert status.get("reward") is None

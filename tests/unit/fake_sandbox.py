@@ -75,7 +75,7 @@ class FakeSandbox:
     # Sandbox protocol ----------------------------------------------------------------
     def _alive(self) -> None:
         if self.lost:
-            raise SandboxError(f"pod {self.name} was deleted", kind="pod-lost")
+            raise SandboxError(f"pod {self.name} was deleted", kind="pod_lost")
 
     async def start_job(self, spec: JobSpec, *, wait_sec: float = 0.0, upload: Upload | None = None) -> JobState:
         self.calls["start_job"] += 1
@@ -285,7 +285,7 @@ class World:
         if name not in self.sandboxes:
             if self.fail_creation:
                 self.fail_creation -= 1
-                raise SandboxError(f"image for {name} cannot be pulled", kind="image-pull")
+                raise SandboxError(f"image for {name} cannot be pulled", kind="image_pull")
             self.sandboxes[name] = FakeSandbox(name, self.clock, self)
         return self.sandboxes[name]
 
@@ -347,6 +347,7 @@ class MemoryStore:
         self.logs: dict[tuple[int, str, str], bytes] = {}
         self.artifacts: dict[tuple[int, str], dict[int, bytes]] = {}
         self.manifests: dict[tuple[int, str], list[dict[str, Any]]] = {}
+        self.files: dict[tuple[int, str, str], bytes] = {}
 
     async def save_log(self, attempt: int, turn: str, name: str, data: bytes) -> None:
         self.logs[(attempt, turn, name)] = data
@@ -359,3 +360,9 @@ class MemoryStore:
 
     async def artifact_archives(self, attempt: int, turn: str) -> list[bytes]:
         return [data for _, data in sorted(self.artifacts.get((attempt, turn), {}).items())]
+
+    async def save_file(self, attempt: int, turn: str, name: str, data: bytes) -> None:
+        self.files[(attempt, turn, name)] = data
+
+    async def read_file(self, attempt: int, turn: str, name: str) -> bytes | None:
+        return self.files.get((attempt, turn, name))

@@ -227,6 +227,7 @@ def test_every_client_call_maps_to_a_permission() -> None:
     assert methods["get_episode_data"][0] == {
         ("data.episode-operator.dev", "episodes/log", "get"),
         ("data.episode-operator.dev", "episodes/artifacts", "get"),
+        ("data.episode-operator.dev", "episodes/turns", "get"),
     }
     assert methods["review_access"][0] == {("authorization.k8s.io", "subjectaccessreviews", "create")}
     assert methods["replace_api_service"][0] == {("apiregistration.k8s.io", "apiservices", "update")}

@@ -186,7 +186,7 @@ def test_a_lost_pod_is_an_outage() -> None:
     world, sandbox, store = setup()
     with pytest.raises(SandboxError) as raised:
         run(world, sandbox, task_files("FROM x\nRUN lose-pod\nRUN write never x\n"), store)
-    assert raised.value.kind == "pod-lost"
+    assert raised.value.kind == "pod_lost"
 
 
 def test_a_heredoc_script_travels_as_an_executable_file() -> None:

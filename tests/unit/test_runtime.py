@@ -232,7 +232,7 @@ def test_grading_files_before_a_healthcheck_are_cleared_in_an_exec_of_their_own(
 def test_failing_to_clear_grading_files_is_an_outage(turn_b: dict[str, str], agent: dict[str, str]) -> None:
     world = World(unclearable={"/logs/agent/trajectory.json"})  # only the cleanup between turns clears it
     status = run(three_steps(files=turn_b), world=world, retries=0, agent=agent)[0]
-    assert (status.outcome, status.failure_kind) == ("Ungraded", "outage:clear-grading-files")
+    assert (status.outcome, status.failure_kind) == ("Ungraded", "outage:clear_grading_files")
     assert "previous turn's grading files" in (status.message or "")
     assert [t.phase for t in status.turns][:1] == ["Succeeded"]
 
@@ -272,7 +272,7 @@ def test_user_switch_between_steps() -> None:
 def test_user_switch_failure_is_an_outage() -> None:
     world = World(missing_users={"ghost"})
     status = run(three_steps(extra={"b": '[steps.agent]\nuser = "ghost"\n'}), world=world, retries=1)[0]
-    assert (status.outcome, status.failure_kind) == ("Ungraded", "outage:user-switch")
+    assert (status.outcome, status.failure_kind) == ("Ungraded", "outage:user_switch")
     assert [a.number for a in status.attempts] == [1, 2]
 
 
@@ -383,14 +383,14 @@ def test_lost_pod_starts_a_fresh_attempt_from_turn_one() -> None:
     status = run(folder, world=world)[0]
     assert status.reward == 1.0 and status.attempt == 2
     assert [a.number for a in status.attempts] == [1, 2]
-    assert (status.attempts[0].reason or "").startswith("pod-lost")
+    assert (status.attempts[0].reason or "").startswith("pod_lost")
     assert world.sandboxes["pod-a2"].starts[:1] == ["a2.t1.agent"]
 
 
 def test_exhausted_outages_end_ungraded() -> None:
     world = World(fail_creation=5)
     status = run(single_step(), world=world, retries=2)[0]
-    assert (status.phase, status.outcome, status.failure_kind) == ("Failed", "Ungraded", "outage:image-pull")
+    assert (status.phase, status.outcome, status.failure_kind) == ("Failed", "Ungraded", "outage:image_pull")
     assert len(status.attempts) == 3 and status.reward is None
 
 

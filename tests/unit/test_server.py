@@ -191,6 +191,10 @@ def test_the_data_api_serves_the_callers_the_api_server_forwards_and_authorizes(
                 with tarfile.open(fileobj=io.BytesIO(await answer.read())) as archive:
                     assert "one/out/result.txt" in archive.getnames()
 
+                api.authorizer.allowed.add(("alice", Access("ns", "ep", "turns")))
+                answer = await http.get(api.url + LOG_PATH.replace("/log", "/turns"), headers=alice)
+                assert answer.status == 200 and (await answer.json())["attempt"] == 1
+
                 # Another user, same request: the authorizer's "no" is a Kubernetes 403 Status.
                 answer = await http.get(api.url + LOG_PATH, headers={"X-Remote-User": "bob"})
                 status = json.loads(await answer.text())
@@ -206,7 +210,7 @@ def test_the_data_api_serves_the_callers_the_api_server_forwards_and_authorizes(
                 # Discovery is what the API server fetches to route the group (and check it is available).
                 answer = await http.get(api.url + "/apis/data.episode-operator.dev/v1alpha1")
                 resources = (await answer.json())["resources"]
-                assert [r["name"] for r in resources] == ["episodes/log", "episodes/artifacts"]
+                assert [r["name"] for r in resources] == ["episodes/log", "episodes/artifacts", "episodes/turns"]
 
     asyncio.run(scenario())
 

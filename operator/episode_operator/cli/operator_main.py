@@ -109,6 +109,19 @@ def main() -> None:
     "a repository (python=registry.internal/python) or a prefix ending in / "
     "(docker.io/library/=registry.internal/library/). Applies to task, FROM, sidecar and verifier images.",
 )
+@click.option(
+    "--capture-image",
+    envvar="EPISODE_CAPTURE_IMAGE",
+    default=None,
+    help="The operator's own image, which runs the model-call capture proxy in agent pods "
+    "($EPISODE_CAPTURE_IMAGE; the chart sets it). Without it, Episodes with a model endpoint are refused.",
+)
+@click.option(
+    "--toolchain-repository",
+    default="episode-operator.local",
+    show_default=True,
+    help="Harness toolchain images are <repository>/toolchain-<name>:<version>.",
+)
 def run(
     namespaces: tuple[str, ...],
     data_dir: Path,
@@ -122,6 +135,8 @@ def run(
     data_api_owner: str,
     max_active_episodes: int,
     image_mirrors: ImageMirrors,
+    capture_image: str | None,
+    toolchain_repository: str,
 ) -> None:
     """Run the operator until interrupted."""
     # Imported here: the capture container runs this program too, and needs neither kopf nor Kubernetes.
@@ -141,6 +156,8 @@ def run(
             data_api_owner=data_api_owner,
             max_active_episodes=max_active_episodes,
             image_mirrors=image_mirrors,
+            capture_image=capture_image,
+            toolchain_repository=toolchain_repository,
         )
     )
 

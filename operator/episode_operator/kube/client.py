@@ -323,6 +323,12 @@ class KubeClient:
         with _api_call(f"configmap {namespace}/{name}"):
             return await self.core.read_namespaced_config_map(name, namespace)
 
+    async def secret_keys(self, namespace: str, name: str) -> set[str]:
+        """The data keys of a Secret (its values are read and dropped at once: the operator keeps no key)."""
+        with _api_call(f"secret {namespace}/{name}"):
+            secret = await self.core.read_namespaced_secret(name, namespace)
+        return set(secret.data or {}) | set(secret.string_data or {})
+
     async def list_config_maps(self, namespace: str, selector: str) -> list[Any]:
         with _api_call(f"configmaps {selector} in {namespace}"):
             result = await self.core.list_namespaced_config_map(namespace, label_selector=selector)

@@ -19,9 +19,11 @@ Paths, as the API server forwards them (``kubectl get --raw`` works too)::
     /apis/data.episode-operator.dev/v1alpha1                                         discovery
     /apis/data.episode-operator.dev/v1alpha1/namespaces/NS/episodes/NAME/log         ?turn=&attempt=&uid=
     /apis/data.episode-operator.dev/v1alpha1/namespaces/NS/episodes/NAME/artifacts   a .tar.gz
+    /apis/data.episode-operator.dev/v1alpha1/namespaces/NS/episodes/NAME/turns       ?attempt= (JSON: each
+                                                   turn's instruction, model calls, trajectory)
 
-A new kind of kept data (trajectories, model-call captures) is one more entry of ``SUBRESOURCES``:
-its route, its discovery entry and its RBAC subresource follow from that entry.
+A new kind of kept data is one more entry of ``SUBRESOURCES``: its route, its discovery entry and
+its RBAC subresource follow from that entry.
 
 This module knows no Kubernetes client: the caller of :func:`serve` passes the front proxy's
 settings (from the ``extension-apiserver-authentication`` ConfigMap) and the authorizer.
@@ -43,7 +45,7 @@ from urllib.parse import unquote
 
 from aiohttp import web
 
-from episode_operator.runtime.store import episode_store_root, export_artifacts, stored_logs
+from episode_operator.runtime.store import episode_store_root, export_artifacts, stored_logs, turn_records
 
 DATA_GROUP = "data.episode-operator.dev"
 DATA_VERSION = "v1alpha1"
@@ -141,6 +143,12 @@ async def _logs(root: Path, query: Mapping[str, str]) -> web.Response:
     return web.Response(body=b"".join(chunks), content_type="text/plain")
 
 
+async def _turns(root: Path, query: Mapping[str, str]) -> web.Response:
+    """Each turn's instruction, recorded model calls and trajectory (export, ``kubectl episode trajectory``)."""
+    attempt = int(query["attempt"]) if query.get("attempt", "").isdigit() else None
+    return web.json_response(await asyncio.to_thread(turn_records, root, attempt=attempt))
+
+
 async def _artifacts(root: Path, _: Mapping[str, str]) -> web.Response:
     body = await asyncio.to_thread(_artifacts_tar, root)
     if body is None:
@@ -171,6 +179,7 @@ class Subresource:
 SUBRESOURCES: dict[str, Subresource] = {
     "log": Subresource(_logs, "EpisodeLog"),
     "artifacts": Subresource(_artifacts, "EpisodeArtifacts"),
+    "turns": Subresource(_turns, "EpisodeTurns"),
 }
 
 

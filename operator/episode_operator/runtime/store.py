@@ -18,9 +18,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
+from episode_operator.api.export import CALLS_RECORD, INSTRUCTION_RECORD, TRAJECTORY_RECORD
 from episode_operator.runtime.archive import extract_safely
 
 MANIFEST = "manifest.json"
+# What the store keeps of a turn whose agent acted: its instruction, its recorded model calls (the capture
+# proxy's journal) and its ATIF trajectory — what ``kubectl episode export`` and ``trajectory`` read.
+INSTRUCTION_FILE, CALLS_FILE, TRAJECTORY_FILE = INSTRUCTION_RECORD, CALLS_RECORD, TRAJECTORY_RECORD
+TURN_RECORDS = (INSTRUCTION_FILE, CALLS_FILE, TRAJECTORY_FILE)
 SAFE_NAME = re.compile(r"[^A-Za-z0-9._-]")
 
 
@@ -36,6 +41,14 @@ class EpisodeStore(Protocol):
     async def save_manifest(self, attempt: int, turn: str, manifest: list[dict[str, Any]]) -> None: ...
 
     async def artifact_archives(self, attempt: int, turn: str) -> list[bytes]: ...
+
+    async def save_file(self, attempt: int, turn: str, name: str, data: bytes) -> None:
+        """A named record of a turn (its model calls, its trajectory)."""
+        ...
+
+    async def read_file(self, attempt: int, turn: str, name: str) -> bytes | None:
+        """A record :meth:`save_file` kept, or None."""
+        ...
 
 
 def safe(name: str) -> str:
@@ -66,6 +79,13 @@ class FileStore:
     async def artifact_archives(self, attempt: int, turn: str) -> list[bytes]:
         folder = self.turn_dir(attempt, turn) / "artifacts"
         return await asyncio.to_thread(lambda: [path.read_bytes() for path in sorted(folder.glob("*.tar"))])
+
+    async def save_file(self, attempt: int, turn: str, name: str, data: bytes) -> None:
+        await asyncio.to_thread(self._write, self.turn_dir(attempt, turn) / safe(name), data)
+
+    async def read_file(self, attempt: int, turn: str, name: str) -> bytes | None:
+        path = self.turn_dir(attempt, turn) / safe(name)
+        return await asyncio.to_thread(lambda: path.read_bytes() if path.is_file() else None)
 
     @staticmethod
     def _write(path: Path, data: bytes) -> None:
@@ -101,6 +121,28 @@ def stored_logs(root: Path, *, turn: str | None = None, attempt: int | None = No
             for log in sorted((turn_dir / "logs").glob("*.txt"), key=lambda path: path.stat().st_mtime_ns):
                 logs.append(StoredLog(number, turn_dir.name, log.stem, log))
     return logs
+
+
+def turn_records(root: Path, *, attempt: int | None = None) -> dict[str, Any]:
+    """The records of every turn of an attempt (the latest by default), by turn, as text.
+
+    ``{"attempt": N, "turns": {turn: {"instruction.md": …, "model-calls.jsonl": …, "trajectory.json": …}}}``,
+    a file not kept left out.
+    """
+    number = attempt if attempt is not None else latest_attempt(root)
+    if number is None:
+        return {"attempt": None, "turns": {}}
+    turns: dict[str, dict[str, str]] = {}
+    folder = root / f"attempt-{number}"
+    for turn_dir in sorted(path for path in folder.iterdir() if path.is_dir()):
+        kept = {
+            name: (turn_dir / name).read_text("utf-8", "replace")
+            for name in TURN_RECORDS
+            if (turn_dir / name).is_file()
+        }
+        if kept:
+            turns[turn_dir.name] = kept
+    return {"attempt": number, "turns": turns}
 
 
 def latest_attempt(root: Path) -> int | None:
