@@ -110,9 +110,11 @@ def data_release(
         wait_for_the_api_service_to_be_available(api_client, core, operator_namespace)
         yield installed
     finally:
-        installed.uninstall()
-        delete_namespace(core, watched)
-        delete_namespace(core, operator_namespace)
+        try:
+            installed.uninstall()
+        finally:  # a failed install or uninstall must not leave its namespaces behind
+            delete_namespace(core, watched)
+            delete_namespace(core, operator_namespace)
 
 
 def commands_of(notes: str) -> list[str]:
