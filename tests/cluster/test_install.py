@@ -237,6 +237,7 @@ def test_the_operator_runs_as_installed_with_least_privilege(
         ("create", "pods/exec", watched, ""),
         ("patch", "episodes/status", watched, "episode-operator.dev"),
         ("watch", "episodes", watched, "episode-operator.dev"),
+        ("get", "secrets", watched, ""),  # that a model endpoint's key Secret exists (kube/rbac.py)
     ]
     denied = [
         ("create", "pods", installed.namespace, ""),  # its own namespace is not watched
@@ -244,7 +245,7 @@ def test_the_operator_runs_as_installed_with_least_privilege(
         ("list", "episodes", "", "episode-operator.dev"),  # nothing cluster-wide with named namespaces
         ("list", "namespaces", "", ""),
         ("list", "customresourcedefinitions", "", "apiextensions.k8s.io"),
-        ("get", "secrets", watched, ""),
+        ("list", "secrets", watched, ""),
         ("update", "pods", watched, ""),
         ("delete", "configmaps", watched, ""),
     ]
