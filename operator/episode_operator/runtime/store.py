@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from episode_operator.api.export import CALLS_RECORD, INSTRUCTION_RECORD, TRAJECTORY_RECORD
+from episode_operator.runtime.archive import extract_safely
 
 MANIFEST = "manifest.json"
 # What the store keeps of a turn whose agent acted: its instruction, its recorded model calls (the capture
@@ -218,6 +219,6 @@ def _unpack_renamed(archive_path: Path, source: str, destination: str, target: P
             else:
                 continue
             members.append(member)
-        archive.extractall(target, members=members, filter="data")
+        extract_safely(archive, target, members)
         written += [target / member.name for member in members if member.isfile()]
     return written
