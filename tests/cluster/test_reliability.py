@@ -211,15 +211,16 @@ def test_api_server_restart_mid_run(api_client: client.ApiClient, namespace: str
         episode_spec(EXAMPLES / "hello", agent={"kind": "command", "command": command}),
     )
     wait_until(lambda: stage_of(api_client, namespace, "weathered") == (0, "agent"), "agent turn", operator)
+    # The operator meets the dead API server (its long poll of the agent's job breaks) before it comes back.
+    # Counted from before the kill: the first retries can come while the API server is still shutting down.
+    broken = "episode_operator_exec_errors_total"
+    errors_before = sum(value for name, value in operator.metrics().items() if name.startswith(broken))
     pid = _apiserver_pid()
     os.kill(pid, signal.SIGTERM)
     deadline = time.monotonic() + 120
     while Path(f"/proc/{pid}").exists():  # down for good before it is started again
         assert time.monotonic() < deadline, "the API server did not stop"
         time.sleep(0.2)
-    # The operator meets the dead API server (its long poll of the agent's job breaks) before it comes back.
-    broken = "episode_operator_exec_errors_total"
-    errors_before = sum(value for name, value in operator.metrics().items() if name.startswith(broken))
     while sum(value for name, value in operator.metrics().items() if name.startswith(broken)) <= errors_before:
         assert time.monotonic() < deadline, f"the operator never noticed the API server was gone\n{operator.log_tail()}"
         time.sleep(0.2)
