@@ -3,9 +3,9 @@
 Issue 14 measured RSS growing with every Episode processed. This drives many Episodes in one
 process through the operator's per-Episode path — the slot (handlers), the driver, the runner
 with the in-memory sandbox, the status sink, the Event recorder, the data directory, the
-metrics — and checks, after a warm-up, that another ``EPISODES`` leave no object type grown by
-one per Episode (``gc``) and no memory allocated by the operator's own code behind
-(``tracemalloc``). RSS itself is the benchmark's (bench/suite/memory.py): it also holds the
+metrics — and checks, after a warm-up, that more Episodes leave no object type grown by one
+per Episode (``gc``) and no allocation site of the operator's own code holding a block per
+Episode (``tracemalloc``). RSS itself is the benchmark's (bench/suite/memory.py): it also holds the
 allocator's high-water marks, which no test can read without flaking.
 """
 
@@ -33,7 +33,8 @@ from episode_operator.runtime.wakeups import Wakeups
 from tests.unit.fake_sandbox import FakeProvider, World
 from tests.unit.folders import multi_step, steps_toml
 
-EPISODES = 40
+EPISODES = 30  # per round
+ROUNDS = 3
 AT_ONCE = 10
 WARM_UP = 20
 FRAMES = 8
@@ -120,23 +121,25 @@ def test_a_processed_episode_leaves_nothing_behind(tmp_path: Path) -> None:
         await process(0, WARM_UP)
         tracemalloc.start(FRAMES)
         try:
-            # Two equal rounds, both traced: what an Episode leaves behind is in the second round's
-            # difference EPISODES times, while one-time warm-ups are in the first round only.
+            # Three equal rounds, all traced: what an Episode leaves behind grows by EPISODES in each
+            # round after the first, while one-time warm-ups and the interpreter's caches (free lists
+            # hold a few dozen blocks at some sites) do not keep growing.
             await process(WARM_UP, EPISODES)
             objects_before, blocks_before = object_counts(), operator_allocations()
-            await process(WARM_UP + EPISODES, EPISODES)
+            for later in range(1, ROUNDS):
+                await process(WARM_UP + later * EPISODES, EPISODES)
             objects_after, blocks_after = object_counts(), operator_allocations()
         finally:
             tracemalloc.stop()
         return objects_before, objects_after, blocks_after.compare_to(blocks_before, "traceback")
 
     before, after, blocks = asyncio.run(scenario())
-    assert api.statuses["Succeeded"] == WARM_UP + 2 * EPISODES  # they all ran to the end
-    grown = {kind: after[kind] - before[kind] for kind in after if after[kind] - before[kind] >= EPISODES // 2}
-    assert grown == {}, f"object types that grew with {EPISODES} more Episodes: {grown}"
-    # Strings and bytes are not in gc's view: an allocation site holding one more block per Episode
-    # is a leak (the interpreter's free lists hold a few dozen blocks at some sites, never one per Episode).
-    kept = [f"{stat.count_diff} blocks at {stat.traceback}" for stat in blocks if stat.count_diff >= EPISODES]
+    assert api.statuses["Succeeded"] == WARM_UP + ROUNDS * EPISODES  # they all ran to the end
+    more = (ROUNDS - 1) * EPISODES
+    grown = {kind: after[kind] - before[kind] for kind in after if after[kind] - before[kind] >= more // 2}
+    assert grown == {}, f"object types that grew with {more} more Episodes: {grown}"
+    # Strings and bytes are not in gc's view: an allocation site holding a block per Episode is a leak.
+    kept = [f"{stat.count_diff} blocks at {stat.traceback.format()}" for stat in blocks if stat.count_diff >= more]
     assert kept == [], f"allocation sites that kept a block per Episode: {kept}"
     assert api.events.pending == 0
     assert memo.slots.active == 0
