@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import uuid
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -24,8 +23,8 @@ from episode_operator.kube import driver
 from episode_operator.kube.client import KubeClient
 from episode_operator.kube.driver import DriverSettings, drive_episode
 from episode_operator.runtime.metrics import Metrics
-from tests.cluster.conftest import wait_for_default_service_account
-from tests.cluster.harness import GROUP, PLURAL, VERSION, install_crd, read_episode
+from tests.cluster.conftest import unwatched_namespace
+from tests.cluster.harness import GROUP, PLURAL, VERSION, read_episode
 from tests.unit.fake_sandbox import FakeProvider, World
 
 STEPS = ("one", "two")
@@ -44,15 +43,9 @@ def two_steps(solve: str, test: str) -> dict[str, str]:
 
 @pytest.fixture
 def quiet_namespace(core: client.CoreV1Api, api_client: client.ApiClient) -> Iterator[str]:
-    """A namespace no operator watches (not the session's ``t-`` prefix): only this test drives in it."""
-    install_crd(api_client)
-    name = f"apicost-{uuid.uuid4().hex[:8]}"
-    core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=name)))
-    try:
-        wait_for_default_service_account(core, name)
+    """A namespace no operator watches: only this test drives in it."""
+    with unwatched_namespace(core, api_client, "apicost-") as name:
         yield name
-    finally:
-        core.delete_namespace(name, propagation_policy="Background")
 
 
 def drive(kubeconfig: Path, api: client.ApiClient, namespace: str, files: dict[str, str], data: Path) -> Counter[str]:
