@@ -257,7 +257,7 @@ class RecordingClient:
 
     def __init__(self) -> None:
         self.statuses: list[dict[str, Any]] = []
-        self.events = EventRecorder(self.create_event)
+        self.event_recorder = EventRecorder(self.create_event)
 
     async def replace_episode_status(self, namespace: str, name: str, status: dict[str, Any]) -> None:
         self.statuses.append(status)

@@ -47,7 +47,7 @@ class Api:
     def __init__(self, metrics: Metrics) -> None:
         self.metrics = metrics
         self.statuses: Counter[str] = Counter()
-        self.events = EventRecorder(self.create_event, metrics=metrics)
+        self.event_recorder = EventRecorder(self.create_event, metrics=metrics)
 
     async def replace_episode_status(self, namespace: str, name: str, status: dict[str, Any]) -> None:
         self.statuses[str(status.get("phase"))] += 1
@@ -115,7 +115,7 @@ def test_a_processed_episode_leaves_nothing_behind(tmp_path: Path) -> None:
             batch = range(start, min(start + AT_ONCE, first + count))
             await asyncio.gather(*(handlers._drive_in_a_slot(body(index), memo, logger) for index in batch))
         for index in range(first, first + count):  # as the terminal status does: Events are out
-            await api.events.flush(SimpleNamespace(uid=f"uid-{index}"), 5.0)  # type: ignore[arg-type]
+            await api.event_recorder.flush(SimpleNamespace(uid=f"uid-{index}"), 5.0)  # type: ignore[arg-type]
 
     async def scenario() -> tuple[Counter[str], Counter[str], list[tracemalloc.StatisticDiff]]:
         await process(0, WARM_UP)
@@ -141,5 +141,5 @@ def test_a_processed_episode_leaves_nothing_behind(tmp_path: Path) -> None:
     # Strings and bytes are not in gc's view: an allocation site holding a block per Episode is a leak.
     kept = [f"{stat.count_diff} blocks at {stat.traceback.format()}" for stat in blocks if stat.count_diff >= more]
     assert kept == [], f"allocation sites that kept a block per Episode: {kept}"
-    assert api.events.pending == 0
+    assert api.event_recorder.pending == 0
     assert memo.slots.active == 0

@@ -189,13 +189,13 @@ def called_client_methods(files: list[Path]) -> set[str]:
 
 
 def is_event_record(node: ast.AST) -> bool:
-    """``<client>.events.record(…)``: an Event queued on the client's recorder."""
+    """``<client>.event_recorder.record(…)``: an Event queued on the client's recorder."""
     return (
         isinstance(node, ast.Call)
         and isinstance(node.func, ast.Attribute)
         and node.func.attr == "record"
         and isinstance(node.func.value, ast.Attribute)
-        and node.func.value.attr == "events"
+        and node.func.value.attr == "event_recorder"
     )
 
 

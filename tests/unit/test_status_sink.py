@@ -21,7 +21,7 @@ class SlowApi:
     def __init__(self, failing: dict[str, Exception] | None = None) -> None:
         self.calls: list[tuple[str, str]] = []
         self.failing = failing or {}
-        self.events = EventRecorder(self.create_event, expected_errors=(KubeError,))
+        self.event_recorder = EventRecorder(self.create_event, expected_errors=(KubeError,))
 
     async def create_event(self, namespace: str, event: dict[str, Any]) -> None:
         for _ in range(3):

@@ -230,7 +230,7 @@ class KubeClient:
         self.custom: Any = k8s.CustomObjectsApi(api)
         self.core_ws: Any = k8s.CoreV1Api(ws_api)
         # Every Event the operator posts goes through this one recorder: one rate limit per operator.
-        self.events = EventRecorder(self.create_event, expected_errors=(KubeError,), metrics=metrics)
+        self.event_recorder = EventRecorder(self.create_event, expected_errors=(KubeError,), metrics=metrics)
 
     @classmethod
     async def connect(
@@ -253,7 +253,7 @@ class KubeClient:
         return cls(api, _CountedWs(configuration, count), metrics=metrics)
 
     async def close(self) -> None:
-        await self.events.close(EVENTS_CLOSE_TIMEOUT_SEC)
+        await self.event_recorder.close(EVENTS_CLOSE_TIMEOUT_SEC)
         await self.api.close()
         await self.ws_api.close()
 

@@ -47,7 +47,7 @@ class KubeStatusSink:
     async def flush(self) -> None:
         """Wait until every Event asked for so far is posted (or given up), for a while at most:
         when the operator's Event rate limit holds them back, the status does not wait long."""
-        await self.client.events.flush(self.episode, FLUSH_TIMEOUT_SEC)
+        await self.client.event_recorder.flush(self.episode, FLUSH_TIMEOUT_SEC)
 
 
 def record_event(
@@ -55,4 +55,4 @@ def record_event(
 ) -> None:
     """Log an Event on an Episode or EpisodeSet and queue it for posting (see :mod:`.events`)."""
     (logger.warning if warning else logger.info)("%s: %s", reason, message)
-    client.events.record(owner, reason, message, warning=warning, logger=logger)
+    client.event_recorder.record(owner, reason, message, warning=warning, logger=logger)
