@@ -186,6 +186,17 @@ class Recorder(Generic[View]):
         with self._changed:
             return list(self._views)
 
+    def since(self, cursor: int, timeout: float) -> tuple[list[View], int]:
+        """The events after the first ``cursor`` ones (waiting up to ``timeout`` for one), and the new cursor."""
+        deadline = time.monotonic() + timeout
+        with self._changed:
+            while len(self._views) <= cursor:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise TimeoutError(f"no watch event for {timeout:.0f} s")
+                self._changed.wait(min(left, 1.0))
+            return self._views[cursor:], len(self._views)
+
     def of(self, name: str) -> list[View]:
         return [view for view in self.views if view.name == name]
 
@@ -326,12 +337,21 @@ def proc_sample(pid: int) -> ProcSample:
 class Operator:
     """``episode-operator run`` through the harness, watching only this run's namespaces."""
 
-    def __init__(self, kubeconfig: Path, root: Path, namespaces: str, label: str) -> None:
+    def __init__(
+        self,
+        kubeconfig: Path,
+        root: Path,
+        namespaces: str,
+        label: str,
+        *,
+        program: tuple[str, ...] | None = None,
+        env: dict[str, str] | None = None,
+    ) -> None:
         root.mkdir(parents=True, exist_ok=True)
         self.label = label
         self.data_dir = root / f"data-{label}"
         self.log_path = root / f"operator-{label}.log"
-        self.process = OperatorProcess(kubeconfig, self.data_dir, self.log_path, namespaces)
+        self.process = OperatorProcess(kubeconfig, self.data_dir, self.log_path, namespaces, program=program, env=env)
         self.started_at = 0.0
         self.healthy_after_sec = 0.0
 
@@ -457,6 +477,35 @@ def api_requests(api: client.ApiClient) -> Counter[str]:
             resource += "/" + labels["subresource"]
         counts[f"{labels.get('verb', '')} {resource}"] += int(float(value))
     return counts
+
+
+def operator_requests(metrics_text: str) -> Counter[str]:
+    """The operator's own request counter (``episode_operator_api_requests_total``) as ``VERB resource``."""
+    counts: Counter[str] = Counter()
+    prefix = "episode_operator_api_requests_total{"
+    for line in metrics_text.splitlines():
+        if line.startswith(prefix):
+            labels_text, _, value = line[len(prefix) :].rpartition("} ")
+            labels = dict(part.split("=", 1) for part in labels_text.split('",') if "=" in part)
+            labels = {key: raw.strip('"') for key, raw in labels.items()}
+            counts[f"{labels['verb']} {labels['resource']}"] += int(float(value))
+    return counts
+
+
+CLUSTER_PIDS = Path("/var/lib/episode-operator/cluster/pids")
+
+
+def daemon_cpu_sec(name: str) -> float | None:
+    """CPU seconds (user + system) of one of hack/cluster's daemons (``kube-apiserver``, ``etcd``), from
+    the pid it records; None if it is not running (or is not the process recorded)."""
+    try:
+        pid_text, start_text = (CLUSTER_PIDS / f"{name}.pid").read_text().split()
+        fields = Path(f"/proc/{pid_text}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, ValueError):
+        return None
+    if fields[19] != start_text:  # field 22, starttime: the pid was recycled
+        return None
+    return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
 
 
 def request_delta(before: Counter[str], after: Counter[str]) -> dict[str, int]:

@@ -44,19 +44,22 @@ class Context:
         print(text, flush=True)
 
     @contextlib.contextmanager
-    def group(self, label: str) -> Iterator[tuple[str, Operator]]:
+    def group(
+        self, label: str, *, program: tuple[str, ...] | None = None, env: dict[str, str] | None = None
+    ) -> Iterator[tuple[str, Operator]]:
         """A fresh namespace and a fresh operator process for one group; both gone afterwards.
 
         A fresh process per group keeps CPU seconds and peak RSS attributable to that group.
         The namespace is deleted while the operator still runs, so it can release its
-        finalizers; one that stays stuck is freed by hand.
+        finalizers; one that stays stuck is freed by hand. ``program`` and ``env`` change how
+        the operator process is started (:class:`tests.cluster.harness.OperatorProcess`).
         """
         self.wait_for_quiet(label)
         load_before = os.getloadavg()[0]
         apiserver = apiserver_started(self.api)
         others = other_operators()
         namespace = self.namespaces.create(label)
-        operator = Operator(self.kubeconfig, self.out, self.operator_glob, label)
+        operator = Operator(self.kubeconfig, self.out, self.operator_glob, label, program=program, env=env)
         with operator:
             self.say(f"{label}: operator pid {operator.pid} healthy after {operator.healthy_after_sec:.1f} s")
             try:

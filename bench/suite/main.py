@@ -13,13 +13,13 @@ from typing import Any
 
 from tests.cluster.harness import install_crd
 
-from . import footprint, startup, throughput, turn_overhead
+from . import api_cost, footprint, memory, startup, throughput, turn_overhead
 from .cluster import DEFAULT_KUBECONFIG, Namespaces, connect, machine, other_operators
 from .context import Context
 from .stats import table
 
 OUT = Path(__file__).resolve().parents[1] / "out"
-GROUPS = ("turns", "startup", "throughput", "footprint")
+GROUPS = ("turns", "startup", "throughput", "footprint", "memory", "api")
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
@@ -35,6 +35,20 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--sizes", default=None, help="throughput batch sizes (default 1,10,50; quick 1,10)")
     parser.add_argument("--episodes", type=int, default=None, help="finished Episodes for group 4 (1000; quick 300)")
     parser.add_argument("--active", type=int, default=10, help="active Episodes for group 4")
+    parser.add_argument(
+        "--processed",
+        default=None,
+        help="group 5's checkpoints: Episodes processed (default 100,1000,5000; quick 100,500)",
+    )
+    parser.add_argument("--window", type=int, default=50, help="group 5: Episodes in flight at a time")
+    parser.add_argument("--present", type=int, default=None, help="group 5: Episodes left present (1000; quick 300)")
+    parser.add_argument(
+        "--operator-env",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="group 5: environment of its operator process (repeatable), e.g. MALLOC_ARENA_MAX=2",
+    )
     parser.add_argument("--profile", action="store_true", help="also sample the operator with py-spy (groups 1, 3)")
     parser.add_argument(
         "--quiet-load",
@@ -94,6 +108,16 @@ def main(argv: list[str] | None = None) -> int:
         "startup": lambda: startup.run(context, repeats=repeats),
         "throughput": lambda: throughput.run(context, sizes=sizes),
         "footprint": lambda: footprint.run(context, finished=finished, active=options.active),
+        "memory": lambda: memory.run(
+            context,
+            checkpoints=tuple(
+                int(n) for n in (options.processed or ("100,500" if options.quick else "100,1000,5000")).split(",")
+            ),
+            window=options.window,
+            present=options.present or (300 if options.quick else 1000),
+            env=dict(item.split("=", 1) for item in options.operator_env),
+        ),
+        "api": lambda: api_cost.run(context, repeats=repeats),
     }
     failures: dict[str, str] = {}
     try:

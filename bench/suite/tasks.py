@@ -12,7 +12,30 @@ IMAGE = "episode-operator.local/sandbox:bookworm"
 WORKDIR = "/app"
 
 
-def trivial_task(steps: int, *, setup: bool = True, name: str = "bench/trivial") -> dict[str, str]:
+@dataclass(frozen=True)
+class StepScripts:
+    """A step's setup.sh, solve.sh and test.sh, formatted with its number ``{index}``."""
+
+    setup: str
+    solve: str
+    test: str
+
+
+BASH = StepScripts(
+    setup=f"echo {{index}} > {WORKDIR}/setup-{{index}}\n",
+    solve=f"echo {{index}} > {WORKDIR}/answer\n",
+    test=(
+        f'if [ "$(cat {WORKDIR}/answer)" = {{index}} ]; then r=1; else r=0; fi\necho $r > /logs/verifier/reward.txt\n'
+    ),
+)
+# The same steps in the line language of the in-memory sandbox (tests/unit/fake_sandbox.py),
+# which bench/suite/fake_operator.py runs instead of pods.
+FAKE = StepScripts(setup="write setup-{index} {index}\n", solve="write answer {index}\n", test="check answer {index}\n")
+
+
+def trivial_task(
+    steps: int, *, setup: bool = True, name: str = "bench/trivial", scripts: StepScripts = BASH
+) -> dict[str, str]:
     """``steps`` steps; each: a one-line ``workdir/setup.sh``, oracle ``solve.sh`` and ``test.sh``."""
     lines = [
         'schema_version = "1.4"',
@@ -31,11 +54,9 @@ def trivial_task(steps: int, *, setup: bool = True, name: str = "bench/trivial")
         lines += ["", "[[steps]]", f'name = "{step}"']
         files[f"steps/{step}/instruction.md"] = f"Write {index} to {WORKDIR}/answer.\n"
         if setup:
-            files[f"steps/{step}/workdir/setup.sh"] = f"echo {index} > {WORKDIR}/setup-{index}\n"
-        files[f"steps/{step}/solution/solve.sh"] = f"echo {index} > {WORKDIR}/answer\n"
-        files[f"steps/{step}/tests/test.sh"] = (
-            f'if [ "$(cat {WORKDIR}/answer)" = {index} ]; then r=1; else r=0; fi\necho $r > /logs/verifier/reward.txt\n'
-        )
+            files[f"steps/{step}/workdir/setup.sh"] = scripts.setup.format(index=index)
+        files[f"steps/{step}/solution/solve.sh"] = scripts.solve.format(index=index)
+        files[f"steps/{step}/tests/test.sh"] = scripts.test.format(index=index)
     files["task.toml"] = "\n".join(lines) + "\n"
     return files
 

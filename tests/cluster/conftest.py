@@ -8,6 +8,7 @@ CI must never pass by skipping them.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import re
@@ -147,6 +148,20 @@ def namespace(core: client.CoreV1Api, request: pytest.FixtureRequest) -> Iterato
     core.create_namespace(
         client.V1Namespace(metadata=client.V1ObjectMeta(name=name, labels={"episode-operator.dev/test": "true"}))
     )
+    try:
+        wait_for_default_service_account(core, name)
+        yield name
+    finally:
+        core.delete_namespace(name, propagation_policy="Background")
+
+
+@contextlib.contextmanager
+def unwatched_namespace(core: client.CoreV1Api, api_client: client.ApiClient, stem: str) -> Iterator[str]:
+    """A new namespace ``<stem><random>`` outside the session operator's prefix, the CRDs installed:
+    only what the test starts drives Episodes in it. Deleted afterwards (not awaited)."""
+    install_crd(api_client)
+    name = f"{stem}{uuid.uuid4().hex[:8]}"
+    core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=name)))
     try:
         wait_for_default_service_account(core, name)
         yield name

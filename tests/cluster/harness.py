@@ -86,10 +86,13 @@ class OperatorProcess:
         namespaces: str,
         extra_args: tuple[str, ...] = (),
         env: Mapping[str, str] | None = None,
+        program: tuple[str, ...] | None = None,
     ) -> None:
+        """``program`` replaces the console script (e.g. the benchmarks' operator with a fake sandbox)."""
         self.extra_args = extra_args
         # The process's environment: $KUBECONFIG names the same cluster as --kubeconfig unless a test says otherwise.
         self.env = {**os.environ, "KUBECONFIG": str(kubeconfig), **(env or {})}
+        self.program = program or (str(Path(sys.executable).parent / "episode-operator"),)
         self.kubeconfig = kubeconfig
         self.data_dir = data_dir
         self.log_path = log_path
@@ -100,7 +103,7 @@ class OperatorProcess:
 
     def start(self, timeout: float = 60) -> None:
         command = [
-            str(Path(sys.executable).parent / "episode-operator"),
+            *self.program,
             "run",
             "--namespace",
             self.namespaces,

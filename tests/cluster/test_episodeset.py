@@ -35,7 +35,7 @@ from kubernetes import client, watch
 from kubernetes.client.exceptions import ApiException
 
 from episode_operator.api.vocabulary import parse_timestamp
-from tests.cluster.conftest import SANDBOX_IMAGE, namespace_prefix, wait_for_default_service_account
+from tests.cluster.conftest import SANDBOX_IMAGE, namespace_prefix, unwatched_namespace
 from tests.cluster.harness import (
     EXAMPLES,
     GROUP,
@@ -44,7 +44,6 @@ from tests.cluster.harness import (
     VERSION,
     OperatorProcess,
     folder_files,
-    install_crd,
     pods_of,
 )
 from tests.gym_row_schema import check_rows
@@ -223,14 +222,8 @@ def kubectl_episode(*args: str, kubeconfig: Path) -> subprocess.CompletedProcess
 @pytest.fixture
 def own_namespace(core: client.CoreV1Api, api_client: client.ApiClient) -> Iterator[str]:
     """A namespace only this test's own operator watches (the session's does not)."""
-    install_crd(api_client)
-    name = f"eset-{namespace_prefix()}{int(time.time() * 1000) % 10**8:x}"
-    core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=name)))
-    try:
-        wait_for_default_service_account(core, name)
+    with unwatched_namespace(core, api_client, f"eset-{namespace_prefix()}") as name:
         yield name
-    finally:
-        core.delete_namespace(name, propagation_policy="Background")
 
 
 # --- acceptance -----------------------------------------------------------------------------------------

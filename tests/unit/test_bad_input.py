@@ -24,6 +24,7 @@ from pydantic import ValidationError
 
 from episode_operator.api.models import EpisodeSpec, EpisodeStatus
 from episode_operator.kube.driver import DriverSettings, drive_episode
+from episode_operator.kube.events import EventRecorder
 from episode_operator.taskfolder import SourceLimits, TaskFiles, resolve_plan, validate_task
 
 KEYS = [
@@ -256,6 +257,7 @@ class RecordingClient:
 
     def __init__(self) -> None:
         self.statuses: list[dict[str, Any]] = []
+        self.event_recorder = EventRecorder(self.create_event)
 
     async def replace_episode_status(self, namespace: str, name: str, status: dict[str, Any]) -> None:
         self.statuses.append(status)

@@ -183,7 +183,20 @@ def called_client_methods(files: list[Path]) -> set[str]:
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in public:
                 called.add(node.func.attr)
+            elif is_event_record(node):
+                called.add("create_event")  # the client's Event recorder (kube/events.py) posts through it
     return called
+
+
+def is_event_record(node: ast.AST) -> bool:
+    """``<client>.event_recorder.record(…)``: an Event queued on the client's recorder."""
+    return (
+        isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Attribute)
+        and node.func.attr == "record"
+        and isinstance(node.func.value, ast.Attribute)
+        and node.func.value.attr == "event_recorder"
+    )
 
 
 def modules(*, cli: bool) -> Iterator[Path]:

@@ -10,6 +10,7 @@ import pytest
 
 from episode_operator.api.models import EpisodeStatus
 from episode_operator.kube.client import KubeError
+from episode_operator.kube.events import EventRecorder
 from episode_operator.kube.objects.pods import OwnerRef
 from episode_operator.kube.status import KubeStatusSink
 
@@ -20,6 +21,7 @@ class SlowApi:
     def __init__(self, failing: dict[str, Exception] | None = None) -> None:
         self.calls: list[tuple[str, str]] = []
         self.failing = failing or {}
+        self.event_recorder = EventRecorder(self.create_event, expected_errors=(KubeError,))
 
     async def create_event(self, namespace: str, event: dict[str, Any]) -> None:
         for _ in range(3):

@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 
 from episode_operator.kube.client import Conflict, NotFound
+from episode_operator.kube.events import EventRecorder
 from episode_operator.kube.tombstones import CONFIG_MAP, answer_from_tombstone, expire_episode
 from episode_operator.runtime import tombstones
 from episode_operator.runtime.tombstones import (
@@ -142,6 +143,7 @@ class ConfigMapApi:
         self.deleted: list[str] = []
         self.statuses: list[dict[str, Any]] = []
         self.events: list[str] = []
+        self.event_recorder = EventRecorder(self.create_event)
         self.interleave = interleave  # another writer changes the ConfigMap after this many reads
 
     async def get_config_map(self, namespace: str, name: str) -> Any:

@@ -78,8 +78,8 @@ def test_a_starting_pod_is_read_when_it_changes_not_at_the_next_poll() -> None:
             "image",
             {},
             wakeups=wakeups,
-            poll_first_sec=HOUR,
-            poll_max_sec=HOUR,
+            watched_poll_first_sec=HOUR,
+            watched_poll_max_sec=HOUR,
         )
         with wakeups.registered("ns", "e-a1") as changed:
             waiting = asyncio.create_task(provider._wait_running("e-a1", HOUR, changed))

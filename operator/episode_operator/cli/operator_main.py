@@ -4,12 +4,16 @@ from __future__ import annotations
 
 import asyncio
 import os
+import sys
 from pathlib import Path
 
 import click
 
 from episode_operator.cli.capture import COMMANDS as CAPTURE_COMMANDS
+from episode_operator.runtime.allocator import release_free_memory_every, tune_allocator
 from episode_operator.taskfolder.images import ImageMirrors, InvalidImageReference
+
+RELEASE_INTERVAL_SEC = 30.0
 
 
 def parse_image_mirrors(_context: click.Context, _parameter: click.Parameter, values: tuple[str, ...]) -> ImageMirrors:
@@ -140,8 +144,15 @@ def run(
 ) -> None:
     """Run the operator until interrupted."""
     # Imported here: the capture container runs this program too, and needs neither kopf nor Kubernetes.
+    # kopf imports the synchronous Kubernetes client whenever it is installed (only to recognise its
+    # model objects, which the operator never hands it), a few MiB of an idle operator; the operator
+    # does not depend on it, but a development environment has it for the tests: hidden from kopf.
+    sys.modules.setdefault("kubernetes", None)  # type: ignore[arg-type]
     from episode_operator.handlers import OperatorOptions, run_operator
 
+    # What a burst of Episodes took is given back once it is over (runtime/allocator.py).
+    tune_allocator()
+    release_free_memory_every(RELEASE_INTERVAL_SEC)
     run_operator(
         OperatorOptions(
             namespaces=namespaces,

@@ -17,9 +17,10 @@ import asyncio
 import contextlib
 import json
 import os
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import urlsplit
 
 import aiohttp
 from kubernetes_asyncio import client as k8s
@@ -32,12 +33,20 @@ from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, sto
 from episode_operator.api.episodeset import SET_PLURAL
 from episode_operator.api.models import PLURAL
 from episode_operator.api.vocabulary import GROUP, VERSION
+from episode_operator.kube.events import EventRecorder
 from episode_operator.kube.kubeconfig import KubeconfigError, Target, locate
 from episode_operator.runtime.dataapi import DATA_GROUP, DATA_VERSION
 from episode_operator.runtime.metrics import Metrics
 
 STDIN, STDOUT, STDERR, ERROR = 0, 1, 2, 3
 FRAME = 256 * 1024
+
+
+# Connections to the API server: for requests, and for execs (each held for its whole run).
+REQUEST_CONNECTIONS = 16
+EXEC_CONNECTIONS = 100
+# At exit, how long Events still queued (held back by the rate limit) may take to post.
+EVENTS_CLOSE_TIMEOUT_SEC = 5.0
 
 
 class KubeError(Exception):
@@ -167,6 +176,47 @@ async def login_for(kubeconfig: str | None = None) -> Login:
     )
 
 
+def request_kind(method: str, url: str, query: Sequence[tuple[str, Any]] | None = None) -> tuple[str, str]:
+    """A request as the API server's ``apiserver_request_total`` names it: the verb (GET, LIST, WATCH,
+    POST, PUT, PATCH, DELETE, DELETECOLLECTION) and the resource with its subresource (``pods/exec``)."""
+    parts = urlsplit(url).path.strip("/").split("/")
+    path = parts[2:] if parts[0] == "api" else parts[3:]  # after /api/v1 or /apis/<group>/<version>
+    if path[:1] == ["namespaces"] and len(path) > 2:
+        path = path[2:]  # a namespaced resource
+    resource = "/".join(path[0:3:2])  # the resource, and its subresource after the name
+    named = len(path) > 1
+    verb = method.upper()
+    if verb == "GET" and not named:
+        verb = "WATCH" if any(key == "watch" and value for key, value in query or ()) else "LIST"
+    elif verb == "DELETE" and not named:
+        verb = "DELETECOLLECTION"
+    return verb, resource
+
+
+class _Counted(k8s.ApiClient):
+    """The generated client, each request counted where it leaves for the network (retries included)."""
+
+    def __init__(self, configuration: k8s.Configuration, count: Callable[[str, str], None]) -> None:
+        super().__init__(configuration)
+        self._count = count
+
+    def request(self, method: str, url: str, query_params: Any = None, *args: Any, **kwargs: Any) -> Any:
+        self._count(*request_kind(method, url, query_params))
+        return super().request(method, url, query_params, *args, **kwargs)
+
+
+class _CountedWs(WsApiClient):
+    """The websocket client (exec), each connection counted as the API server counts it (a GET)."""
+
+    def __init__(self, configuration: k8s.Configuration, count: Callable[[str, str], None]) -> None:
+        super().__init__(configuration)
+        self._count = count
+
+    def request(self, method: str, url: str, query_params: Any = None, *args: Any, **kwargs: Any) -> Any:
+        self._count(*request_kind(method, url, query_params))
+        return super().request(method, url, query_params, *args, **kwargs)
+
+
 class KubeClient:
     """Typed access to the few resources the operator uses."""
 
@@ -179,16 +229,31 @@ class KubeClient:
         self.core: Any = k8s.CoreV1Api(api)
         self.custom: Any = k8s.CustomObjectsApi(api)
         self.core_ws: Any = k8s.CoreV1Api(ws_api)
+        # Every Event the operator posts goes through this one recorder: one rate limit per operator.
+        self.event_recorder = EventRecorder(self.create_event, expected_errors=(KubeError,), metrics=metrics)
 
     @classmethod
     async def connect(
         cls, kubeconfig: str | None = None, *, context: str | None = None, metrics: Metrics | None = None
     ) -> KubeClient:
-        """Connect as kubectl would (see :func:`_configuration`)."""
+        """Connect as kubectl would (see :func:`_configuration`); every request is counted in ``metrics``
+        (``episode_operator_api_requests_total``)."""
         configuration = await _configuration(kubeconfig, context)
-        return cls(k8s.ApiClient(configuration), WsApiClient(configuration), metrics=metrics)
+
+        def count(verb: str, resource: str) -> None:
+            if metrics is not None:
+                metrics.api_requests.labels(verb, resource).inc()
+
+        # Each connection costs a 256 KiB TLS read buffer: a burst of Episodes opened the whole pool
+        # of 100. Requests are short, so a few connections carry them (queueing, never failing);
+        # an exec holds its websocket connection for a whole long poll, so those keep the default.
+        configuration.connection_pool_maxsize = REQUEST_CONNECTIONS
+        api = _Counted(configuration, count)
+        configuration.connection_pool_maxsize = EXEC_CONNECTIONS
+        return cls(api, _CountedWs(configuration, count), metrics=metrics)
 
     async def close(self) -> None:
+        await self.event_recorder.close(EVENTS_CLOSE_TIMEOUT_SEC)
         await self.api.close()
         await self.ws_api.close()
 

@@ -44,7 +44,7 @@ from episode_operator.api.vocabulary import TASK_LABEL, parse_timestamp, precise
 from episode_operator.kube.client import Conflict, KubeClient, KubeError, NotFound
 from episode_operator.kube.objects.children import child_manifest, child_view, set_selector
 from episode_operator.kube.objects.pods import OwnerRef
-from episode_operator.kube.status import post_event
+from episode_operator.kube.status import record_event
 from episode_operator.runtime.evaluation import definition_digest, plan_set
 from episode_operator.runtime.wakeups import nap
 
@@ -380,4 +380,5 @@ class SetEvents:
     logger: logging.Logger
 
     async def post(self, reason: str, message: str, *, warning: bool = False) -> None:
-        await post_event(self.client, self.ref, reason, message, warning=warning, logger=self.logger)
+        """Queue the Event (posted in the background, see :mod:`episode_operator.kube.events`)."""
+        record_event(self.client, self.ref, reason, message, warning=warning, logger=self.logger)

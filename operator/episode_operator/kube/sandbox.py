@@ -182,11 +182,14 @@ class KubeProvider:
     images: AgentImages = field(default_factory=AgentImages)
     pull_grace_sec: float = 120.0
     # Woken when a pod of the episode changes (the operator's pod watch): a starting pod is
-    # read then. Without them (or should an event be missed) pod start is polled, quickly at
-    # first (most pods run within a second), then less often.
+    # read then. Without them pod start is polled, quickly at first (most pods run within a
+    # second), then less often; with them the poll only covers a missed event, so it starts
+    # slow: a fast poll read the pod ~9 times per start where its changes need ~3 reads.
     wakeups: Wakeups | None = None
     poll_first_sec: float = 0.05
     poll_max_sec: float = 1.0
+    watched_poll_first_sec: float = 1.0
+    watched_poll_max_sec: float = 5.0
     clock: Callable[[], float] = time.monotonic
 
     _applied: dict[str, NetworkPolicy] = field(default_factory=dict)
@@ -304,7 +307,11 @@ class KubeProvider:
         """
         started = self.clock()
         pulling_since: float | None = None
-        pause = self.poll_first_sec
+        pause, longest = (
+            (self.poll_first_sec, self.poll_max_sec)
+            if changed is None
+            else (self.watched_poll_first_sec, self.watched_poll_max_sec)
+        )
         while True:
             if changed is not None:
                 changed.clear()  # before the read: a change after it wakes the nap below
@@ -332,4 +339,4 @@ class KubeProvider:
                     f"pod {name} not ready after {start_timeout_sec:.0f} s: {verdict.message}", kind="start_timeout"
                 )
             await nap(changed, pause)
-            pause = min(pause * 1.5, self.poll_max_sec)
+            pause = min(pause * 1.5, longest)

@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from dataclasses import dataclass, field
 
 from episode_operator.api.models import EpisodeStatus
 from episode_operator.api.vocabulary import is_terminal
-from episode_operator.kube.client import KubeClient, KubeError, NotFound
-from episode_operator.kube.objects.events import event_manifest
+from episode_operator.kube.client import KubeClient, NotFound
 from episode_operator.kube.objects.pods import OwnerRef
+
+# How long a terminal status waits for its Episode's Events (they wait only for the rate limit).
+FLUSH_TIMEOUT_SEC = 5.0
 
 
 class EpisodeGone(Exception):
@@ -25,9 +26,6 @@ class KubeStatusSink:
     episode: OwnerRef
     generation: int | None = None
     logger: logging.Logger = field(default_factory=lambda: logging.getLogger("episode_operator"))
-
-    # The Events still being posted, chained so that they are posted in order.
-    _events: asyncio.Task[None] | None = field(default=None, init=False, repr=False)
 
     async def publish(self, status: EpisodeStatus) -> None:
         if is_terminal(status.phase):
@@ -44,29 +42,17 @@ class KubeStatusSink:
     async def event(self, reason: str, message: str, *, warning: bool = False) -> None:
         """Post an Event in the background: a turn does not wait for a round trip that
         decides nothing (a lost Event is logged, never fatal)."""
-        previous = self._events
-
-        async def post() -> None:
-            if previous is not None:
-                await previous
-            await post_event(self.client, self.episode, reason, message, warning=warning, logger=self.logger)
-
-        self._events = asyncio.create_task(post())
+        record_event(self.client, self.episode, reason, message, warning=warning, logger=self.logger)
 
     async def flush(self) -> None:
-        """Wait until every Event asked for so far is posted (or given up)."""
-        if self._events is not None:
-            await self._events
+        """Wait until every Event asked for so far is posted (or given up), for a while at most:
+        when the operator's Event rate limit holds them back, the status does not wait long."""
+        await self.client.event_recorder.flush(self.episode, FLUSH_TIMEOUT_SEC)
 
 
-async def post_event(
+def record_event(
     client: KubeClient, owner: OwnerRef, reason: str, message: str, *, warning: bool, logger: logging.Logger
 ) -> None:
-    """Post an Event on an Episode or EpisodeSet, and log it; losing one is logged, never fatal."""
+    """Log an Event on an Episode or EpisodeSet and queue it for posting (see :mod:`.events`)."""
     (logger.warning if warning else logger.info)("%s: %s", reason, message)
-    try:
-        await client.create_event(owner.namespace, event_manifest(owner, reason, message, warning))
-    except KubeError as error:
-        logger.warning("could not post event %s: %s", reason, error)
-    except Exception:  # posted in the background too: nothing may escape unlogged
-        logger.exception("could not post event %s", reason)
+    client.event_recorder.record(owner, reason, message, warning=warning, logger=logger)

@@ -69,6 +69,20 @@ class Metrics:
             ["kind"],
             registry=self.registry,
         )
+        self.api_requests = Counter(
+            "episode_operator_api_requests",
+            "Requests sent to the Kubernetes API by the operator's own client, by verb and resource as the "
+            "API server's apiserver_request_total names them (kopf's watches and finalizer patches are not counted).",
+            ["verb", "resource"],
+            registry=self.registry,
+        )
+        self.events = Counter(
+            "episode_operator_events",
+            "Kubernetes Events recorded, by what became of them: posted; combined into one of the same object "
+            "and reason still waiting (the operator's Event rate limit was reached); failed.",
+            ["result"],
+            registry=self.registry,
+        )
         self.active = Gauge("episode_operator_active_episodes", "Episodes being driven now.", registry=self.registry)
         self.pending = Gauge(
             "episode_operator_pending_episodes",

@@ -9,11 +9,22 @@ from episode_operator.api.vocabulary import API_VERSION, timestamp
 from episode_operator.kube.objects.pods import OwnerRef
 
 COMPONENT = "episode-operator"
+MESSAGE_LIMIT = 1024
 
 
-def event_manifest(owner: OwnerRef, reason: str, message: str, warning: bool) -> dict[str, Any]:
-    now = time.time()
-    stamp = timestamp(now)
+def event_manifest(
+    owner: OwnerRef,
+    reason: str,
+    message: str,
+    warning: bool,
+    *,
+    now: float | None = None,
+    first_at: float | None = None,
+    last_at: float | None = None,
+    count: int = 1,
+) -> dict[str, Any]:
+    """An Event posted at ``now``: ``count`` occurrences, from ``first_at`` to ``last_at`` (one, now, by default)."""
+    now = time.time() if now is None else now
     return {
         "apiVersion": "v1",
         "kind": "Event",
@@ -26,11 +37,11 @@ def event_manifest(owner: OwnerRef, reason: str, message: str, warning: bool) ->
             "uid": owner.uid,
         },
         "reason": reason,
-        "message": message[:1024],
+        "message": message[:MESSAGE_LIMIT],
         "type": "Warning" if warning else "Normal",
         "source": {"component": COMPONENT},
         "reportingComponent": COMPONENT,
-        "firstTimestamp": stamp,
-        "lastTimestamp": stamp,
-        "count": 1,
+        "firstTimestamp": timestamp(now if first_at is None else first_at),
+        "lastTimestamp": timestamp(now if last_at is None else last_at),
+        "count": count,
     }
