@@ -13,13 +13,13 @@ from aiohttp.test_utils import TestClient, TestServer
 from episode_operator.runtime.archive import tar_bytes
 from episode_operator.runtime.metrics import Metrics
 from episode_operator.runtime.server import application
-from episode_operator.runtime.store import FileStore, episode_store_root
+from episode_operator.runtime.store import BlobStore
 
 
 def test_metrics_logs_and_artifacts(tmp_path: Path) -> None:
     metrics = Metrics()
     metrics.episode_finished("Graded", None, 0.5)
-    store = FileStore(episode_store_root(tmp_path, "ns", "ep", "uid-1"))
+    store = BlobStore.local(tmp_path).episode("ns", "ep", "uid-1")
 
     async def scenario() -> None:
         await store.save_log(1, "one", "agent", b"agent says hi\n")
@@ -39,7 +39,7 @@ def test_metrics_logs_and_artifacts(tmp_path: Path) -> None:
                 }
             ],
         )
-        async with TestClient(TestServer(application(metrics, tmp_path))) as http:
+        async with TestClient(TestServer(application(metrics, BlobStore.local(tmp_path)))) as http:
             text = await (await http.get("/metrics")).text()
             assert 'episode_operator_episodes_total{failure_kind="",outcome="Graded"} 1.0' in text
             logs = await (await http.get("/v1/episodes/ns/ep/uid-1/logs", params={"turn": "two"})).text()

@@ -28,7 +28,9 @@ class SlowApi:
             raise self.failing[event["reason"]]
         self.calls.append(("event", event["reason"]))
 
-    async def replace_episode_status(self, namespace: str, name: str, status: dict[str, Any]) -> None:
+    async def replace_episode_status(
+        self, namespace: str, name: str, status: dict[str, Any], *, guard: object = None
+    ) -> None:
         self.calls.append(("status", status["phase"]))
 
 

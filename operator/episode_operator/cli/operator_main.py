@@ -88,6 +88,46 @@ def main() -> None:
     "a repository (python=registry.internal/python) or a prefix ending in / "
     "(docker.io/library/=registry.internal/library/). Applies to task, FROM, sidecar and verifier images.",
 )
+@click.option(
+    "--store-url",
+    default=lambda: os.environ.get("EPISODE_OPERATOR_STORE_URL") or None,
+    show_default="$EPISODE_OPERATOR_STORE_URL",
+    metavar="s3://BUCKET[/PREFIX]",
+    help="Keep logs and artifacts in this S3-compatible bucket instead of --data-dir, so that every replica "
+    "serves them and none is lost with a replica. Credentials: $AWS_ACCESS_KEY_ID and $AWS_SECRET_ACCESS_KEY.",
+)
+@click.option(
+    "--store-endpoint", default=None, help="The S3-compatible server, e.g. http://minio.minio:9000 (default: AWS)."
+)
+@click.option("--store-region", default=None, help="The bucket's region.")
+@click.option(
+    "--store-allow-http", is_flag=True, help="Allow a plain-HTTP --store-endpoint (a server inside the cluster)."
+)
+@click.option(
+    "--lease-namespace",
+    default=lambda: os.environ.get("EPISODE_OPERATOR_LEASE_NAMESPACE") or None,
+    show_default="$EPISODE_OPERATOR_LEASE_NAMESPACE",
+    help="Run as one of several replicas: each holds a Lease here and they share the Episodes out "
+    "(docs/replicas.md). Without it this process drives everything and must be the only one.",
+)
+@click.option(
+    "--replica-group",
+    default="episode-operator",
+    show_default=True,
+    help="Which operator the replicas in the Lease namespace belong to (e.g. the Helm release).",
+)
+@click.option(
+    "--replica-name",
+    default=None,
+    show_default="$POD_NAME, else <host>-<pid>",
+    help="This replica's name, hashed to share the Episodes out (a restarted pod keeps its share).",
+)
+@click.option("--lease-duration", "lease_duration_sec", type=float, default=10.0, show_default=True,
+              help="Seconds after a replica's last renewal until the others take over its Episodes.")  # fmt: skip
+@click.option("--renew-deadline", "renew_deadline_sec", type=float, default=7.0, show_default=True,
+              help="Seconds without a renewal after which a replica stops acting (< --lease-duration).")  # fmt: skip
+@click.option("--retry-period", "retry_period_sec", type=float, default=2.0, show_default=True,
+              help="Seconds between a replica's renewals and listings of the others.")  # fmt: skip
 def run(
     namespaces: tuple[str, ...],
     data_dir: Path,
@@ -98,10 +138,36 @@ def run(
     metrics_port: int,
     max_active_episodes: int,
     image_mirrors: ImageMirrors,
+    lease_namespace: str | None,
+    replica_group: str,
+    replica_name: str | None,
+    lease_duration_sec: float,
+    renew_deadline_sec: float,
+    retry_period_sec: float,
+    store_url: str | None,
+    store_endpoint: str | None,
+    store_region: str | None,
+    store_allow_http: bool,
 ) -> None:
     """Run the operator until interrupted."""
     # Imported here: the capture container runs this program too, and needs neither kopf nor Kubernetes.
     from episode_operator.handlers import OperatorOptions, run_operator
+    from episode_operator.kube.replicas import ReplicaSettings
+    from episode_operator.runtime.store import StoreSettings
+
+    if store_url is not None and not store_url.startswith(("s3://", "s3a://")):
+        raise click.BadParameter(f"{store_url!r} is not an s3://BUCKET[/PREFIX] URL", param_hint="--store-url")
+
+    replicas = ReplicaSettings(
+        namespace=lease_namespace,
+        group=replica_group,
+        lease_duration_sec=lease_duration_sec,
+        renew_deadline_sec=renew_deadline_sec,
+        retry_period_sec=retry_period_sec,
+        **({"name": replica_name} if replica_name else {}),
+    )
+    if problems := replicas.problems():
+        raise click.UsageError("; ".join(problems))
 
     run_operator(
         OperatorOptions(
@@ -114,6 +180,8 @@ def run(
             metrics_port=metrics_port or None,
             max_active_episodes=max_active_episodes,
             image_mirrors=image_mirrors,
+            replicas=replicas,
+            store=StoreSettings(store_url, store_endpoint, store_region, store_allow_http),
         )
     )
 

@@ -2,7 +2,9 @@
 
 ``kubectl episode logs`` and ``artifacts`` reach an in-cluster operator through the API
 server's service proxy (so they need no port-forward and obey RBAC on ``services/proxy``);
-an operator running on the same machine is read directly from its data directory.
+an operator running on the same machine is read directly from its data directory. Every replica
+serves every Episode: they are read from the operator's store (runtime/store.py), not from what
+this replica drove.
 """
 
 from __future__ import annotations
@@ -17,41 +19,37 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from episode_operator.runtime.metrics import Metrics
-from episode_operator.runtime.store import episode_store_root, export_artifacts, stored_logs
+from episode_operator.runtime.store import BlobStore, EpisodeBlobs, export_artifacts, kept_logs, render_logs
 
 API_PREFIX = "/v1/episodes/{namespace}/{name}/{uid}"
 
 
-def application(metrics: Metrics, data_dir: Path) -> web.Application:
+def application(metrics: Metrics, store: BlobStore) -> web.Application:
     """The aiohttp application (separate from serving it, for tests)."""
 
     async def show_metrics(_: web.Request) -> web.Response:
         body = generate_latest(metrics.registry)
         return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
-    def root_of(request: web.Request) -> Path:
+    async def blobs_of(request: web.Request) -> EpisodeBlobs:
         info = request.match_info
-        root = episode_store_root(data_dir, info["namespace"], info["name"], info["uid"])
-        if not root.is_dir():
+        blobs = store.episode(info["namespace"], info["name"], info["uid"])
+        if not await blobs.kept():
             raise web.HTTPNotFound(text=f"nothing kept for {info['namespace']}/{info['name']}\n")
-        return root
+        return blobs
 
     async def show_logs(request: web.Request) -> web.Response:
-        root = root_of(request)
+        blobs = await blobs_of(request)
         turn = request.query.get("turn")
         attempt = int(request.query["attempt"]) if request.query.get("attempt", "").isdigit() else None
-        chunks: list[bytes] = []
-        for log in await asyncio.to_thread(stored_logs, root, turn=turn, attempt=attempt):
-            chunks.append(f"==> attempt {log.attempt} turn {log.turn}: {log.name} <==\n".encode())
-            chunks.append(await asyncio.to_thread(log.path.read_bytes))
-            chunks.append(b"\n")
-        if not chunks:
+        logs = await kept_logs(blobs, turn=turn, attempt=attempt)
+        if not logs:
             raise web.HTTPNotFound(text="no logs kept" + (f" for turn {turn}" if turn else "") + "\n")
-        return web.Response(body=b"".join(chunks), content_type="text/plain")
+        return web.Response(body=render_logs(logs), content_type="text/plain")
 
     async def send_artifacts(request: web.Request) -> web.Response:
-        root = root_of(request)
-        body = await asyncio.to_thread(_artifacts_tar, root)
+        blobs = await blobs_of(request)
+        body = await _artifacts_tar(blobs)
         if body is None:
             raise web.HTTPNotFound(text="no artifacts kept\n")
         return web.Response(body=body, content_type="application/gzip")
@@ -63,21 +61,25 @@ def application(metrics: Metrics, data_dir: Path) -> web.Application:
     return app
 
 
-def _artifacts_tar(root: Path) -> bytes | None:
+async def _artifacts_tar(blobs: EpisodeBlobs) -> bytes | None:
     with tempfile.TemporaryDirectory() as scratch:
-        written = export_artifacts(root, Path(scratch))
+        written = await export_artifacts(blobs, Path(scratch))
         if not written:
             return None
-        buffer = io.BytesIO()
-        with tarfile.open(fileobj=buffer, mode="w:gz") as archive:
-            for child in sorted(Path(scratch).iterdir()):
-                archive.add(child, arcname=child.name)
-        return buffer.getvalue()
+        return await asyncio.to_thread(_gzip_tar, Path(scratch))
 
 
-async def serve(metrics: Metrics, data_dir: Path, host: str, port: int) -> web.AppRunner:
+def _gzip_tar(folder: Path) -> bytes:
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w:gz") as archive:
+        for child in sorted(folder.iterdir()):
+            archive.add(child, arcname=child.name)
+    return buffer.getvalue()
+
+
+async def serve(metrics: Metrics, store: BlobStore, host: str, port: int) -> web.AppRunner:
     """Start serving; the caller keeps the runner and cleans it up at shutdown."""
-    runner = web.AppRunner(application(metrics, data_dir), access_log=None)
+    runner = web.AppRunner(application(metrics, store), access_log=None)
     await runner.setup()
     await web.TCPSite(runner, host, port).start()
     return runner

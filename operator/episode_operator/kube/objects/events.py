@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import time
 from typing import Any
 
@@ -11,13 +12,23 @@ from episode_operator.kube.objects.pods import OwnerRef
 COMPONENT = "episode-operator"
 
 
-def event_manifest(owner: OwnerRef, reason: str, message: str, warning: bool) -> dict[str, Any]:
+def event_name(owner: OwnerRef, *occasion: object) -> str:
+    """A name for the Event of one occasion (a transition of the owner): whoever posts it again,
+    a restarted or another replica, gets 409 AlreadyExists, so each occasion is posted once."""
+    digest = hashlib.sha256("\0".join(map(str, (owner.uid, *occasion))).encode()).hexdigest()[:16]
+    return f"{owner.name[:200]}.{digest}"
+
+
+def event_manifest(
+    owner: OwnerRef, reason: str, message: str, warning: bool, *, name: str | None = None
+) -> dict[str, Any]:
+    """An Event; without ``name`` a new one each time (by the time)."""
     now = time.time()
     stamp = timestamp(now)
     return {
         "apiVersion": "v1",
         "kind": "Event",
-        "metadata": {"name": f"{owner.name[:200]}.{int(now * 1e6):x}", "namespace": owner.namespace},
+        "metadata": {"name": name or f"{owner.name[:200]}.{int(now * 1e6):x}", "namespace": owner.namespace},
         "involvedObject": {
             "apiVersion": API_VERSION,
             "kind": owner.kind,
