@@ -1,0 +1,357 @@
+"""Several operator replicas on the real cluster: one driver per Episode whatever is killed (issue 14).
+
+The replicas are local processes (tests/cluster/replicas.py), killed by pid: SIGKILL as a crash,
+SIGTERM as a drain or a rollout. What must hold, whatever runs or dies: every job ran once (each
+solve.sh appends a line, each verifier counts them), every Event was posted once, the rewards are
+the ones the task gives, and the sandbox pod a terminating replica leaves is the one the next
+driver uses (nothing was deleted or restarted).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import random
+import secrets
+import signal
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kubernetes import client
+
+from tests.cluster.conftest import SANDBOX_IMAGE, namespace_prefix, wait_for_default_service_account
+from tests.cluster.harness import (
+    TERMINAL,
+    create_episode,
+    episode_spec,
+    install_crd,
+    read_episode,
+    wait_for_namespace_gone,
+)
+from tests.cluster.replicas import (
+    Replicas,
+    driver_of,
+    duplicated_events,
+    objects,
+    wait_for,
+)
+
+SETS = "episodesets"
+
+
+def counting_task(steps: int, *, solve: str = "sleep 3", setup: str | None = None) -> dict[str, str]:
+    """``steps`` steps; step k's solve.sh appends ``k`` to /app/turns.txt (after ``solve``); its verifier
+    gives 1 only if the file then holds exactly 1…k, one line each: a job run twice or skipped gives 0."""
+    lines = [
+        'schema_version = "1.4"',
+        'multi_step_reward_strategy = "mean"',
+        "[environment]",
+        f'docker_image = "{SANDBOX_IMAGE}"',
+        'workdir = "/app"',
+    ]
+    files = {"instruction.md": "Count the steps.\n"}
+    for step in range(1, steps + 1):
+        lines += ["[[steps]]", f'name = "s{step}"']
+        files[f"steps/s{step}/instruction.md"] = f"Step {step}.\n"
+        files[f"steps/s{step}/solution/solve.sh"] = f"{solve}\necho {step} >> /app/turns.txt\n"
+        expected = "\\n".join(str(k) for k in range(1, step + 1))
+        files[f"steps/s{step}/tests/test.sh"] = (
+            f'if [ "$(cat /app/turns.txt)" = "$(printf \'{expected}\')" ]; then echo 1; else echo 0; fi '
+            "> /logs/verifier/reward.txt\n"
+        )
+        if setup is not None:
+            files[f"steps/s{step}/workdir/setup.sh"] = f"{setup}\necho {step} >> /app/setups.txt\n"
+    files["task.toml"] = "\n".join(lines) + "\n"
+    return files
+
+
+@pytest.fixture
+def replicated(
+    kubeconfig: Path, api_client: client.ApiClient, core: client.CoreV1Api, tmp_path: Path
+) -> Iterator[tuple[str, Path]]:
+    """A namespace of this test's own (its replicas watch it and keep their Leases there)."""
+    install_crd(api_client)
+    namespace = f"replicas-{namespace_prefix()}{secrets.token_hex(3)}"
+    core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=namespace)))
+    wait_for_default_service_account(core, namespace)
+    try:
+        yield namespace, tmp_path
+    finally:
+        # Episodes carry kopf's finalizer: delete the namespace while a replica still runs.
+        cleaner = Replicas(kubeconfig, tmp_path, namespace, ("cleaner",))
+        cleaner.start_all()
+        try:
+            core.delete_namespace(namespace, propagation_policy="Background")
+            wait_for_namespace_gone(core, namespace, 180)
+        finally:
+            cleaner.stop()
+
+
+def status_of(api: client.ApiClient, namespace: str, name: str) -> dict[str, Any]:
+    return read_episode(api, namespace, name).get("status") or {}
+
+
+def finished(api: client.ApiClient, namespace: str, name: str) -> bool:
+    return status_of(api, namespace, name).get("phase") in TERMINAL
+
+
+def agent_pod_uid(core: client.CoreV1Api, namespace: str, episode: str) -> str | None:
+    pods = core.list_namespaced_pod(namespace, label_selector=f"episode-operator.dev/episode={episode}").items
+    agents = [pod for pod in pods if (pod.metadata.labels or {}).get("episode-operator.dev/role") == "agent"]
+    return agents[0].metadata.uid if agents else None
+
+
+def assert_counted_once(status: dict[str, Any], steps: int) -> None:
+    """Succeeded, attempt 1, every turn's verifier saw exactly its jobs."""
+    assert (status["phase"], status["attempt"]) == ("Succeeded", 1), status
+    assert [turn["reward"] for turn in status["turns"]] == [1.0] * steps, status["turns"]
+    assert status["reward"] == 1.0
+
+
+# --- one driver per Episode --------------------------------------------------------------------------
+def test_two_replicas_and_the_driver_killed_every_5_seconds(
+    kubeconfig: Path, api_client: client.ApiClient, core: client.CoreV1Api, replicated: tuple[str, Path]
+) -> None:
+    """SIGKILL whichever replica drives the Episode every 5 s (and start it again 5 s later): each job
+    ran once, each Event was posted once, the reward is right."""
+    namespace, root = replicated
+    replicas = Replicas(kubeconfig, root, namespace, ("r0", "r1"))
+    replicas.start_all()
+    try:
+        create_episode(api_client, namespace, "battered", episode_spec(files=counting_task(4)))
+        kills: list[str] = []
+        drove: set[str | None] = set()
+        deadline = time.monotonic() + 300
+        next_kill = time.monotonic() + 5
+        while not finished(api_client, namespace, "battered"):
+            assert time.monotonic() < deadline, replicas.logs()
+            holder = driver_of(read_episode(api_client, namespace, "battered"))
+            drove.add(holder)
+            if time.monotonic() >= next_kill:
+                # Start the one killed 5 s ago again (a new incarnation), then kill the driver: the
+                # other replica must take over, and the restarted one take its share back.
+                next_kill += 5
+                dead = [name for name in replicas.names if not replicas.alive(name)]
+                if holder is not None and replicas.alive(holder):
+                    replicas.kill(holder)
+                    kills.append(holder)
+                replicas.start(*dead)
+            time.sleep(0.2)
+        status = status_of(api_client, namespace, "battered")
+        assert len(kills) >= 3, f"the run ended after {len(kills)} kill(s)"
+        assert {"r0", "r1"} <= drove, f"only {drove} drove it"
+        assert_counted_once(status, 4)
+        assert duplicated_events(core, namespace, "battered") == []
+    finally:
+        replicas.stop()
+
+
+def test_a_standby_takes_over_within_15_seconds_of_the_drivers_death(
+    kubeconfig: Path, api_client: client.ApiClient, core: client.CoreV1Api, replicated: tuple[str, Path]
+) -> None:
+    """Default lease settings: SIGKILL the driver mid-agent; the other replica drives on within 15 s,
+    re-attached to the same pod and the same job."""
+    namespace, root = replicated
+    replicas = Replicas(kubeconfig, root, namespace, ("r0", "r1"), leases=())
+    replicas.start_all()
+    try:
+        spec = episode_spec(files=counting_task(2, solve="sleep 20"))
+        create_episode(api_client, namespace, "orphan", spec)
+        wait_for(
+            lambda: (
+                [t.get("stage") for t in status_of(api_client, namespace, "orphan").get("turns") or []][:1] == ["agent"]
+            ),
+            "the first agent turn",
+            replicas,
+        )
+        pod = agent_pod_uid(core, namespace, "orphan")
+        holder = driver_of(read_episode(api_client, namespace, "orphan"))
+        assert holder is not None and pod is not None
+        killed = time.monotonic()
+        replicas.kill(holder)
+        wait_for(
+            lambda: driver_of(read_episode(api_client, namespace, "orphan")) not in (None, holder),
+            "the other replica's claim",
+            replicas,
+            timeout=15,
+        )
+        took = time.monotonic() - killed
+        wait_for(lambda: finished(api_client, namespace, "orphan"), "the end", replicas, timeout=180)
+        assert_counted_once(status_of(api_client, namespace, "orphan"), 2)
+        assert agent_pod_uid(core, namespace, "orphan") in (None, pod)  # released at the end, never replaced
+        assert took <= 15
+        assert duplicated_events(core, namespace, "orphan") == []
+    finally:
+        replicas.stop()
+
+
+def test_sigterm_at_every_moment_of_a_turn_hands_over_without_deleting_anything(
+    kubeconfig: Path, api_client: client.ApiClient, core: client.CoreV1Api, replicated: tuple[str, Path]
+) -> None:
+    """SIGTERM the driver every 1.5 s, so that it stops in every stage of the turns (setup, agent,
+    collect, verify…): the other replica takes over at once, the sandbox pod is never replaced,
+    every setup and solve ran once."""
+    namespace, root = replicated
+    replicas = Replicas(kubeconfig, root, namespace, ("r0", "r1"))
+    replicas.start_all()
+    try:
+        files = counting_task(4, solve="sleep 1", setup="sleep 1")
+        for step in range(1, 5):  # setup.sh appends too: each ran once
+            files[f"steps/s{step}/tests/test.sh"] = files[f"steps/s{step}/tests/test.sh"].replace(
+                "then echo 1", f'then [ "$(wc -l < /app/setups.txt)" = {step} ] && echo 1 || echo 0'
+            )
+        create_episode(api_client, namespace, "drained", episode_spec(files=files))
+        pods: set[str] = set()
+        stages: set[str] = set()
+        terms = 0
+        deadline = time.monotonic() + 300
+        while not finished(api_client, namespace, "drained"):
+            assert time.monotonic() < deadline, replicas.logs()
+            time.sleep(1.5)
+            body = read_episode(api_client, namespace, "drained")
+            holder = driver_of(body)
+            if (pod := agent_pod_uid(core, namespace, "drained")) is not None:
+                pods.add(pod)
+            if holder is None or not replicas.alive(holder) or finished(api_client, namespace, "drained"):
+                continue
+            status = body.get("status") or {}
+            turns = status.get("turns") or []
+            if status.get("currentTurn") is not None and turns:
+                stages.add(str(turns[status["currentTurn"]].get("stage")))
+            replicas.processes[holder].stop()  # SIGTERM, waits for the exit
+            terms += 1
+            replicas.start(holder)
+        assert_counted_once(status_of(api_client, namespace, "drained"), 4)
+        assert terms >= 4, terms
+        assert len(pods) == 1, f"the sandbox pod was replaced: {pods}"
+        assert {"cleanup", "agent"} <= stages, stages
+        assert duplicated_events(core, namespace, "drained") == []
+    finally:
+        replicas.stop()
+
+
+# --- shards ------------------------------------------------------------------------------------------
+def test_three_sharded_replicas_share_the_episodes_and_a_dead_ones_continue_on_the_others(
+    kubeconfig: Path, api_client: client.ApiClient, core: client.CoreV1Api, replicated: tuple[str, Path]
+) -> None:
+    namespace, root = replicated
+    replicas = Replicas(kubeconfig, root, namespace, ("r0", "r1", "r2"))
+    replicas.start_all()
+    try:
+        names = [f"shard-{index}" for index in range(9)]
+        for name in names:
+            create_episode(api_client, namespace, name, episode_spec(files=counting_task(2, solve="sleep 8")))
+
+        def drivers() -> dict[str, str | None]:
+            return {item["metadata"]["name"]: driver_of(item) for item in objects(api_client, namespace, "episodes")}
+
+        claimed = wait_for(lambda: (d := drivers()) and all(d.values()) and d, "every Episode claimed", replicas)
+        assert len(set(claimed.values())) >= 2, f"one replica drives everything: {claimed}"
+        victim = max(set(claimed.values()), key=list(claimed.values()).count)
+        orphans = [name for name, driver in claimed.items() if driver == victim]
+        replicas.kill(victim)
+        killed = time.monotonic()
+        wait_for(
+            lambda: all(
+                drivers()[name] not in (None, victim) or finished(api_client, namespace, name) for name in orphans
+            ),
+            "the dead replica's Episodes on the others",
+            replicas,
+            timeout=30,
+        )
+        assert time.monotonic() - killed <= 30
+        wait_for(lambda: all(finished(api_client, namespace, name) for name in names), "the end", replicas, 300)
+        for name in names:
+            assert_counted_once(status_of(api_client, namespace, name), 2)
+            assert duplicated_events(core, namespace, name) == []
+    finally:
+        replicas.stop()
+
+
+def test_an_episodeset_of_40_across_3_replicas_killed_at_random(
+    kubeconfig: Path, api_client: client.ApiClient, core: client.CoreV1Api, replicated: tuple[str, Path]
+) -> None:
+    """Replicas SIGKILLed at random and started again through a set of 40 children: the set's
+    aggregates equal its children's, no child created twice, none lost, no turn run twice."""
+    namespace, root = replicated
+    replicas = Replicas(kubeconfig, root, namespace, ("r0", "r1", "r2"))
+    replicas.start_all()
+    chance = random.Random(14)
+    try:
+        task = {"inline": {"files": counting_task(1, solve="sleep 1")}}
+        spec = {
+            "dataset": {"tasks": [{"name": f"t{index}", **task} for index in range(20)]},
+            "attempts": 2,
+            "agent": {"kind": "oracle"},
+            "parallelism": 6,
+        }
+        body = {"apiVersion": "episode-operator.dev/v1alpha1", "kind": "EpisodeSet", "metadata": {"name": "forty"}}
+        client.CustomObjectsApi(api_client).create_namespaced_custom_object(
+            "episode-operator.dev", "v1alpha1", namespace, SETS, {**body, "spec": spec}
+        )
+
+        def complete() -> bool:
+            sets = objects(api_client, namespace, SETS)
+            return bool(sets and (sets[0].get("status") or {}).get("completionTime"))
+
+        kills = 0
+        deadline = time.monotonic() + 600
+        while not complete():
+            assert time.monotonic() < deadline, replicas.logs()
+            time.sleep(chance.uniform(4, 10))
+            victim = chance.choice(replicas.names)
+            replicas.kill(victim)
+            kills += 1
+            replicas.start(victim)
+        children = objects(api_client, namespace, "episodes")
+        status = objects(api_client, namespace, SETS)[0]["status"]
+        names = [child["metadata"]["name"] for child in children]
+        assert len(names) == len(set(names)) == 40, names
+        assert kills >= 3
+        phases = [(child.get("status") or {}).get("phase") for child in children]
+        assert phases.count("Succeeded") == 40, phases
+        assert all((child["status"]["attempt"], child["status"]["reward"]) == (1, 1.0) for child in children)
+        assert (status["total"], status["created"], status["finished"], status["active"]) == (40, 40, 40, 0)
+        assert status["phases"]["succeeded"] == 40 and status["outcomes"]["graded"] == 40
+        assert status["meanReward"] == 1.0
+        recorded = sorted(child["name"] for task in status["tasks"] for child in task["children"])
+        assert recorded == sorted(names)
+        assert duplicated_events(core, namespace, "forty") == []
+    finally:
+        replicas.stop()
+
+
+def test_sigterm_hands_over_at_once(
+    kubeconfig: Path, api_client: client.ApiClient, core: client.CoreV1Api, replicated: tuple[str, Path]
+) -> None:
+    """A terminating replica deletes its Lease once its drivers stopped: the other drives on within a
+    few seconds (no lease expiry to wait for), on the same pod."""
+    namespace, root = replicated
+    replicas = Replicas(kubeconfig, root, namespace, ("r0", "r1"), leases=())
+    replicas.start_all()
+    try:
+        create_episode(api_client, namespace, "drain", episode_spec(files=counting_task(2, solve="sleep 15")))
+        wait_for(lambda: agent_pod_uid(core, namespace, "drain"), "the sandbox pod", replicas)
+        holder = wait_for(lambda: driver_of(read_episode(api_client, namespace, "drain")), "a driver", replicas)
+        pod = agent_pod_uid(core, namespace, "drain")
+        process = replicas.processes[holder].process
+        assert process is not None
+        process.send_signal(signal.SIGTERM)
+        sent = time.monotonic()
+        wait_for(
+            lambda: driver_of(read_episode(api_client, namespace, "drain")) not in (None, holder),
+            "the other replica's claim",
+            replicas,
+            timeout=15,
+        )
+        took = time.monotonic() - sent
+        with contextlib.suppress(Exception):
+            process.wait(timeout=30)
+        wait_for(lambda: finished(api_client, namespace, "drain"), "the end", replicas, timeout=180)
+        assert_counted_once(status_of(api_client, namespace, "drain"), 2)
+        assert agent_pod_uid(core, namespace, "drain") in (None, pod)
+        assert took < 8, f"took over {took:.1f} s after SIGTERM"
+    finally:
+        replicas.stop()
