@@ -38,6 +38,9 @@ MANIFEST = "manifest.json"
 LOGS = "logs"
 ARTIFACTS = "artifacts"
 SAFE_NAME = re.compile(r"[^A-Za-z0-9._-]")
+# The jobs of a turn (and the seed's agent setup) in the order they run, by their logs' names
+# (collect-1, collect-2… are "collect"); other names follow, by time.
+LOG_ORDER = ("agent-setup", "setup", "healthcheck", "agent", "collect", "verifier")
 
 
 class EpisodeStore(Protocol):
@@ -163,14 +166,27 @@ class EpisodeBlobs:
         return await self.store.get(self.key(attempt, turn, kind, name))
 
     async def kept(self) -> list[KeptBlob]:
-        """Everything kept for the Episode, oldest attempt first, then in the order it was written."""
+        """Everything kept for the Episode: oldest attempt first, its turns in the order they were
+        first written to, each turn's logs in the order a turn runs its jobs (:data:`LOG_ORDER`;
+        S3 keeps modification times to the second only, too coarse for jobs of one turn)."""
         kept = []
         for blob in await self.store.list(self.prefix):
             parts = blob.key.removeprefix(self.prefix).strip("/").split("/")
             if len(parts) != 4 or not parts[0].startswith("attempt-") or not parts[0][8:].isdigit():
                 continue
             kept.append(KeptBlob(int(parts[0][8:]), parts[1], parts[2], parts[3], blob.key, blob.modified))
-        return sorted(kept, key=lambda blob: (blob.attempt, blob.modified, blob.turn, blob.name))
+        started: dict[tuple[int, str], datetime] = {}
+        for blob in kept:
+            key = (blob.attempt, blob.turn)
+            started[key] = min(started.get(key, blob.modified), blob.modified)
+
+        def order(blob: KeptBlob) -> tuple[Any, ...]:
+            stem = blob.name.removesuffix(".txt")
+            stem = "collect" if stem.startswith("collect-") else stem
+            rank = LOG_ORDER.index(stem) if stem in LOG_ORDER else len(LOG_ORDER)
+            return (blob.attempt, started[(blob.attempt, blob.turn)], blob.turn, rank, blob.modified, blob.name)
+
+        return sorted(kept, key=order)
 
     # EpisodeStore -------------------------------------------------------------------------------
     async def save_log(self, attempt: int, turn: str, name: str, data: bytes) -> None:
