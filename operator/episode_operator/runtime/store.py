@@ -170,11 +170,11 @@ class EpisodeBlobs:
         first written to, each turn's logs in the order a turn runs its jobs (:data:`LOG_ORDER`;
         S3 keeps modification times to the second only, too coarse for jobs of one turn)."""
         kept = []
-        for blob in await self.store.list(self.prefix):
-            parts = blob.key.removeprefix(self.prefix).strip("/").split("/")
+        for listed in await self.store.list(self.prefix):
+            parts = listed.key.removeprefix(self.prefix).strip("/").split("/")
             if len(parts) != 4 or not parts[0].startswith("attempt-") or not parts[0][8:].isdigit():
                 continue
-            kept.append(KeptBlob(int(parts[0][8:]), parts[1], parts[2], parts[3], blob.key, blob.modified))
+            kept.append(KeptBlob(int(parts[0][8:]), parts[1], parts[2], parts[3], listed.key, listed.modified))
         started: dict[tuple[int, str], datetime] = {}
         for blob in kept:
             key = (blob.attempt, blob.turn)
