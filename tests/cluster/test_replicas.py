@@ -14,6 +14,7 @@ import random
 import secrets
 import signal
 import time
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -37,6 +38,7 @@ from tests.cluster.replicas import (
     objects,
     wait_for,
 )
+from tests.s3server import CREDENTIALS, s3_server
 
 SETS = "episodesets"
 
@@ -312,7 +314,12 @@ def test_an_episodeset_of_40_across_3_replicas_killed_at_random(
         assert kills >= 3
         phases = [(child.get("status") or {}).get("phase") for child in children]
         assert phases.count("Succeeded") == 40, phases
-        assert all((child["status"]["attempt"], child["status"]["reward"]) == (1, 1.0) for child in children)
+        wrong = {
+            child["metadata"]["name"]: (child["status"]["reward"], child["status"]["attempts"])
+            for child in children
+            if (child["status"]["attempt"], child["status"]["reward"]) != (1, 1.0)
+        }
+        assert wrong == {}, f"{wrong}\n{replicas.logs(80)}"
         assert (status["total"], status["created"], status["finished"], status["active"]) == (40, 40, 40, 0)
         assert status["phases"]["succeeded"] == 40 and status["outcomes"]["graded"] == 40
         assert status["meanReward"] == 1.0
@@ -355,3 +362,52 @@ def test_sigterm_hands_over_at_once(
         assert took < 8, f"took over {took:.1f} s after SIGTERM"
     finally:
         replicas.stop()
+
+
+# --- the store ----------------------------------------------------------------------------------------
+POD_NETWORK_GATEWAY = "198.18.0.1"  # this machine, as the cluster's pods reach it (hack/cluster's bridge)
+
+
+def test_logs_and_artifacts_in_a_bucket_are_served_by_any_replica_and_outlive_the_driver(
+    kubeconfig: Path,
+    api_client: client.ApiClient,
+    replicated: tuple[str, Path],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Two replicas with data directories of their own and one S3 bucket (moto's server, on the address
+    the cluster's pods reach this machine at): the Episode's driver is killed after it finished, and
+    the other replica serves every log."""
+    namespace, root = replicated
+    for name, value in CREDENTIALS.items():
+        monkeypatch.setenv(name, value)
+    with s3_server(root / "moto.log", host=POD_NETWORK_GATEWAY) as s3:
+        s3.create_bucket("kept")
+        port = s3.endpoint.rsplit(":", 1)[1]
+        store = ("--store-url", "s3://kept/episodes", "--store-endpoint", s3.endpoint, "--store-allow-http")
+        replicas = Replicas(kubeconfig, root, namespace, ("r0", "r1"), extra_args=store)
+        for name, process in replicas.processes.items():
+            process.data_dir = root / f"data-{name}"  # nothing shared but the bucket
+        # The agent reaches the bucket's server from its pod (bash's /dev/tcp: no curl needed).
+        probe = (
+            f"exec 3<>/dev/tcp/{POD_NETWORK_GATEWAY}/{port}; printf 'GET /moto-api/ HTTP/1.0\\r\\n\\r\\n' >&3; "
+            "head -1 <&3; echo marker-$(cat /app/turns.txt 2>/dev/null | wc -l)"
+        )
+        replicas.start_all()
+        try:
+            create_episode(api_client, namespace, "kept", episode_spec(files=counting_task(2, solve=probe)))
+            wait_for(lambda: finished(api_client, namespace, "kept"), "the end", replicas, timeout=180)
+            body = read_episode(api_client, namespace, "kept")
+            assert_counted_once(body["status"], 2)
+            driver = driver_of(body)
+            assert driver is not None
+            replicas.kill(driver)
+            other = replicas.processes[next(name for name in replicas.names if name != driver)]
+            base = f"http://127.0.0.1:{other.metrics_port}/v1/episodes/{namespace}/kept/{body['metadata']['uid']}"
+            with urllib.request.urlopen(f"{base}/logs", timeout=30) as answer:
+                logs = answer.read().decode()
+            assert "==> attempt 1 turn s1: agent <==" in logs and "==> attempt 1 turn s2: verifier <==" in logs
+            assert "HTTP/1.1 200" in logs, logs  # the pod reached the server
+            assert "marker-0" in logs and "marker-1" in logs, logs
+            assert not list((root / f"data-{driver}").rglob("*.txt")), "logs written to the data directory"
+        finally:
+            replicas.stop()
