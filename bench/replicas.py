@@ -6,8 +6,9 @@
 The replicas are the real operator (``bench/fake_sandbox_operator.py``: only the pods and their
 execs are faked in process, so the operator's and the API server's own cost is what is measured,
 at a scale this 2-core machine could never hold as pods), local processes with pids recorded,
-stopped by pid. Each level creates N Episodes at once — a command agent whose every turn takes
-``--turn-sec`` seconds, ``--turns`` turns — and waits until all finished. The measure is the
+stopped by pid. Each level creates N Episodes, spread over one turn's duration (a steady load:
+turns end evenly) — a command agent whose every turn takes ``--turn-sec`` seconds, ``--turns``
+turns — and waits until all finished; all N are driven at once. The measure is the
 **per-turn latency**: from one turn's agent job ending to the next turn's agent job starting (the
 operator's whole work for a turn: collect, verify, the reward, status writes, Events, the next
 turn's preparation and start). A configuration *sustains* N while that latency's p95 stays below
@@ -116,8 +117,15 @@ def level(options: argparse.Namespace, api: Any, namespaces: Namespaces, replica
         cpu_before = sum(replica.cpu_sec() for replica in group)
         spec = {"task": {"inline": {"files": task(options.turns)}}, "agent": {"kind": "command", "command": "sleep"}}
         started = time.time()
+        # Spread over one turn, as Episodes of a steady load are: the turns end evenly, not all at once.
+        spread = options.turn_sec if options.stagger else 0.0
+
+        def create(index: int) -> None:
+            time.sleep(max(0.0, started + spread * index / count - time.time()))
+            create_episode(api, namespace, f"e{index}", spec)
+
         with ThreadPoolExecutor(8) as pool:
-            list(pool.map(lambda i: create_episode(api, namespace, f"e{i}", spec), range(count)))
+            list(pool.map(create, range(count)))
         created = time.time() - started
         deadline = time.monotonic() + options.turns * options.turn_sec * 4 + 300
         while finished(api, namespace) < count:
@@ -160,6 +168,9 @@ def main() -> int:
     parser.add_argument("--turn-sec", type=float, default=60.0, help="each agent turn's duration (issue 14: 60)")
     parser.add_argument("--turns", type=int, default=3)
     parser.add_argument("--retry-settle", type=float, default=5.0)
+    parser.add_argument(
+        "--no-stagger", dest="stagger", action="store_false", help="create all Episodes at once (a burst)"
+    )
     parser.add_argument("--kubeconfig", type=Path, default=Path(os.environ.get("KUBECONFIG") or DEFAULT_KUBECONFIG))
     options = parser.parse_args()
     options.out = OUT

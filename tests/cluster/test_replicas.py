@@ -234,6 +234,42 @@ def test_sigterm_at_every_moment_of_a_turn_hands_over_without_deleting_anything(
         replicas.stop()
 
 
+def test_a_rolling_replacement_with_episodes_running(
+    kubeconfig: Path, api_client: client.ApiClient, core: client.CoreV1Api, replicated: tuple[str, Path]
+) -> None:
+    """What ``helm upgrade`` makes of the chart's Deployment (RollingUpdate, maxSurge 1, maxUnavailable 0):
+    a new replica starts, then an old one is stopped (SIGTERM), until all are new. The Episodes running
+    through it finish once and right, each on the pod it started on."""
+    namespace, root = replicated
+    replicas = Replicas(kubeconfig, root, namespace, ("old-0", "old-1", "new-0", "new-1"), leases=())
+    replicas.start("old-0", "old-1")
+    try:
+        names = [f"upgraded-{index}" for index in range(4)]
+        for name in names:
+            create_episode(api_client, namespace, name, episode_spec(files=counting_task(3, solve="sleep 4")))
+        pods = wait_for(
+            lambda: (
+                (found := {name: agent_pod_uid(core, namespace, name) for name in names})
+                and all(found.values())
+                and found
+            ),
+            "every Episode's pod",
+            replicas,
+        )
+        for old, new in (("old-0", "new-0"), ("old-1", "new-1")):
+            replicas.start(new)
+            replicas.processes[old].stop()
+        wait_for(lambda: all(finished(api_client, namespace, name) for name in names), "the end", replicas, 240)
+        for name in names:
+            assert_counted_once(status_of(api_client, namespace, name), 3)
+            assert agent_pod_uid(core, namespace, name) in (None, pods[name])
+            assert duplicated_events(core, namespace, name) == []
+        finishers = {driver_of(read_episode(api_client, namespace, name)) for name in names}
+        assert finishers & {"new-0", "new-1"}, f"the new replicas drove nothing: {finishers}"
+    finally:
+        replicas.stop()
+
+
 # --- shards ------------------------------------------------------------------------------------------
 def test_three_sharded_replicas_share_the_episodes_and_a_dead_ones_continue_on_the_others(
     kubeconfig: Path, api_client: client.ApiClient, core: client.CoreV1Api, replicated: tuple[str, Path]

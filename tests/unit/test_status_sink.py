@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from episode_operator.api.models import EpisodeStatus
-from episode_operator.kube.client import KubeError
+from episode_operator.kube.client import Conflict, KubeError
 from episode_operator.kube.objects.pods import OwnerRef
 from episode_operator.kube.status import KubeStatusSink
 
@@ -56,3 +56,51 @@ def test_events_are_posted_in_order_before_the_terminal_status(failure: Exceptio
     assert events == ["TurnStarted", "TurnFinished", "EpisodeFinished"]  # a failed one loses only itself
     assert calls[-1] == ("status", "Succeeded")
     assert ("status", "Running") in calls
+
+
+class EventsApi:
+    """Events by name as the API server keeps them: a second create of one name is 409."""
+
+    def __init__(self) -> None:
+        self.events: dict[str, dict[str, Any]] = {}
+        self.guards: list[object] = []
+
+    async def create_event(self, namespace: str, event: dict[str, Any]) -> None:
+        if event["metadata"]["name"] in self.events:
+            raise Conflict("already exists", status=409)
+        self.events[event["metadata"]["name"]] = event
+
+    async def replace_episode_status(
+        self, namespace: str, name: str, status: dict[str, Any], *, guard: object = None
+    ) -> None:
+        self.guards.append(guard)
+
+
+def test_a_transition_is_announced_once_whoever_announces_it_again() -> None:
+    """A second driver (a restarted or another replica) resumes from the same status and repeats
+    the same transitions: their Events keep their names, so each is posted once; the same reason
+    at another turn or attempt is another Event."""
+    api = EventsApi()
+
+    async def drive(status: EpisodeStatus) -> None:
+        sink = KubeStatusSink(
+            api,  # type: ignore[arg-type]
+            OwnerRef("e", "ns", "uid"),
+            logger=logging.getLogger("test"),
+            position=(status.attempt, status.current_turn),
+        )
+        await sink.event("TurnStarted", "turn 1/2 started")
+        await sink.event("TurnFinished", "turn 1/2: reward 1")
+        await sink.publish(EpisodeStatus(phase="Running", attempt=1, current_turn=1))
+        await sink.event("TurnStarted", "turn 2/2 started")
+        await sink.flush()
+
+    resumed = EpisodeStatus(phase="Running", attempt=1, current_turn=0)
+    asyncio.run(drive(resumed))
+    asyncio.run(drive(resumed))
+    reasons = sorted(event["reason"] for event in api.events.values())
+    assert reasons == ["TurnFinished", "TurnStarted", "TurnStarted"]
+    assert api.guards == [None, None]  # a sole operator's writes carry no precondition
+    again = EpisodeStatus(phase="Running", attempt=2, current_turn=0)
+    asyncio.run(drive(again))
+    assert len(api.events) == 5  # attempt 2's own
