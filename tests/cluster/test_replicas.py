@@ -10,9 +10,11 @@ driver uses (nothing was deleted or restarted).
 from __future__ import annotations
 
 import contextlib
+import os
 import random
 import secrets
 import signal
+import subprocess
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -24,6 +26,7 @@ from kubernetes import client
 
 from tests.cluster.conftest import SANDBOX_IMAGE, namespace_prefix, wait_for_default_service_account
 from tests.cluster.harness import (
+    REPO,
     TERMINAL,
     create_episode,
     episode_spec,
@@ -396,8 +399,28 @@ def test_sigterm_hands_over_at_once(
         assert_counted_once(status_of(api_client, namespace, "drain"), 2)
         assert agent_pod_uid(core, namespace, "drain") in (None, pod)
         assert took < 8, f"took over {took:.1f} s after SIGTERM"
+        replicas.start(holder)  # a new incarnation, once the Episode finished on the other
+        leases, driver = operating_commands(kubeconfig, namespace, "drain")
+        assert "r0." in leases and "r1." in leases  # the restarted one's new incarnation joined
+        assert driver.rsplit(".", 1)[0] in ("r0", "r1") and driver != holder
     finally:
         replicas.stop()
+
+
+def operating_commands(kubeconfig: Path, namespace: str, name: str) -> list[str]:
+    """The commands of docs/replicas.md's "Operating", as printed but for the namespace and name."""
+    text = (REPO / "docs" / "replicas.md").read_text().split("## Operating", 1)[1].split("```sh", 1)[1]
+    outputs = []
+    for line in text.split("```", 1)[0].strip().splitlines():
+        command = line.split("  #", 1)[0].strip().replace("episode-operator-system", namespace).replace("NAME", name)
+        if "get episode " in command:
+            command += f" -n {namespace}"
+        result = subprocess.run(
+            command, shell=True, capture_output=True, text=True, env={**os.environ, "KUBECONFIG": str(kubeconfig)}
+        )
+        assert result.returncode == 0, f"{command}: {result.stderr}"
+        outputs.append(result.stdout)
+    return outputs
 
 
 # --- the store ----------------------------------------------------------------------------------------

@@ -14,6 +14,7 @@ from episode_operator.runtime.archive import tar_bytes
 from episode_operator.runtime.metrics import Metrics
 from episode_operator.runtime.server import application
 from episode_operator.runtime.store import BlobStore
+from tests.unit.test_store import MANIFEST
 
 
 def test_metrics_logs_and_artifacts(tmp_path: Path) -> None:
@@ -25,20 +26,7 @@ def test_metrics_logs_and_artifacts(tmp_path: Path) -> None:
         await store.save_log(1, "one", "agent", b"agent says hi\n")
         await store.save_log(1, "two", "verifier", b"verifier output\n")
         await store.save_artifact(1, "one", 0, tar_bytes([("app/out/result.txt", b"42", 0o644)]))
-        await store.save_manifest(
-            1,
-            "one",
-            [
-                {
-                    "source": "/app/out",
-                    "destination": "out",
-                    "type": "directory",
-                    "status": "ok",
-                    "service": "main",
-                    "origin": "task",
-                }
-            ],
-        )
+        await store.save_manifest(1, "one", MANIFEST)
         async with TestClient(TestServer(application(metrics, BlobStore.local(tmp_path)))) as http:
             text = await (await http.get("/metrics")).text()
             assert 'episode_operator_episodes_total{failure_kind="",outcome="Graded"} 1.0' in text
