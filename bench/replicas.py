@@ -134,9 +134,11 @@ def level(options: argparse.Namespace, api: Any, namespaces: Namespaces, replica
         wall = time.time() - started
         cpu = sum(replica.cpu_sec() for replica in group) - cpu_before
     finally:
-        namespaces.delete(namespace, timeout=300)
-        for replica in group:
-            replica.stop()
+        try:
+            namespaces.delete(namespace, timeout=300)  # while a replica runs: the finalizers need one
+        finally:
+            for replica in group:
+                replica.stop()
     jobs: dict[str, list[dict[str, Any]]] = {}
     for line in timeline.read_text().splitlines():
         entry = json.loads(line)
