@@ -9,6 +9,7 @@ annotations, so kopf never writes into the status the driver owns.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import os
 import time
@@ -21,7 +22,7 @@ import kopf
 from episode_operator.api.episodeset import SET_PLURAL
 from episode_operator.api.models import PLURAL
 from episode_operator.api.vocabulary import EPISODE_LABEL, GROUP, SET_LABEL, VERSION, is_terminal, parse_timestamp
-from episode_operator.kube.client import KubeClient, KubeError
+from episode_operator.kube.client import KubeClient, KubeError, login_for
 from episode_operator.kube.driver import (
     DriverSettings,
     announce_waiting,
@@ -30,7 +31,7 @@ from episode_operator.kube.driver import (
     suspend_episode,
 )
 from episode_operator.kube.episodeset import run_episode_set
-from episode_operator.kube.objects.pods import label_value
+from episode_operator.kube.objects.pods import AgentImages, label_value
 from episode_operator.kube.replicas import (
     EPISODE_SETS,
     EPISODES,
@@ -70,6 +71,15 @@ class OperatorOptions:
     store: StoreSettings = field(default_factory=StoreSettings)
     # Membership among the operator's replicas (kube/replicas.py); no Lease namespace: a sole replica.
     replicas: ReplicaSettings = field(default_factory=ReplicaSettings)
+    capture_image: str | None = None
+    toolchain_repository: str = "episode-operator.local"
+
+
+@kopf.on.login()
+async def login(memo: kopf.Memo, settings: kopf.OperatorSettings, **_: Any) -> kopf.ConnectionInfo:
+    """kopf logs in where our client does: ``--kubeconfig`` when given (its own logins read only $KUBECONFIG)."""
+    found = await login_for(memo.options.kubeconfig)
+    return kopf.ConnectionInfo(**dataclasses.asdict(found), trust_env=settings.networking.trust_env)
 
 
 @kopf.on.startup()
@@ -101,6 +111,7 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) 
         pull_grace_sec=options.pull_grace_sec,
         poll_interval_sec=options.poll_interval_sec,
         extra_pod_labels=options.extra_pod_labels,
+        agent_images=AgentImages(options.capture_image, options.toolchain_repository),
         pod_wakeups=memo.pod_wakeups,
     )
 

@@ -10,9 +10,11 @@ from __future__ import annotations
 import asyncio
 import io
 import json
+import os
 import tarfile
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
@@ -20,7 +22,7 @@ from aiohttp.test_utils import TestClient, TestServer
 from episode_operator.runtime.archive import tar_bytes
 from episode_operator.runtime.metrics import Metrics
 from episode_operator.runtime.server import application
-from episode_operator.runtime.store import BlobStore, StoreSettings, export_artifacts, kept_logs
+from episode_operator.runtime.store import BlobStore, EpisodeBlobs, StoreSettings, export_artifacts, kept_logs
 from tests.s3server import CREDENTIALS, S3Server, s3_server
 
 MANIFEST = [
@@ -134,3 +136,47 @@ def test_an_unreachable_bucket_is_an_error_naming_it(tmp_path: Path, s3_env: Non
             await asyncio.wait_for(store.get("a"), 60)
 
     asyncio.run(scenario())
+
+
+def listing(root: Path, **filters: Any) -> list[tuple[int, str, str]]:
+    logs = asyncio.run(kept_logs(EpisodeBlobs.local(root), **filters))
+    return [(log.attempt, log.turn, log.name) for log in logs]
+
+
+def test_logs_are_listed_in_the_order_the_turns_ran(tmp_path: Path) -> None:
+    """Turn names sort differently from the run order ("one", "three", "two"; "10" before "2"),
+    and logs saved within one clock tick have equal modification times."""
+    store = EpisodeBlobs.local(tmp_path)
+    ran = [
+        (1, "seed", "agent-setup"),
+        (1, "one", "setup"),
+        (1, "one", "agent"),
+        (1, "one", "verifier"),
+        (1, "two", "agent"),
+        (1, "two", "verifier"),
+        (1, "three", "agent"),
+        (1, "three", "collect-0"),
+        (1, "three", "verifier"),
+        (2, "one", "agent"),
+    ]
+
+    async def save_all() -> None:
+        for attempt, turn, name in ran:
+            await store.save_log(attempt, turn, name, f"{turn} {name}\n".encode())
+        await store.save_log(1, "one", "agent", b"saved again by a restarted runner\n")
+
+    asyncio.run(save_all())
+    for log in (tmp_path / "attempt-1").glob("*/logs/*.txt"):
+        os.utime(log, ns=(0, 0))  # no help from the clock
+    assert listing(tmp_path) == ran
+    assert listing(tmp_path, turn="two") == [(1, "two", "agent"), (1, "two", "verifier")]
+    assert listing(tmp_path, attempt=2) == [(2, "one", "agent")]
+
+
+def test_logs_kept_before_the_order_was_recorded_follow_their_times(tmp_path: Path) -> None:
+    for age, (turn, name) in enumerate([("b", "verifier"), ("b", "agent"), ("a", "agent")]):
+        log = tmp_path / "attempt-1" / turn / "logs" / f"{name}.txt"
+        log.parent.mkdir(parents=True, exist_ok=True)
+        log.write_text("old\n")
+        os.utime(log, ns=(10 - age, 10 - age))
+    assert listing(tmp_path) == [(1, "a", "agent"), (1, "b", "agent"), (1, "b", "verifier")]

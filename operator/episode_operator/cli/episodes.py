@@ -9,7 +9,7 @@ import os
 import sys
 import tarfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, cast
 
@@ -19,7 +19,16 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
-from episode_operator.api.export import FAILURES, ROLLOUTS, split_rows
+from episode_operator.api.export import (
+    CALLS_RECORD,
+    FAILURES,
+    NO_EVIDENCE,
+    ROLLOUTS,
+    TRAJECTORY_RECORD,
+    EpisodeEvidence,
+    evidence_of,
+    split_rows,
+)
 from episode_operator.api.models import (
     AgentSpec,
     EpisodeSpec,
@@ -30,26 +39,25 @@ from episode_operator.api.models import (
 )
 from episode_operator.api.naming import content_name
 from episode_operator.api.vocabulary import TASK_LABEL, is_terminal
+from episode_operator.capture.records import parse_journal
 from episode_operator.cli import printing
+from episode_operator.cli.agents import agent_options
 from episode_operator.cli.cluster import Cluster, cluster_options
 from episode_operator.kube.client import Gone, KubeClient, NotFound
 from episode_operator.kube.objects.children import set_selector
 from episode_operator.kube.objects.tasks import TaskTooLarge, task_config_map
-from episode_operator.runtime.agents import AGENT_KINDS, spec_problems
-from episode_operator.runtime.store import BlobStore, EpisodeBlobs, export_artifacts, kept_logs, render_logs
+from episode_operator.runtime.store import (
+    BlobStore,
+    EpisodeBlobs,
+    export_artifacts,
+    kept_logs,
+    render_logs,
+    turn_records,
+)
 from episode_operator.taskfolder import TaskFiles, validate_task
 
 # Where a watch starts over after the API server ended it (its timeout) or the list went stale.
 WATCH_RESTARTS = 1000
-
-
-def agent_spec(document: dict[str, Any]) -> AgentSpec:
-    """``spec.agent`` from the command line, checked by its kind's registry entry (a clear error, exit 1)."""
-    spec = AgentSpec.model_validate({key: value for key, value in document.items() if value is not None})
-    problems = spec_problems(spec)
-    if problems:
-        raise click.ClickException("; ".join(problems))
-    return spec
 
 
 def _load_folder(directory: str) -> TaskFiles:
@@ -139,8 +147,7 @@ def register(cli: click.Group) -> None:
     @cli.command()
     @click.argument("source", type=click.Path(exists=True))
     @cluster_options
-    @click.option("--agent", type=click.Choice(AGENT_KINDS), default="oracle", show_default=True)
-    @click.option("--command", "agent_command", default=None, help="For --agent command: the shell command.")
+    @agent_options
     @click.option("--image", default=None, help="Image for a task without docker_image.")
     @click.option(
         "--name",
@@ -161,8 +168,7 @@ def register(cli: click.Group) -> None:
     def run(
         source: str,
         cluster: Cluster,
-        agent: str,
-        agent_command: str | None,
+        agent: AgentSpec,
         image: str | None,
         name: str | None,
         timeout_multiplier: float,
@@ -182,7 +188,7 @@ def register(cli: click.Group) -> None:
             try:
                 spec = EpisodeSpec(
                     task=TaskSource.model_validate({"configMap": {"name": config_map["metadata"]["name"]}}),
-                    agent=agent_spec({"kind": agent, "command": agent_command}),
+                    agent=agent,
                     image=image,
                     timeout_multiplier=timeout_multiplier,
                 )
@@ -326,6 +332,56 @@ def register(cli: click.Group) -> None:
 
     @cli.command()
     @click.argument("name")
+    @cluster_options
+    @click.option("--turn", default=None, help="Only this turn: its name, or its number (1 is the first).")
+    @click.option(
+        "-o", "--output", "output_format", type=click.Choice(["text", "json"]), default="text", show_default=True
+    )
+    @operator_options
+    def trajectory(
+        name: str,
+        cluster: Cluster,
+        turn: str | None,
+        output_format: str,
+        data_dir: str | None,
+        operator_namespace: str,
+        operator_service: str,
+    ) -> None:
+        """Print each turn's trajectory (ATIF) and recorded model calls (latest attempt)."""
+        episode = _episode(cluster, name)
+        status = EpisodeStatus.model_validate(episode.get("status") or {})
+        wanted = turn_name(status, turn) if turn is not None else None
+        records = _kept(cluster, episode, data_dir, operator_namespace, operator_service).turns()
+        order = [record.name for record in status.turns]
+        turns = {
+            turn_: kept
+            for turn_, kept in sorted(records["turns"].items(), key=lambda item: _position(order, item[0]))
+            if wanted is None or turn_ == wanted
+        }
+        documents = {turn_: _turn_document(kept) for turn_, kept in turns.items()}
+        if not any(document["trajectory"] or document["modelCalls"] for document in documents.values()):
+            raise click.ClickException(
+                f"no trajectory kept for {cluster.namespace}/{name}"
+                + (f" turn {wanted}" if wanted else "")
+                + " (only agents with a model endpoint have one)"
+            )
+        if output_format == "json":
+            click.echo(json.dumps({"attempt": records["attempt"], "turns": documents}, indent=2))
+            return
+        console = Console()
+        for turn_, document in documents.items():
+            console.rule(f"turn {turn_} (attempt {records['attempt']})")
+            trajectory: dict[str, Any] = document["trajectory"] or {}
+            for step in trajectory.get("steps", []):
+                console.print(f"[bold]{step.get('source')}[/bold]: {printing.one_line(step.get('message'))}")
+                for call in step.get("tool_calls") or []:
+                    console.print(f"  → {call.get('function_name')} {printing.one_line(call.get('arguments'))}")
+            calls: list[dict[str, Any]] = document["modelCalls"]
+            failed = sum(1 for call in calls if call.get("error_category"))
+            console.print(f"{len(calls)} model call(s), {failed} failed")
+
+    @cli.command()
+    @click.argument("name")
     @click.argument("destination", type=click.Path(file_okay=False, path_type=Path))
     @cluster_options
     @operator_options
@@ -413,6 +469,14 @@ def register_export(cli: click.Group) -> None:
         show_default=True,
         help="Folder for rollouts.jsonl and rollouts_failures.jsonl.",
     )
+    @click.option(
+        "--captures/--no-captures",
+        default=True,
+        show_default=True,
+        help="Read each Episode's recorded model calls and trajectories from the operator (Episodes with a "
+        "model endpoint); --no-captures writes rows without them.",
+    )
+    @operator_options
     def export(
         names: tuple[str, ...],
         cluster: Cluster,
@@ -421,6 +485,10 @@ def register_export(cli: click.Group) -> None:
         episode_set: str | None,
         output_format: str,
         output_dir: Path,
+        captures: bool,
+        data_dir: str | None,
+        operator_namespace: str,
+        operator_service: str,
     ) -> None:
         """Write finished Episodes as Gym rows: graded and masked to rollouts.jsonl, failed attempts to the failures."""
         if episode_set:
@@ -433,7 +501,14 @@ def register_export(cli: click.Group) -> None:
                 return [await client.get_episode(cluster.namespace, name) for name in names]
             return await client.list_episodes(None if all_namespaces else cluster.namespace, selector)
 
-        rollouts, failures = split_rows(cluster.run(fetch))
+        def evidence(episode: Mapping[str, Any]) -> EpisodeEvidence:
+            spec = EpisodeSpec.model_validate(episode["spec"])
+            if not captures or spec.agent.model is None or not is_terminal((episode.get("status") or {}).get("phase")):
+                return NO_EVIDENCE
+            kept = _kept(cluster, dict(episode), data_dir, operator_namespace, operator_service)
+            return evidence_of(spec, kept.turns())
+
+        rollouts, failures = split_rows(cluster.run(fetch), evidence)
         output_dir.mkdir(parents=True, exist_ok=True)
         for filename, rows in ((ROLLOUTS, rollouts), (FAILURES, failures)):
             with (output_dir / filename).open("w") as stream:
@@ -480,6 +555,9 @@ class _LocalStore:
     def artifacts(self, destination: Path) -> int:
         return len(asyncio.run(export_artifacts(self.blobs, destination)))
 
+    def turns(self) -> dict[str, Any]:
+        return asyncio.run(turn_records(self.blobs))
+
 
 class _RemoteStore:
     def __init__(self, cluster: Cluster, namespace: str, service: str, path: str) -> None:
@@ -503,6 +581,10 @@ class _RemoteStore:
         query = {key: str(value) for key, value in (("turn", turn), ("attempt", attempt)) if value is not None}
         body = self._get("/logs", query)
         return "" if body is None else body.decode("utf-8", "replace")
+
+    def turns(self) -> dict[str, Any]:
+        body = self._get("/turns", {})
+        return {"attempt": None, "turns": {}} if body is None else dict(json.loads(body))
 
     def artifacts(self, destination: Path) -> int:
         body = self._get("/artifacts.tar.gz", {})
@@ -533,6 +615,21 @@ def _kept(
             )
         return _LocalStore(blobs)
     return _RemoteStore(cluster, operator_namespace, operator_service, f"/v1/episodes/{namespace}/{name}/{uid}")
+
+
+def _turn_document(kept: Mapping[str, str]) -> dict[str, Any]:
+    """A turn's trajectory and model calls as ``kubectl episode trajectory -o json`` prints them."""
+    trajectory = kept.get(TRAJECTORY_RECORD)
+    return {
+        "trajectory": json.loads(trajectory) if trajectory else None,
+        "modelCalls": [
+            call.model_dump(mode="json") for call in parse_journal(kept.get(CALLS_RECORD, "").encode()).calls
+        ],
+    }
+
+
+def _position(order: list[str], turn: str) -> int:
+    return order.index(turn) if turn in order else len(order)
 
 
 def _reward(value: Any) -> str:

@@ -128,6 +128,19 @@ def main() -> None:
               help="Seconds without a renewal after which a replica stops acting (< --lease-duration).")  # fmt: skip
 @click.option("--retry-period", "retry_period_sec", type=float, default=2.0, show_default=True,
               help="Seconds between a replica's renewals and listings of the others.")  # fmt: skip
+@click.option(
+    "--capture-image",
+    envvar="EPISODE_CAPTURE_IMAGE",
+    default=None,
+    help="The operator's own image, which runs the model-call capture proxy in agent pods "
+    "($EPISODE_CAPTURE_IMAGE; the chart sets it). Without it, Episodes with a model endpoint are refused.",
+)
+@click.option(
+    "--toolchain-repository",
+    default="episode-operator.local",
+    show_default=True,
+    help="Harness toolchain images are <repository>/toolchain-<name>:<version>.",
+)
 def run(
     namespaces: tuple[str, ...],
     data_dir: Path,
@@ -148,6 +161,8 @@ def run(
     store_endpoint: str | None,
     store_region: str | None,
     store_allow_http: bool,
+    capture_image: str | None,
+    toolchain_repository: str,
 ) -> None:
     """Run the operator until interrupted."""
     # Imported here: the capture container runs this program too, and needs neither kopf nor Kubernetes.
@@ -182,6 +197,8 @@ def run(
             image_mirrors=image_mirrors,
             replicas=replicas,
             store=StoreSettings(store_url, store_endpoint, store_region, store_allow_http),
+            capture_image=capture_image,
+            toolchain_repository=toolchain_repository,
         )
     )
 

@@ -112,6 +112,60 @@ async def _body(response: Any) -> bytes:
     return bytes(body)
 
 
+async def _configuration(kubeconfig: str | None, context: str | None = None) -> k8s.Configuration:
+    """Where and how to log in, as kubectl would (:mod:`episode_operator.kube.kubeconfig`): the kubeconfig
+    files and context, else inside a pod its service account; a missing or broken one is a :class:`KubeError`."""
+    configuration = k8s.Configuration()
+    try:
+        location = locate(Target(kubeconfig, context))
+        if location.in_cluster:
+            k8s_config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
+        else:
+            await k8s_config.load_kube_config(
+                config_file=os.pathsep.join(location.files),
+                context=location.context,
+                client_configuration=configuration,
+            )
+    except (KubeconfigError, ConfigException) as error:
+        raise KubeError(str(error)) from error
+    return configuration
+
+
+@dataclass(frozen=True)
+class Login:
+    """The API server and credentials :meth:`KubeClient.connect` would use, for another client (kopf's)."""
+
+    server: str
+    ca_path: str | None
+    insecure: bool
+    scheme: str | None
+    token: str | None
+    certificate_path: str | None
+    private_key_path: str | None
+    username: str | None
+    password: str | None
+    proxy_url: str | None
+
+
+async def login_for(kubeconfig: str | None = None) -> Login:
+    """Where and how :meth:`KubeClient.connect` logs in with ``kubeconfig`` (same resolution)."""
+    configuration = await _configuration(kubeconfig)
+    header = await configuration.get_api_key_with_prefix("BearerToken")
+    scheme, _, token = header.rpartition(" ") if header else ("", "", "")
+    return Login(
+        server=str(configuration.host),
+        ca_path=configuration.ssl_ca_cert,
+        insecure=not configuration.verify_ssl,
+        scheme=scheme or None,
+        token=token or None,
+        certificate_path=configuration.cert_file,
+        private_key_path=configuration.key_file,
+        username=configuration.username or None,
+        password=configuration.password or None,
+        proxy_url=configuration.proxy,
+    )
+
+
 class KubeClient:
     """Typed access to the few resources the operator uses."""
 
@@ -129,21 +183,8 @@ class KubeClient:
     async def connect(
         cls, kubeconfig: str | None = None, *, context: str | None = None, metrics: Metrics | None = None
     ) -> KubeClient:
-        """Connect as kubectl would (:mod:`episode_operator.kube.kubeconfig`): the kubeconfig files and
-        context, else inside a pod its service account; a missing or broken one is a :class:`KubeError`."""
-        configuration = k8s.Configuration()
-        try:
-            location = locate(Target(kubeconfig, context))
-            if location.in_cluster:
-                k8s_config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
-            else:
-                await k8s_config.load_kube_config(
-                    config_file=os.pathsep.join(location.files),
-                    context=location.context,
-                    client_configuration=configuration,
-                )
-        except (KubeconfigError, ConfigException) as error:
-            raise KubeError(str(error)) from error
+        """Connect as kubectl would (see :func:`_configuration`)."""
+        configuration = await _configuration(kubeconfig, context)
         return cls(k8s.ApiClient(configuration), WsApiClient(configuration), metrics=metrics)
 
     async def close(self) -> None:
@@ -335,6 +376,12 @@ class KubeClient:
     async def get_config_map(self, namespace: str, name: str) -> Any:
         with _api_call(f"configmap {namespace}/{name}"):
             return await self.core.read_namespaced_config_map(name, namespace)
+
+    async def secret_keys(self, namespace: str, name: str) -> set[str]:
+        """The data keys of a Secret (its values are read and dropped at once: the operator keeps no key)."""
+        with _api_call(f"secret {namespace}/{name}"):
+            secret = await self.core.read_namespaced_secret(name, namespace)
+        return set(secret.data or {}) | set(secret.string_data or {})
 
     async def list_config_maps(self, namespace: str, selector: str) -> list[Any]:
         with _api_call(f"configmaps {selector} in {namespace}"):

@@ -84,6 +84,14 @@ OPERATOR_PERMISSIONS: tuple[Permission, ...] = (
         "run-once Episodes their TTL deleted",
     ),
     Permission(
+        "",
+        "secrets",
+        ("get",),
+        "namespaced",
+        "that a model endpoint's key Secret exists and has its key, before any pod starts (the key itself "
+        "goes to the capture container through the pod's secretKeyRef)",
+    ),
+    Permission(
         "batch",
         "jobs",
         ("create", "get", "delete"),

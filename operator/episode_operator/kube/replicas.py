@@ -138,19 +138,21 @@ class Membership:
 
     # This replica ---------------------------------------------------------------------------
     async def join(self) -> None:
-        """Create a Lease under a new identity (a fresh incarnation) and see who else is there."""
-        self.identity = f"{self.name}.{secrets.token_hex(3)}"
+        """Create a Lease under a new identity (a fresh incarnation) and see who else is there.
+
+        The identity changes only once its Lease exists: a failed join leaves the old one, void."""
+        identity = f"{self.name}.{secrets.token_hex(3)}"
         now = self.clock()
         manifest = {
             "apiVersion": "coordination.k8s.io/v1",
             "kind": "Lease",
             "metadata": {
-                "name": _lease_name(self.settings.group, self.identity),
+                "name": _lease_name(self.settings.group, identity),
                 "namespace": self.namespace,
                 "labels": {REPLICAS_LABEL: self.settings.group},
             },
             "spec": {
-                "holderIdentity": self.identity,
+                "holderIdentity": identity,
                 "leaseDurationSeconds": math.ceil(self.settings.lease_duration_sec),
                 "acquireTime": _micro_time(now),
                 "renewTime": _micro_time(now),
@@ -158,7 +160,7 @@ class Membership:
         }
         sent = self.monotonic()
         self._lease = await self.client.create_lease(manifest)
-        self._renewed_at = sent
+        self.identity, self._renewed_at = identity, sent
         await self.observe()
         self.logger.info("replica %s joined: members %s", self.identity, sorted(self.members))
 
@@ -185,7 +187,8 @@ class Membership:
             self._renewed_at = sent
         except (NotFound, Conflict) as error:
             # Others found it stale and removed it, so they may drive what this incarnation
-            # claimed: its claims are void; start over as a new incarnation.
+            # claimed: its claims are void; start over as a new incarnation (the next round
+            # tries again should this fail: renewing a Lease that is gone fails the same way).
             self.logger.warning("replica %s lost its Lease (%s); joining again", self.identity, error)
             self._renewed_at = None
             await self.join()

@@ -220,7 +220,7 @@ class EpisodeRunner:
         if check is not None:
             passed = await self.healthcheck(sandbox, check, "seed", self.plan.turns[0].agent.user)
             if not passed:
-                raise Outage("environment-healthcheck", "[environment.healthcheck] never passed")
+                raise Outage("environment_healthcheck", "[environment.healthcheck] never passed")
         setup = agent_kind(self.config.agent).seed_job(TurnRun(self, 0))
         if setup is not None:
             state = await self.run_job(sandbox, setup)
@@ -442,7 +442,7 @@ class EpisodeRunner:
             )
             while not state.done:
                 if state.phase == "unknown":
-                    raise Outage("lost-job", f"job {spec.id} vanished from the sandbox")
+                    raise Outage("lost_job", f"job {spec.id} vanished from the sandbox")
                 state = await sandbox.wait_job(spec, max_wait_sec=self.config.poll_interval_sec)
         except SandboxError as error:
             raise sandbox_lost(error) from error

@@ -19,7 +19,14 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from episode_operator.runtime.metrics import Metrics
-from episode_operator.runtime.store import BlobStore, EpisodeBlobs, export_artifacts, kept_logs, render_logs
+from episode_operator.runtime.store import (
+    BlobStore,
+    EpisodeBlobs,
+    export_artifacts,
+    kept_logs,
+    render_logs,
+    turn_records,
+)
 
 API_PREFIX = "/v1/episodes/{namespace}/{name}/{uid}"
 
@@ -54,10 +61,17 @@ def application(metrics: Metrics, store: BlobStore) -> web.Application:
             raise web.HTTPNotFound(text="no artifacts kept\n")
         return web.Response(body=body, content_type="application/gzip")
 
+    async def show_turns(request: web.Request) -> web.Response:
+        """Each turn's instruction, recorded model calls and trajectory (export, ``kubectl episode trajectory``)."""
+        blobs = await blobs_of(request)
+        attempt = int(request.query["attempt"]) if request.query.get("attempt", "").isdigit() else None
+        return web.json_response(await turn_records(blobs, attempt=attempt))
+
     app = web.Application()
     app.router.add_get("/metrics", show_metrics)
     app.router.add_get(f"{API_PREFIX}/logs", show_logs)
     app.router.add_get(f"{API_PREFIX}/artifacts.tar.gz", send_artifacts)
+    app.router.add_get(f"{API_PREFIX}/turns", show_turns)
     return app
 
 

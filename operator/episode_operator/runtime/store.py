@@ -6,11 +6,13 @@ volume), or an S3-compatible bucket, so that any replica serves any Episode's fi
 replica loses none. Blobs are named per Episode (namespace, name and uid, so a re-created Episode
 never reads an old one's files), attempt, turn, kind and name::
 
-    <namespace>/<name>/<uid>/attempt-<n>/<turn>/<kind>/<name>
+    <namespace>/<name>/<uid>/attempt-<n>/<turn>/<kind>/<name>   (logs, artifacts)
+    <namespace>/<name>/<uid>/attempt-<n>/<turn>/<record>        (instruction, model calls, trajectory)
+    <namespace>/<name>/<uid>/attempt-<n>/logs.order             (the order the logs were first saved)
 
 :class:`EpisodeBlobs` is one Episode's view, the runner's :class:`EpisodeStore`. The kinds so far:
 ``logs`` (``<job>.txt``) and ``artifacts`` (``NNN.tar`` for manifest entry NNN, and
-``manifest.json``); trajectories and model-call captures are more kinds of the same. Artifact
+``manifest.json``); a turn's records (``save_file``) sit beside them. Artifact
 entries are kept as the tars collected from the sandbox (member names relative to ``/``), which is
 also exactly what a separate verifier pod needs to recreate them at their original absolute paths.
 The local layout is the one the data directory always had, so existing data stays readable.
@@ -31,6 +33,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 import obstore
 from obstore.store import LocalStore, MemoryStore, S3Store
 
+from episode_operator.api.export import CALLS_RECORD, INSTRUCTION_RECORD, TRAJECTORY_RECORD
+
 if TYPE_CHECKING:  # the typed configurations exist in obstore's stubs only
     from obstore.store import ClientConfig, ObjectStore, S3Config
 
@@ -38,9 +42,14 @@ MANIFEST = "manifest.json"
 LOGS = "logs"
 ARTIFACTS = "artifacts"
 SAFE_NAME = re.compile(r"[^A-Za-z0-9._-]")
-# The jobs of a turn (and the seed's agent setup) in the order they run, by their logs' names
-# (collect-1, collect-2… are "collect"); other names follow, by time.
-LOG_ORDER = ("agent-setup", "setup", "healthcheck", "agent", "collect", "verifier")
+# What the store keeps of a turn whose agent acted: its instruction, its recorded model calls (the capture
+# proxy's journal) and its ATIF trajectory — what ``kubectl episode export`` and ``trajectory`` read.
+INSTRUCTION_FILE, CALLS_FILE, TRAJECTORY_FILE = INSTRUCTION_RECORD, CALLS_RECORD, TRAJECTORY_RECORD
+TURN_RECORDS = (INSTRUCTION_FILE, CALLS_FILE, TRAJECTORY_FILE)
+# Per attempt: the logs in the order they were first saved ("<turn>/<name>" lines), which is
+# the order the turns and their jobs ran in; names alone sort turn 10 before turn 2, and S3 keeps
+# modification times to the second only.
+LOG_ORDER = "logs.order"
 
 
 class EpisodeStore(Protocol):
@@ -55,6 +64,14 @@ class EpisodeStore(Protocol):
     async def save_manifest(self, attempt: int, turn: str, manifest: list[dict[str, Any]]) -> None: ...
 
     async def artifact_archives(self, attempt: int, turn: str) -> list[bytes]: ...
+
+    async def save_file(self, attempt: int, turn: str, name: str, data: bytes) -> None:
+        """A named record of a turn (its model calls, its trajectory)."""
+        ...
+
+    async def read_file(self, attempt: int, turn: str, name: str) -> bytes | None:
+        """A record :meth:`save_file` kept, or None."""
+        ...
 
 
 def safe(name: str) -> str:
@@ -133,7 +150,7 @@ class BlobStore:
 
 @dataclass(frozen=True)
 class KeptBlob:
-    """One blob of an Episode, by where it belongs."""
+    """One blob of an Episode, by where it belongs (``kind`` "" for a turn's record)."""
 
     attempt: int
     turn: str
@@ -155,42 +172,44 @@ class EpisodeBlobs:
         """An Episode's blobs directly in ``root`` (a local replay's logs)."""
         return cls(BlobStore.local(root), "")
 
-    def key(self, attempt: int, turn: str, kind: str, name: str) -> str:
-        path = f"attempt-{attempt}/{safe(turn)}/{kind}/{safe(name)}"
+    def key(self, attempt: int, *parts: str) -> str:
+        path = "/".join([f"attempt-{attempt}", *map(safe, parts)])
         return f"{self.prefix}/{path}" if self.prefix else path
 
-    async def put(self, attempt: int, turn: str, kind: str, name: str, data: bytes) -> None:
-        await self.store.put(self.key(attempt, turn, kind, name), data)
+    async def put(self, attempt: int, turn: str, *path_and_data: Any) -> None:
+        """``put(attempt, turn, [kind,] name, data)``: a blob of a turn."""
+        *path, data = path_and_data
+        await self.store.put(self.key(attempt, turn, *path), data)
 
-    async def get(self, attempt: int, turn: str, kind: str, name: str) -> bytes | None:
-        return await self.store.get(self.key(attempt, turn, kind, name))
+    async def get(self, attempt: int, turn: str, *path: str) -> bytes | None:
+        """``get(attempt, turn, [kind,] name)``: a blob of a turn, or None."""
+        return await self.store.get(self.key(attempt, turn, *path))
 
     async def kept(self) -> list[KeptBlob]:
-        """Everything kept for the Episode: oldest attempt first, its turns in the order they were
-        first written to, each turn's logs in the order a turn runs its jobs (:data:`LOG_ORDER`;
-        S3 keeps modification times to the second only, too coarse for jobs of one turn)."""
+        """Everything kept for the Episode: oldest attempt first, then as written (:func:`kept_logs`
+        orders logs by the recorded order instead)."""
         kept = []
         for listed in await self.store.list(self.prefix):
             parts = listed.key.removeprefix(self.prefix).strip("/").split("/")
-            if len(parts) != 4 or not parts[0].startswith("attempt-") or not parts[0][8:].isdigit():
+            if len(parts) not in (3, 4) or not parts[0].startswith("attempt-") or not parts[0][8:].isdigit():
                 continue
-            kept.append(KeptBlob(int(parts[0][8:]), parts[1], parts[2], parts[3], listed.key, listed.modified))
-        started: dict[tuple[int, str], datetime] = {}
-        for blob in kept:
-            key = (blob.attempt, blob.turn)
-            started[key] = min(started.get(key, blob.modified), blob.modified)
+            kind, name = (parts[2], parts[3]) if len(parts) == 4 else ("", parts[2])
+            kept.append(KeptBlob(int(parts[0][8:]), parts[1], kind, name, listed.key, listed.modified))
+        return sorted(kept, key=lambda blob: (blob.attempt, blob.modified, blob.key))
 
-        def order(blob: KeptBlob) -> tuple[Any, ...]:
-            stem = blob.name.removesuffix(".txt")
-            stem = "collect" if stem.startswith("collect-") else stem
-            rank = LOG_ORDER.index(stem) if stem in LOG_ORDER else len(LOG_ORDER)
-            return (blob.attempt, started[(blob.attempt, blob.turn)], blob.turn, rank, blob.modified, blob.name)
-
-        return sorted(kept, key=order)
+    async def log_order(self, attempt: int) -> list[str]:
+        data = await self.store.get(self.key(attempt, LOG_ORDER))
+        return data.decode().splitlines() if data else []
 
     # EpisodeStore -------------------------------------------------------------------------------
     async def save_log(self, attempt: int, turn: str, name: str, data: bytes) -> None:
         await self.put(attempt, turn, LOGS, f"{name}.txt", data)
+        # One driver at a time writes an Episode's blobs (docs/replicas.md): read, append, write is safe.
+        order = await self.log_order(attempt)
+        entry = f"{safe(turn)}/{safe(name)}"
+        if entry not in order:  # a log saved again (a restarted runner) keeps its place
+            lines = "".join(f"{line}\n" for line in [*order, entry])
+            await self.store.put(self.key(attempt, LOG_ORDER), lines.encode())
 
     async def save_artifact(self, attempt: int, turn: str, index: int, archive: bytes) -> None:
         await self.put(attempt, turn, ARTIFACTS, f"{index:03d}.tar", archive)
@@ -210,6 +229,12 @@ class EpisodeBlobs:
                 archives.append(data)
         return archives
 
+    async def save_file(self, attempt: int, turn: str, name: str, data: bytes) -> None:
+        await self.put(attempt, turn, name, data)
+
+    async def read_file(self, attempt: int, turn: str, name: str) -> bytes | None:
+        return await self.get(attempt, turn, name)
+
 
 # --- reading what was kept (the operator's HTTP endpoint, kubectl episode) ------------------------------
 @dataclass(frozen=True)
@@ -221,17 +246,49 @@ class KeptLog:
 
 
 async def kept_logs(blobs: EpisodeBlobs, *, turn: str | None = None, attempt: int | None = None) -> list[KeptLog]:
-    """The logs kept for one Episode, oldest attempt first, in the order they were written."""
+    """The logs kept for one Episode, oldest attempt first, each attempt's in the order they ran.
+
+    That order is the attempt's ``logs.order``; logs it does not name (kept before it existed)
+    follow, by modification time.
+    """
+    found = [
+        blob
+        for blob in await blobs.kept()
+        if blob.kind == LOGS
+        and (turn is None or blob.turn == safe(turn))
+        and (attempt is None or blob.attempt == attempt)
+    ]
+    positions: dict[int, dict[str, int]] = {}
+    for number in sorted({blob.attempt for blob in found}):
+        positions[number] = {entry: index for index, entry in enumerate(await blobs.log_order(number))}
+
+    def order(blob: KeptBlob) -> tuple[Any, ...]:
+        known = positions[blob.attempt]
+        return (blob.attempt, known.get(f"{blob.turn}/{blob.name.removesuffix('.txt')}", len(known)), blob.modified)
+
     logs = []
-    for blob in await blobs.kept():
-        if blob.kind != LOGS or (turn is not None and blob.turn != safe(turn)):
-            continue
-        if attempt is not None and blob.attempt != attempt:
-            continue
+    for blob in sorted(found, key=order):
         data = await blobs.store.get(blob.key)
         if data is not None:
             logs.append(KeptLog(blob.attempt, blob.turn, blob.name.removesuffix(".txt"), data))
     return logs
+
+
+async def turn_records(blobs: EpisodeBlobs, *, attempt: int | None = None) -> dict[str, Any]:
+    """The records of every turn of an attempt (the latest by default), by turn, as text.
+
+    ``{"attempt": N, "turns": {turn: {"instruction.md": …, "model-calls.jsonl": …, "trajectory.json": …}}}``,
+    a file not kept left out.
+    """
+    kept = await blobs.kept()
+    number = attempt if attempt is not None else max((blob.attempt for blob in kept), default=None)
+    turns: dict[str, dict[str, str]] = {}
+    for blob in sorted(kept, key=lambda blob: (blob.turn, blob.name)):
+        if blob.attempt == number and blob.kind == "" and blob.name in TURN_RECORDS:
+            data = await blobs.store.get(blob.key)
+            if data is not None:
+                turns.setdefault(blob.turn, {})[blob.name] = data.decode("utf-8", "replace")
+    return {"attempt": number, "turns": turns}
 
 
 def render_logs(logs: Sequence[KeptLog]) -> bytes:
