@@ -17,7 +17,7 @@ import pytest
 
 from episode_operator.api.models import AgentSpec, EpisodeStatus
 from episode_operator.api.vocabulary import DRIVER_ANNOTATION, Stage
-from episode_operator.kube.client import Conflict, NotFound
+from episode_operator.kube.client import Conflict, KubeError, NotFound
 from episode_operator.kube.replicas import (
     EPISODES,
     Claim,
@@ -410,3 +410,24 @@ def test_every_sandbox_call_asks_the_fence_first() -> None:
         with pytest.raises(Fenced):
             asyncio.run(call)
     assert sandbox.sandbox.calls == Counter() and world.sandboxes == {} and world.released == []  # type: ignore[attr-defined]
+
+
+def test_a_failed_rejoin_keeps_the_identity_of_the_lease_it_had() -> None:
+    """While the Lease's namespace is being deleted a rejoin fails: the replica is then no member (not
+    fresh), and its identity still names the Lease it had, never one that does not exist."""
+    api, clock = LeaseApi(), Clock()
+    a = member(api, clock, "a")
+
+    async def refuse(manifest: dict[str, Any]) -> dict[str, Any]:
+        raise KubeError("forbidden: the namespace is being terminated", status=403)
+
+    async def scenario() -> None:
+        await a.join()
+        first = a.identity
+        api.leases.clear()
+        api.create_lease = refuse  # type: ignore[method-assign]
+        with pytest.raises(KubeError):
+            await a.renew()
+        assert a.identity == first and not a.fresh() and not a.owns("k")
+
+    asyncio.run(scenario())
