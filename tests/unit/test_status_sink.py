@@ -104,3 +104,38 @@ def test_a_transition_is_announced_once_whoever_announces_it_again() -> None:
     again = EpisodeStatus(phase="Running", attempt=2, current_turn=0)
     asyncio.run(drive(again))
     assert len(api.events) == 5  # attempt 2's own
+
+
+def test_a_drivers_status_writes_carry_its_claim_and_a_refused_one_fences_it() -> None:
+    """With a claim, each status write is conditional on the claim (the API server checks it); when the
+    API server refuses one (422) and the claim is another replica's, the driver is Fenced."""
+    from episode_operator.kube.client import Guard
+    from episode_operator.runtime.fencing import Fenced
+
+    class StubClaim:
+        guard = Guard("episode-operator.dev/driver", "r0.abc")
+        checks = 0
+
+        def check(self) -> None:
+            self.checks += 1
+
+        async def confirm(self) -> None:
+            raise Fenced("claimed by r1.def")
+
+    class RefusingApi(EventsApi):
+        refuse = False
+
+        async def replace_episode_status(
+            self, namespace: str, name: str, status: dict[str, Any], *, guard: object = None
+        ) -> None:
+            self.guards.append(guard)
+            if self.refuse:
+                raise KubeError("the server rejected our request", status=422)
+
+    api, claim = RefusingApi(), StubClaim()
+    sink = KubeStatusSink(api, OwnerRef("e", "ns", "uid"), logger=logging.getLogger("test"), claim=claim)  # type: ignore[arg-type]
+    asyncio.run(sink.publish(EpisodeStatus(phase="Running")))
+    assert api.guards == [StubClaim.guard] and claim.checks == 1
+    api.refuse = True
+    with pytest.raises(Fenced):
+        asyncio.run(sink.publish(EpisodeStatus(phase="Running")))
