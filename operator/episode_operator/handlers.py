@@ -256,7 +256,10 @@ async def expire(body: kopf.Body, memo: Any, **_: Any) -> None:
 def run_operator(options: OperatorOptions) -> None:
     """Run the operator until interrupted (``episode-operator run``)."""
     kopf.configure(verbose=os.environ.get("EPISODE_OPERATOR_VERBOSE") == "1")
-    asyncio.run(_operate(options))
+    try:
+        asyncio.run(_operate(options))
+    except KubeError as error:  # e.g. no such Lease namespace, or no right to its Leases
+        raise SystemExit(f"episode-operator: {error}") from error
 
 
 async def _operate(options: OperatorOptions) -> None:

@@ -15,6 +15,7 @@ import random
 import secrets
 import signal
 import subprocess
+import sys
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -470,3 +471,21 @@ def test_logs_and_artifacts_in_a_bucket_are_served_by_any_replica_and_outlive_th
             assert not list((root / f"data-{driver}").rglob("*.txt")), "logs written to the data directory"
         finally:
             replicas.stop()
+
+
+def test_a_lease_namespace_that_does_not_exist_is_a_clear_error(kubeconfig: Path, tmp_path: Path) -> None:
+    command = [
+        str(Path(sys.executable).parent / "episode-operator"), "run", "--namespace", "treplicas-none",
+        "--kubeconfig", str(kubeconfig), "--metrics-port", "0", "--data-dir", str(tmp_path),
+        "--lease-namespace", "no-such-namespace-for-leases",
+    ]  # fmt: skip
+    result = subprocess.run(command, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 1
+    assert (
+        result.stderr.strip()
+        .splitlines()[-1]
+        .startswith(
+            "episode-operator: cannot join the operator's replicas (--lease-namespace no-such-namespace-for-leases): "
+        )
+    ), result.stderr
+    assert "Traceback" not in result.stderr

@@ -477,7 +477,13 @@ async def join_replicas(
     client = await KubeClient.connect(kubeconfig)
     try:
         membership = Membership(client, settings, logger)
-        await membership.join()
+        try:
+            await membership.join()
+        except KubeError as error:
+            raise KubeError(
+                f"cannot join the operator's replicas (--lease-namespace {settings.namespace}): {error}",
+                status=error.status,
+            ) from error
         renewing = asyncio.create_task(membership.run(), name="replica membership")
         try:
             yield membership
