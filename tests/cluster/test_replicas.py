@@ -45,6 +45,8 @@ from tests.cluster.replicas import (
 from tests.s3server import CREDENTIALS, s3_server
 
 SETS = "episodesets"
+# A turn's stages in the order it goes through them (api/vocabulary.py's Stage).
+STAGES = ["cleanup", "workdir", "setup", "healthcheck", "agent", "collect", "verify-prepare", "verify", "done"]
 
 
 def counting_task(steps: int, *, solve: str = "sleep 3", setup: str | None = None) -> dict[str, str]:
@@ -196,43 +198,51 @@ def test_a_standby_takes_over_within_15_seconds_of_the_drivers_death(
 def test_sigterm_at_every_moment_of_a_turn_hands_over_without_deleting_anything(
     kubeconfig: Path, api_client: client.ApiClient, core: client.CoreV1Api, replicated: tuple[str, Path]
 ) -> None:
-    """SIGTERM the driver every 1.5 s, so that it stops in every stage of the turns (setup, agent,
-    collect, verify…): the other replica takes over at once, the sandbox pod is never replaced,
-    every setup and solve ran once."""
+    """SIGTERM the driver in each turn's preparation (workdir/ and setup.sh, while the status says
+    ``cleanup``) and in its agent-to-reward part (solve.sh, collect, test.sh: ``agent``), turn after
+    turn: the other replica takes over at once, the sandbox pod is never replaced, every setup and
+    solve ran once."""
     namespace, root = replicated
     replicas = Replicas(kubeconfig, root, namespace, ("r0", "r1"))
     replicas.start_all()
     try:
-        files = counting_task(4, solve="sleep 1", setup="sleep 1")
+        files = counting_task(4, solve="sleep 2", setup="sleep 2")
         for step in range(1, 5):  # setup.sh appends too: each ran once
             files[f"steps/s{step}/tests/test.sh"] = files[f"steps/s{step}/tests/test.sh"].replace(
                 "then echo 1", f'then [ "$(wc -l < /app/setups.txt)" = {step} ] && echo 1 || echo 0'
             )
         create_episode(api_client, namespace, "drained", episode_spec(files=files))
         pods: set[str] = set()
-        stages: set[str] = set()
-        terms = 0
-        deadline = time.monotonic() + 300
-        while not finished(api_client, namespace, "drained"):
-            assert time.monotonic() < deadline, replicas.logs()
-            time.sleep(1.5)
-            body = read_episode(api_client, namespace, "drained")
-            holder = driver_of(body)
-            if (pod := agent_pod_uid(core, namespace, "drained")) is not None:
-                pods.add(pod)
-            if holder is None or not replicas.alive(holder) or finished(api_client, namespace, "drained"):
+        stopped_in: list[tuple[int, str]] = []
+        for target in [(turn, stage) for turn in range(4) for stage in ("cleanup", "agent")]:
+
+            def where(target: tuple[int, str] = target) -> tuple[int, str] | None:
+                """Where the status is, once it reached ``target`` or went past it."""
+                status = status_of(api_client, namespace, "drained")
+                turns, current = status.get("turns") or [], status.get("currentTurn")
+                if (pod := agent_pod_uid(core, namespace, "drained")) is not None:
+                    pods.add(pod)
+                if status.get("phase") in TERMINAL:
+                    return (99, "")
+                if current is None or not turns or turns[current].get("stage") not in STAGES:
+                    return None
+                at = (current, str(turns[current]["stage"]))
+                return at if (at[0], STAGES.index(at[1])) >= (target[0], STAGES.index(target[1])) else None
+
+            reached = wait_for(where, "the stage", replicas, 120)
+            if reached != target:
+                continue  # gone past it while the last replica stopped
+            holder = driver_of(read_episode(api_client, namespace, "drained"))
+            if holder is None or not replicas.alive(holder):
                 continue
-            status = body.get("status") or {}
-            turns = status.get("turns") or []
-            if status.get("currentTurn") is not None and turns:
-                stages.add(str(turns[status["currentTurn"]].get("stage")))
             replicas.processes[holder].stop()  # SIGTERM, waits for the exit
-            terms += 1
+            stopped_in.append(target)
             replicas.start(holder)
+        wait_for(lambda: finished(api_client, namespace, "drained"), "the end", replicas, 180)
         assert_counted_once(status_of(api_client, namespace, "drained"), 4)
-        assert terms >= 4, terms
+        assert {stage for _, stage in stopped_in} == {"cleanup", "agent"}, stopped_in
+        assert len(stopped_in) >= 4, stopped_in
         assert len(pods) == 1, f"the sandbox pod was replaced: {pods}"
-        assert {"cleanup", "agent"} <= stages, stages
         assert duplicated_events(core, namespace, "drained") == []
     finally:
         replicas.stop()
