@@ -23,6 +23,7 @@ from episode_operator.api.episodeset import SET_PLURAL
 from episode_operator.api.models import PLURAL
 from episode_operator.api.vocabulary import EPISODE_LABEL, GROUP, SET_LABEL, VERSION, is_terminal, parse_timestamp
 from episode_operator.kube.client import KubeClient, KubeError, login_for
+from episode_operator.kube.dataapi import start_data_api
 from episode_operator.kube.driver import (
     DriverSettings,
     announce_waiting,
@@ -63,6 +64,9 @@ class OperatorOptions:
     liveness_endpoint: str | None = None
     metrics_host: str = "0.0.0.0"
     metrics_port: int | None = 8080
+    data_api_port: int | None = None
+    data_api_service: str = "episode-operator"
+    data_api_owner: str = ""
     max_active_episodes: int = 0
     extra_pod_labels: dict[str, str] = field(default_factory=dict)
     # Where images are pulled from (--image-mirror); the seed stage applies it to every image it names.
@@ -83,7 +87,7 @@ async def login(memo: kopf.Memo, settings: kopf.OperatorSettings, **_: Any) -> k
 
 
 @kopf.on.startup()
-async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
+async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: kopf.Logger, **_: Any) -> None:
     options: OperatorOptions = memo.options
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=GROUP)
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(prefix=GROUP)
@@ -104,7 +108,17 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) 
     memo.store = options.store.open(options.data_dir)
     memo.server = None
     if options.metrics_port is not None:
-        memo.server = await serve(memo.metrics, memo.store, options.metrics_host, options.metrics_port)
+        memo.server = await serve(memo.metrics, options.metrics_host, options.metrics_port)
+    if options.data_api_port is not None:
+        memo.data_api = await start_data_api(
+            memo.client,
+            memo.store,
+            options.metrics_host,
+            options.data_api_port,
+            options.data_api_service,
+            options.data_api_owner,
+            logger,
+        )
     memo.pod_wakeups = Wakeups()
     memo.settings = DriverSettings(
         store=memo.store,
@@ -118,12 +132,12 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) 
 
 @kopf.on.cleanup()
 async def close(memo: kopf.Memo, **_: Any) -> None:
+    for server in (getattr(memo, "data_api", None), getattr(memo, "server", None)):  # the data API unregisters
+        if server is not None:
+            await server.cleanup()
     client: KubeClient | None = getattr(memo, "client", None)
     if client is not None:
         await client.close()
-    server = getattr(memo, "server", None)
-    if server is not None:
-        await server.cleanup()
 
 
 def is_active(status: kopf.Status, spec: kopf.Spec, **_: Any) -> bool:

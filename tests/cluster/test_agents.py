@@ -24,6 +24,7 @@ from tests.cluster.harness import (
     OperatorProcess,
     context_kubeconfig,
     create_episode,
+    install_crd,
     pods_of,
     read_episode,
     run_episode,
@@ -105,7 +106,10 @@ def spec(agent_spec: dict[str, Any], files: dict[str, str] | None = None, **extr
 
 
 @pytest.fixture
-def scripted(core: client.CoreV1Api, namespace: str, sandbox_image: str) -> ScriptedModel:
+def scripted(api_client: client.ApiClient, core: client.CoreV1Api, namespace: str, sandbox_image: str) -> ScriptedModel:
+    # This checkout's CRDs (spec.agent.kind: harness): other sessions sharing the cluster may have
+    # installed theirs since this session started.
+    install_crd(api_client)
     return deploy_scripted_model(core, namespace, SCRIPT, sandbox_image)
 
 

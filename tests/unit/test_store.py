@@ -2,26 +2,21 @@
 
 The same scenario runs against every kind of store: what one process (a replica) writes, another
 store object on the same place (another replica) reads — named per Episode, attempt, turn, kind
-and name, in the order written — and the HTTP endpoint serves it.
+and name, in the order written (the data API serves these readings: tests/unit/test_server.py).
 """
 
 from __future__ import annotations
 
 import asyncio
-import io
 import json
 import os
-import tarfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from aiohttp.test_utils import TestClient, TestServer
 
 from episode_operator.runtime.archive import tar_bytes
-from episode_operator.runtime.metrics import Metrics
-from episode_operator.runtime.server import application
 from episode_operator.runtime.store import BlobStore, EpisodeBlobs, StoreSettings, export_artifacts, kept_logs
 from tests.s3server import CREDENTIALS, S3Server, s3_server
 
@@ -96,18 +91,6 @@ def test_what_one_replica_keeps_another_reads_and_serves(
         assert (tmp_path / "exported" / "one" / "out" / "result.txt").read_text() == "42"
         assert json.loads((tmp_path / "exported" / "one" / "manifest.json").read_text()) == MANIFEST
         assert len(written) == 2
-
-        async with TestClient(TestServer(application(Metrics(), reader))) as http:
-            text = await (
-                await http.get("/v1/episodes/ns/ep/uid-1/logs", params={"turn": "one", "attempt": "1"})
-            ).text()
-            expected = ["==> attempt 1 turn one: setup <==", "setup ran", "", "==> attempt 1 turn one: agent <=="]
-            assert text == "\n".join([*expected, "agent says hi", "", ""])
-            assert (await http.get("/v1/episodes/ns/ep/uid-3/logs")).status == 404
-            answer = await http.get("/v1/episodes/ns/ep/uid-1/artifacts.tar.gz")
-            assert answer.status == 200
-            with tarfile.open(fileobj=io.BytesIO(await answer.read())) as archive:
-                assert "one/out/result.txt" in archive.getnames()
 
     asyncio.run(scenario())
 

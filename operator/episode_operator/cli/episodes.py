@@ -43,9 +43,11 @@ from episode_operator.capture.records import parse_journal
 from episode_operator.cli import printing
 from episode_operator.cli.agents import agent_options
 from episode_operator.cli.cluster import Cluster, cluster_options
-from episode_operator.kube.client import Gone, KubeClient, NotFound
+from episode_operator.kube.client import Gone, KubeClient, KubeError
 from episode_operator.kube.objects.children import set_selector
 from episode_operator.kube.objects.tasks import TaskTooLarge, task_config_map
+from episode_operator.runtime.archive import extract_safely
+from episode_operator.runtime.dataapi import API_SERVICE
 from episode_operator.runtime.store import (
     BlobStore,
     EpisodeBlobs,
@@ -315,14 +317,12 @@ def register(cli: click.Group) -> None:
         turn: str | None,
         attempt: int | None,
         data_dir: str | None,
-        operator_namespace: str,
-        operator_service: str,
     ) -> None:
         """Print the logs an Episode's turns left (agent, setup, verifier, hooks)."""
         episode = _episode(cluster, name)
         if turn is not None:
             turn = turn_name(EpisodeStatus.model_validate(episode.get("status") or {}), turn)
-        source = _kept(cluster, episode, data_dir, operator_namespace, operator_service)
+        source = _kept(cluster, episode, data_dir)
         text = source.logs(turn=turn, attempt=attempt)
         if not text:
             raise click.ClickException(
@@ -344,14 +344,12 @@ def register(cli: click.Group) -> None:
         turn: str | None,
         output_format: str,
         data_dir: str | None,
-        operator_namespace: str,
-        operator_service: str,
     ) -> None:
         """Print each turn's trajectory (ATIF) and recorded model calls (latest attempt)."""
         episode = _episode(cluster, name)
         status = EpisodeStatus.model_validate(episode.get("status") or {})
         wanted = turn_name(status, turn) if turn is not None else None
-        records = _kept(cluster, episode, data_dir, operator_namespace, operator_service).turns()
+        records = _kept(cluster, episode, data_dir).turns()
         order = [record.name for record in status.turns]
         turns = {
             turn_: kept
@@ -390,11 +388,9 @@ def register(cli: click.Group) -> None:
         destination: Path,
         cluster: Cluster,
         data_dir: str | None,
-        operator_namespace: str,
-        operator_service: str,
     ) -> None:
         """Copy an Episode's artifacts (latest attempt) into DESTINATION/<turn>/."""
-        source = _kept(cluster, _episode(cluster, name), data_dir, operator_namespace, operator_service)
+        source = _kept(cluster, _episode(cluster, name), data_dir)
         written = source.artifacts(destination)
         if not written:
             raise click.ClickException(f"no artifacts kept for {cluster.namespace}/{name}")
@@ -487,8 +483,6 @@ def register_export(cli: click.Group) -> None:
         output_dir: Path,
         captures: bool,
         data_dir: str | None,
-        operator_namespace: str,
-        operator_service: str,
     ) -> None:
         """Write finished Episodes as Gym rows: graded and masked to rollouts.jsonl, failed attempts to the failures."""
         if episode_set:
@@ -505,7 +499,7 @@ def register_export(cli: click.Group) -> None:
             spec = EpisodeSpec.model_validate(episode["spec"])
             if not captures or spec.agent.model is None or not is_terminal((episode.get("status") or {}).get("phase")):
                 return NO_EVIDENCE
-            kept = _kept(cluster, dict(episode), data_dir, operator_namespace, operator_service)
+            kept = _kept(cluster, dict(episode), data_dir)
             return evidence_of(spec, kept.turns())
 
         rollouts, failures = split_rows(cluster.run(fetch), evidence)
@@ -521,27 +515,14 @@ def register_export(cli: click.Group) -> None:
 
 
 def operator_options(command: Callable[..., Any]) -> Callable[..., Any]:
-    """Where the operator keeps logs and artifacts: its data directory here, or its Service."""
-    command = click.option(
-        "--operator-service",
-        default=lambda: os.environ.get("EPISODE_OPERATOR_SERVICE", "episode-operator"),
-        show_default="episode-operator",
-        help="The in-cluster operator's Service.",
-    )(command)
-    command = click.option(
-        "--operator-namespace",
-        default=lambda: os.environ.get("EPISODE_OPERATOR_NAMESPACE", "episode-operator-system"),
-        show_default="episode-operator-system",
-        help="The in-cluster operator's namespace.",
-    )(command)
-    command = click.option(
+    """Where the operator keeps logs and artifacts: its data directory here, or the data API."""
+    return click.option(
         "--data-dir",
         default=lambda: os.environ.get("EPISODE_OPERATOR_DATA_DIR"),
         show_default="$EPISODE_OPERATOR_DATA_DIR",
         help="The data directory of an operator running on this machine; without it the in-cluster "
-        "operator is asked through the API server's service proxy.",
+        f"operator's data API ({API_SERVICE}) is asked through the API server.",
     )(command)
-    return command
 
 
 class _LocalStore:
@@ -560,50 +541,50 @@ class _LocalStore:
 
 
 class _RemoteStore:
-    def __init__(self, cluster: Cluster, namespace: str, service: str, path: str) -> None:
-        self.cluster, self.namespace, self.service, self.path = cluster, namespace, service, path
+    """The in-cluster operator's data API, through the API server: it authenticates the user and
+    authorizes ``get`` on ``episodes/log``, ``episodes/artifacts`` or ``episodes/turns`` (group
+    data.episode-operator.dev)."""
 
-    def _get(self, suffix: str, query: dict[str, str]) -> bytes | None:
+    def __init__(self, cluster: Cluster, namespace: str, name: str, uid: str) -> None:
+        self.cluster, self.namespace, self.name, self.uid = cluster, namespace, name, uid
+
+    def _get(self, subresource: str, query: dict[str, str]) -> bytes | None:
         async def fetch(client: KubeClient) -> bytes | None:
             try:
-                return await client.service_get(self.namespace, f"{self.service}:http", self.path + suffix, query)
-            except NotFound as error:
-                if "no such service" in str(error):
+                return await client.get_episode_data(self.namespace, self.name, subresource, query | {"uid": self.uid})
+            except KubeError as error:
+                if error.status == 404 and "could not find the requested resource" not in str(error):
+                    return None  # the operator has nothing kept
+                if error.status in (404, 503):
                     raise click.ClickException(
-                        f"no operator Service {self.namespace}/{self.service} (set --operator-namespace and "
-                        "--operator-service, or --data-dir for an operator running on this machine)"
+                        f"the operator's data API (apiservice {API_SERVICE}) is not available: {error}; is the "
+                        "operator installed with its Helm chart? (--data-dir reads an operator running here)"
                     ) from error
-                return None
+                raise
 
         return self.cluster.run(fetch)
 
     def logs(self, *, turn: str | None, attempt: int | None) -> str:
         query = {key: str(value) for key, value in (("turn", turn), ("attempt", attempt)) if value is not None}
-        body = self._get("/logs", query)
+        body = self._get("log", query)
         return "" if body is None else body.decode("utf-8", "replace")
 
     def turns(self) -> dict[str, Any]:
-        body = self._get("/turns", {})
+        body = self._get("turns", {})
         return {"attempt": None, "turns": {}} if body is None else dict(json.loads(body))
 
     def artifacts(self, destination: Path) -> int:
-        body = self._get("/artifacts.tar.gz", {})
+        body = self._get("artifacts", {})
         if body is None:
             return 0
         destination.mkdir(parents=True, exist_ok=True)
         with tarfile.open(fileobj=io.BytesIO(body), mode="r:gz") as archive:
             members = archive.getmembers()
-            archive.extractall(destination, filter="data")
+            extract_safely(archive, destination)
         return sum(1 for member in members if member.isfile())
 
 
-def _kept(
-    cluster: Cluster,
-    episode: dict[str, Any],
-    data_dir: str | None,
-    operator_namespace: str,
-    operator_service: str,
-) -> _LocalStore | _RemoteStore:
+def _kept(cluster: Cluster, episode: dict[str, Any], data_dir: str | None) -> _LocalStore | _RemoteStore:
     namespace, name, uid = (episode["metadata"][key] for key in ("namespace", "name", "uid"))
     if data_dir:
         if not Path(data_dir).is_dir():
@@ -614,7 +595,7 @@ def _kept(
                 f"nothing kept for {namespace}/{name} in {data_dir}; is --data-dir the operator's data directory?"
             )
         return _LocalStore(blobs)
-    return _RemoteStore(cluster, operator_namespace, operator_service, f"/v1/episodes/{namespace}/{name}/{uid}")
+    return _RemoteStore(cluster, namespace, name, uid)
 
 
 def _turn_document(kept: Mapping[str, str]) -> dict[str, Any]:

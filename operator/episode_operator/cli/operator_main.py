@@ -69,7 +69,28 @@ def main() -> None:
     type=int,
     default=8080,
     show_default=True,
-    help="Port of /metrics and of the kept logs and artifacts; 0 turns it off.",
+    help="Port of /metrics (open to anyone who reaches it); 0 turns it off.",
+)
+@click.option(
+    "--data-api-port",
+    type=click.IntRange(min=0, max=65535),
+    default=0,
+    show_default=True,
+    help="Port (TLS) of the data API: kept logs and artifacts, served to the callers the API server forwards and "
+    "authorizes; the operator registers the APIService v1alpha1.data.episode-operator.dev for it; 0: off.",
+)
+@click.option(
+    "--data-api-service",
+    default="episode-operator",
+    show_default=True,
+    help="The Service the APIService sends the data API's requests to (port 443 to --data-api-port): NAME in the "
+    "operator's namespace, or NAMESPACE/NAME.",
+)
+@click.option(
+    "--data-api-owner",
+    default="",
+    help="The ClusterRole granting the data API's rights: it owns the APIService, so that removing the install "
+    "removes the registration too (the Helm chart passes its own).",
 )
 @click.option(
     "--max-active-episodes",
@@ -149,6 +170,9 @@ def run(
     poll_interval_sec: float,
     liveness_endpoint: str | None,
     metrics_port: int,
+    data_api_port: int,
+    data_api_service: str,
+    data_api_owner: str,
     max_active_episodes: int,
     image_mirrors: ImageMirrors,
     lease_namespace: str | None,
@@ -193,6 +217,9 @@ def run(
             poll_interval_sec=poll_interval_sec,
             liveness_endpoint=liveness_endpoint,
             metrics_port=metrics_port or None,
+            data_api_port=data_api_port or None,
+            data_api_service=data_api_service,
+            data_api_owner=data_api_owner,
             max_active_episodes=max_active_episodes,
             image_mirrors=image_mirrors,
             replicas=replicas,

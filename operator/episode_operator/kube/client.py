@@ -33,6 +33,7 @@ from episode_operator.api.episodeset import SET_PLURAL
 from episode_operator.api.models import PLURAL
 from episode_operator.api.vocabulary import GROUP, VERSION
 from episode_operator.kube.kubeconfig import KubeconfigError, Target, locate
+from episode_operator.runtime.dataapi import DATA_GROUP, DATA_VERSION
 from episode_operator.runtime.metrics import Metrics
 
 STDIN, STDOUT, STDERR, ERROR = 0, 1, 2, 3
@@ -529,29 +530,70 @@ class KubeClient:
         except NotFound:
             pass
 
-    # Services ------------------------------------------------------------------------------
-    async def service_get(self, namespace: str, service: str, path: str, query: dict[str, str] | None = None) -> bytes:
-        """GET ``path`` of a Service through the API server's proxy (RBAC: ``services/proxy`` get)."""
-        what = f"service {namespace}/{service}{path}"
+    # The data API ----------------------------------------------------------------------------
+    async def get_cluster_role_uid(self, name: str) -> str:
+        """The uid of a ClusterRole (the owner of the data API's APIService)."""
+        rbac: Any = k8s.RbacAuthorizationV1Api(self.api)
+        with _api_call(f"clusterrole {name}"):
+            role = await _json(await rbac.read_cluster_role(name, _preload_content=False))
+        return str(role["metadata"]["uid"])
+
+    async def get_api_service(self, name: str) -> dict[str, Any]:
+        """An APIService as the API's JSON (the data API's: where it points, its caBundle)."""
+        registration: Any = k8s.ApiregistrationV1Api(self.api)
+        with _api_call(f"apiservice {name}"):
+            result: dict[str, Any] = await _json(await registration.read_api_service(name, _preload_content=False))
+        return result
+
+    async def create_api_service(self, manifest: dict[str, Any]) -> None:
+        registration: Any = k8s.ApiregistrationV1Api(self.api)
+        with _api_call(f"apiservice {manifest['metadata']['name']}"):
+            await _json(await registration.create_api_service(manifest, _preload_content=False))
+
+    async def replace_api_service(self, manifest: dict[str, Any]) -> None:
+        """PUT, with the resourceVersion read before (never server-side apply: a 1.20 API server
+        panics on an apply of an APIService)."""
+        registration: Any = k8s.ApiregistrationV1Api(self.api)
+        name = manifest["metadata"]["name"]
+        with _api_call(f"apiservice {name}"):
+            await _json(await registration.replace_api_service(name, manifest, _preload_content=False))
+
+    async def delete_api_service(self, name: str, resource_version: str) -> None:
+        """Delete an APIService unless it changed since ``resource_version`` was read (409)."""
+        registration: Any = k8s.ApiregistrationV1Api(self.api)
+        options = {"preconditions": {"resourceVersion": resource_version}}
+        with _api_call(f"apiservice {name}"):
+            await _json(await registration.delete_api_service(name, body=options, _preload_content=False))
+
+    async def review_access(
+        self, user: str, groups: Sequence[str], extra: dict[str, list[str]], attributes: dict[str, str]
+    ) -> tuple[bool, str]:
+        """Ask the API server whether ``user`` may do what ``attributes`` say (a SubjectAccessReview)."""
+        authorization: Any = k8s.AuthorizationV1Api(self.api)
+        review = {
+            "apiVersion": "authorization.k8s.io/v1",
+            "kind": "SubjectAccessReview",
+            "spec": {"user": user, "groups": list(groups), "extra": extra, "resourceAttributes": attributes},
+        }
+        with _api_call(f"subjectaccessreview of {user}"):
+            answer = await _json(await authorization.create_subject_access_review(review, _preload_content=False))
+        status = answer.get("status") or {}
+        return bool(status.get("allowed")), str(status.get("reason") or status.get("evaluationError") or "")
+
+    async def get_episode_data(self, namespace: str, name: str, subresource: str, query: dict[str, str]) -> bytes:
+        """GET an Episode's kept data from the operator's data API, through the API server (which
+        authenticates the caller and authorizes ``get`` on ``episodes/<subresource>``)."""
+        what = f"{subresource} of episode {namespace}/{name}"
         with _api_call(what):
             response = await self.api.call_api(
-                f"/api/v1/namespaces/{namespace}/services/{service}/proxy{path}",
+                f"/apis/{DATA_GROUP}/{DATA_VERSION}/namespaces/{namespace}/episodes/{name}/{subresource}",
                 "GET",
-                query_params=list((query or {}).items()),
+                query_params=list(query.items()),
                 auth_settings=["BearerToken"],
                 _preload_content=False,
                 _return_http_data_only=True,
             )
-            body: bytes = await response.read()
-        if response.status == 404:
-            # The API server answers JSON when the Service itself is missing; the service answers text.
-            detail = "no such service" if body.startswith(b"{") else body.decode("utf-8", "replace").strip()
-            raise NotFound(f"{what}: {detail}", status=404)
-        if response.status >= 400:
-            raise KubeError(
-                f"{what}: {response.status} {body[:300].decode('utf-8', 'replace')}", status=response.status
-            )
-        return body
+            return await _body(response)
 
     # Exec ---------------------------------------------------------------------------------
     async def exec(

@@ -34,6 +34,7 @@ import obstore
 from obstore.store import LocalStore, MemoryStore, S3Store
 
 from episode_operator.api.export import CALLS_RECORD, INSTRUCTION_RECORD, TRAJECTORY_RECORD
+from episode_operator.runtime.archive import extract_safely
 
 if TYPE_CHECKING:  # the typed configurations exist in obstore's stubs only
     from obstore.store import ClientConfig, ObjectStore, S3Config
@@ -146,6 +147,16 @@ class BlobStore:
 
     def episode(self, namespace: str, name: str, uid: str) -> EpisodeBlobs:
         return EpisodeBlobs(self, f"{safe(namespace)}/{safe(name)}/{safe(uid)}")
+
+    async def latest_episode(self, namespace: str, name: str) -> EpisodeBlobs | None:
+        """Of the Episodes of that name (one uid each), the one written to last; None if none."""
+        newest: dict[str, datetime] = {}
+        for blob in await self.list(f"{safe(namespace)}/{safe(name)}"):
+            parts = blob.key.split("/")  # namespace, name, uid, attempt-N, …
+            if len(parts) > 3:
+                newest[parts[2]] = max(newest.get(parts[2], blob.modified), blob.modified)
+        uid = max(newest, key=lambda found: newest[found], default=None)
+        return self.episode(namespace, name, uid) if uid else None
 
 
 @dataclass(frozen=True)
@@ -344,6 +355,6 @@ def _unpack_renamed(archive_data: bytes, source: str, destination: str, target: 
             else:
                 continue
             members.append(member)
-        archive.extractall(target, members=members, filter="data")
+        extract_safely(archive, target, members)
         written += [target / member.name for member in members if member.isfile()]
     return written

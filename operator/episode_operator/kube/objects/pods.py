@@ -42,6 +42,7 @@ from episode_operator.taskfolder.plan import NetworkPolicy
 
 SUPERVISOR_VOLUME = "episode-operator"
 CAPTURE_VOLUME = "episode-operator-capture"
+CAPTURE_SUPERVISOR_VOLUME = "episode-operator-capture-jobs"
 # PID 1 of main: waits for ever, and exits at once on TERM so pods go away promptly.
 KEEP_ALIVE = ["sh", "-c", "trap 'exit 0' TERM INT; while :; do sleep 3600 & wait $!; done"]
 NAME_LIMIT = 63
@@ -239,9 +240,11 @@ def _capture_container(capture: Capture, images: AgentImages, spec: EpisodeSpec)
         "imagePullPolicy": "IfNotPresent",
         "args": args,
         "env": [],
+        # Its own supervisor folder, not the pod's shared one: the agent must not reach the jobs that
+        # mark and read its turns (a planted job record would suppress a mark).
         "volumeMounts": [
             {"name": CAPTURE_VOLUME, "mountPath": CAPTURE_STORE},
-            {"name": SUPERVISOR_VOLUME, "mountPath": SUPERVISOR_DIR},
+            {"name": CAPTURE_SUPERVISOR_VOLUME, "mountPath": SUPERVISOR_DIR},
         ],
         "readinessProbe": {
             "exec": {"command": ["test", "-f", f"{CAPTURE_STORE}/ready.json"]},
@@ -311,7 +314,7 @@ def sandbox_pod(
     extra_containers = []
     if pod.needs.capture is not None:
         extra_containers.append(_capture_container(pod.needs.capture, images, spec))
-        volumes.append({"name": CAPTURE_VOLUME, "emptyDir": {}})
+        volumes += [{"name": CAPTURE_VOLUME, "emptyDir": {}}, {"name": CAPTURE_SUPERVISOR_VOLUME, "emptyDir": {}}]
     pod_spec: dict[str, Any] = {
         "restartPolicy": "Never",
         "automountServiceAccountToken": False,
