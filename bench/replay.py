@@ -34,7 +34,7 @@ from episode_operator.kube.client import KubeClient
 from episode_operator.kube.objects.pods import OwnerRef
 from episode_operator.kube.sandbox import KubeProvider
 from episode_operator.runtime.replay import ReplayConfig, ReplayReady, ReplaySource, replay_dockerfile
-from episode_operator.runtime.store import FileStore
+from episode_operator.runtime.store import EpisodeBlobs
 from episode_operator.taskfolder import TaskFiles, load_task, resolve_plan
 from episode_operator.taskfolder.buildcontext import BuildSource
 from episode_operator.taskfolder.images import ImageMirrors
@@ -126,7 +126,7 @@ async def measure(namespace: str, owner: OwnerRef, rounds: int, cached_calls: in
                 sandbox = await provider.agent(2 * number + 1)
                 config_ = ReplayConfig(attempt=number, budget_sec=300, poll_interval_sec=5)
                 outcome = await replay_dockerfile(
-                    sandbox, files, ReplaySource(), plan.environment, FileStore(Path(logs)), config_
+                    sandbox, files, ReplaySource(), plan.environment, EpisodeBlobs.local(Path(logs)), config_
                 )
                 replay_times.append(time.perf_counter() - started)
                 assert isinstance(outcome, ReplayReady), outcome

@@ -324,7 +324,7 @@ MUTATIONS = [
     Mutation(
         "logs-in-run-order",
         "runtime/store.py",
-        'position.get(f"{turn_dir.name}/{log.stem}", len(position))',
+        """known.get(f"{blob.turn}/{blob.name.removesuffix('.txt')}", len(known))""",
         "0",
         "kubectl episode logs lists turns by name, not in the order they ran",
     ),

@@ -83,7 +83,7 @@ ACTIVITIES: list[tuple[str, tuple[str, ...]]] = [
     ("kopf: watch streams and per-event processing", ("process_resource_event", "watch_objs", "queueing.worker")),
     ("status model (pydantic dump/validate)", ("to_api", "model_validate", "model_dump")),
     ("task folder read, validate, plan", ("read_task_files", "validate_task", "resolve_plan")),
-    ("logs and artifacts written to the data dir", ("FileStore._write",)),
+    ("logs and artifacts written to the data dir", ("BlobStore.put",)),
     ("idle: thread-pool workers waiting for work", ("_worker",)),
     ("idle: event loop waiting in epoll", ("EpollSelector.select",)),
 ]

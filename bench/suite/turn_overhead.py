@@ -56,13 +56,13 @@ ROWS: list[tuple[str, tuple[str, ...], tuple[str, ...], bool]] = [
     (
         "turn start → agent: event, workdir/ + setup.sh (one exec), healthcheck (none)",
         ("cleanup", "workdir", "setup", "healthcheck"),
-        ("upload-workdir", "setup.sh"),
+        ("workdir + setup.sh", "workdir"),
         False,
     ),
     (
         "agent → reward: solution + solve.sh, /logs/artifacts, tests + test.sh + reward",
         ("agent", "collect", "verify-prepare", "verify"),
-        ("upload-solution", "solve.sh", "clear", "upload-tests", "test.sh", "read_reward"),
+        ("solution + solve.sh", "tests + test.sh + reward"),
         False,
     ),
     ("turn end (event)", ("turn-gap",), (), False),

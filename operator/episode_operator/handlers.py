@@ -33,11 +33,21 @@ from episode_operator.kube.driver import (
 )
 from episode_operator.kube.episodeset import run_episode_set
 from episode_operator.kube.objects.pods import AgentImages, label_value
+from episode_operator.kube.replicas import (
+    EPISODE_SETS,
+    EPISODES,
+    Claim,
+    Replicas,
+    ReplicaSettings,
+    join_replicas,
+)
 from episode_operator.kube.status import EpisodeGone
 from episode_operator.kube.tombstones import expire_episode
+from episode_operator.runtime.fencing import Fence, Fenced, HandOver
 from episode_operator.runtime.metrics import Metrics
 from episode_operator.runtime.server import serve
 from episode_operator.runtime.slots import FifoSlots
+from episode_operator.runtime.store import StoreSettings
 from episode_operator.runtime.wakeups import Wakeups
 from episode_operator.taskfolder.images import ImageMirrors
 
@@ -61,6 +71,10 @@ class OperatorOptions:
     extra_pod_labels: dict[str, str] = field(default_factory=dict)
     # Where images are pulled from (--image-mirror); the seed stage applies it to every image it names.
     image_mirrors: ImageMirrors = field(default_factory=ImageMirrors)
+    # Where logs and artifacts are kept: the data directory, or an S3-compatible bucket (--store-url).
+    store: StoreSettings = field(default_factory=StoreSettings)
+    # Membership among the operator's replicas (kube/replicas.py); no Lease namespace: a sole replica.
+    replicas: ReplicaSettings = field(default_factory=ReplicaSettings)
     capture_image: str | None = None
     toolchain_repository: str = "episode-operator.local"
 
@@ -90,13 +104,15 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: ko
     memo.metrics = Metrics()
     memo.slots = FifoSlots(options.max_active_episodes)
     memo.client = await KubeClient.connect(options.kubeconfig, metrics=memo.metrics)
+    memo.replicas = Replicas(memo.client, memo.membership, logging.getLogger("episode_operator.replicas"))
+    memo.store = options.store.open(options.data_dir)
     memo.server = None
     if options.metrics_port is not None:
         memo.server = await serve(memo.metrics, options.metrics_host, options.metrics_port)
     if options.data_api_port is not None:
         memo.data_api = await start_data_api(
             memo.client,
-            options.data_dir,
+            memo.store,
             options.metrics_host,
             options.data_api_port,
             options.data_api_service,
@@ -105,14 +121,13 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: ko
         )
     memo.pod_wakeups = Wakeups()
     memo.settings = DriverSettings(
-        data_dir=options.data_dir,
+        store=memo.store,
         pull_grace_sec=options.pull_grace_sec,
         poll_interval_sec=options.poll_interval_sec,
         extra_pod_labels=options.extra_pod_labels,
         agent_images=AgentImages(options.capture_image, options.toolchain_repository),
         pod_wakeups=memo.pod_wakeups,
     )
-    options.data_dir.mkdir(parents=True, exist_ok=True)
 
 
 @kopf.on.cleanup()
@@ -141,7 +156,8 @@ def is_suspended(status: kopf.Status, spec: kopf.Spec, **_: Any) -> bool:
 @kopf.on.update(GROUP, VERSION, PLURAL, when=is_suspended)
 async def hold(body: kopf.Body, memo: Any, **_: Any) -> None:
     """A suspended Episode waits Pending (e.g. for Kueue to admit it); it starts when unsuspended."""
-    await suspend_episode(memo.client, body)
+    if memo.replicas.owns(body["metadata"]["uid"]):
+        await suspend_episode(memo.client, body)
 
 
 @kopf.daemon(
@@ -164,11 +180,12 @@ async def drive(body: kopf.Body, memo: Any, logger: Any, stopped: kopf.DaemonSto
     - the operator is exiting: leave everything, the next operator resumes from the status.
     """
     metadata = body["metadata"]
-    work = asyncio.create_task(_drive_in_a_slot(body, memo, logger))
+    work = asyncio.create_task(_drive_when_claimed(body, memo, logger))
     stop = asyncio.ensure_future(stopped.wait())
     try:
         await asyncio.wait({work, stop}, return_when=asyncio.FIRST_COMPLETED)
         if not work.done():
+            driving = metadata["uid"] in memo.replicas.held  # another replica's driver stops its pods
             reason = stopped.reason or kopf.DaemonStoppingReason(0)
             deleted = bool(reason & kopf.DaemonStoppingReason.RESOURCE_DELETED)
             suspended = bool(reason & kopf.DaemonStoppingReason.FILTERS_MISMATCH) and bool(
@@ -179,6 +196,8 @@ async def drive(body: kopf.Body, memo: Any, logger: Any, stopped: kopf.DaemonSto
             elif deleted or suspended:
                 work.cancel()
                 await asyncio.gather(work, return_exceptions=True)
+                if not driving:
+                    return
                 try:
                     if deleted:
                         await release_episode_pods(memo.client, metadata["namespace"], metadata["name"])
@@ -196,7 +215,19 @@ async def drive(body: kopf.Body, memo: Any, logger: Any, stopped: kopf.DaemonSto
             work.cancel()
 
 
-async def _drive_in_a_slot(body: kopf.Body, memo: Any, logger: Any) -> None:
+async def _drive_when_claimed(body: kopf.Body, memo: Any, logger: Any) -> None:
+    """Drive the Episode once this replica holds its claim; park again when fenced or handing over."""
+    replicas: Replicas = memo.replicas
+    while True:
+        try:
+            async with replicas.driving(EPISODES, body) as fence:
+                await _drive_in_a_slot(body, memo, logger, fence)
+                return
+        except Fenced as error:
+            logger.warning("%s; stopped driving it", error)
+
+
+async def _drive_in_a_slot(body: kopf.Body, memo: Any, logger: Any, fence: Fence) -> None:
     """The driver, once one of the operator's maxActiveEpisodes slots is free (oldest first)."""
     metadata = body["metadata"]
     slots: FifoSlots = memo.slots
@@ -211,7 +242,8 @@ async def _drive_in_a_slot(body: kopf.Body, memo: Any, logger: Any) -> None:
             metrics.pending.dec()
             metrics.active.inc()
             try:
-                await drive_episode(memo.client, body, memo.settings, logger, observer=metrics)
+                claim = fence if isinstance(fence, Claim) else None
+                await drive_episode(memo.client, body, memo.settings, logger, observer=metrics, claim=claim)
             finally:
                 metrics.active.dec()
     finally:
@@ -231,19 +263,32 @@ async def expire(body: kopf.Body, memo: Any, **_: Any) -> None:
     remaining = parse_timestamp(status["finishedAt"]) + float(spec["ttlSecondsAfterFinished"]) - time.time()
     if remaining > 0:
         await asyncio.sleep(remaining)
+    await memo.replicas.until_owner(body)
     await expire_episode(memo.client, body)  # a run-once Episode leaves its tombstone (kube/tombstones.py)
 
 
 def run_operator(options: OperatorOptions) -> None:
     """Run the operator until interrupted (``episode-operator run``)."""
     kopf.configure(verbose=os.environ.get("EPISODE_OPERATOR_VERBOSE") == "1")
-    kopf.run(
-        clusterwide=not options.namespaces,
-        namespaces=list(options.namespaces),
-        standalone=True,
-        memo=kopf.Memo(options=options),
-        liveness_endpoint=options.liveness_endpoint,
-    )
+    try:
+        asyncio.run(_operate(options))
+    except KubeError as error:  # e.g. no such Lease namespace, or no right to its Leases
+        raise SystemExit(f"episode-operator: {error}") from error
+
+
+async def _operate(options: OperatorOptions) -> None:
+    """kopf inside this replica's membership: joined before kopf starts a driver, left after
+    kopf stopped them all (so the others take over only what nothing here drives any more)."""
+    async with join_replicas(options.kubeconfig, options.replicas, logging.getLogger("episode_operator.replicas")) as (
+        membership
+    ):
+        await kopf.operator(
+            clusterwide=not options.namespaces,
+            namespaces=list(options.namespaces),
+            standalone=True,
+            memo=kopf.Memo(options=options, membership=membership),
+            liveness_endpoint=options.liveness_endpoint,
+        )
 
 
 # --- EpisodeSet -----------------------------------------------------------------------------------
@@ -259,6 +304,8 @@ class _QuietWakeups(logging.Filter):
 @kopf.on.startup()
 async def configure_episode_sets(memo: kopf.Memo, **_: Any) -> None:
     memo.set_wakeups = Wakeups()
+    if memo.membership is not None:  # a set loop notices at once that its set moved to another replica
+        memo.membership.listeners.append(memo.set_wakeups.wake_all)
     logging.getLogger("kopf.objects").addFilter(_QuietWakeups())
 
 
@@ -278,24 +325,52 @@ def set_is_open(status: kopf.Status, **_: Any) -> bool:
     errors=kopf.ErrorsMode.TEMPORARY,
 )
 async def run_set(body: kopf.Body, memo: Any, logger: Any, stopped: kopf.DaemonStopped, **_: Any) -> None:
-    """Create and follow a set's children; every step is idempotent, so cancelling it anywhere is safe."""
-    namespace, name = body["metadata"]["namespace"], body["metadata"]["name"]
+    """Create and follow a set's children; every step is idempotent, so cancelling it anywhere is safe.
+
+    Only the replica holding the set's claim runs its loop; the loop ends at the next pass once the
+    set belongs to another replica, and the claim is handed over."""
+    namespace, name, uid = body["metadata"]["namespace"], body["metadata"]["name"], body["metadata"]["uid"]
     wakeups: Wakeups = memo.set_wakeups
-    with wakeups.registered(namespace, label_value(name)) as wakeup:
-        await run_episode_set(memo.client, namespace, name, wakeup, lambda: bool(stopped), logger)
+    replicas: Replicas = memo.replicas
+    while not stopped:
+        try:
+            async with replicas.driving(EPISODE_SETS, body) as fence:
+                claim = fence if isinstance(fence, Claim) else None
+                with wakeups.registered(namespace, label_value(name)) as wakeup:
+                    await run_episode_set(
+                        memo.client,
+                        namespace,
+                        name,
+                        wakeup,
+                        lambda: bool(stopped) or not replicas.owns(uid),
+                        logger,
+                        claim=claim,
+                    )
+                if not stopped and not replicas.owns(uid):
+                    raise HandOver(f"episodeset {namespace}/{name} belongs to another replica now")
+                return
+        except Fenced as error:
+            logger.warning("%s; stopped running it", error)
 
 
 @kopf.on.event(GROUP, VERSION, SET_PLURAL)
-def wake_set(body: kopf.Body, memo: Any, **_: Any) -> None:
+async def wake_set(body: kopf.Body, memo: Any, **_: Any) -> None:
     memo.set_wakeups.wake(body["metadata"]["namespace"], label_value(body["metadata"]["name"]))
+    memo.replicas.wake(EPISODE_SETS, body["metadata"]["namespace"], body["metadata"]["name"])
+
+
+@kopf.on.event(GROUP, VERSION, PLURAL)
+async def wake_claim_waiter(body: kopf.Body, memo: Any, **_: Any) -> None:
+    """An Episode changed: if this replica waits to drive it (e.g. its claim was released), it looks now."""
+    memo.replicas.wake(EPISODES, body["metadata"]["namespace"], body["metadata"]["name"])
 
 
 @kopf.on.event(GROUP, VERSION, PLURAL, labels={SET_LABEL: kopf.PRESENT})
-def wake_set_of_episode(body: kopf.Body, memo: Any, **_: Any) -> None:
+async def wake_set_of_episode(body: kopf.Body, memo: Any, **_: Any) -> None:
     memo.set_wakeups.wake(body["metadata"]["namespace"], body["metadata"]["labels"][SET_LABEL])
 
 
 @kopf.on.event("v1", "pods", labels={EPISODE_LABEL: kopf.PRESENT})
-def wake_pod_waiter(body: kopf.Body, memo: Any, **_: Any) -> None:
+async def wake_pod_waiter(body: kopf.Body, memo: Any, **_: Any) -> None:
     """A sandbox pod changed: the driver waiting for it to start reads it now, not at its next poll."""
     memo.pod_wakeups.wake(body["metadata"]["namespace"], body["metadata"]["name"])

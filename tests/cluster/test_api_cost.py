@@ -23,6 +23,7 @@ from episode_operator.kube import driver
 from episode_operator.kube.client import KubeClient
 from episode_operator.kube.driver import DriverSettings, drive_episode
 from episode_operator.runtime.metrics import Metrics
+from episode_operator.runtime.store import BlobStore
 from tests.cluster.conftest import unwatched_namespace
 from tests.cluster.harness import GROUP, PLURAL, VERSION, read_episode
 from tests.unit.fake_sandbox import FakeProvider, World
@@ -63,7 +64,9 @@ def drive(kubeconfig: Path, api: client.ApiClient, namespace: str, files: dict[s
         kube = await KubeClient.connect(str(kubeconfig), metrics=metrics)
         try:
             episode = await kube.get_episode(namespace, "counted")
-            status = await drive_episode(kube, episode, DriverSettings(data_dir=data), logging.getLogger("test"))
+            status = await drive_episode(
+                kube, episode, DriverSettings(store=BlobStore.local(data)), logging.getLogger("test")
+            )
             assert (status.phase, status.reward) == ("Succeeded", 1.0), status.message
         finally:
             await kube.close()

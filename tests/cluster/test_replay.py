@@ -24,7 +24,7 @@ from episode_operator.runtime.replay import (
     ReplaySource,
     replay_dockerfile,
 )
-from episode_operator.runtime.store import FileStore
+from episode_operator.runtime.store import EpisodeBlobs
 from episode_operator.taskfolder import TaskFiles, load_task, resolve_plan
 from episode_operator.taskfolder.healthcheck import poll_healthcheck
 from episode_operator.taskfolder.images import ImageMirrors
@@ -46,7 +46,7 @@ def test_a_dockerfile_is_replayed_and_its_entrypoint_serves(
     image = MIRRORS.apply(planning.plan.from_image)
     assert image == "episode-operator.local/sandbox:bookworm"
     owner = suspended_episode(api_client, namespace, "replay")
-    store = FileStore(tmp_path)
+    store = EpisodeBlobs.local(tmp_path)
 
     async def scenario() -> None:
         kube = await KubeClient.connect(str(kubeconfig))

@@ -14,7 +14,6 @@ import logging
 import math
 import os
 import tarfile
-from pathlib import Path
 from typing import Any
 
 import tomli_w
@@ -25,6 +24,7 @@ from pydantic import ValidationError
 from episode_operator.api.models import EpisodeSpec, EpisodeStatus
 from episode_operator.kube.driver import DriverSettings, drive_episode
 from episode_operator.kube.events import EventRecorder
+from episode_operator.runtime.store import BlobStore
 from episode_operator.taskfolder import SourceLimits, TaskFiles, resolve_plan, validate_task
 
 KEYS = [
@@ -259,7 +259,9 @@ class RecordingClient:
         self.statuses: list[dict[str, Any]] = []
         self.event_recorder = EventRecorder(self.create_event)
 
-    async def replace_episode_status(self, namespace: str, name: str, status: dict[str, Any]) -> None:
+    async def replace_episode_status(
+        self, namespace: str, name: str, status: dict[str, Any], *, guard: object = None
+    ) -> None:
         self.statuses.append(status)
 
     async def create_event(self, namespace: str, event: dict[str, Any]) -> None:
@@ -283,7 +285,7 @@ def test_any_episode_spec_is_answered(spec: dict[str, Any]) -> None:
         return  # a valid spec would go on to read its task (the cluster tests cover that)
     client = RecordingClient()
     body = {"metadata": {"name": "e", "namespace": "ns", "uid": "u"}, "spec": spec}
-    driver_settings = DriverSettings(data_dir=Path("/nonexistent"))
+    driver_settings = DriverSettings(store=BlobStore.memory())
     status = asyncio.run(drive_episode(client, body, driver_settings, logging.getLogger("test")))  # type: ignore[arg-type]
     assert isinstance(status, EpisodeStatus)
     assert (status.phase, status.outcome, status.failure_kind) == ("Failed", "TerminalFailure", "episode:invalid_spec")

@@ -47,9 +47,13 @@ def test_manifests_install_is_the_chart_with_its_defaults() -> None:
     assert on_disk == install_manifests(), "run: hack/generate"
 
 
+# The replicas' Leases: a Role in the operator's own namespace, whatever it watches.
+LEASES = {"episode-operator-system": rbac.grants(rbac.OPERATOR_PERMISSIONS, "own-namespace")}
+
+
 def test_all_namespaces_get_one_cluster_role() -> None:
     objects = render({"dataApi": {"enabled": False}})
-    assert find(objects, "Role") == [] and find(objects, "RoleBinding") == []
+    assert rules_of(objects, "Role") == LEASES and len(find(objects, "RoleBinding")) == 1
     assert rules_of(objects, "ClusterRole") == {None: rbac.grants(rbac.OPERATOR_PERMISSIONS, "namespaced", "scanning")}
     (binding,) = find(objects, "ClusterRoleBinding")
     assert binding["subjects"] == [
@@ -74,8 +78,9 @@ def test_named_namespaces_get_a_role_each_and_nothing_cluster_wide_but_the_data_
     objects = render({"watchNamespaces": ["team-a", "team-b"], "dataApi": {"enabled": False}})
     assert find(objects, "ClusterRole") == [] and find(objects, "ClusterRoleBinding") == []
     namespaced = rbac.grants(rbac.OPERATOR_PERMISSIONS, "namespaced")
-    assert rules_of(objects, "Role") == {"team-a": namespaced, "team-b": namespaced}
-    assert sorted(b["metadata"]["namespace"] for b in find(objects, "RoleBinding")) == ["team-a", "team-b"]
+    assert rules_of(objects, "Role") == {"team-a": namespaced, "team-b": namespaced, **LEASES}
+    bound = sorted(b["metadata"]["namespace"] for b in find(objects, "RoleBinding"))
+    assert bound == ["episode-operator-system", "team-a", "team-b"]
     args = find(objects, "Deployment")[0]["spec"]["template"]["spec"]["containers"][0]["args"]
     assert [a for a in args if a.startswith("--namespace")] == ["--namespace=team-a", "--namespace=team-b"]
 
@@ -83,7 +88,7 @@ def test_named_namespaces_get_a_role_each_and_nothing_cluster_wide_but_the_data_
 @pytest.mark.parametrize("pattern", ["eval-*", "team-?", "!kube-*", "a,b"])
 def test_namespace_globs_need_cluster_wide_rules_and_namespace_listing(pattern: str) -> None:
     objects = render({"watchNamespaces": ["named", pattern]})
-    assert find(objects, "Role") == []
+    assert rules_of(objects, "Role") == LEASES
     assert rules_of(objects, "ClusterRole") == {
         None: rbac.grants(rbac.OPERATOR_PERMISSIONS, "namespaced", "scanning", "namespace-globs", "data-api")
     }
@@ -92,7 +97,8 @@ def test_namespace_globs_need_cluster_wide_rules_and_namespace_listing(pattern: 
 def test_the_deployment_is_one_hardened_replica() -> None:
     (deployment,) = find(render(), "Deployment")
     spec = deployment["spec"]
-    assert (spec["replicas"], spec["strategy"]) == (1, {"type": "Recreate"})
+    rolling = {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}}
+    assert (spec["replicas"], spec["strategy"]) == (1, rolling)
     pod = spec["template"]["spec"]
     (container,) = pod["containers"]
     assert pod["securityContext"] == {
@@ -144,7 +150,7 @@ def test_values_reach_the_operator() -> None:
     assert {"--max-active-episodes=8", "--pull-grace=45", "--data-dir=/data", "--poll-interval=10"} <= set(
         container["args"]
     )
-    assert container["env"] == [{"name": "EPISODE_OPERATOR_VERBOSE", "value": "1"}]
+    assert container["env"][0] == {"name": "EPISODE_OPERATOR_VERBOSE", "value": "1"}
     assert (container["image"], container["imagePullPolicy"]) == ("registry.example/episode-operator:0.1.0", "Always")
     assert pod["metadata"]["labels"]["team"] == "evals"
     (claim,) = find(objects, "PersistentVolumeClaim")
@@ -299,3 +305,50 @@ def test_image_mirrors_become_flags_the_operator_accepts() -> None:
     assert run_context.params["image_mirrors"].apply("ubuntu:24.04") == "registry.internal/u:24.04"
     result = CliRunner().invoke(main, ["run", "--image-mirror=ubuntu=x:1"])
     assert result.exit_code == 2 and "a repository maps to a repository" in result.output
+
+
+def test_replicas_share_a_store_lease_in_the_release_namespace_and_keep_a_disruption_budget() -> None:
+    values = {
+        "replicas": 3,
+        "sharding": {"leaseDuration": 12, "renewDeadline": 8, "retryPeriod": 3},
+        "objectStore": {"url": "s3://evals/kept", "endpoint": "http://minio:9000", "allowHttp": True,
+                        "credentialsSecret": "minio-credentials"},
+    }  # fmt: skip
+    objects = render(values, namespace="ops")
+    (deployment,) = find(objects, "Deployment")
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    assert deployment["spec"]["replicas"] == 3
+    assert {
+        "--lease-namespace=ops",
+        "--replica-group=episode-operator",
+        "--lease-duration=12",
+        "--renew-deadline=8",
+        "--retry-period=3",
+        "--store-url=s3://evals/kept",
+        "--store-endpoint=http://minio:9000",
+        "--store-allow-http",
+    } <= set(container["args"])
+    assert container["envFrom"] == [{"secretRef": {"name": "minio-credentials"}}]
+    assert {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}} in container["env"]
+    (budget,) = find(objects, "PodDisruptionBudget")
+    assert budget["spec"]["maxUnavailable"] == 1
+    assert budget["spec"]["selector"]["matchLabels"] == deployment["spec"]["selector"]["matchLabels"]
+    (role,) = [r for r in find(objects, "Role") if r["metadata"]["namespace"] == "ops"]
+    assert role["rules"] == [
+        {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["create", "list", "update", "delete"]}
+    ]
+    assert not find(render(), "PodDisruptionBudget")  # one replica: nothing to budget
+
+
+def test_several_replicas_without_a_shared_store_are_refused() -> None:
+    with pytest.raises(Exception, match=r"objectStore\.url"):
+        render({"replicas": 2})
+    with pytest.raises(Exception, match="ReadWriteMany"):
+        render({"replicas": 2, "persistence": {"enabled": True}})
+    shared = render({"replicas": 2, "persistence": {"enabled": True, "accessModes": ["ReadWriteMany"]}})
+    (deployment,) = find(shared, "Deployment")
+    assert deployment["spec"]["strategy"]["type"] == "RollingUpdate"
+    (single,) = find(render({"persistence": {"enabled": True}}), "Deployment")
+    assert single["spec"]["strategy"] == {"type": "Recreate"}  # a ReadWriteOnce volume: never two pods
+    with pytest.raises(Exception, match="replicas"):
+        render({"replicas": 0})  # the values schema: minimum 1

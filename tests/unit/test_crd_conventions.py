@@ -71,7 +71,9 @@ class StatusApi:
     def __init__(self) -> None:
         self.written: list[dict[str, Any]] = []
 
-    async def replace_episode_status(self, namespace: str, name: str, status: dict[str, Any]) -> None:
+    async def replace_episode_status(
+        self, namespace: str, name: str, status: dict[str, Any], *, guard: object = None
+    ) -> None:
         self.written.append(status)
 
 

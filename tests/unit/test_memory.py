@@ -27,8 +27,10 @@ from episode_operator import handlers
 from episode_operator.kube import driver
 from episode_operator.kube.driver import DriverSettings
 from episode_operator.kube.events import EventRecorder
+from episode_operator.runtime.fencing import NoFence
 from episode_operator.runtime.metrics import Metrics
 from episode_operator.runtime.slots import FifoSlots
+from episode_operator.runtime.store import BlobStore
 from episode_operator.runtime.wakeups import Wakeups
 from tests.unit.fake_sandbox import FakeProvider, World
 from tests.unit.folders import multi_step, steps_toml
@@ -49,7 +51,9 @@ class Api:
         self.statuses: Counter[str] = Counter()
         self.event_recorder = EventRecorder(self.create_event, metrics=metrics)
 
-    async def replace_episode_status(self, namespace: str, name: str, status: dict[str, Any]) -> None:
+    async def replace_episode_status(
+        self, namespace: str, name: str, status: dict[str, Any], *, guard: object = None
+    ) -> None:
         self.statuses[str(status.get("phase"))] += 1
 
     async def create_event(self, namespace: str, event: dict[str, Any]) -> None:
@@ -106,14 +110,14 @@ def test_a_processed_episode_leaves_nothing_behind(tmp_path: Path) -> None:
         client=api,
         metrics=metrics,
         slots=FifoSlots(AT_ONCE // 2),  # some wait for a slot too
-        settings=DriverSettings(data_dir=tmp_path, pod_wakeups=Wakeups()),
+        settings=DriverSettings(store=BlobStore.local(tmp_path), pod_wakeups=Wakeups()),
     )
     logger = logging.getLogger("test.memory")
 
     async def process(first: int, count: int) -> None:
         for start in range(first, first + count, AT_ONCE):
             batch = range(start, min(start + AT_ONCE, first + count))
-            await asyncio.gather(*(handlers._drive_in_a_slot(body(index), memo, logger) for index in batch))
+            await asyncio.gather(*(handlers._drive_in_a_slot(body(index), memo, logger, NoFence()) for index in batch))
         for index in range(first, first + count):  # as the terminal status does: Events are out
             await api.event_recorder.flush(SimpleNamespace(uid=f"uid-{index}"), 5.0)  # type: ignore[arg-type]
 

@@ -17,7 +17,8 @@ import pytest
 
 from episode_operator.api.models import AgentSpec, EpisodeStatus
 from episode_operator.runtime.episode import EpisodeConfig, EpisodeRunner
-from episode_operator.runtime.store import FileStore, stored_logs
+from episode_operator.runtime.store import EpisodeBlobs, KeptLog
+from episode_operator.runtime.store import kept_logs as store_logs
 from episode_operator.taskfolder import TaskFiles, load_task, resolve_plan
 from tests.unit.fake_sandbox import FakeSink
 from tests.unit.folders import multi_step, single_step, steps_toml
@@ -39,7 +40,7 @@ def pods(tmp_path: Path) -> Iterator[LocalPods]:
 
 
 def run(
-    folder: dict[str, str], pods: LocalPods, store: FileStore, *, agent: dict[str, Any] | None = None
+    folder: dict[str, str], pods: LocalPods, store: EpisodeBlobs, *, agent: dict[str, Any] | None = None
 ) -> EpisodeStatus:
     files = TaskFiles.from_mapping(folder)
     plan = resolve_plan(load_task(files))
@@ -54,8 +55,12 @@ def run(
     return asyncio.run(runner.run(None))
 
 
-def kept_logs(store: FileStore) -> str:
-    return "".join(f"--- {log.turn}/{log.name}\n{log.path.read_text()}" for log in stored_logs(store.root))
+def logs_of(store: EpisodeBlobs) -> list[KeptLog]:
+    return asyncio.run(store_logs(store))
+
+
+def kept_logs(store: EpisodeBlobs) -> str:
+    return "".join(f"--- {log.turn}/{log.name}\n{log.data.decode()}" for log in logs_of(store))
 
 
 def test_every_job_runs_as_its_user_in_the_working_directory_with_its_environment(
@@ -93,7 +98,7 @@ def test_every_job_runs_as_its_user_in_the_working_directory_with_its_environmen
             }.items()
         },
     )
-    store = FileStore(tmp_path / "store")
+    store = EpisodeBlobs.local(tmp_path / "store")
     status = run(folder, pods, store)
     assert [turn.verifier_rewards for turn in status.turns] == [
         {"reward": 1.0, "setup": 1.0, "agent": 1.0, "verifier": 1.0}
@@ -110,7 +115,7 @@ def test_an_agent_is_bound_by_its_budget(pods: LocalPods, tmp_path: Path) -> Non
             "tests/test.sh": "echo 1 > /logs/verifier/reward.txt\n",
         },
     )
-    store = FileStore(tmp_path / "store")
+    store = EpisodeBlobs.local(tmp_path / "store")
     turn = run(folder, pods, store).turns[0]
     assert (turn.agent_exit_code, turn.reward) == (KILLED_BY_TERM, 1.0), kept_logs(store)
     assert pods.path("pod-a1", "/app/started").exists() and not pods.path("pod-a1", "/app/late").exists()
@@ -121,7 +126,7 @@ def test_a_verifier_is_bound_by_its_budget(pods: LocalPods, tmp_path: Path) -> N
     folder = single_step(
         "[verifier]\ntimeout_sec = 1\n", {"tests/test.sh": "sleep 3; echo 1 > /logs/verifier/reward.txt\n"}
     )
-    store = FileStore(tmp_path / "store")
+    store = EpisodeBlobs.local(tmp_path / "store")
     turn = run(folder, pods, store).turns[0]
     assert turn.reward_valid is False, kept_logs(store)
     assert (turn.message or "").startswith("no valid reward file (the verifier timed out)")
@@ -133,7 +138,7 @@ def test_setup_sh_is_bound_by_the_step_budget(pods: LocalPods, tmp_path: Path) -
         ["a"],
         {"steps/a/workdir/setup.sh": "sleep 30; touch /app/late\n", "steps/a/solution/solve.sh": "true\n"},
     )
-    status = run(folder, pods, FileStore(tmp_path / "store"))
+    status = run(folder, pods, EpisodeBlobs.local(tmp_path / "store"))
     assert (status.outcome, status.failure_kind, status.turns[0].message) == (
         "TerminalFailure",
         "harbor:step_setup_failed",
@@ -158,7 +163,7 @@ def test_a_turns_grading_files_are_gone_before_the_next_turns_agent(pods: LocalP
             "steps/b/solution/solve.sh": look,
         },
     )
-    store = FileStore(tmp_path / "store")
+    store = EpisodeBlobs.local(tmp_path / "store")
     status = run(folder, pods, store)
     assert [turn.reward for turn in status.turns] == [1.0, 1.0], kept_logs(store)
     assert pods.path("pod-a1", "/app/observed.txt").read_text() == "tests=\nverifier=\n"
@@ -173,13 +178,13 @@ def test_each_turn_keeps_its_own_agent_log_and_logs_are_listed_in_run_order(pods
         steps,
         {f"steps/{step}/solution/solve.sh": f"echo output of {step}\n" for step in steps},
     )
-    store = FileStore(tmp_path / "store")
+    store = EpisodeBlobs.local(tmp_path / "store")
     status = run(folder, pods, store)
     assert status.reward == 1.0
-    assert [(log.turn, log.name) for log in stored_logs(store.root)] == [
+    assert [(log.turn, log.name) for log in logs_of(store)] == [
         (step, job) for step in steps for job in ("agent", "verifier")
     ]
-    agent_logs = [log.path.read_text() for log in stored_logs(store.root) if log.name == "agent"]
+    agent_logs = [log.data.decode() for log in logs_of(store) if log.name == "agent"]
     assert agent_logs == [f"output of {step}\n" for step in steps]
     everything = "".join(agent_logs)
     assert pods.path("pod-a1", "/logs/agent/oracle.txt").read_text() == everything

@@ -35,7 +35,7 @@ from episode_operator.runtime.archive import tar_bytes
 from episode_operator.runtime.dataapi import Access, Caller, Decision, FrontProxy, serve, server_context
 from episode_operator.runtime.metrics import Metrics
 from episode_operator.runtime.server import application
-from episode_operator.runtime.store import FileStore, episode_store_root
+from episode_operator.runtime.store import BlobStore
 
 LOG_PATH = "/apis/data.episode-operator.dev/v1alpha1/namespaces/ns/episodes/ep/log"
 
@@ -151,7 +151,12 @@ async def data_api(tmp_path: Path) -> AsyncIterator[DataApi]:
     authorizer = RecordingAuthorizer()
     port = free_port()
     runner = await serve(
-        front_proxy, authorizer, tmp_path / "data", server_context(certificate, key, front_proxy), "127.0.0.1", port
+        front_proxy,
+        authorizer,
+        BlobStore.local(tmp_path / "data"),
+        server_context(certificate, key, front_proxy),
+        "127.0.0.1",
+        port,
     )
     try:
         yield DataApi(f"https://localhost:{port}", server_ca, proxy_ca, authorizer, tmp_path)
@@ -160,7 +165,7 @@ async def data_api(tmp_path: Path) -> AsyncIterator[DataApi]:
 
 
 async def keep_some_data(data_dir: Path, uid: str) -> None:
-    store = FileStore(episode_store_root(data_dir, "ns", "ep", uid))
+    store = BlobStore.local(data_dir).episode("ns", "ep", uid)
     await store.save_log(1, "one", "agent", b"agent says hi\n")
     await store.save_log(1, "two", "verifier", f"verifier of {uid}\n".encode())
     await store.save_artifact(1, "one", 0, tar_bytes([("app/out/result.txt", b"42", 0o644)]))
@@ -250,8 +255,8 @@ def test_without_a_uid_the_newest_kept_episode_of_that_name_is_served(tmp_path: 
     async def scenario() -> None:
         async with data_api(tmp_path) as api:
             await keep_some_data(tmp_path / "data", "uid-old")
-            old = episode_store_root(tmp_path / "data", "ns", "ep", "uid-old")
-            os.utime(old, (1, 1))
+            for kept in (tmp_path / "data" / "ns" / "ep" / "uid-old").rglob("*"):
+                os.utime(kept, (1, 1))  # written long ago
             await keep_some_data(tmp_path / "data", "uid-new")
             api.authorizer.allowed.add(("alice", Access("ns", "ep", "log")))
             async with api.client(client_certificate(api.proxy_ca, "front-proxy-client", tmp_path)) as http:

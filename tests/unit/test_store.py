@@ -1,22 +1,135 @@
-"""The kept logs of an Episode: what `kubectl episode logs` prints, in the order the turns ran."""
+"""The store of logs and artifacts: the data directory, and an S3-compatible bucket (moto's server).
+
+The same scenario runs against every kind of store: what one process (a replica) writes, another
+store object on the same place (another replica) reads — named per Episode, attempt, turn, kind
+and name, in the order written (the data API serves these readings: tests/unit/test_server.py).
+"""
 
 from __future__ import annotations
 
 import asyncio
+import json
 import os
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
-from episode_operator.runtime.store import FileStore, stored_logs
+import pytest
+
+from episode_operator.runtime.archive import tar_bytes
+from episode_operator.runtime.store import BlobStore, EpisodeBlobs, StoreSettings, export_artifacts, kept_logs
+from tests.s3server import CREDENTIALS, S3Server, s3_server
+
+MANIFEST = [
+    {
+        "source": "/app/out",
+        "destination": "out",
+        "type": "directory",
+        "status": "ok",
+        "service": "main",
+        "origin": "task",
+    }
+]
 
 
-def listing(root: Path, **filters: object) -> list[tuple[int, str, str]]:
-    return [(log.attempt, log.turn, log.name) for log in stored_logs(root, **filters)]  # type: ignore[arg-type]
+@pytest.fixture(scope="module")
+def s3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
+    with s3_server(tmp_path_factory.mktemp("s3") / "moto.log") as server:
+        yield server
+
+
+@pytest.fixture
+def s3_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name, value in CREDENTIALS.items():
+        monkeypatch.setenv(name, value)
+
+
+def stores(kind: str, tmp_path: Path, s3: S3Server | None) -> tuple[BlobStore, BlobStore]:
+    """Two store objects on the same place, as two replicas have."""
+    if kind == "local":
+        return BlobStore.local(tmp_path), BlobStore.local(tmp_path)
+    assert s3 is not None
+    bucket = f"bucket-{tmp_path.name.lower().replace('_', '-')[-40:]}"
+    s3.create_bucket(bucket)
+    settings = StoreSettings(url=f"s3://{bucket}/episodes", endpoint=s3.endpoint, region="us-east-1", allow_http=True)
+    return settings.open(tmp_path), settings.open(tmp_path)
+
+
+@pytest.mark.parametrize("kind", ["local", "s3"])
+def test_what_one_replica_keeps_another_reads_and_serves(
+    kind: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    s3 = request.getfixturevalue("s3") if kind == "s3" else None
+    if kind == "s3":
+        request.getfixturevalue("s3_env")
+    writer, reader = stores(kind, tmp_path, s3)
+
+    async def scenario() -> None:
+        episode = writer.episode("ns", "ep", "uid-1")
+        await episode.save_log(1, "one", "setup", b"setup ran\n")
+        await episode.save_log(1, "one", "agent", b"agent says hi\n")
+        await episode.save_log(2, "one", "agent", b"second attempt\n")
+        await episode.save_log(2, "two/../x", "verifier", b"a turn name that tries to escape\n")
+        await episode.save_artifact(2, "one", 0, tar_bytes([("app/out/result.txt", b"42", 0o644)]))
+        await episode.save_manifest(2, "one", MANIFEST)
+        await episode.put(2, "one", "trajectories", "agent.json", b"{}")  # a kind of the future: the same API
+        await writer.episode("ns", "ep", "uid-2").save_log(1, "one", "agent", b"another Episode of that name\n")
+
+        other = reader.episode("ns", "ep", "uid-1")
+        logs = await kept_logs(other)
+        assert [(log.attempt, log.turn, log.name) for log in logs] == [
+            (1, "one", "setup"),
+            (1, "one", "agent"),
+            (2, "one", "agent"),
+            (2, "two_.._x", "verifier"),
+        ]
+        assert [log.data for log in await kept_logs(other, turn="one", attempt=2)] == [b"second attempt\n"]
+        assert await other.artifact_archives(2, "one") == [tar_bytes([("app/out/result.txt", b"42", 0o644)])]
+        assert await other.get(2, "one", "trajectories", "agent.json") == b"{}"
+        assert await other.get(2, "one", "trajectories", "missing.json") is None
+        written = await export_artifacts(other, tmp_path / "exported")
+        assert (tmp_path / "exported" / "one" / "out" / "result.txt").read_text() == "42"
+        assert json.loads((tmp_path / "exported" / "one" / "manifest.json").read_text()) == MANIFEST
+        assert len(written) == 2
+
+    asyncio.run(scenario())
+
+
+def test_the_local_layout_is_the_data_directorys_as_before(tmp_path: Path) -> None:
+    """An operator upgraded in place reads what the previous version kept."""
+    old = tmp_path / "ns" / "ep" / "uid-1" / "attempt-1" / "one"
+    (old / "logs").mkdir(parents=True)
+    (old / "logs" / "agent.txt").write_bytes(b"kept before\n")
+
+    async def scenario() -> None:
+        episode = BlobStore.local(tmp_path).episode("ns", "ep", "uid-1")
+        assert [log.data for log in await kept_logs(episode)] == [b"kept before\n"]
+        await episode.save_log(1, "two", "agent", b"new\n")
+        assert (tmp_path / "ns" / "ep" / "uid-1" / "attempt-1" / "two" / "logs" / "agent.txt").read_bytes() == b"new\n"
+
+    asyncio.run(scenario())
+
+
+def test_an_unreachable_bucket_is_an_error_naming_it(tmp_path: Path, s3_env: None) -> None:
+    settings = StoreSettings(url="s3://no-such-bucket/x", endpoint="http://127.0.0.1:9", allow_http=True)
+    store = settings.open(tmp_path)
+
+    async def scenario() -> None:
+        with pytest.raises(Exception, match=r"127\.0\.0\.1:9"):
+            await asyncio.wait_for(store.get("a"), 60)
+
+    asyncio.run(scenario())
+
+
+def listing(root: Path, **filters: Any) -> list[tuple[int, str, str]]:
+    logs = asyncio.run(kept_logs(EpisodeBlobs.local(root), **filters))
+    return [(log.attempt, log.turn, log.name) for log in logs]
 
 
 def test_logs_are_listed_in_the_order_the_turns_ran(tmp_path: Path) -> None:
     """Turn names sort differently from the run order ("one", "three", "two"; "10" before "2"),
     and logs saved within one clock tick have equal modification times."""
-    store = FileStore(tmp_path)
+    store = EpisodeBlobs.local(tmp_path)
     ran = [
         (1, "seed", "agent-setup"),
         (1, "one", "setup"),

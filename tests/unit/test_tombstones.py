@@ -175,7 +175,9 @@ class ConfigMapApi:
     async def delete_episode(self, namespace: str, name: str) -> None:
         self.deleted.append(name)
 
-    async def replace_episode_status(self, namespace: str, name: str, status: dict[str, Any]) -> None:
+    async def replace_episode_status(
+        self, namespace: str, name: str, status: dict[str, Any], *, guard: object = None
+    ) -> None:
         self.statuses.append(status)
 
     async def create_event(self, namespace: str, event: dict[str, Any]) -> None:

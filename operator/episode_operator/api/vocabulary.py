@@ -241,4 +241,9 @@ SET_ATTEMPT_LABEL: Final = f"{GROUP}/set-attempt"
 BUILD_LABEL: Final = f"{GROUP}/build"
 # Kueue's queue: an Episode's is copied to its pods, an EpisodeSet's to its children.
 QUEUE_LABEL: Final = "kueue.x-k8s.io/queue-name"
+# On an Episode or EpisodeSet: the operator replica (its incarnation) that drives it; a claim that
+# counts while that replica's member Lease lives (kube/replicas.py, docs/replicas.md).
+DRIVER_ANNOTATION: Final = f"{GROUP}/driver"
+# On the member Leases of one operator's replicas: which operator (its Helm release) they belong to.
+REPLICAS_LABEL: Final = f"{GROUP}/replicas"
 MANAGED_BY: Final = {"app.kubernetes.io/managed-by": "episode-operator"}

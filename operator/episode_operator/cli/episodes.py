@@ -48,7 +48,14 @@ from episode_operator.kube.objects.children import set_selector
 from episode_operator.kube.objects.tasks import TaskTooLarge, task_config_map
 from episode_operator.runtime.archive import extract_safely
 from episode_operator.runtime.dataapi import API_SERVICE
-from episode_operator.runtime.store import episode_store_root, export_artifacts, stored_logs, turn_records
+from episode_operator.runtime.store import (
+    BlobStore,
+    EpisodeBlobs,
+    export_artifacts,
+    kept_logs,
+    render_logs,
+    turn_records,
+)
 from episode_operator.taskfolder import TaskFiles, validate_task
 
 # Where a watch starts over after the API server ended it (its timeout) or the list went stale.
@@ -519,21 +526,18 @@ def operator_options(command: Callable[..., Any]) -> Callable[..., Any]:
 
 
 class _LocalStore:
-    def __init__(self, root: Path) -> None:
-        self.root = root
+    def __init__(self, blobs: EpisodeBlobs) -> None:
+        self.blobs = blobs
 
     def logs(self, *, turn: str | None, attempt: int | None) -> str:
-        parts = []
-        for log in stored_logs(self.root, turn=turn, attempt=attempt):
-            text = log.path.read_bytes().decode("utf-8", "replace")
-            parts.append(f"==> attempt {log.attempt} turn {log.turn}: {log.name} <==\n{text}\n")
-        return "".join(parts)
+        logs = asyncio.run(kept_logs(self.blobs, turn=turn, attempt=attempt))
+        return render_logs(logs).decode("utf-8", "replace")
 
     def artifacts(self, destination: Path) -> int:
-        return len(export_artifacts(self.root, destination))
+        return len(asyncio.run(export_artifacts(self.blobs, destination)))
 
     def turns(self) -> dict[str, Any]:
-        return turn_records(self.root)
+        return asyncio.run(turn_records(self.blobs))
 
 
 class _RemoteStore:
@@ -583,10 +587,14 @@ class _RemoteStore:
 def _kept(cluster: Cluster, episode: dict[str, Any], data_dir: str | None) -> _LocalStore | _RemoteStore:
     namespace, name, uid = (episode["metadata"][key] for key in ("namespace", "name", "uid"))
     if data_dir:
-        root = episode_store_root(Path(data_dir), namespace, name, uid)
-        if not root.is_dir():
-            raise click.ClickException(f"{root}: not found; is --data-dir the operator's data directory?")
-        return _LocalStore(root)
+        if not Path(data_dir).is_dir():
+            raise click.ClickException(f"{data_dir}: not found; is --data-dir the operator's data directory?")
+        blobs = BlobStore.local(Path(data_dir)).episode(namespace, name, uid)
+        if not asyncio.run(blobs.kept()):
+            raise click.ClickException(
+                f"nothing kept for {namespace}/{name} in {data_dir}; is --data-dir the operator's data directory?"
+            )
+        return _LocalStore(blobs)
     return _RemoteStore(cluster, namespace, name, uid)
 
 

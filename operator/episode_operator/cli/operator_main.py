@@ -114,6 +114,46 @@ def main() -> None:
     "(docker.io/library/=registry.internal/library/). Applies to task, FROM, sidecar and verifier images.",
 )
 @click.option(
+    "--store-url",
+    default=lambda: os.environ.get("EPISODE_OPERATOR_STORE_URL") or None,
+    show_default="$EPISODE_OPERATOR_STORE_URL",
+    metavar="s3://BUCKET[/PREFIX]",
+    help="Keep logs and artifacts in this S3-compatible bucket instead of --data-dir, so that every replica "
+    "serves them and none is lost with a replica. Credentials: $AWS_ACCESS_KEY_ID and $AWS_SECRET_ACCESS_KEY.",
+)
+@click.option(
+    "--store-endpoint", default=None, help="The S3-compatible server, e.g. http://minio.minio:9000 (default: AWS)."
+)
+@click.option("--store-region", default=None, help="The bucket's region.")
+@click.option(
+    "--store-allow-http", is_flag=True, help="Allow a plain-HTTP --store-endpoint (a server inside the cluster)."
+)
+@click.option(
+    "--lease-namespace",
+    default=lambda: os.environ.get("EPISODE_OPERATOR_LEASE_NAMESPACE") or None,
+    show_default="$EPISODE_OPERATOR_LEASE_NAMESPACE",
+    help="Run as one of several replicas: each holds a Lease here and they share the Episodes out "
+    "(docs/replicas.md). Without it this process drives everything and must be the only one.",
+)
+@click.option(
+    "--replica-group",
+    default="episode-operator",
+    show_default=True,
+    help="Which operator the replicas in the Lease namespace belong to (e.g. the Helm release).",
+)
+@click.option(
+    "--replica-name",
+    default=None,
+    show_default="$POD_NAME, else <host>-<pid>",
+    help="This replica's name, hashed to share the Episodes out (a restarted pod keeps its share).",
+)
+@click.option("--lease-duration", "lease_duration_sec", type=float, default=10.0, show_default=True,
+              help="Seconds after a replica's last renewal until the others take over its Episodes.")  # fmt: skip
+@click.option("--renew-deadline", "renew_deadline_sec", type=float, default=7.0, show_default=True,
+              help="Seconds without a renewal after which a replica stops acting (< --lease-duration).")  # fmt: skip
+@click.option("--retry-period", "retry_period_sec", type=float, default=2.0, show_default=True,
+              help="Seconds between a replica's renewals and listings of the others.")  # fmt: skip
+@click.option(
     "--capture-image",
     envvar="EPISODE_CAPTURE_IMAGE",
     default=None,
@@ -139,6 +179,16 @@ def run(
     data_api_owner: str,
     max_active_episodes: int,
     image_mirrors: ImageMirrors,
+    lease_namespace: str | None,
+    replica_group: str,
+    replica_name: str | None,
+    lease_duration_sec: float,
+    renew_deadline_sec: float,
+    retry_period_sec: float,
+    store_url: str | None,
+    store_endpoint: str | None,
+    store_region: str | None,
+    store_allow_http: bool,
     capture_image: str | None,
     toolchain_repository: str,
 ) -> None:
@@ -149,6 +199,22 @@ def run(
     # does not depend on it, but a development environment has it for the tests: hidden from kopf.
     sys.modules.setdefault("kubernetes", None)  # type: ignore[arg-type]
     from episode_operator.handlers import OperatorOptions, run_operator
+    from episode_operator.kube.replicas import ReplicaSettings
+    from episode_operator.runtime.store import StoreSettings
+
+    if store_url is not None and not store_url.startswith(("s3://", "s3a://")):
+        raise click.BadParameter(f"{store_url!r} is not an s3://BUCKET[/PREFIX] URL", param_hint="--store-url")
+
+    replicas = ReplicaSettings(
+        namespace=lease_namespace,
+        group=replica_group,
+        lease_duration_sec=lease_duration_sec,
+        renew_deadline_sec=renew_deadline_sec,
+        retry_period_sec=retry_period_sec,
+        **({"name": replica_name} if replica_name else {}),
+    )
+    if problems := replicas.problems():
+        raise click.UsageError("; ".join(problems))
 
     # What a burst of Episodes took is given back once it is over (runtime/allocator.py).
     tune_allocator()
@@ -167,6 +233,8 @@ def run(
             data_api_owner=data_api_owner,
             max_active_episodes=max_active_episodes,
             image_mirrors=image_mirrors,
+            replicas=replicas,
+            store=StoreSettings(store_url, store_endpoint, store_region, store_allow_http),
             capture_image=capture_image,
             toolchain_repository=toolchain_repository,
         )

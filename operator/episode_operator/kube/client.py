@@ -230,7 +230,9 @@ class KubeClient:
         self.custom: Any = k8s.CustomObjectsApi(api)
         self.core_ws: Any = k8s.CoreV1Api(ws_api)
         # Every Event the operator posts goes through this one recorder: one rate limit per operator.
-        self.event_recorder = EventRecorder(self.create_event, expected_errors=(KubeError,), metrics=metrics)
+        self.event_recorder = EventRecorder(
+            self.create_event, expected_errors=(KubeError,), already_posted=(Conflict,), metrics=metrics
+        )
 
     @classmethod
     async def connect(
@@ -265,8 +267,13 @@ class KubeClient:
             )
         return result
 
-    async def replace_episode_status(self, namespace: str, name: str, status: dict[str, Any]) -> None:
-        """Write the whole status (a JSON patch ``add /status`` replaces it, lists and maps included)."""
+    async def replace_episode_status(
+        self, namespace: str, name: str, status: dict[str, Any], *, guard: Guard | None = None
+    ) -> None:
+        """Write the whole status (a JSON patch ``add /status`` replaces it, lists and maps included).
+
+        With a ``guard`` the API server writes it only while that annotation has that value (a
+        JSON patch ``test``): the fence of kube/replicas.py, at no extra request; else 422."""
         with _api_call(f"status of episode {namespace}/{name}"):
             await self.custom.patch_namespaced_custom_object_status(
                 GROUP,
@@ -274,7 +281,7 @@ class KubeClient:
                 namespace,
                 PLURAL,
                 name,
-                [{"op": "add", "path": "/status", "value": status}],
+                _guarded([{"op": "add", "path": "/status", "value": status}], guard),
                 _content_type="application/json-patch+json",
             )
 
@@ -387,7 +394,9 @@ class KubeClient:
             )
         return result
 
-    async def replace_episodeset_status(self, namespace: str, name: str, status: dict[str, Any]) -> None:
+    async def replace_episodeset_status(
+        self, namespace: str, name: str, status: dict[str, Any], *, guard: Guard | None = None
+    ) -> None:
         """Write the whole status of an EpisodeSet (as :meth:`replace_episode_status`)."""
         with _api_call(f"status of episodeset {namespace}/{name}"):
             await self.custom.patch_namespaced_custom_object_status(
@@ -396,8 +405,15 @@ class KubeClient:
                 namespace,
                 SET_PLURAL,
                 name,
-                [{"op": "add", "path": "/status", "value": status}],
+                _guarded([{"op": "add", "path": "/status", "value": status}], guard),
                 _content_type="application/json-patch+json",
+            )
+
+    async def patch_episodeset(self, namespace: str, name: str, patch: dict[str, Any]) -> None:
+        """A JSON merge patch of an EpisodeSet (its annotations)."""
+        with _api_call(f"episodeset {namespace}/{name}"):
+            await self.custom.patch_namespaced_custom_object(
+                GROUP, VERSION, namespace, SET_PLURAL, name, patch, _content_type="application/merge-patch+json"
             )
 
     async def create_episodeset(self, manifest: dict[str, Any]) -> dict[str, Any]:
@@ -536,6 +552,48 @@ class KubeClient:
         try:
             with _api_call(f"networkpolicy {namespace}/{name}"):
                 await networking.delete_namespaced_network_policy(name, namespace)
+        except NotFound:
+            pass
+
+    # Leases (the operator replicas' membership, kube/replicas.py) -------------------------------
+    async def list_leases(self, namespace: str, selector: str) -> list[dict[str, Any]]:
+        """The Leases as the API's JSON (camelCase keys)."""
+        coordination: Any = k8s.CoordinationV1Api(self.api)
+        with _api_call(f"leases {selector} in {namespace}"):
+            leases = await _json(
+                await coordination.list_namespaced_lease(namespace, label_selector=selector, _preload_content=False)
+            )
+        return list(leases.get("items") or [])
+
+    async def create_lease(self, manifest: dict[str, Any]) -> dict[str, Any]:
+        """Create a Lease; :class:`Conflict` when one of that name exists."""
+        coordination: Any = k8s.CoordinationV1Api(self.api)
+        namespace, name = manifest["metadata"]["namespace"], manifest["metadata"]["name"]
+        with _api_call(f"lease {namespace}/{name}"):
+            created: dict[str, Any] = await _json(
+                await coordination.create_namespaced_lease(namespace, manifest, _preload_content=False)
+            )
+        return created
+
+    async def replace_lease(self, manifest: dict[str, Any]) -> dict[str, Any]:
+        """Replace a Lease; its ``metadata.resourceVersion`` is a precondition (:class:`Conflict`)."""
+        coordination: Any = k8s.CoordinationV1Api(self.api)
+        namespace, name = manifest["metadata"]["namespace"], manifest["metadata"]["name"]
+        with _api_call(f"lease {namespace}/{name}"):
+            replaced: dict[str, Any] = await _json(
+                await coordination.replace_namespaced_lease(name, namespace, manifest, _preload_content=False)
+            )
+        return replaced
+
+    async def delete_lease(self, namespace: str, name: str, resource_version: str) -> None:
+        """Delete a Lease if it is still at ``resource_version``; one already gone is fine."""
+        coordination: Any = k8s.CoordinationV1Api(self.api)
+        options = {"preconditions": {"resourceVersion": resource_version}}
+        try:
+            with _api_call(f"lease {namespace}/{name}"):
+                await _json(
+                    await coordination.delete_namespaced_lease(name, namespace, body=options, _preload_content=False)
+                )
         except NotFound:
             pass
 
@@ -695,6 +753,21 @@ class KubeClient:
         if status is None:
             raise ExecTransportError(f"exec in {pod}/{container}: the connection closed without an exit status")
         return ExecResult(_exit_code(status, pod, container), bytes(stdout), bytes(stderr))
+
+
+@dataclass(frozen=True)
+class Guard:
+    """A precondition of a status write: the object's annotation ``key`` has ``value``."""
+
+    key: str
+    value: str
+
+
+def _guarded(patch: list[dict[str, Any]], guard: Guard | None) -> list[dict[str, Any]]:
+    if guard is None:
+        return patch
+    path = "/metadata/annotations/" + guard.key.replace("~", "~0").replace("/", "~1")
+    return [{"op": "test", "path": path, "value": guard.value}, *patch]
 
 
 def _exit_code(status: dict[str, Any], pod: str, container: str) -> int:

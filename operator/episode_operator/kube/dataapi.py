@@ -44,6 +44,7 @@ from episode_operator.runtime.dataapi import (
     serve,
     server_context,
 )
+from episode_operator.runtime.store import BlobStore
 
 # Where the API server publishes its --requestheader-* settings for aggregated API servers.
 AUTHENTICATION_CONFIG_MAP = ("kube-system", "extension-apiserver-authentication")
@@ -209,7 +210,7 @@ class DataApi:
 
 async def start_data_api(
     client: KubeClient,
-    data_dir: Path,
+    store: BlobStore,
     host: str,
     port: int,
     service_name: str,
@@ -228,7 +229,7 @@ async def start_data_api(
         front_proxy = front_proxy_from(authentication.data)
         certificate, key = self_signed_certificate(hostnames)
         context = server_context(certificate, key, front_proxy)
-        runner = await serve(front_proxy, SubjectAccessReviewer(client), data_dir, context, host, port)
+        runner = await serve(front_proxy, SubjectAccessReviewer(client), store, context, host, port)
         try:
             await register(client, service, certificate, owner)
         except BaseException:

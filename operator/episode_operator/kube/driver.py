@@ -17,7 +17,6 @@ import logging
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from pydantic import ValidationError
@@ -33,6 +32,7 @@ from episode_operator.api.vocabulary import (
 )
 from episode_operator.kube.client import KubeClient, KubeError, NotFound
 from episode_operator.kube.objects.pods import AgentImages, OwnerRef, episode_selector
+from episode_operator.kube.replicas import Claim
 from episode_operator.kube.sandbox import KubeProvider
 from episode_operator.kube.status import KubeStatusSink
 from episode_operator.kube.tombstones import answer_from_tombstone
@@ -40,7 +40,8 @@ from episode_operator.runtime.admission import Refusal, admit_spec, admit_task
 from episode_operator.runtime.agents import agent_kind
 from episode_operator.runtime.agents.model import SandboxNeeds
 from episode_operator.runtime.episode import EpisodeConfig, EpisodeObserver, EpisodeRunner
-from episode_operator.runtime.store import FileStore, episode_store_root
+from episode_operator.runtime.fencing import FencedProvider
+from episode_operator.runtime.store import BlobStore
 from episode_operator.runtime.wakeups import Wakeups
 from episode_operator.taskfolder import TaskFiles
 
@@ -49,7 +50,8 @@ from episode_operator.taskfolder import TaskFiles
 class DriverSettings:
     """Operator-wide settings the driver needs."""
 
-    data_dir: Path
+    # Where logs and artifacts are kept (runtime/store.py): the data directory or a bucket.
+    store: BlobStore
     pull_grace_sec: float = 120.0
     poll_interval_sec: float = 30.0
     source_wait_sec: float = 30.0
@@ -72,18 +74,24 @@ async def drive_episode(
     logger: logging.Logger,
     *,
     observer: EpisodeObserver | None = None,
+    claim: Claim | None = None,
 ) -> EpisodeStatus:
-    """Run the Episode in ``body`` from its current status to a terminal phase."""
+    """Run the Episode in ``body`` from its current status to a terminal phase.
+
+    ``claim``: this replica's claim on it (kube/replicas.py), the fence of every sandbox call
+    and status write; None for a sole operator."""
     if (recorded := await answer_from_tombstone(client, body, logger)) is not None:
         return recorded  # a run-once Episode re-created after its TTL: not run again (kube/tombstones.py)
     metadata = body["metadata"]
     episode = OwnerRef(metadata["name"], metadata["namespace"], metadata["uid"])
     generation = metadata.get("generation")
-    sink = KubeStatusSink(client, episode, generation, logger)
     try:
         status = EpisodeStatus.model_validate(body.get("status") or {})
     except ValidationError:
         status = EpisodeStatus()  # a status we cannot read is one we did not write: start over
+    sink = KubeStatusSink(
+        client, episode, generation, logger, claim=claim, position=(status.attempt, status.current_turn)
+    )
     if is_terminal(status.phase):
         return status
     spec = admit_spec(body.get("spec") or {})
@@ -126,8 +134,9 @@ async def drive_episode(
         backoff_base_sec=settings.backoff_base_sec,
         generation=generation,
     )
-    store = FileStore(episode_store_root(settings.data_dir, episode.namespace, episode.name, episode.uid))
-    return await EpisodeRunner(config, provider, sink, store, observer=observer).run(status)
+    store = settings.store.episode(episode.namespace, episode.name, episode.uid)
+    fenced = provider if claim is None else FencedProvider(provider, claim)
+    return await EpisodeRunner(config, fenced, sink, store, observer=observer).run(status)
 
 
 async def read_task_files(client: KubeClient, namespace: str, source: TaskSource, wait_sec: float) -> TaskFiles:

@@ -43,7 +43,9 @@ from episode_operator.api.models import DEFAULT_TASK_ARCHIVE_KEY, validation_mes
 from episode_operator.api.vocabulary import TASK_LABEL, parse_timestamp, precise_timestamp
 from episode_operator.kube.client import Conflict, KubeClient, KubeError, NotFound
 from episode_operator.kube.objects.children import child_manifest, child_view, set_selector
+from episode_operator.kube.objects.events import event_name
 from episode_operator.kube.objects.pods import OwnerRef
+from episode_operator.kube.replicas import Claim
 from episode_operator.kube.status import record_event
 from episode_operator.runtime.evaluation import definition_digest, plan_set
 from episode_operator.runtime.wakeups import nap
@@ -82,13 +84,18 @@ async def run_episode_set(
     stopped: Callable[[], bool],
     logger: logging.Logger,
     settings: SetSettings | None = None,
+    *,
+    claim: Claim | None = None,
 ) -> None:
-    """Reconcile the set until it is complete (or deleted, or the loop is stopped)."""
+    """Reconcile the set until it is complete (or deleted, or the loop is stopped).
+
+    ``claim``: this replica's claim on the set (kube/replicas.py), checked before each pass and
+    carried by every status write; a pass that finds it gone stops the loop (:class:`Fenced`)."""
     settings = settings or SetSettings()
     while not stopped():
         wakeup.clear()
         try:
-            delay = await reconcile_episode_set(client, namespace, name, logger, settings)
+            delay = await reconcile_episode_set(client, namespace, name, logger, settings, claim=claim)
         except SetGone:
             return
         except KubeError as error:
@@ -103,9 +110,17 @@ async def run_episode_set(
 
 
 async def reconcile_episode_set(
-    client: KubeClient, namespace: str, name: str, logger: logging.Logger, settings: SetSettings
+    client: KubeClient,
+    namespace: str,
+    name: str,
+    logger: logging.Logger,
+    settings: SetSettings,
+    *,
+    claim: Claim | None = None,
 ) -> float | None:
     """One pass over the set; the seconds until the next one, or None when the set is complete."""
+    if claim is not None:
+        claim.check()
     try:
         body = await client.get_episodeset(namespace, name)
     except NotFound:
@@ -120,11 +135,11 @@ async def reconcile_episode_set(
         previous = EpisodeSetStatus()  # not ours: start over (children are found again by label)
     if previous.completion_time:
         return None
-    events = SetEvents(client, ref, logger)
+    events = SetWriter(client, ref, logger, claim)
     try:
         spec = EpisodeSetSpec.model_validate(body.get("spec") or {})
     except ValidationError as error:
-        await _finish_failed(client, ref, previous, "InvalidSpec", "invalid spec: " + validation_message(error), events)
+        await _finish_failed(previous, "InvalidSpec", "invalid spec: " + validation_message(error), events)
         return None
     definition = definition_digest(body.get("spec") or {})
 
@@ -144,7 +159,7 @@ async def reconcile_episode_set(
         now=now,
         generation=metadata.get("generation"),
     )
-    await _write_status(client, ref, previous, plan.status)
+    await events.status(previous, plan.status)
     for reason, message, warning in plan.events:
         await events.post(reason, message, warning=warning)
     for child in plan.suspend:
@@ -157,7 +172,7 @@ async def reconcile_episode_set(
         await events.post("ChildrenResumed", f"resumed {len(plan.resume)} children: {plan.resume}")
     refusal = await _create_children(client, ref, spec, plan.status.tasks, plan.create, events)
     if refusal is not None:
-        await _finish_failed(client, ref, plan.status, *refusal, events, when_idle=True)
+        await _finish_failed(plan.status, *refusal, events, when_idle=True)
     if plan.status.completion_time:
         return None
     return settings.resync_sec
@@ -172,14 +187,14 @@ async def _resolve(
     previous: EpisodeSetStatus,
     definition: str,
     settings: SetSettings,
-    events: SetEvents,
+    events: SetWriter,
 ) -> EpisodeSetStatus | float | None:
     """The status with the dataset recorded (written), a delay to wait, or None when the set failed."""
     if spec.suspend:
         status = previous.model_copy(
             update={"phase": "Pending", "reason": "Suspended", "message": "suspended (spec.suspend): not started"}
         )
-        await _write_status(client, ref, previous, status)
+        await events.status(previous, status)
         return settings.resync_sec
     try:
         tasks = await resolve_dataset(client, ref.namespace, spec)
@@ -189,9 +204,9 @@ async def _resolve(
             status = previous.model_copy(
                 update={"phase": "Pending", "reason": "WaitingForDataset", "message": f"waiting: {error}"}
             )
-            await _write_status(client, ref, previous, status)
+            await events.status(previous, status)
             return 2.0
-        await _finish_failed(client, ref, previous, "DatasetUnavailable", str(error), events)
+        await _finish_failed(previous, "DatasetUnavailable", str(error), events)
         return None
     total = len(tasks) * spec.attempts
     if total > MAX_CHILDREN:
@@ -199,7 +214,7 @@ async def _resolve(
             f"{len(tasks)} tasks × {spec.attempts} attempts = {total} children, more than a set holds "
             f"({MAX_CHILDREN}); split the dataset into several sets"
         )
-        await _finish_failed(client, ref, previous, "DatasetTooLarge", message, events)
+        await _finish_failed(previous, "DatasetTooLarge", message, events)
         return None
     now = precise_timestamp(time.time())
     status = previous.model_copy(
@@ -214,7 +229,7 @@ async def _resolve(
             "start_time": now,
         }
     )
-    await _write_status(client, ref, previous, status)
+    await events.status(previous, status)
     await events.post("DatasetResolved", f"{len(tasks)} tasks × {spec.attempts} attempts = {total} children")
     return status
 
@@ -300,7 +315,7 @@ async def _create_children(
     spec: EpisodeSetSpec,
     tasks: Sequence[SetTaskStatus],
     slots: Sequence[tuple[int, int]],
-    events: SetEvents,
+    events: SetWriter,
 ) -> tuple[str, str] | None:
     """Create the children of ``slots``; (reason, message) when one cannot be created, ever."""
     by_index = {task.index: task for task in tasks}
@@ -338,25 +353,11 @@ async def _suspend_child(client: KubeClient, namespace: str, name: str, *, suspe
 
 
 # --- status and events ----------------------------------------------------------------------------
-async def _write_status(
-    client: KubeClient, ref: OwnerRef, previous: EpisodeSetStatus, status: EpisodeSetStatus
-) -> None:
-    """Write the status if it changed (each write wakes the loop again)."""
-    if status.to_api() == previous.to_api():
-        return
-    try:
-        await client.replace_episodeset_status(ref.namespace, ref.name, status.to_api())
-    except NotFound as error:
-        raise SetGone(str(error)) from error
-
-
 async def _finish_failed(
-    client: KubeClient,
-    ref: OwnerRef,
     previous: EpisodeSetStatus,
     reason: str,
     message: str,
-    events: SetEvents,
+    events: SetWriter,
     *,
     when_idle: bool = False,
 ) -> None:
@@ -367,18 +368,42 @@ async def _finish_failed(
     status.start_time = status.start_time or now
     if not (when_idle and status.active):
         status.completion_time = now
-    await _write_status(client, ref, previous, status)
+    await events.status(previous, status)
     await events.post(reason, message, warning=True)
 
 
 @dataclass
-class SetEvents:
-    """Kubernetes Events on the set; losing one is logged, never fatal."""
+class SetWriter:
+    """What a pass writes: the set's status (fenced by the replica's claim) and its Events.
+
+    An Event is named after its reason and message, which name the transition (the child
+    created, the dataset resolved), so a pass repeated by another replica posts nothing twice.
+    Losing an Event is logged, never fatal."""
 
     client: KubeClient
     ref: OwnerRef
     logger: logging.Logger
+    claim: Claim | None = None
+
+    async def status(self, previous: EpisodeSetStatus, status: EpisodeSetStatus) -> None:
+        """Write the status if it changed (each write wakes the loop again)."""
+        if status.to_api() == previous.to_api():
+            return
+        guard = None
+        if self.claim is not None:
+            self.claim.check()
+            guard = self.claim.guard
+        try:
+            await self.client.replace_episodeset_status(self.ref.namespace, self.ref.name, status.to_api(), guard=guard)
+        except NotFound as error:
+            raise SetGone(str(error)) from error
+        except KubeError as error:
+            if error.status == 422 and self.claim is not None:
+                await self.claim.confirm()  # the claim's precondition failed: Fenced
+            raise
 
     async def post(self, reason: str, message: str, *, warning: bool = False) -> None:
-        """Queue the Event (posted in the background, see :mod:`episode_operator.kube.events`)."""
-        record_event(self.client, self.ref, reason, message, warning=warning, logger=self.logger)
+        """Queue the Event (posted in the background, see :mod:`episode_operator.kube.events`), named
+        for its occasion so that a second replica's driver does not post it again."""
+        name = event_name(self.ref, reason, message)
+        record_event(self.client, self.ref, reason, message, warning=warning, logger=self.logger, name=name)

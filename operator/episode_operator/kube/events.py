@@ -54,6 +54,8 @@ class _Pending:
     first_at: float
     last_at: float
     count: int = 1
+    # The Event's name when it stands for one occasion (see ``event_name``): posted once by whoever posts it.
+    name: str | None = None
 
 
 class EventRecorder:
@@ -71,12 +73,14 @@ class EventRecorder:
         burst: int = DEFAULT_BURST,
         limiter: Limiter | None = None,
         expected_errors: tuple[type[Exception], ...] = (),
+        already_posted: tuple[type[Exception], ...] = (),
         metrics: Metrics | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self._post = post
         self._limiter: Limiter = limiter or AsyncLimiter(burst, burst / rate_per_sec)
         self._expected_errors = expected_errors
+        self._already_posted = already_posted
         self._metrics = metrics
         self._clock = clock
         self._queues: dict[str, deque[_Pending]] = {}
@@ -87,8 +91,19 @@ class EventRecorder:
         """Events recorded and not posted yet."""
         return sum(len(queue) for queue in self._queues.values())
 
-    def record(self, owner: OwnerRef, reason: str, message: str, *, warning: bool, logger: logging.Logger) -> None:
-        """Queue an Event on ``owner`` (returns at once; the caller logs it)."""
+    def record(
+        self,
+        owner: OwnerRef,
+        reason: str,
+        message: str,
+        *,
+        warning: bool,
+        logger: logging.Logger,
+        name: str | None = None,
+    ) -> None:
+        """Queue an Event on ``owner`` (returns at once; the caller logs it). A ``name`` makes it the
+        Event of one occasion: if it exists already (another replica, or this one before a restart,
+        posted it), nothing is posted again."""
         now = self._clock()
         queue = self._queues.setdefault(owner.uid, deque())
         waiting = None
@@ -100,7 +115,7 @@ class EventRecorder:
             waiting.last_at = now
             self._count("combined")
         else:
-            queue.append(_Pending(owner, reason, message, warning, logger, now, now))
+            queue.append(_Pending(owner, reason, message, warning, logger, now, now, name=name))
         if owner.uid not in self._posters:
             self._posters[owner.uid] = asyncio.create_task(self._post_queue(owner.uid))
 
@@ -137,6 +152,9 @@ class EventRecorder:
     async def _post_one(self, pending: _Pending) -> None:
         try:
             await self._post(pending.owner.namespace, self._manifest(pending))
+        except self._already_posted:
+            pending.logger.debug("event %s (%s) was posted already", pending.name, pending.reason)
+            self._count("duplicate")
         except self._expected_errors as error:
             pending.logger.warning("could not post event %s: %s", pending.reason, error)
             self._count("failed")
@@ -155,6 +173,7 @@ class EventRecorder:
             pending.reason,
             pending.message[: MESSAGE_LIMIT - len(combined)] + combined,
             pending.warning,
+            name=pending.name,
             now=self._clock(),
             first_at=pending.first_at,
             last_at=pending.last_at,

@@ -1,4 +1,11 @@
-"""Writing an Episode's status and its Kubernetes Events."""
+"""Writing an Episode's status and its Kubernetes Events.
+
+With replicas, a driver's writes are fenced by its claim (kube/replicas.py): each status write
+carries the claim as a precondition the API server checks, and an Event is named after the
+transition it announces (the reason at the attempt and turn the status last showed), so a
+second driver — a restarted or another replica — announcing the same transition gets 409 and
+posts nothing.
+"""
 
 from __future__ import annotations
 
@@ -7,8 +14,10 @@ from dataclasses import dataclass, field
 
 from episode_operator.api.models import EpisodeStatus
 from episode_operator.api.vocabulary import is_terminal
-from episode_operator.kube.client import KubeClient, NotFound
+from episode_operator.kube.client import KubeClient, KubeError, NotFound
+from episode_operator.kube.objects.events import event_name
 from episode_operator.kube.objects.pods import OwnerRef
+from episode_operator.kube.replicas import Claim
 
 # How long a terminal status waits for its Episode's Events (they wait only for the rate limit).
 FLUSH_TIMEOUT_SEC = 5.0
@@ -26,8 +35,14 @@ class KubeStatusSink:
     episode: OwnerRef
     generation: int | None = None
     logger: logging.Logger = field(default_factory=lambda: logging.getLogger("episode_operator"))
+    # This replica's claim on the Episode (None: a sole operator).
+    claim: Claim | None = None
+    # (attempt, turn) of the status last read or written: where the runner is, for Event names.
+    position: tuple[int | None, int | None] = (None, None)
 
     async def publish(self, status: EpisodeStatus) -> None:
+        if self.claim is not None:
+            self.claim.check()
         if is_terminal(status.phase):
             await self.flush()  # the terminal status ends the driver: its Events come first
         # The whole status, conditions included, was computed from the generation the driver runs.
@@ -35,14 +50,27 @@ class KubeStatusSink:
         for condition in status.conditions:
             condition.observed_generation = self.generation
         try:
-            await self.client.replace_episode_status(self.episode.namespace, self.episode.name, status.to_api())
+            await self.client.replace_episode_status(
+                self.episode.namespace,
+                self.episode.name,
+                status.to_api(),
+                guard=self.claim.guard if self.claim is not None else None,
+            )
         except NotFound as error:
             raise EpisodeGone(str(error)) from error
+        except KubeError as error:
+            if error.status == 422 and self.claim is not None:
+                await self.claim.confirm()  # the precondition failed: another replica's claim is Fenced
+            raise
+        self.position = (status.attempt, status.current_turn)
 
     async def event(self, reason: str, message: str, *, warning: bool = False) -> None:
         """Post an Event in the background: a turn does not wait for a round trip that
         decides nothing (a lost Event is logged, never fatal)."""
-        record_event(self.client, self.episode, reason, message, warning=warning, logger=self.logger)
+        if self.claim is not None:
+            self.claim.check()
+        name = event_name(self.episode, reason, *self.position)
+        record_event(self.client, self.episode, reason, message, warning=warning, logger=self.logger, name=name)
 
     async def flush(self) -> None:
         """Wait until every Event asked for so far is posted (or given up), for a while at most:
@@ -51,8 +79,16 @@ class KubeStatusSink:
 
 
 def record_event(
-    client: KubeClient, owner: OwnerRef, reason: str, message: str, *, warning: bool, logger: logging.Logger
+    client: KubeClient,
+    owner: OwnerRef,
+    reason: str,
+    message: str,
+    *,
+    warning: bool,
+    logger: logging.Logger,
+    name: str | None = None,
 ) -> None:
-    """Log an Event on an Episode or EpisodeSet and queue it for posting (see :mod:`.events`)."""
+    """Log an Event on an Episode or EpisodeSet and queue it for posting (see :mod:`.events`); a
+    ``name`` (:func:`event_name`) makes it the Event of one occasion, posted once across replicas."""
     (logger.warning if warning else logger.info)("%s: %s", reason, message)
-    client.event_recorder.record(owner, reason, message, warning=warning, logger=logger)
+    client.event_recorder.record(owner, reason, message, warning=warning, logger=logger, name=name)

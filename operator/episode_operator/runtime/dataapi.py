@@ -45,7 +45,14 @@ from urllib.parse import unquote
 
 from aiohttp import web
 
-from episode_operator.runtime.store import episode_store_root, export_artifacts, stored_logs, turn_records
+from episode_operator.runtime.store import (
+    BlobStore,
+    EpisodeBlobs,
+    export_artifacts,
+    kept_logs,
+    render_logs,
+    turn_records,
+)
 
 DATA_GROUP = "data.episode-operator.dev"
 DATA_VERSION = "v1alpha1"
@@ -127,45 +134,38 @@ class FrontProxy:
 
 
 # --- The kept data, one entry per subresource -----------------------------------------------------
-Serve = Callable[[Path, Mapping[str, str]], Awaitable[web.Response]]
+Serve = Callable[[EpisodeBlobs, Mapping[str, str]], Awaitable[web.Response]]
 
 
-async def _logs(root: Path, query: Mapping[str, str]) -> web.Response:
+async def _logs(blobs: EpisodeBlobs, query: Mapping[str, str]) -> web.Response:
     turn = query.get("turn")
     attempt = int(query["attempt"]) if query.get("attempt", "").isdigit() else None
-    chunks: list[bytes] = []
-    for log in await asyncio.to_thread(stored_logs, root, turn=turn, attempt=attempt):
-        chunks.append(f"==> attempt {log.attempt} turn {log.turn}: {log.name} <==\n".encode())
-        chunks.append(await asyncio.to_thread(log.path.read_bytes))
-        chunks.append(b"\n")
-    if not chunks:
+    logs = await kept_logs(blobs, turn=turn, attempt=attempt)
+    if not logs:
         raise _status(404, "NotFound", "no logs kept" + (f" for turn {turn}" if turn else ""))
-    return web.Response(body=b"".join(chunks), content_type="text/plain")
+    return web.Response(body=render_logs(logs), content_type="text/plain")
 
 
-async def _turns(root: Path, query: Mapping[str, str]) -> web.Response:
+async def _turns(blobs: EpisodeBlobs, query: Mapping[str, str]) -> web.Response:
     """Each turn's instruction, recorded model calls and trajectory (export, ``kubectl episode trajectory``)."""
     attempt = int(query["attempt"]) if query.get("attempt", "").isdigit() else None
-    return web.json_response(await asyncio.to_thread(turn_records, root, attempt=attempt))
+    return web.json_response(await turn_records(blobs, attempt=attempt))
 
 
-async def _artifacts(root: Path, _: Mapping[str, str]) -> web.Response:
-    body = await asyncio.to_thread(_artifacts_tar, root)
-    if body is None:
-        raise _status(404, "NotFound", "no artifacts kept")
+async def _artifacts(blobs: EpisodeBlobs, _: Mapping[str, str]) -> web.Response:
+    with tempfile.TemporaryDirectory() as scratch:
+        if not await export_artifacts(blobs, Path(scratch)):
+            raise _status(404, "NotFound", "no artifacts kept")
+        body = await asyncio.to_thread(_gzip_tar, Path(scratch))
     return web.Response(body=body, content_type="application/gzip")
 
 
-def _artifacts_tar(root: Path) -> bytes | None:
-    with tempfile.TemporaryDirectory() as scratch:
-        written = export_artifacts(root, Path(scratch))
-        if not written:
-            return None
-        buffer = io.BytesIO()
-        with tarfile.open(fileobj=buffer, mode="w:gz") as archive:
-            for child in sorted(Path(scratch).iterdir()):
-                archive.add(child, arcname=child.name)
-        return buffer.getvalue()
+def _gzip_tar(folder: Path) -> bytes:
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w:gz") as archive:
+        for child in sorted(folder.iterdir()):
+            archive.add(child, arcname=child.name)
+    return buffer.getvalue()
 
 
 @dataclass(frozen=True)
@@ -205,16 +205,7 @@ def _status(code: int, reason: str, message: str) -> web.HTTPException:
     return error
 
 
-def _kept_root(data_dir: Path, namespace: str, name: str, uid: str | None) -> Path:
-    """The Episode's folder: the given uid's, else the most recently written one of that name."""
-    if uid:
-        return episode_store_root(data_dir, namespace, name, uid)
-    parent = episode_store_root(data_dir, namespace, name, "x").parent
-    folders = [child for child in parent.iterdir() if child.is_dir()] if parent.is_dir() else []
-    return max(folders, key=lambda folder: folder.stat().st_mtime, default=parent / "-")
-
-
-def application(front_proxy: FrontProxy, authorize: Authorizer, data_dir: Path) -> web.Application:
+def application(front_proxy: FrontProxy, authorize: Authorizer, store: BlobStore) -> web.Application:
     """The aiohttp application (separate from serving it, for tests)."""
 
     def authenticated(request: web.Request) -> Caller:
@@ -245,10 +236,15 @@ def application(front_proxy: FrontProxy, authorize: Authorizer, data_dir: Path) 
                 f'resource "{RESOURCE}/{access.subresource}" in API group "{DATA_GROUP}" in the namespace '
                 f'"{access.namespace}"' + (f": {decision.reason}" if decision.reason else ""),
             )
-        root = await asyncio.to_thread(_kept_root, data_dir, access.namespace, access.name, request.query.get("uid"))
-        if not root.is_dir():
+        uid = request.query.get("uid")
+        blobs = (
+            store.episode(access.namespace, access.name, uid)
+            if uid
+            else await store.latest_episode(access.namespace, access.name)
+        )
+        if blobs is None or not await blobs.kept():
             raise _status(404, "NotFound", f"nothing kept for {access.namespace}/{access.name}")
-        return await entry.serve(root, request.query)
+        return await entry.serve(blobs, request.query)
 
     app = web.Application()
     app.router.add_get(PREFIX, show_discovery)
@@ -274,13 +270,13 @@ def server_context(certificate_pem: bytes, key_pem: bytes, front_proxy: FrontPro
 async def serve(
     front_proxy: FrontProxy,
     authorize: Authorizer,
-    data_dir: Path,
+    store: BlobStore,
     context: ssl.SSLContext,
     host: str,
     port: int,
 ) -> web.AppRunner:
     """Start serving over TLS; the caller keeps the runner and cleans it up at shutdown."""
-    runner = web.AppRunner(application(front_proxy, authorize, data_dir), access_log=None)
+    runner = web.AppRunner(application(front_proxy, authorize, store), access_log=None)
     await runner.setup()
     await web.TCPSite(runner, host, port, ssl_context=context).start()
     return runner

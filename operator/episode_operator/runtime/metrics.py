@@ -79,7 +79,8 @@ class Metrics:
         self.events = Counter(
             "episode_operator_events",
             "Kubernetes Events recorded, by what became of them: posted; combined into one of the same object "
-            "and reason still waiting (the operator's Event rate limit was reached); failed.",
+            "and reason still waiting (the operator's Event rate limit was reached); duplicate (the Event of that "
+            "occasion was posted already, by another replica or before a restart); failed.",
             ["result"],
             registry=self.registry,
         )

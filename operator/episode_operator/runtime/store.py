@@ -1,35 +1,56 @@
-"""Where an episode's logs and artifacts outlive its pods.
+"""Where an episode's logs and artifacts outlive its pods — and the replica that drove it.
 
-The operator keeps them in its data directory (a volume in the Helm chart), one folder per
-Episode (by namespace, name and uid, so a re-created Episode never reads an old one's
-files) and attempt, and serves them to ``kubectl episode logs`` and ``artifacts``. Artifact
-entries are kept as the tars collected from the sandbox (member names relative to ``/``),
-which is also exactly what a separate verifier pod needs to recreate them at their
-original absolute paths.
+One :class:`BlobStore` per operator, through ``obstore`` (Apache Arrow's ``object_store``): the
+operator's data directory by default (a single replica, or replicas sharing a ReadWriteMany
+volume), or an S3-compatible bucket, so that any replica serves any Episode's files and losing a
+replica loses none. Blobs are named per Episode (namespace, name and uid, so a re-created Episode
+never reads an old one's files), attempt, turn, kind and name::
+
+    <namespace>/<name>/<uid>/attempt-<n>/<turn>/<kind>/<name>   (logs, artifacts)
+    <namespace>/<name>/<uid>/attempt-<n>/<turn>/<record>        (instruction, model calls, trajectory)
+    <namespace>/<name>/<uid>/attempt-<n>/logs.order             (the order the logs were first saved)
+
+:class:`EpisodeBlobs` is one Episode's view, the runner's :class:`EpisodeStore`. The kinds so far:
+``logs`` (``<job>.txt``) and ``artifacts`` (``NNN.tar`` for manifest entry NNN, and
+``manifest.json``); a turn's records (``save_file``) sit beside them. Artifact
+entries are kept as the tars collected from the sandbox (member names relative to ``/``), which is
+also exactly what a separate verifier pod needs to recreate them at their original absolute paths.
+The local layout is the one the data directory always had, so existing data stays readable.
 """
 
 from __future__ import annotations
 
-import asyncio
+import io
 import json
 import re
 import tarfile
+from collections.abc import Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
+
+import obstore
+from obstore.store import LocalStore, MemoryStore, S3Store
 
 from episode_operator.api.export import CALLS_RECORD, INSTRUCTION_RECORD, TRAJECTORY_RECORD
 from episode_operator.runtime.archive import extract_safely
 
+if TYPE_CHECKING:  # the typed configurations exist in obstore's stubs only
+    from obstore.store import ClientConfig, ObjectStore, S3Config
+
 MANIFEST = "manifest.json"
+LOGS = "logs"
+ARTIFACTS = "artifacts"
+SAFE_NAME = re.compile(r"[^A-Za-z0-9._-]")
 # What the store keeps of a turn whose agent acted: its instruction, its recorded model calls (the capture
 # proxy's journal) and its ATIF trajectory — what ``kubectl episode export`` and ``trajectory`` read.
 INSTRUCTION_FILE, CALLS_FILE, TRAJECTORY_FILE = INSTRUCTION_RECORD, CALLS_RECORD, TRAJECTORY_RECORD
 TURN_RECORDS = (INSTRUCTION_FILE, CALLS_FILE, TRAJECTORY_FILE)
 # Per attempt: the logs in the order they were first saved ("<turn>/<name>" lines), which is
-# the order the turns and their jobs ran in; names alone sort turn 10 before turn 2.
+# the order the turns and their jobs ran in; names alone sort turn 10 before turn 2, and S3 keeps
+# modification times to the second only.
 LOG_ORDER = "logs.order"
-SAFE_NAME = re.compile(r"[^A-Za-z0-9._-]")
 
 
 class EpisodeStore(Protocol):
@@ -61,154 +82,269 @@ def safe(name: str) -> str:
 
 
 @dataclass(frozen=True)
-class FileStore:
-    """An :class:`EpisodeStore` in a directory: ``<root>/<namespace>/<name>/<uid>/attempt-N/<turn>/``."""
+class StoreSettings:
+    """``episode-operator run``'s store flags: no URL keeps everything in the data directory."""
 
-    root: Path
+    url: str | None = None  # s3://bucket/prefix
+    endpoint: str | None = None  # an S3-compatible server (MinIO, Ceph, …); None: AWS
+    region: str | None = None
+    allow_http: bool = False
 
-    def turn_dir(self, attempt: int, turn: str) -> Path:
-        return self.root / f"attempt-{attempt}" / safe(turn)
-
-    async def save_log(self, attempt: int, turn: str, name: str, data: bytes) -> None:
-        await asyncio.to_thread(self._write_log, attempt, turn, name, data)
-
-    def _write_log(self, attempt: int, turn: str, name: str, data: bytes) -> None:
-        self._write(self.turn_dir(attempt, turn) / "logs" / f"{safe(name)}.txt", data)
-        order = self.root / f"attempt-{attempt}" / LOG_ORDER
-        entry = f"{safe(turn)}/{safe(name)}"
-        if entry not in _log_order(order):  # a log saved again (a restarted runner) keeps its place
-            with order.open("a") as stream:
-                stream.write(entry + "\n")
-
-    async def save_artifact(self, attempt: int, turn: str, index: int, archive: bytes) -> None:
-        await asyncio.to_thread(self._write, self.turn_dir(attempt, turn) / "artifacts" / f"{index:03d}.tar", archive)
-
-    async def save_manifest(self, attempt: int, turn: str, manifest: list[dict[str, Any]]) -> None:
-        data = (json.dumps(manifest, indent=2) + "\n").encode()
-        await asyncio.to_thread(self._write, self.turn_dir(attempt, turn) / "artifacts" / MANIFEST, data)
-
-    async def artifact_archives(self, attempt: int, turn: str) -> list[bytes]:
-        folder = self.turn_dir(attempt, turn) / "artifacts"
-        return await asyncio.to_thread(lambda: [path.read_bytes() for path in sorted(folder.glob("*.tar"))])
-
-    async def save_file(self, attempt: int, turn: str, name: str, data: bytes) -> None:
-        await asyncio.to_thread(self._write, self.turn_dir(attempt, turn) / safe(name), data)
-
-    async def read_file(self, attempt: int, turn: str, name: str) -> bytes | None:
-        path = self.turn_dir(attempt, turn) / safe(name)
-        return await asyncio.to_thread(lambda: path.read_bytes() if path.is_file() else None)
-
-    @staticmethod
-    def _write(path: Path, data: bytes) -> None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        temporary = path.with_suffix(path.suffix + ".tmp")
-        temporary.write_bytes(data)
-        temporary.replace(path)
-
-
-def episode_store_root(data_dir: Path, namespace: str, name: str, uid: str) -> Path:
-    """The folder of one Episode in the operator's data directory."""
-    return data_dir / safe(namespace) / safe(name) / safe(uid)
+    def open(self, data_dir: Path) -> BlobStore:
+        """The store these settings name; credentials come from the environment (AWS_ACCESS_KEY_ID…)."""
+        if self.url is None:
+            return BlobStore.local(data_dir)
+        config: S3Config = {}
+        if self.endpoint:
+            config["endpoint"] = self.endpoint
+            config["virtual_hosted_style_request"] = False  # path-style, as S3-compatible servers expect
+        if self.region:
+            config["region"] = self.region
+        client_options: ClientConfig = {"allow_http": self.allow_http}
+        return BlobStore(S3Store.from_url(self.url, config=config, client_options=client_options), self.url)
 
 
 @dataclass(frozen=True)
-class StoredLog:
+class Blob:
+    key: str
+    modified: datetime
+    size: int
+
+
+class BlobStore:
+    """Named blobs in an object store (a directory, a bucket, or memory for tests)."""
+
+    def __init__(self, store: ObjectStore, where: str) -> None:
+        self.store = store
+        self.where = where
+
+    @classmethod
+    def local(cls, root: Path) -> BlobStore:
+        root.mkdir(parents=True, exist_ok=True)
+        return cls(LocalStore(root, mkdir=True), str(root))
+
+    @classmethod
+    def memory(cls) -> BlobStore:
+        return cls(MemoryStore(), "memory")
+
+    async def put(self, key: str, data: bytes) -> None:
+        await obstore.put_async(self.store, key, data)
+
+    async def get(self, key: str) -> bytes | None:
+        """The blob's bytes; None when there is none."""
+        try:
+            result = await obstore.get_async(self.store, key)
+            return bytes(await result.bytes_async())
+        except FileNotFoundError:
+            return None
+
+    async def list(self, prefix: str) -> list[Blob]:
+        """The blobs below ``prefix`` (a folder: whole path segments)."""
+        blobs = []
+        async for chunk in obstore.list(self.store, prefix):
+            blobs += [Blob(meta["path"], meta["last_modified"], meta["size"]) for meta in chunk]
+        return blobs
+
+    def episode(self, namespace: str, name: str, uid: str) -> EpisodeBlobs:
+        return EpisodeBlobs(self, f"{safe(namespace)}/{safe(name)}/{safe(uid)}")
+
+    async def latest_episode(self, namespace: str, name: str) -> EpisodeBlobs | None:
+        """Of the Episodes of that name (one uid each), the one written to last; None if none."""
+        newest: dict[str, datetime] = {}
+        for blob in await self.list(f"{safe(namespace)}/{safe(name)}"):
+            parts = blob.key.split("/")  # namespace, name, uid, attempt-N, …
+            if len(parts) > 3:
+                newest[parts[2]] = max(newest.get(parts[2], blob.modified), blob.modified)
+        uid = max(newest, key=lambda found: newest[found], default=None)
+        return self.episode(namespace, name, uid) if uid else None
+
+
+@dataclass(frozen=True)
+class KeptBlob:
+    """One blob of an Episode, by where it belongs (``kind`` "" for a turn's record)."""
+
+    attempt: int
+    turn: str
+    kind: str
+    name: str
+    key: str
+    modified: datetime
+
+
+@dataclass(frozen=True)
+class EpisodeBlobs:
+    """One Episode's blobs: named by attempt, turn, kind and name (an :class:`EpisodeStore`)."""
+
+    store: BlobStore
+    prefix: str
+
+    @classmethod
+    def local(cls, root: Path) -> EpisodeBlobs:
+        """An Episode's blobs directly in ``root`` (a local replay's logs)."""
+        return cls(BlobStore.local(root), "")
+
+    def key(self, attempt: int, *parts: str) -> str:
+        path = "/".join([f"attempt-{attempt}", *map(safe, parts)])
+        return f"{self.prefix}/{path}" if self.prefix else path
+
+    async def put(self, attempt: int, turn: str, *path_and_data: Any) -> None:
+        """``put(attempt, turn, [kind,] name, data)``: a blob of a turn."""
+        *path, data = path_and_data
+        await self.store.put(self.key(attempt, turn, *path), data)
+
+    async def get(self, attempt: int, turn: str, *path: str) -> bytes | None:
+        """``get(attempt, turn, [kind,] name)``: a blob of a turn, or None."""
+        return await self.store.get(self.key(attempt, turn, *path))
+
+    async def kept(self) -> list[KeptBlob]:
+        """Everything kept for the Episode: oldest attempt first, then as written (:func:`kept_logs`
+        orders logs by the recorded order instead)."""
+        kept = []
+        for listed in await self.store.list(self.prefix):
+            parts = listed.key.removeprefix(self.prefix).strip("/").split("/")
+            if len(parts) not in (3, 4) or not parts[0].startswith("attempt-") or not parts[0][8:].isdigit():
+                continue
+            kind, name = (parts[2], parts[3]) if len(parts) == 4 else ("", parts[2])
+            kept.append(KeptBlob(int(parts[0][8:]), parts[1], kind, name, listed.key, listed.modified))
+        return sorted(kept, key=lambda blob: (blob.attempt, blob.modified, blob.key))
+
+    async def log_order(self, attempt: int) -> list[str]:
+        data = await self.store.get(self.key(attempt, LOG_ORDER))
+        return data.decode().splitlines() if data else []
+
+    # EpisodeStore -------------------------------------------------------------------------------
+    async def save_log(self, attempt: int, turn: str, name: str, data: bytes) -> None:
+        await self.put(attempt, turn, LOGS, f"{name}.txt", data)
+        # One driver at a time writes an Episode's blobs (docs/replicas.md): read, append, write is safe.
+        order = await self.log_order(attempt)
+        entry = f"{safe(turn)}/{safe(name)}"
+        if entry not in order:  # a log saved again (a restarted runner) keeps its place
+            lines = "".join(f"{line}\n" for line in [*order, entry])
+            await self.store.put(self.key(attempt, LOG_ORDER), lines.encode())
+
+    async def save_artifact(self, attempt: int, turn: str, index: int, archive: bytes) -> None:
+        await self.put(attempt, turn, ARTIFACTS, f"{index:03d}.tar", archive)
+
+    async def save_manifest(self, attempt: int, turn: str, manifest: list[dict[str, Any]]) -> None:
+        await self.put(attempt, turn, ARTIFACTS, MANIFEST, (json.dumps(manifest, indent=2) + "\n").encode())
+
+    async def artifact_archives(self, attempt: int, turn: str) -> list[bytes]:
+        found = [
+            blob
+            for blob in await self.kept()
+            if (blob.attempt, blob.turn, blob.kind) == (attempt, safe(turn), ARTIFACTS)
+        ]
+        archives = []
+        for blob in sorted(found, key=lambda blob: blob.name):
+            if blob.name.endswith(".tar") and (data := await self.store.get(blob.key)) is not None:
+                archives.append(data)
+        return archives
+
+    async def save_file(self, attempt: int, turn: str, name: str, data: bytes) -> None:
+        await self.put(attempt, turn, name, data)
+
+    async def read_file(self, attempt: int, turn: str, name: str) -> bytes | None:
+        return await self.get(attempt, turn, name)
+
+
+# --- reading what was kept (the operator's HTTP endpoint, kubectl episode) ------------------------------
+@dataclass(frozen=True)
+class KeptLog:
     attempt: int
     turn: str
     name: str
-    path: Path
+    data: bytes
 
 
-def stored_logs(root: Path, *, turn: str | None = None, attempt: int | None = None) -> list[StoredLog]:
+async def kept_logs(blobs: EpisodeBlobs, *, turn: str | None = None, attempt: int | None = None) -> list[KeptLog]:
     """The logs kept for one Episode, oldest attempt first, each attempt's in the order they ran.
 
     That order is the attempt's ``logs.order``; logs it does not name (kept before it existed)
     follow, by modification time.
     """
-    logs: list[StoredLog] = []
-    for attempt_dir in sorted(root.glob("attempt-*"), key=lambda path: int(path.name.split("-")[1])):
-        number = int(attempt_dir.name.split("-")[1])
-        if attempt is not None and number != attempt:
-            continue
-        position = {entry: index for index, entry in enumerate(_log_order(attempt_dir / LOG_ORDER))}
-        found = [
-            (position.get(f"{turn_dir.name}/{log.stem}", len(position)), log.stat().st_mtime_ns, turn_dir.name, log)
-            for turn_dir in attempt_dir.iterdir()
-            if turn_dir.is_dir() and (turn is None or turn_dir.name == safe(turn))
-            for log in (turn_dir / "logs").glob("*.txt")
-        ]
-        logs += [StoredLog(number, turn_name, log.stem, log) for *_, turn_name, log in sorted(found)]
+    found = [
+        blob
+        for blob in await blobs.kept()
+        if blob.kind == LOGS
+        and (turn is None or blob.turn == safe(turn))
+        and (attempt is None or blob.attempt == attempt)
+    ]
+    positions: dict[int, dict[str, int]] = {}
+    for number in sorted({blob.attempt for blob in found}):
+        positions[number] = {entry: index for index, entry in enumerate(await blobs.log_order(number))}
+
+    def order(blob: KeptBlob) -> tuple[Any, ...]:
+        known = positions[blob.attempt]
+        return (blob.attempt, known.get(f"{blob.turn}/{blob.name.removesuffix('.txt')}", len(known)), blob.modified)
+
+    logs = []
+    for blob in sorted(found, key=order):
+        data = await blobs.store.get(blob.key)
+        if data is not None:
+            logs.append(KeptLog(blob.attempt, blob.turn, blob.name.removesuffix(".txt"), data))
     return logs
 
 
-def turn_records(root: Path, *, attempt: int | None = None) -> dict[str, Any]:
+async def turn_records(blobs: EpisodeBlobs, *, attempt: int | None = None) -> dict[str, Any]:
     """The records of every turn of an attempt (the latest by default), by turn, as text.
 
     ``{"attempt": N, "turns": {turn: {"instruction.md": …, "model-calls.jsonl": …, "trajectory.json": …}}}``,
     a file not kept left out.
     """
-    number = attempt if attempt is not None else latest_attempt(root)
-    if number is None:
-        return {"attempt": None, "turns": {}}
+    kept = await blobs.kept()
+    number = attempt if attempt is not None else max((blob.attempt for blob in kept), default=None)
     turns: dict[str, dict[str, str]] = {}
-    folder = root / f"attempt-{number}"
-    for turn_dir in sorted(path for path in folder.iterdir() if path.is_dir()):
-        kept = {
-            name: (turn_dir / name).read_text("utf-8", "replace")
-            for name in TURN_RECORDS
-            if (turn_dir / name).is_file()
-        }
-        if kept:
-            turns[turn_dir.name] = kept
+    for blob in sorted(kept, key=lambda blob: (blob.turn, blob.name)):
+        if blob.attempt == number and blob.kind == "" and blob.name in TURN_RECORDS:
+            data = await blobs.store.get(blob.key)
+            if data is not None:
+                turns.setdefault(blob.turn, {})[blob.name] = data.decode("utf-8", "replace")
     return {"attempt": number, "turns": turns}
 
 
-def _log_order(path: Path) -> list[str]:
-    try:
-        return path.read_text().splitlines()
-    except FileNotFoundError:
-        return []
+def render_logs(logs: Sequence[KeptLog]) -> bytes:
+    """Logs as ``kubectl episode logs`` prints them: a header line before each."""
+    chunks: list[bytes] = []
+    for log in logs:
+        chunks += [f"==> attempt {log.attempt} turn {log.turn}: {log.name} <==\n".encode(), log.data, b"\n"]
+    return b"".join(chunks)
 
 
-def latest_attempt(root: Path) -> int | None:
-    numbers = [int(path.name.split("-")[1]) for path in root.glob("attempt-*")]
-    return max(numbers) if numbers else None
-
-
-def export_artifacts(root: Path, destination: Path, *, attempt: int | None = None) -> list[Path]:
+async def export_artifacts(blobs: EpisodeBlobs, destination: Path, *, attempt: int | None = None) -> list[Path]:
     """Unpack the latest attempt's artifacts as ``<destination>/<turn>/<artifact destination>/…``.
 
     Each turn also gets its ``manifest.json``. Archives come from a sandbox an agent
     controlled, so they are unpacked with the ``data`` filter: no absolute paths, no
     ``..``, no links leaving the folder, no device files.
     """
-    number = attempt if attempt is not None else latest_attempt(root)
+    artifacts = [blob for blob in await blobs.kept() if blob.kind == ARTIFACTS]
+    number = attempt if attempt is not None else max((blob.attempt for blob in artifacts), default=None)
     written: list[Path] = []
-    if number is None:
-        return written
-    for turn_dir in sorted(path for path in (root / f"attempt-{number}").iterdir() if path.is_dir()):
-        artifacts = turn_dir / "artifacts"
-        manifest_path = artifacts / MANIFEST
-        if not manifest_path.is_file():
+    for turn in sorted({blob.turn for blob in artifacts if blob.attempt == number}):
+        manifest_data = await blobs.get(number or 0, turn, ARTIFACTS, MANIFEST)
+        if manifest_data is None:
             continue
-        target = destination / turn_dir.name
+        target = destination / turn
         target.mkdir(parents=True, exist_ok=True)
-        (target / MANIFEST).write_bytes(manifest_path.read_bytes())
+        (target / MANIFEST).write_bytes(manifest_data)
         written.append(target / MANIFEST)
-        manifest = json.loads(manifest_path.read_text())
+        manifest = json.loads(manifest_data)
         # Archive N holds manifest entry N (collection order).
-        for archive_path in sorted(artifacts.glob("*.tar")):
-            position = int(archive_path.stem)
-            if position < len(manifest):
+        for blob in sorted(artifacts, key=lambda blob: blob.name):
+            if blob.attempt != number or blob.turn != turn or not blob.name.endswith(".tar"):
+                continue
+            position = int(blob.name.removesuffix(".tar"))
+            archive = await blobs.store.get(blob.key)
+            if archive is not None and position < len(manifest):
                 entry = manifest[position]
-                written += _unpack_renamed(archive_path, entry["source"], entry["destination"], target)
+                written += _unpack_renamed(archive, entry["source"], entry["destination"], target)
     return written
 
 
-def _unpack_renamed(archive_path: Path, source: str, destination: str, target: Path) -> list[Path]:
+def _unpack_renamed(archive_data: bytes, source: str, destination: str, target: Path) -> list[Path]:
     prefix = source.strip("/")
     written: list[Path] = []
-    with tarfile.open(archive_path) as archive:
+    with tarfile.open(fileobj=io.BytesIO(archive_data)) as archive:
         members = []
         for member in archive.getmembers():
             name = member.name.rstrip("/")

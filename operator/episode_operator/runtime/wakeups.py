@@ -32,6 +32,11 @@ class Wakeups:
         if event is not None:
             event.set()
 
+    def wake_all(self) -> None:
+        """Every registered waiter (what they wait for may have changed for all: e.g. the replicas)."""
+        for event in self._events.values():
+            event.set()
+
 
 async def nap(wakeup: asyncio.Event | None, seconds: float) -> None:
     """Sleep ``seconds``, or less when ``wakeup`` is (or gets) set; the waiter clears it."""

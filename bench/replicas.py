@@ -1,0 +1,241 @@
+#!/usr/bin/env python3
+"""Issue 14: how many concurrently driven Episodes 1, 2 and 3 operator replicas sustain.
+
+    .venv/bin/python bench/replicas.py [--replicas 1,2,3] [--levels 25,50,100,200] [--turn-sec 60] [--turns 3]
+
+The replicas are the real operator (``bench/fake_sandbox_operator.py``: only the pods and their
+execs are faked in process, so the operator's and the API server's own cost is what is measured,
+at a scale this 2-core machine could never hold as pods), local processes with pids recorded,
+stopped by pid. Each level creates N Episodes, spread over one turn's duration (a steady load:
+turns end evenly) — a command agent whose every turn takes ``--turn-sec`` seconds, ``--turns``
+turns — and waits until all finished; all N are driven at once. The measure is the
+**per-turn latency**: from one turn's agent job ending to the next turn's agent job starting (the
+operator's whole work for a turn: collect, verify, the reward, status writes, Events, the next
+turn's preparation and start). A configuration *sustains* N while that latency's p95 stays below
+twice the p95 of one replica at the smallest level. Prints a table, writes bench/out/replicas-*.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.suite.cluster import DEFAULT_KUBECONFIG, Namespaces, connect, create_episode, machine
+from bench.suite.stats import table
+from tests.cluster.harness import GROUP, PLURAL, VERSION, free_port, install_crd
+
+OUT = Path(__file__).resolve().parent / "out"
+FAKE = Path(__file__).resolve().parent / "fake_sandbox_operator.py"
+
+
+def task(turns: int) -> dict[str, str]:
+    lines = ['schema_version = "1.4"', "[environment]", 'docker_image = "fake"', 'workdir = "/app"']
+    files = {"instruction.md": "Wait.\n"}
+    for index in range(1, turns + 1):
+        lines += ["[[steps]]", f'name = "s{index}"']
+        files[f"steps/s{index}/instruction.md"] = f"Turn {index}.\n"
+        files[f"steps/s{index}/tests/test.sh"] = "echo 1 > /logs/verifier/reward.txt\n"
+    files["task.toml"] = "\n".join(lines) + "\n"
+    return files
+
+
+class Replica:
+    """One fake-sandbox operator process."""
+
+    def __init__(self, kubeconfig: Path, namespace: str, name: str, folder: Path, timeline: Path, turn_sec: float):
+        self.name, self.log = name, folder / f"{name}.log"
+        self.health = free_port()
+        self.command = [
+            sys.executable, str(FAKE), "run", "--namespace", namespace, "--kubeconfig", str(kubeconfig),
+            "--data-dir", str(folder / "data"), "--poll-interval", "30", "--metrics-port", "0",
+            "--liveness", f"http://127.0.0.1:{self.health}/healthz",
+            "--lease-namespace", namespace, "--replica-group", "bench", "--replica-name", name,
+        ]  # fmt: skip
+        self.env = {**os.environ, "BENCH_TIMELINE": str(timeline), "BENCH_TURN_SEC": str(turn_sec)}
+        self.process: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        with self.log.open("ab") as log:
+            self.process = subprocess.Popen(self.command, stdout=log, stderr=subprocess.STDOUT, env=self.env)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            assert self.process.poll() is None, self.log.read_text()[-3000:]
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{self.health}/healthz", timeout=1):
+                    return
+            except OSError:
+                time.sleep(0.2)
+        raise TimeoutError(f"replica {self.name} not healthy")
+
+    def cpu_sec(self) -> float:
+        assert self.process is not None
+        fields = Path(f"/proc/{self.process.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            os.kill(self.process.pid, signal.SIGTERM)
+            try:
+                self.process.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                os.kill(self.process.pid, signal.SIGKILL)
+                self.process.wait()
+
+
+def finished(api: Any, namespace: str) -> int:
+    from kubernetes import client
+
+    listed = client.CustomObjectsApi(api).list_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL)
+    return sum(1 for item in listed["items"] if (item.get("status") or {}).get("phase") in ("Succeeded", "Failed"))
+
+
+def level(options: argparse.Namespace, api: Any, namespaces: Namespaces, replicas: int, count: int) -> dict[str, Any]:
+    namespace = namespaces.create(f"r{replicas}-n{count}")
+    folder = Path(tempfile.mkdtemp(prefix=f"replicas-r{replicas}-n{count}-", dir=options.out))
+    timeline = folder / "timeline.jsonl"
+    group = [
+        Replica(options.kubeconfig, namespace, f"r{i}", folder, timeline, options.turn_sec) for i in range(replicas)
+    ]
+    try:
+        for replica in group:
+            replica.start()
+        time.sleep(options.retry_settle)  # every replica has seen the others before the Episodes arrive
+        cpu_before = sum(replica.cpu_sec() for replica in group)
+        spec = {"task": {"inline": {"files": task(options.turns)}}, "agent": {"kind": "command", "command": "sleep"}}
+        started = time.time()
+        # Spread over one turn, as Episodes of a steady load are: the turns end evenly, not all at once.
+        spread = options.turn_sec if options.stagger else 0.0
+
+        def create(index: int) -> None:
+            time.sleep(max(0.0, started + spread * index / count - time.time()))
+            create_episode(api, namespace, f"e{index}", spec)
+
+        with ThreadPoolExecutor(8) as pool:
+            list(pool.map(create, range(count)))
+        created = time.time() - started
+        deadline = time.monotonic() + options.turns * options.turn_sec * 4 + 300
+        while finished(api, namespace) < count:
+            assert time.monotonic() < deadline, f"{finished(api, namespace)}/{count} finished"
+            time.sleep(2)
+        wall = time.time() - started
+        cpu = sum(replica.cpu_sec() for replica in group) - cpu_before
+    finally:
+        try:
+            namespaces.delete(namespace, timeout=300)  # while a replica runs: the finalizers need one
+        finally:
+            for replica in group:
+                replica.stop()
+    jobs: dict[str, list[dict[str, Any]]] = {}
+    for line in timeline.read_text().splitlines():
+        entry = json.loads(line)
+        jobs.setdefault(entry["uid"], []).append(entry)
+    gaps = []
+    for entries in jobs.values():
+        entries.sort(key=lambda entry: entry["started"])
+        gaps += [after["started"] - before["ends"] for before, after in itertools.pairwise(entries)]
+    assert len(jobs) == count and len(gaps) == count * (options.turns - 1), (len(jobs), len(gaps))
+    quantiles = statistics.quantiles(gaps, n=100)
+    return {
+        "replicas": replicas,
+        "episodes": count,
+        "turn_latency_p50_sec": statistics.median(gaps),
+        "turn_latency_p95_sec": quantiles[94],
+        "turn_latency_max_sec": max(gaps),
+        "create_sec": created,
+        "wall_sec": wall,
+        "operator_cpu_sec": cpu,
+        "cpu_per_turn_ms": cpu / (count * options.turns) * 1000,
+        "load_average": os.getloadavg()[0],
+    }
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--replicas", default="1,2,3")
+    parser.add_argument("--levels", default="25,50,100,200", help="Episodes at once, ascending")
+    parser.add_argument("--turn-sec", type=float, default=60.0, help="each agent turn's duration (issue 14: 60)")
+    parser.add_argument("--turns", type=int, default=3)
+    parser.add_argument("--retry-settle", type=float, default=5.0)
+    parser.add_argument(
+        "--no-stagger", dest="stagger", action="store_false", help="create all Episodes at once (a burst)"
+    )
+    parser.add_argument("--kubeconfig", type=Path, default=Path(os.environ.get("KUBECONFIG") or DEFAULT_KUBECONFIG))
+    options = parser.parse_args()
+    options.out = OUT
+    OUT.mkdir(parents=True, exist_ok=True)
+    api = connect(options.kubeconfig)
+    install_crd(api)
+    namespaces = Namespaces(api, f"bench-rep-{int(time.time()) % 100000:05d}-")
+    levels = [int(n) for n in options.levels.split(",")]
+    results: list[dict[str, Any]] = []
+    baseline: float | None = None
+    sustained: dict[int, int] = {}
+    try:
+        for replicas in [int(r) for r in options.replicas.split(",")]:
+            for count in levels:
+                result = level(options, api, namespaces, replicas, count)
+                results.append(result)
+                baseline = baseline or result["turn_latency_p95_sec"]
+                within = result["turn_latency_p95_sec"] < 2 * baseline
+                print(
+                    f"[{time.strftime('%H:%M:%S')}] {replicas} replica(s), {count} Episodes: per-turn p95 "
+                    f"{result['turn_latency_p95_sec'] * 1000:.0f} ms (baseline {baseline * 1000:.0f} ms), "
+                    f"CPU {result['cpu_per_turn_ms']:.0f} ms/turn, load {result['load_average']:.1f}",
+                    file=sys.stderr,
+                    flush=True,
+                )
+                if not within:
+                    break
+                sustained[replicas] = count
+    finally:
+        for namespace in list(namespaces.created):
+            namespaces.delete(namespace, timeout=60)
+    assert baseline is not None
+    one = sustained.get(1)
+    rows = [
+        [
+            str(r["replicas"]),
+            str(r["episodes"]),
+            f"{r['turn_latency_p50_sec'] * 1000:.0f} ms",
+            f"{r['turn_latency_p95_sec'] * 1000:.0f} ms",
+            f"{r['turn_latency_p95_sec'] / baseline:.2f}",
+            f"{r['cpu_per_turn_ms']:.0f} ms",
+            f"{r['create_sec']:.1f} s",
+            f"{r['load_average']:.1f}",
+        ]
+        for r in results
+    ]
+    summary = [[str(r), str(n), f"{n / one:.2f}" if one else "—"] for r, n in sorted(sustained.items())]
+    print(
+        table(
+            f"Per-turn latency (agent job end → next agent job start), {options.turns} turns of {options.turn_sec:g} s",
+            ["replicas", "Episodes at once", "p50", "p95", "p95 / baseline", "operator CPU per turn", "create", "load"],
+            rows,
+            note=f"Baseline: p95 of 1 replica at {levels[0]} Episodes, {baseline * 1000:.0f} ms; a level is "
+            "sustained while its p95 stays below twice that.",
+        )
+    )
+    print(table("Sustained Episodes", ["replicas", "Episodes (largest level sustained)", "× one replica"], summary))
+    path = OUT / f"replicas-{time.strftime('%Y%m%d-%H%M%S')}.json"
+    path.write_text(json.dumps({"machine": machine(api), "options": vars(options), "levels": results,
+                                "sustained": sustained}, indent=2, default=str) + "\n")  # fmt: skip
+    print(f"JSON: {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

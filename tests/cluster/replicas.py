@@ -1,0 +1,112 @@
+"""Several operator replicas as local processes (pids recorded, killed by pid), sharing the Episodes out.
+
+Each replica is ``episode-operator run`` with ``--lease-namespace`` (the test's namespace holds
+the member Leases too), a group of the test's own and a name (``r0``, ``r1``…); they share one data
+directory, which is the local store working across processes of one machine. Which replica
+drives an Episode is read from the Episode's ``episode-operator.dev/driver`` annotation.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from kubernetes import client
+
+from tests.cluster.harness import GROUP, VERSION, OperatorProcess
+
+DRIVER = "episode-operator.dev/driver"
+# Short leases: a SIGKILLed driver's Episodes are taken over within ~5 s, so a chaos run stays short.
+FAST_LEASES = ("--lease-duration", "4", "--renew-deadline", "3", "--retry-period", "1")
+
+
+@dataclass
+class Replicas:
+    """Named replicas of one operator, watching ``namespace``."""
+
+    kubeconfig: Path
+    root: Path
+    namespace: str
+    names: tuple[str, ...]
+    leases: tuple[str, ...] = FAST_LEASES
+    extra_args: tuple[str, ...] = ()
+    processes: dict[str, OperatorProcess] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        for name in self.names:
+            args = (
+                "--lease-namespace", self.namespace, "--replica-group", "chaos", "--replica-name", name,
+                *self.leases, *self.extra_args,
+            )  # fmt: skip
+            self.processes[name] = OperatorProcess(
+                self.kubeconfig, self.root / "data", self.root / f"{name}.log", self.namespace, extra_args=args
+            )
+
+    def start(self, *names: str) -> None:
+        for name in names:
+            self.processes[name].start()
+
+    def start_all(self) -> None:
+        self.start(*self.names)
+
+    def stop(self, *names: str) -> None:
+        for name in names or self.names:
+            self.processes[name].stop()
+
+    def kill(self, name: str) -> None:
+        self.processes[name].kill()
+
+    def alive(self, name: str) -> bool:
+        process = self.processes[name].process
+        return process is not None and process.poll() is None
+
+    def logs(self, lines: int = 40) -> str:
+        return "\n".join(f"--- {name} ---\n{process.log_tail(lines)}" for name, process in self.processes.items())
+
+
+def driver_of(body: dict[str, Any]) -> str | None:
+    """The replica name in an object's claim (``<name>.<incarnation>``), if any."""
+    holder = (body["metadata"].get("annotations") or {}).get(DRIVER)
+    return str(holder).rsplit(".", 1)[0] if holder else None
+
+
+def objects(api: client.ApiClient, namespace: str, plural: str) -> list[dict[str, Any]]:
+    listed: dict[str, Any] = client.CustomObjectsApi(api).list_namespaced_custom_object(
+        GROUP, VERSION, namespace, plural
+    )  # type: ignore[assignment]
+    return list(listed["items"])
+
+
+def events_of(core: client.CoreV1Api, namespace: str, name: str) -> list[tuple[str, str, int]]:
+    """(reason, message, count) of every Event on an object."""
+    events = core.list_namespaced_event(namespace, field_selector=f"involvedObject.name={name}").items
+    return [(event.reason, event.message, event.count or 1) for event in events]
+
+
+def duplicated_events(core: client.CoreV1Api, namespace: str, name: str) -> list[tuple[str, str]]:
+    """Events of the operator's posted more than once (two objects, or a count above 1)."""
+    seen: dict[tuple[str, str], int] = {}
+    for reason, message, count in events_of(core, namespace, name):
+        seen[(reason, message)] = seen.get((reason, message), 0) + count
+    return [key for key, count in seen.items() if count > 1]
+
+
+def wait_for(predicate: Callable[[], Any], what: str, replicas: Replicas, timeout: float = 120) -> Any:
+    deadline = time.monotonic() + timeout
+    while not (value := predicate()):
+        assert time.monotonic() < deadline, f"{what} after {timeout:.0f} s\n{replicas.logs()}"
+        time.sleep(0.2)
+    return value
+
+
+@contextlib.contextmanager
+def running(replicas: Replicas) -> Iterator[Replicas]:
+    replicas.start_all()
+    try:
+        yield replicas
+    finally:
+        replicas.stop()
