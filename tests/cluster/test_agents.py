@@ -215,10 +215,22 @@ def test_a_failing_endpoint_ends_each_episode_in_its_class_within_the_turn_budge
         create_episode(api_client, namespace, name, spec(agent(model, "opencode"), files, retries={"outages": 0}))
     for name, (_, outcome, failure_kind) in FAILURES.items():
         status = wait_for_episode(api_client, namespace, name, operator, timeout=600)
-        assert (status.get("outcome"), status.get("failureKind")) == (outcome, failure_kind), (name, status)
+        evidence = failure_evidence(operator, namespace, name, status)
+        assert (status.get("outcome"), status.get("failureKind")) == (outcome, failure_kind), evidence
+        # The turn's budget ended it (with room for the kill and the ending): its start to the episode's end.
         [turn] = status["turns"]
-        started, finished = (parse_timestamp(turn[key]) for key in ("startedAt", "finishedAt"))
-        assert finished - started <= budget + 60, (name, turn)  # the budget ended it, with room for the kill
+        elapsed = parse_timestamp(status["finishedAt"]) - parse_timestamp(turn["startedAt"])
+        assert elapsed <= budget + 60, f"{elapsed:.0f} s\n{evidence}"
+
+
+def failure_evidence(operator: OperatorProcess, namespace: str, name: str, status: dict[str, Any]) -> str:
+    """What a failed expectation about an Episode shows: its status and the tail of every file kept for it."""
+    shown = [name, json.dumps(status, indent=1)]
+    folder = operator.data_dir / namespace / name
+    for path in sorted(folder.rglob("*")) if folder.exists() else []:
+        if path.is_file():
+            shown.append(f"--- {path.relative_to(folder)}\n{path.read_bytes()[-1500:].decode(errors='replace')}")
+    return "\n".join(shown)
 
 
 @pytest.mark.parametrize(
