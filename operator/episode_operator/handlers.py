@@ -12,7 +12,7 @@ import asyncio
 import logging
 import os
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +21,7 @@ import kopf
 from episode_operator.api.episodeset import SET_PLURAL
 from episode_operator.api.models import PLURAL
 from episode_operator.api.vocabulary import EPISODE_LABEL, GROUP, SET_LABEL, VERSION, is_terminal, parse_timestamp
+from episode_operator.kube.builds import BuildCoordinator, BuildSettings
 from episode_operator.kube.client import KubeClient, KubeError
 from episode_operator.kube.driver import (
     DriverSettings,
@@ -54,8 +55,11 @@ class OperatorOptions:
     metrics_port: int | None = 8080
     max_active_episodes: int = 0
     extra_pod_labels: dict[str, str] = field(default_factory=dict)
-    # Where images are pulled from (--image-mirror); the seed stage applies it to every image it names.
+    # Where images are pulled from (--image-mirror); admission applies it to every image an Episode names.
     image_mirrors: ImageMirrors = field(default_factory=ImageMirrors)
+    # In-cluster builds (--build-registry …); None: a Dockerfile replay cannot apply is refused.
+    builds: BuildSettings | None = None
+    unschedulable_timeout_sec: float = 3600.0
 
 
 @kopf.on.startup()
@@ -86,6 +90,13 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) 
         poll_interval_sec=options.poll_interval_sec,
         extra_pod_labels=options.extra_pod_labels,
         pod_wakeups=memo.pod_wakeups,
+        image_mirrors=options.image_mirrors,
+        builds=(
+            BuildCoordinator(memo.client, replace(options.builds, mirrors=options.image_mirrors))
+            if options.builds is not None
+            else None
+        ),
+        unschedulable_timeout_sec=options.unschedulable_timeout_sec,
     )
     options.data_dir.mkdir(parents=True, exist_ok=True)
 

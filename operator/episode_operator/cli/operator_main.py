@@ -11,6 +11,10 @@ import click
 from episode_operator.cli.capture import COMMANDS as CAPTURE_COMMANDS
 from episode_operator.taskfolder.images import ImageMirrors, InvalidImageReference
 
+# The builder image `hack/cluster images` makes (buildah from Debian); elsewhere, build and push your own.
+BUILDER_IMAGE = "episode-operator.local/builder:bookworm"
+DEFAULT_BUILD_NAMESPACE = "episode-operator-builds"
+
 
 def parse_image_mirrors(_context: click.Context, _parameter: click.Parameter, values: tuple[str, ...]) -> ImageMirrors:
     """``--image-mirror FROM=TO`` values as mirror rules; a bad one is a usage error naming it."""
@@ -88,6 +92,44 @@ def main() -> None:
     "a repository (python=registry.internal/python) or a prefix ending in / "
     "(docker.io/library/=registry.internal/library/). Applies to task, FROM, sidecar and verifier images.",
 )
+@click.option(
+    "--build-registry",
+    metavar="HOST[:PORT]",
+    default=None,
+    help="Build the images of Dockerfiles replay cannot apply, and of compose services with build:, in the "
+    "cluster (buildah Jobs) and push them here. Without it such tasks are refused.",
+)
+@click.option(
+    "--build-pull-registry",
+    metavar="HOST[:PORT]",
+    default=None,
+    help="The build registry as the cluster's nodes name it, when that differs (default: --build-registry).",
+)
+@click.option(
+    "--build-namespace",
+    default=None,
+    help="Namespace of the build Jobs (their pods are privileged: give builds a namespace of their own). "
+    "Default: $POD_NAMESPACE, else episode-operator-builds.",
+)
+@click.option(
+    "--builder-image",
+    default=BUILDER_IMAGE,
+    show_default=True,
+    help="The image with buildah the build Jobs run.",
+)
+@click.option(
+    "--build-registry-insecure",
+    is_flag=True,
+    help="The build registry speaks plain HTTP (or a certificate the builder does not check).",
+)
+@click.option(
+    "--unschedulable-timeout",
+    "unschedulable_timeout_sec",
+    type=click.FloatRange(min=0, min_open=True),
+    default=3600.0,
+    show_default=True,
+    help="Seconds a sandbox pod the scheduler cannot place is waited for before the attempt counts as an outage.",
+)
 def run(
     namespaces: tuple[str, ...],
     data_dir: Path,
@@ -98,10 +140,31 @@ def run(
     metrics_port: int,
     max_active_episodes: int,
     image_mirrors: ImageMirrors,
+    build_registry: str | None,
+    build_pull_registry: str | None,
+    build_namespace: str | None,
+    builder_image: str,
+    build_registry_insecure: bool,
+    unschedulable_timeout_sec: float,
 ) -> None:
     """Run the operator until interrupted."""
     # Imported here: the capture container runs this program too, and needs neither kopf nor Kubernetes.
     from episode_operator.handlers import OperatorOptions, run_operator
+    from episode_operator.kube.builds import BuildSettings
+
+    builds = None
+    if build_registry:
+        builds = BuildSettings(
+            namespace=build_namespace or os.environ.get("POD_NAMESPACE") or DEFAULT_BUILD_NAMESPACE,
+            registry=build_registry,
+            builder_image=builder_image,
+            pull_registry=build_pull_registry,
+            tls_verify=not build_registry_insecure,
+        )
+    elif build_pull_registry or build_namespace or build_registry_insecure:
+        raise click.UsageError(
+            "--build-pull-registry, --build-namespace and --build-registry-insecure need --build-registry"
+        )
 
     run_operator(
         OperatorOptions(
@@ -114,6 +177,8 @@ def run(
             metrics_port=metrics_port or None,
             max_active_episodes=max_active_episodes,
             image_mirrors=image_mirrors,
+            builds=builds,
+            unschedulable_timeout_sec=unschedulable_timeout_sec,
         )
     )
 

@@ -30,6 +30,7 @@ from episode_operator.api.vocabulary import (
     is_terminal,
     timestamp,
 )
+from episode_operator.kube.builds import BuildCoordinator
 from episode_operator.kube.client import KubeClient, KubeError, NotFound
 from episode_operator.kube.objects.pods import OwnerRef, episode_selector
 from episode_operator.kube.sandbox import KubeProvider
@@ -37,9 +38,11 @@ from episode_operator.kube.status import KubeStatusSink
 from episode_operator.kube.tombstones import answer_from_tombstone
 from episode_operator.runtime.admission import Refusal, admit_spec, admit_task
 from episode_operator.runtime.episode import EpisodeConfig, EpisodeObserver, EpisodeRunner
+from episode_operator.runtime.images import ImagePolicy
 from episode_operator.runtime.store import FileStore, episode_store_root
 from episode_operator.runtime.wakeups import Wakeups
 from episode_operator.taskfolder import TaskFiles
+from episode_operator.taskfolder.images import ImageMirrors
 
 
 @dataclass(frozen=True)
@@ -54,6 +57,17 @@ class DriverSettings:
     extra_pod_labels: Mapping[str, str] = field(default_factory=dict)
     # Woken by the pod watch (handlers.py): a starting pod is read when it changes.
     pod_wakeups: Wakeups | None = None
+    # Where images are pulled from (--image-mirror): every image an Episode names.
+    image_mirrors: ImageMirrors = field(default_factory=ImageMirrors)
+    # In-cluster builds (--build-registry); None: Dockerfiles replay cannot apply are refused.
+    builds: BuildCoordinator | None = None
+    # How long a pod the scheduler cannot place is waited for (--unschedulable-timeout).
+    unschedulable_timeout_sec: float = 3600.0
+
+    @property
+    def image_policy(self) -> ImagePolicy:
+        build_repository = self.builds.settings.pull_repository if self.builds is not None else None
+        return ImagePolicy(self.image_mirrors, build_repository)
 
 
 class TaskSourceError(Exception):
@@ -88,7 +102,7 @@ async def drive_episode(
         files = await read_task_files(client, episode.namespace, spec.task, settings.source_wait_sec)
     except TaskSourceError as error:
         return await _refuse(sink, status, Refusal(FAILURE_TASK_SOURCE, str(error)), generation)
-    admission = admit_task(spec, files)
+    admission = admit_task(spec, files, settings.image_policy)
     if isinstance(admission, Refusal):
         return await _refuse(sink, status, admission, generation)
     labels = {**settings.extra_pod_labels, **queue_labels(metadata.get("labels") or {})}
@@ -101,6 +115,7 @@ async def drive_episode(
         admission.main_env,
         extra_labels=labels,
         pull_grace_sec=settings.pull_grace_sec,
+        unschedulable_timeout_sec=settings.unschedulable_timeout_sec,
         wakeups=settings.pod_wakeups,
     )
     config = EpisodeConfig(
@@ -114,9 +129,11 @@ async def drive_episode(
         poll_interval_sec=settings.poll_interval_sec,
         backoff_base_sec=settings.backoff_base_sec,
         generation=generation,
+        images=admission.images,
     )
     store = FileStore(episode_store_root(settings.data_dir, episode.namespace, episode.name, episode.uid))
-    return await EpisodeRunner(config, provider, sink, store, observer=observer).run(status)
+    runner = EpisodeRunner(config, provider, sink, store, observer=observer, builder=settings.builds)
+    return await runner.run(status)
 
 
 async def read_task_files(client: KubeClient, namespace: str, source: TaskSource, wait_sec: float) -> TaskFiles:

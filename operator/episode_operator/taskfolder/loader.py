@@ -240,16 +240,9 @@ class _Checker:
             self.check_separate_image("[verifier.environment]", config.verifier.environment, context)
 
     def check_separate_image(self, table: str, environment: EnvironmentConfig | None, context: str) -> None:
-        """A separate verifier needs an image: its own, or (as a copy of [environment]) the task's."""
-        if environment is None or environment.docker_image:
-            return
-        if self.files.has_file(f"{context}/Dockerfile"):
-            self.warn(
-                f"{context}/Dockerfile",
-                None,
-                "verifier images are not built in-cluster: the task's image runs this verifier; "
-                f"set docker_image in {table} to choose another",
-            )
+        """A separate verifier needs an image: its own, its tests folder's Dockerfile (replayed or built,
+        runtime/images.py), or (as a copy of [environment]) the task's."""
+        if environment is None or environment.docker_image or self.files.has_file(f"{context}/Dockerfile"):
             return
         self.refuse(
             TASK_CONFIG,
