@@ -92,4 +92,12 @@ def test_a_pods_latest_event_says_why_it_waits() -> None:
     ]
     assert latest_event(events) == ("FailedMount", "no volume")
     assert latest_event(events[:1] + events[2:]) == ("Pulling", "pulling")
+    # Progress explains no wait: an old warning is not repeated once the pod moved on.
+    scheduled = {
+        "type": "Normal",
+        "reason": "Scheduled",
+        "message": "assigned",
+        "lastTimestamp": "2026-01-01T00:00:09Z",
+    }
+    assert latest_event([*events, scheduled]) is None
     assert latest_event([]) is None

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 from collections import Counter
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -25,6 +26,7 @@ from episode_operator.runtime.episode import EpisodeConfig, EpisodeRunner
 from episode_operator.runtime.images import BuildFailed, BuildOutage, BuildOutcome, BuildReady, ImagePolicy
 from episode_operator.runtime.sandbox import JobState, Waiting, WaitingReport
 from episode_operator.runtime.seed import SEED, SeedRow, render_table, seed_resumes_at
+from episode_operator.runtime.store import FileStore, stored_logs
 from episode_operator.taskfolder import TaskFiles
 from episode_operator.taskfolder.buildcontext import BuildSource
 from episode_operator.taskfolder.images import ImageMirrors
@@ -400,3 +402,14 @@ def test_a_separate_verifiers_failing_replay_masks_the_episode() -> None:
     status = run(folder)[0]
     assert (status.outcome, status.failure_kind) == ("Masked", "harbor:verifier_error")
     assert status.message == "turn task: the verifier's environment: tests/Dockerfile:2: RUN exit 4: exited with 4"
+
+
+def test_the_seeds_logs_come_before_the_turns(tmp_path: Path) -> None:
+    store = FileStore(tmp_path)
+
+    async def save() -> None:
+        for turn in ("a-first-turn", "seed", "z-last-turn"):
+            await store.save_log(1, turn, "log", turn.encode())
+
+    asyncio.run(save())
+    assert [log.turn for log in stored_logs(tmp_path)] == ["seed", "a-first-turn", "z-last-turn"]

@@ -60,3 +60,17 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- define "episode-operator.image" -}}
 {{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion (toString .Values.image.tag)) }}
 {{- end }}
+
+{{/* The namespace of in-cluster build Jobs: builds.namespace, else the release's. */}}
+{{- define "episode-operator.buildNamespace" -}}
+{{- .Values.builds.namespace | default .Release.Namespace -}}
+{{- end -}}
+
+{{/* The namespaces that get a Role when the operator watches named namespaces: those, and the builds'. */}}
+{{- define "episode-operator.roleNamespaces" -}}
+{{- $namespaces := .Values.watchNamespaces -}}
+{{- if .Values.builds.registry -}}
+{{- $namespaces = append $namespaces (include "episode-operator.buildNamespace" .) -}}
+{{- end -}}
+{{- $namespaces | uniq | toJson -}}
+{{- end -}}

@@ -36,7 +36,7 @@ from episode_operator.kube.client import Gone, KubeClient, NotFound
 from episode_operator.kube.objects.children import set_selector
 from episode_operator.kube.objects.tasks import TaskTooLarge, task_config_map
 from episode_operator.runtime.agents import AGENT_KINDS, spec_problems
-from episode_operator.runtime.store import episode_store_root, export_artifacts, stored_logs
+from episode_operator.runtime.store import SEED_LOGS, episode_store_root, export_artifacts, stored_logs
 from episode_operator.taskfolder import TaskFiles, validate_task
 
 # Where a watch starts over after the API server ended it (its timeout) or the list went stale.
@@ -105,13 +105,13 @@ def manifest_output(create_help: str) -> Callable[..., Any]:
 
 
 def turn_name(status: EpisodeStatus, given: str) -> str:
-    """The turn ``given`` names: a turn's name, else its 1-based index (``--turn 2``)."""
+    """The turn ``given`` names: a turn's name, else its 1-based index (``--turn 2``), or the seed's logs."""
     turns: list[TurnStatus] = status.turns
-    if any(turn.name == given for turn in turns):
+    if given == SEED_LOGS or any(turn.name == given for turn in turns):
         return given
     if given.isdigit() and 1 <= int(given) <= len(turns):
         return turns[int(given) - 1].name
-    known = ", ".join(f"{number} {turn.name}" for number, turn in enumerate(turns, start=1)) or "none yet"
+    known = ", ".join([SEED_LOGS, *(f"{number} {turn.name}" for number, turn in enumerate(turns, start=1))])
     raise click.BadParameter(f"no turn {given!r} (turns: {known})", param_hint="--turn")
 
 
@@ -141,7 +141,11 @@ def register(cli: click.Group) -> None:
     @cluster_options
     @click.option("--agent", type=click.Choice(AGENT_KINDS), default="oracle", show_default=True)
     @click.option("--command", "agent_command", default=None, help="For --agent command: the shell command.")
-    @click.option("--image", default=None, help="Image for a task without docker_image.")
+    @click.option(
+        "--image",
+        default=None,
+        help="A prebuilt image of the task: overrides docker_image, and environment/Dockerfile is then not applied.",
+    )
     @click.option(
         "--name",
         default=None,
@@ -300,7 +304,11 @@ def register(cli: click.Group) -> None:
     @cli.command()
     @click.argument("name")
     @cluster_options
-    @click.option("--turn", default=None, help="Only this turn: its name, or its number (1 is the first).")
+    @click.option(
+        "--turn",
+        default=None,
+        help="Only this turn: its name, or its number (1 is the first); seed: the seed's (replay, builds, setup).",
+    )
     @click.option("--attempt", type=int, default=None, help="Only this attempt (default: all).")
     @operator_options
     def logs(
@@ -312,7 +320,7 @@ def register(cli: click.Group) -> None:
         operator_namespace: str,
         operator_service: str,
     ) -> None:
-        """Print the logs an Episode's turns left (agent, setup, verifier, hooks)."""
+        """Print the logs an Episode's seed and turns left (replay, builds, agent, setup, verifier, hooks)."""
         episode = _episode(cluster, name)
         if turn is not None:
             turn = turn_name(EpisodeStatus.model_validate(episode.get("status") or {}), turn)

@@ -66,7 +66,7 @@ from episode_operator.runtime.sandbox import (
     Waiting,
 )
 from episode_operator.runtime.seed import SEED, seed_passed, seed_resumes_at
-from episode_operator.runtime.store import EpisodeStore
+from episode_operator.runtime.store import SEED_LOGS, EpisodeStore
 from episode_operator.runtime.turn.context import TurnRun
 from episode_operator.runtime.turn.failures import (
     Call,
@@ -442,7 +442,9 @@ class EpisodeRunner:
         return self._agent_sandbox
 
     async def _recall_replay(self, sandbox: Sandbox, source: ReplaySource) -> ReplayReady:
-        config = self.replay_config(turn="seed", log_name="replay", budget_sec=self.plan.environment.build_timeout_sec)
+        config = self.replay_config(
+            turn=SEED_LOGS, log_name="replay", budget_sec=self.plan.environment.build_timeout_sec
+        )
         try:
             with sandbox_call(Call.REPLAY):
                 outcome = await replayed_image(sandbox, self.files, source, self.plan.environment, config)

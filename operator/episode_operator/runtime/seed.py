@@ -37,7 +37,7 @@ from episode_operator.runtime.replay import (
     replay_dockerfile,
 )
 from episode_operator.runtime.sandbox import SandboxError, Waiting
-from episode_operator.runtime.store import safe
+from episode_operator.runtime.store import SEED_LOGS, safe
 from episode_operator.runtime.turn.context import TurnRun, TurnServices
 from episode_operator.runtime.turn.failures import (
     Call,
@@ -49,7 +49,6 @@ from episode_operator.runtime.turn.failures import (
 )
 from episode_operator.runtime.turn.prepare import describe
 
-SEED_LOGS = "seed"
 # How long the ENTRYPOINT's start is watched: long enough to see it could not start at all.
 ENTRYPOINT_START_SEC = 1.0
 

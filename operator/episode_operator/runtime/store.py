@@ -73,6 +73,10 @@ class FileStore:
         temporary.replace(path)
 
 
+# Where an attempt's seed keeps its logs (the replay, builds, the agent's setup), beside its turns'.
+SEED_LOGS = "seed"
+
+
 def episode_store_root(data_dir: Path, namespace: str, name: str, uid: str) -> Path:
     """The folder of one Episode in the operator's data directory."""
     return data_dir / safe(namespace) / safe(name) / safe(uid)
@@ -87,13 +91,13 @@ class StoredLog:
 
 
 def stored_logs(root: Path, *, turn: str | None = None, attempt: int | None = None) -> list[StoredLog]:
-    """The logs kept for one Episode, oldest attempt first, turns in run order."""
+    """The logs kept for one Episode, oldest attempt first, the seed's before the turns'."""
     logs: list[StoredLog] = []
     for attempt_dir in sorted(root.glob("attempt-*"), key=lambda path: int(path.name.split("-")[1])):
         number = int(attempt_dir.name.split("-")[1])
         if attempt is not None and number != attempt:
             continue
-        for turn_dir in sorted(attempt_dir.iterdir()):
+        for turn_dir in sorted(attempt_dir.iterdir(), key=lambda path: (path.name != SEED_LOGS, path.name)):
             if turn is not None and turn_dir.name != safe(turn):
                 continue
             for log in sorted((turn_dir / "logs").glob("*.txt"), key=lambda path: path.stat().st_mtime_ns):

@@ -15,7 +15,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from episode_operator.taskfolder.compose import ComposeSpec, parse_compose
-from episode_operator.taskfolder.dockerfiles import replay_warnings
+from episode_operator.taskfolder.dockerfiles import ENVIRONMENT_DOCKERFILE, replay_warnings
 from episode_operator.taskfolder.errors import Problem, TaskRefused
 from episode_operator.taskfolder.models import (
     MAIN_SERVICE,
@@ -277,11 +277,12 @@ class _Checker:
                 "environment.os",
                 "a Windows task is valid, but the operator runs Linux pods only",
             )
-        if not environment.docker_image:
+        if not environment.docker_image and not self.files.has_file(ENVIRONMENT_DOCKERFILE):
             self.warn(
                 TASK_CONFIG,
                 "environment.docker_image",
-                "not set: an Episode for this task must give an image (spec.image)",
+                f"not set, and no {ENVIRONMENT_DOCKERFILE} to make the image from: an Episode for this task "
+                "must give an image (spec.image)",
             )
         if environment.workdir is not None and not environment.workdir.startswith("/"):
             self.warn(TASK_CONFIG, "environment.workdir", f"{environment.workdir!r} is not an absolute path")

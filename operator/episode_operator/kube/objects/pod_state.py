@@ -10,6 +10,8 @@ from episode_operator.runtime.sandbox import MAIN_CONTAINER
 
 # Container waiting reasons that only say "not yet", without a cause.
 STARTING = (None, "ContainerCreating", "PodInitializing")
+# Normal Events that say why a pod is not running yet (warnings always do).
+EXPLAINING_EVENTS = frozenset({"Pulling"})
 
 
 @dataclass(frozen=True)
@@ -82,7 +84,8 @@ def pod_verdict(pod: Mapping[str, Any]) -> PodVerdict:
 
 
 def latest_event(events: Sequence[Mapping[str, Any]]) -> tuple[str, str] | None:
-    """The reason and message of a pod's latest Event (what the kubelet or scheduler last said of it)."""
+    """Why a pod waits, from its latest Event: a warning (a failed mount, a failed pull…) or an image
+    still pulling; None when the latest Event is progress that explains nothing (Scheduled, Pulled…)."""
 
     def when(event: Mapping[str, Any]) -> str:
         return str(event.get("lastTimestamp") or event.get("eventTime") or event.get("firstTimestamp") or "")
@@ -90,4 +93,6 @@ def latest_event(events: Sequence[Mapping[str, Any]]) -> tuple[str, str] | None:
     if not events:
         return None
     latest = max(events, key=when)
+    if latest.get("type") != "Warning" and latest.get("reason") not in EXPLAINING_EVENTS:
+        return None
     return str(latest.get("reason") or "Waiting"), str(latest.get("message") or "").strip()
