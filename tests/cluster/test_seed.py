@@ -455,7 +455,7 @@ def test_six_two_step_separate_verifier_tasks_on_two_cpus_all_finish_and_say_why
             name
         ]
         events = [message for reason, message in episode_events(core, namespace, name) if reason == "PodWaiting"]
-        assert events and all("Insufficient cpu" in message or "Unschedulable" in message for message in events)
+        assert any("Insufficient cpu" in message for message in events), events
         assert len(events) == len(set(events)), events  # one Event per pod and reason, not one per poll
     # The rule: each agent pod reserved its turn-1 verifier's CPU, and that verifier ran on its node.
     for name in children:

@@ -100,4 +100,12 @@ def test_a_pods_latest_event_says_why_it_waits() -> None:
         "lastTimestamp": "2026-01-01T00:00:09Z",
     }
     assert latest_event([*events, scheduled]) is None
+    # A warning every pod of a cluster without DNS gets explains nothing either.
+    dns = {
+        "type": "Warning",
+        "reason": "MissingClusterDNS",
+        "message": "no DNS",
+        "lastTimestamp": "2026-01-01T00:00:09Z",
+    }
+    assert latest_event([*events, dns]) == ("FailedMount", "no volume")
     assert latest_event([]) is None

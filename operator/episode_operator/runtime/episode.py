@@ -48,10 +48,8 @@ from episode_operator.runtime.replay import (
     ReplayConfig,
     ReplayedSandbox,
     ReplayReady,
-    ReplayRefused,
     ReplaySource,
     entrypoint_job,
-    replay_dockerfile,
     replayed_image,
 )
 from episode_operator.runtime.sandbox import (
@@ -65,7 +63,7 @@ from episode_operator.runtime.sandbox import (
     Upload,
     Waiting,
 )
-from episode_operator.runtime.seed import SEED, seed_passed, seed_resumes_at
+from episode_operator.runtime.seed import SEED, ReplayProblem, replay_in, seed_passed, seed_resumes_at
 from episode_operator.runtime.store import SEED_LOGS, EpisodeStore
 from episode_operator.runtime.turn.context import TurnRun
 from episode_operator.runtime.turn.failures import (
@@ -474,23 +472,14 @@ class EpisodeRunner:
     ) -> Sandbox:
         """A separate verifier's environment from its Dockerfile, as the seed makes the agent's (idempotent)."""
         turn = self.plan.turns[index]
+        outcome = await replay_in(self, sandbox, source, environment, turn=turn.name, log_name="verifier-replay")
+        if isinstance(outcome, ReplayProblem):
+            # The verifier's environment cannot be made: Gym masks a verifier that cannot start.
+            message = f"turn {turn.name}: the verifier's environment: {outcome.message}"
+            raise EpisodeEnds("Masked", FAILURE_VERIFIER, message)
         config = self.replay_config(
             turn=turn.name, log_name="verifier-replay", budget_sec=environment.build_timeout_sec
         )
-        try:
-            with sandbox_call(Call.REPLAY):
-                outcome = await replay_dockerfile(
-                    sandbox, self.files, source, environment, self._store, config, clock=self.clock
-                )
-        except SandboxError as error:
-            raise sandbox_lost(error) from error
-        if not isinstance(outcome, ReplayReady):
-            # The verifier's environment cannot be made: Gym masks a verifier that cannot start.
-            if isinstance(outcome, ReplayRefused):
-                detail = "; ".join(problem.render() for problem in outcome.problems)
-            else:
-                detail = outcome.message
-            raise EpisodeEnds("Masked", FAILURE_VERIFIER, f"turn {turn.name}: the verifier's environment: {detail}")
         start = entrypoint_job(outcome, config)
         if start is not None:
             with sandbox_call(Call.START_ENTRYPOINT):

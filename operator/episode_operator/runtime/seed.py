@@ -32,11 +32,12 @@ from episode_operator.runtime.replay import (
     ReplayFailed,
     ReplayReady,
     ReplayRefused,
+    ReplaySource,
     ReplayTimedOut,
     entrypoint_job,
     replay_dockerfile,
 )
-from episode_operator.runtime.sandbox import SandboxError, Waiting
+from episode_operator.runtime.sandbox import Sandbox, SandboxError, Waiting
 from episode_operator.runtime.store import SEED_LOGS, safe
 from episode_operator.runtime.turn.context import TurnRun, TurnServices
 from episode_operator.runtime.turn.failures import (
@@ -48,6 +49,7 @@ from episode_operator.runtime.turn.failures import (
     sandbox_lost,
 )
 from episode_operator.runtime.turn.prepare import describe
+from episode_operator.taskfolder.models import EnvironmentConfig
 
 # How long the ENTRYPOINT's start is watched: long enough to see it could not start at all.
 ENTRYPOINT_START_SEC = 1.0
@@ -114,21 +116,47 @@ async def replay(seed: SeedServices) -> None:
     if source is None:
         return
     sandbox = await seed.agent_sandbox()
-    environment = seed.plan.environment
-    config = seed.replay_config(turn=SEED_LOGS, log_name="replay", budget_sec=environment.build_timeout_sec)
+    outcome = await replay_in(seed, sandbox, source, seed.plan.environment, turn=SEED_LOGS, log_name="replay")
+    if isinstance(outcome, ReplayProblem):
+        if outcome.refused:
+            raise EpisodeEnds("TerminalFailure", FAILURE_SEED, f"refused at seed: {outcome.message}")
+        raise EpisodeEnds("TerminalFailure", FAILURE_ENVIRONMENT_BUILD, outcome.message)
+    seed.replayed(outcome)
+
+
+@dataclass(frozen=True)
+class ReplayProblem:
+    """Why a replay did not finish: a step that failed or ran out of time, or (``refused``) a
+    Dockerfile that cannot be replayed in this base image."""
+
+    message: str
+    refused: bool
+
+
+async def replay_in(
+    services: SeedServices,
+    sandbox: Sandbox,
+    source: ReplaySource,
+    environment: EnvironmentConfig,
+    *,
+    turn: str,
+    log_name: str,
+) -> ReplayReady | ReplayProblem:
+    """Replay ``source`` in ``sandbox`` (idempotent: it re-attaches), its log kept as ``turn``'s ``log_name``;
+    a sandbox that fails under it is an outage."""
+    config = services.replay_config(turn=turn, log_name=log_name, budget_sec=environment.build_timeout_sec)
     try:
         with sandbox_call(Call.REPLAY):
             outcome = await replay_dockerfile(
-                sandbox, seed.files, source, environment, seed.store, config, clock=seed.now
+                sandbox, services.files, source, environment, services.store, config, clock=services.now
             )
     except SandboxError as error:
         raise sandbox_lost(error) from error
-    if isinstance(outcome, ReplayFailed | ReplayTimedOut):
-        raise EpisodeEnds("TerminalFailure", FAILURE_ENVIRONMENT_BUILD, outcome.message)
     if isinstance(outcome, ReplayRefused):
-        message = "; ".join(problem.render() for problem in outcome.problems)
-        raise EpisodeEnds("TerminalFailure", FAILURE_SEED, f"refused at seed: {message}")
-    seed.replayed(outcome)
+        return ReplayProblem("; ".join(problem.render() for problem in outcome.problems), refused=True)
+    if isinstance(outcome, ReplayFailed | ReplayTimedOut):
+        return ReplayProblem(outcome.message, refused=False)
+    return outcome
 
 
 async def place_environment_files(seed: SeedServices) -> None:

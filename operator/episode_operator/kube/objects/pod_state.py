@@ -10,8 +10,10 @@ from episode_operator.runtime.sandbox import MAIN_CONTAINER
 
 # Container waiting reasons that only say "not yet", without a cause.
 STARTING = (None, "ContainerCreating", "PodInitializing")
-# Normal Events that say why a pod is not running yet (warnings always do).
+# Normal Events that say why a pod is not running yet (warnings do, but for the ones below).
 EXPLAINING_EVENTS = frozenset({"Pulling"})
+# Warnings the kubelet posts for every pod of some clusters, which explain no wait.
+INFORMATIONAL_WARNINGS = frozenset({"MissingClusterDNS", "DNSConfigForming"})
 
 
 @dataclass(frozen=True)
@@ -90,9 +92,10 @@ def latest_event(events: Sequence[Mapping[str, Any]]) -> tuple[str, str] | None:
     def when(event: Mapping[str, Any]) -> str:
         return str(event.get("lastTimestamp") or event.get("eventTime") or event.get("firstTimestamp") or "")
 
-    if not events:
+    telling = [event for event in events if event.get("reason") not in INFORMATIONAL_WARNINGS]
+    if not telling:
         return None
-    latest = max(events, key=when)
+    latest = max(telling, key=when)
     if latest.get("type") != "Warning" and latest.get("reason") not in EXPLAINING_EVENTS:
         return None
     return str(latest.get("reason") or "Waiting"), str(latest.get("message") or "").strip()
