@@ -1,31 +1,40 @@
+# syntax=docker/dockerfile:1
 # The operator image: `episode-operator run` as a non-root user, the package installed from its
-# wheel. `hack/cluster images` builds the same image without Docker for the test cluster
-# (episode-operator.local/operator:dev: Debian bookworm, the same venv path, user and entrypoint).
+# wheel. The release workflow (.github/workflows/release.yml) builds it for linux/amd64 and
+# linux/arm64 and pushes it signed, with an SBOM; to build your own:
 #
-#   docker build -t REGISTRY/episode-operator:0.1.0 .
-#   helm install episode-operator helm/episode-operator -n episode-operator-system --create-namespace \
-#     --set image.repository=REGISTRY/episode-operator --set image.tag=0.1.0
+#   docker buildx build --platform linux/amd64,linux/arm64 -t REGISTRY/episode-operator:0.1.0 --push .
+#
+# PYTHON_IMAGE is the base of both stages: a Debian bookworm with `python` 3.11, pip and venv.
+# `hack/images build episode-operator --local-base` builds this file with buildah from a base made of
+# Debian packages (no registry needed); `hack/cluster images` builds the same image without a builder
+# (episode-operator.local/operator:dev: the same venv path, user and entrypoint).
+ARG PYTHON_IMAGE=python:3.11-slim-bookworm
 
-FROM python:3.11-slim-bookworm AS wheel
+FROM ${PYTHON_IMAGE} AS wheels
 WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY operator ./operator
-RUN python -m pip wheel --no-cache-dir --no-deps --wheel-dir /wheels .
+# The project's wheel and its dependencies' for the target platform; pip's cache outlives the build,
+# so a changed source re-downloads nothing.
+RUN --mount=type=cache,target=/root/.cache/pip \
+    python -m pip wheel --disable-pip-version-check --wheel-dir /wheels .
 
-FROM python:3.11-slim-bookworm
+FROM ${PYTHON_IMAGE}
 ENV PATH=/opt/episode-operator/bin:$PATH \
     PYTHONUNBUFFERED=1 \
     PYTHONDONTWRITEBYTECODE=1
-COPY --from=wheel /wheels /tmp/wheels
+COPY --from=wheels /wheels /tmp/wheels
 RUN python -m venv /opt/episode-operator \
- && /opt/episode-operator/bin/pip install --no-cache-dir /tmp/wheels/episode_operator-*.whl \
+ && /opt/episode-operator/bin/pip install --no-cache-dir --disable-pip-version-check --no-index \
+      --find-links /tmp/wheels episode-operator \
  && rm -rf /tmp/wheels \
  && groupadd --gid 65532 episode-operator \
  && useradd --uid 65532 --gid 65532 --no-create-home --home-dir /nonexistent --shell /usr/sbin/nologin episode-operator \
  && mkdir -p /var/lib/episode-operator/data \
  && chown -R 65532:65532 /var/lib/episode-operator
 USER 65532:65532
-# /metrics and the kept logs and artifacts; kopf's liveness endpoint (--liveness).
-EXPOSE 8080 8081
+# /metrics (open); kopf's liveness endpoint (--liveness); the data API (TLS, --data-api-port).
+EXPOSE 8080 8081 8443
 ENTRYPOINT ["episode-operator"]
 CMD ["run"]

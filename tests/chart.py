@@ -12,7 +12,10 @@ the committed files differ.
 from __future__ import annotations
 
 import argparse
+import importlib.util
+from importlib.machinery import SourceFileLoader
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import helm_python as helm
@@ -53,6 +56,25 @@ def render(
         if path.endswith(".yaml"):
             objects += [document for document in yaml.safe_load_all(rendered[path]) if document]
     return objects
+
+
+def notes(values: dict[str, Any] | None = None, *, release: str = RELEASE, namespace: str = NAMESPACE) -> str:
+    """The chart's NOTES.txt as ``helm install`` would print it."""
+    with helm.Chart.load(CHART) as chart:
+        return chart.render(values, name=release, namespace=namespace)[f"{CHART.name}/templates/NOTES.txt"]
+
+
+def _load_hack_chart() -> ModuleType:
+    """``hack/chart`` (a script without .py) as a module: its values for the test cluster."""
+    loader = SourceFileLoader("hack_chart", str(REPO / "hack" / "chart"))
+    spec = importlib.util.spec_from_loader("hack_chart", loader)
+    assert spec is not None
+    module = importlib.util.module_from_spec(spec)
+    loader.exec_module(module)
+    return module
+
+
+hack_chart = _load_hack_chart()
 
 
 def chart_crds() -> dict[str, str]:

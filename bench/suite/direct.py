@@ -182,7 +182,7 @@ def run_direct(api: client.ApiClient, namespace: str, name: str, turns: Sequence
             pod.checked("clear", ["sh", "-c", CLEAR])
             pod.upload("upload-tests", turn.tests_tar, "/tests")
             pod.checked("test.sh", ["bash", "/tests/test.sh"])
-            rewards.append(pod.checked("read-reward", ["cat", "/logs/verifier/reward.txt"]).decode().strip())
+            rewards.append(pod.checked("read_reward", ["cat", "/logs/verifier/reward.txt"]).decode().strip())
     finally:
         pod.delete()
     return DirectRun(name, started, running_at, first_command_at, time.time(), rewards, pod.timings)

@@ -62,7 +62,7 @@ ROWS: list[tuple[str, tuple[str, ...], tuple[str, ...], bool]] = [
     (
         "agent → reward: solution + solve.sh, /logs/artifacts, tests + test.sh + reward",
         ("agent", "collect", "verify-prepare", "verify"),
-        ("upload-solution", "solve.sh", "clear", "upload-tests", "test.sh", "read-reward"),
+        ("upload-solution", "solve.sh", "clear", "upload-tests", "test.sh", "read_reward"),
         False,
     ),
     ("turn end (event)", ("turn-gap",), (), False),

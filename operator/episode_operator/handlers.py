@@ -9,10 +9,11 @@ annotations, so kopf never writes into the status the driver owns.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import os
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +23,8 @@ from episode_operator.api.episodeset import SET_PLURAL
 from episode_operator.api.models import PLURAL
 from episode_operator.api.vocabulary import EPISODE_LABEL, GROUP, SET_LABEL, VERSION, is_terminal, parse_timestamp
 from episode_operator.kube.builds import BuildCoordinator, BuildSettings
-from episode_operator.kube.client import KubeClient, KubeError
+from episode_operator.kube.client import KubeClient, KubeError, login_for
+from episode_operator.kube.dataapi import start_data_api
 from episode_operator.kube.driver import (
     DriverSettings,
     announce_waiting,
@@ -31,7 +33,7 @@ from episode_operator.kube.driver import (
     suspend_episode,
 )
 from episode_operator.kube.episodeset import run_episode_set
-from episode_operator.kube.objects.pods import label_value
+from episode_operator.kube.objects.pods import AgentImages, label_value
 from episode_operator.kube.status import EpisodeGone
 from episode_operator.kube.tombstones import expire_episode
 from episode_operator.runtime.metrics import Metrics
@@ -53,6 +55,9 @@ class OperatorOptions:
     liveness_endpoint: str | None = None
     metrics_host: str = "0.0.0.0"
     metrics_port: int | None = 8080
+    data_api_port: int | None = None
+    data_api_service: str = "episode-operator"
+    data_api_owner: str = ""
     max_active_episodes: int = 0
     extra_pod_labels: dict[str, str] = field(default_factory=dict)
     # Where images are pulled from (--image-mirror); admission applies it to every image an Episode names.
@@ -60,10 +65,19 @@ class OperatorOptions:
     # In-cluster builds (--build-registry …); None: a Dockerfile replay cannot apply is refused.
     builds: BuildSettings | None = None
     unschedulable_timeout_sec: float = 3600.0
+    capture_image: str | None = None
+    toolchain_repository: str = "episode-operator.local"
+
+
+@kopf.on.login()
+async def login(memo: kopf.Memo, settings: kopf.OperatorSettings, **_: Any) -> kopf.ConnectionInfo:
+    """kopf logs in where our client does: ``--kubeconfig`` when given (its own logins read only $KUBECONFIG)."""
+    found = await login_for(memo.options.kubeconfig)
+    return kopf.ConnectionInfo(**dataclasses.asdict(found), trust_env=settings.networking.trust_env)
 
 
 @kopf.on.startup()
-async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
+async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: kopf.Logger, **_: Any) -> None:
     options: OperatorOptions = memo.options
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=GROUP)
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(prefix=GROUP)
@@ -82,17 +96,28 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) 
     memo.client = await KubeClient.connect(options.kubeconfig, metrics=memo.metrics)
     memo.server = None
     if options.metrics_port is not None:
-        memo.server = await serve(memo.metrics, options.data_dir, options.metrics_host, options.metrics_port)
+        memo.server = await serve(memo.metrics, options.metrics_host, options.metrics_port)
+    if options.data_api_port is not None:
+        memo.data_api = await start_data_api(
+            memo.client,
+            options.data_dir,
+            options.metrics_host,
+            options.data_api_port,
+            options.data_api_service,
+            options.data_api_owner,
+            logger,
+        )
     memo.pod_wakeups = Wakeups()
     memo.settings = DriverSettings(
         data_dir=options.data_dir,
         pull_grace_sec=options.pull_grace_sec,
         poll_interval_sec=options.poll_interval_sec,
         extra_pod_labels=options.extra_pod_labels,
+        agent_images=AgentImages(options.capture_image, options.toolchain_repository),
         pod_wakeups=memo.pod_wakeups,
         image_mirrors=options.image_mirrors,
         builds=(
-            BuildCoordinator(memo.client, replace(options.builds, mirrors=options.image_mirrors))
+            BuildCoordinator(memo.client, dataclasses.replace(options.builds, mirrors=options.image_mirrors))
             if options.builds is not None
             else None
         ),
@@ -103,12 +128,12 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) 
 
 @kopf.on.cleanup()
 async def close(memo: kopf.Memo, **_: Any) -> None:
+    for server in (getattr(memo, "data_api", None), getattr(memo, "server", None)):  # the data API unregisters
+        if server is not None:
+            await server.cleanup()
     client: KubeClient | None = getattr(memo, "client", None)
     if client is not None:
         await client.close()
-    server = getattr(memo, "server", None)
-    if server is not None:
-        await server.cleanup()
 
 
 def is_active(status: kopf.Status, spec: kopf.Spec, **_: Any) -> bool:

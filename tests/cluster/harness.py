@@ -23,6 +23,7 @@ from typing import Any
 import yaml
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
+from kubernetes.stream import stream
 
 from episode_operator.kube.objects.pods import OwnerRef
 from episode_operator.kube.sandbox import KubeSandbox
@@ -70,13 +71,25 @@ def free_port() -> int:
         return int(probe.getsockname()[1])
 
 
+# The operator's image as `hack/cluster images` builds it (its wheel is this checkout's).
+OPERATOR_IMAGE = "episode-operator.local/operator:dev"
+
+
 class OperatorProcess:
     """``episode-operator run`` as a subprocess, started and stopped by its pid."""
 
     def __init__(
-        self, kubeconfig: Path, data_dir: Path, log_path: Path, namespaces: str, extra_args: tuple[str, ...] = ()
+        self,
+        kubeconfig: Path,
+        data_dir: Path,
+        log_path: Path,
+        namespaces: str,
+        extra_args: tuple[str, ...] = (),
+        env: Mapping[str, str] | None = None,
     ) -> None:
         self.extra_args = extra_args
+        # The process's environment: $KUBECONFIG names the same cluster as --kubeconfig unless a test says otherwise.
+        self.env = {**os.environ, "KUBECONFIG": str(kubeconfig), **(env or {})}
         self.kubeconfig = kubeconfig
         self.data_dir = data_dir
         self.log_path = log_path
@@ -103,12 +116,13 @@ class OperatorProcess:
             f"http://127.0.0.1:{self.port}/healthz",
             "--metrics-port",
             str(self.metrics_port),
+            # Agent pods run the capture proxy from the operator's image as `hack/cluster images` built it.
+            "--capture-image",
+            OPERATOR_IMAGE,
             *self.extra_args,
         ]
         log = self.log_path.open("ab")
-        self.process = subprocess.Popen(
-            command, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "KUBECONFIG": str(self.kubeconfig)}
-        )
+        self.process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=self.env)
         log.close()
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
@@ -138,6 +152,18 @@ class OperatorProcess:
         except subprocess.TimeoutExpired:
             os.kill(self.process.pid, signal.SIGKILL)
             self.process.wait(timeout=30)
+
+    def metrics(self) -> dict[str, float]:
+        """The operator's /metrics, sample name (with labels) → value."""
+        url = f"http://127.0.0.1:{self.metrics_port}/metrics"
+        with urllib.request.urlopen(url, timeout=5) as answer:
+            text = answer.read().decode()
+        samples: dict[str, float] = {}
+        for line in text.splitlines():
+            if line and not line.startswith("#"):
+                name, _, value = line.rpartition(" ")
+                samples[name] = float(value)
+        return samples
 
     def log_tail(self, lines: int = 60) -> str:
         if not self.log_path.exists():
@@ -233,6 +259,26 @@ def run_episode(
 ) -> dict[str, Any]:
     create_episode(api, namespace, name, spec)
     return wait_for_episode(api, namespace, name, operator, timeout)
+
+
+def pod_file(core: client.CoreV1Api, namespace: str, pod: str, path: str) -> str | None:
+    """The content of ``path`` in the pod's main container, None if it cannot be read (yet)."""
+    command = ["sh", "-c", f"cat '{path}' 2>/dev/null || echo '<missing>'"]
+    try:
+        text: str = stream(
+            core.connect_get_namespaced_pod_exec,
+            pod,
+            namespace,
+            container="main",
+            command=command,
+            stderr=True,
+            stdin=False,
+            stdout=True,
+            tty=False,
+        )
+    except ApiException:
+        return None
+    return None if text.strip() == "<missing>" else text
 
 
 def pods_of(core: client.CoreV1Api, namespace: str, episode: str) -> list[str]:

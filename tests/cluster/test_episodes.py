@@ -9,7 +9,6 @@ import subprocess
 import sys
 import threading
 import time
-import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +25,7 @@ from tests.cluster.harness import (
     create_episode,
     episode_spec,
     install_crd,
+    pod_file,
     pods_of,
     read_episode,
     run_episode,
@@ -210,6 +210,35 @@ def test_reward_json_beats_reward_txt_and_the_exit_code(
     assert run_episode(api_client, namespace, "json-wins", spec, operator)["reward"] == 0.75
 
 
+def test_kubectl_episode_logs_shows_each_turns_own_output_in_turn_order(
+    api_client: client.ApiClient, namespace: str, operator: OperatorProcess, kubeconfig: Path
+) -> None:
+    """Every turn's solve.sh appends to /logs/agent/oracle.txt; each turn's log is its own part,
+    and the turns come as they ran (one, two, three), not by name (one, three, two)."""
+    solves = {
+        f"steps/{step}/solution/solve.sh": f"echo output of {step}\necho 1 > /app/reward-wanted.txt\n"
+        for step in ("one", "two", "three")
+    }
+    status = run_episode(api_client, namespace, "logged", episode_spec(SCORED, edits=solves), operator)
+    assert status["reward"] == 1.0, status
+    printed = subprocess.run(
+        [
+            str(Path(sys.executable).parent / "kubectl-episode"),
+            *("logs", "logged", "-n", namespace, "--kubeconfig", str(kubeconfig)),
+            *("--data-dir", str(operator.data_dir)),
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    sections = [part for part in printed.split("==> ") if part]
+    assert [section.split(" <==")[0] for section in sections] == [
+        f"attempt 1 turn {step}: {log}" for step in ("one", "two", "three") for log in ("agent", "verifier")
+    ], printed
+    agent_logs = [section.split(" <==\n", 1)[1] for section in sections if section.split(" <==")[0].endswith("agent")]
+    assert agent_logs == [f"output of {step}\n\n" for step in ("one", "two", "three")], printed
+
+
 # --- turn state --------------------------------------------------------------------------------
 def test_state_between_turns(api_client: client.ApiClient, namespace: str, operator: OperatorProcess) -> None:
     """Files and processes stay; workdir/ replaces; grading files go; the user switches."""
@@ -282,7 +311,10 @@ def test_operator_killed_during_an_agent_turn(
                 time.sleep(0.2)
             else:
                 raise AssertionError(f"the agent turn never started:\n{first.log_tail()}")
-            time.sleep(2)
+            # The stage is published just before the agent's job starts: kill once it runs.
+            while pod_file(core, namespace, "crash-a1", "/app/runs.txt") != "run\n":
+                assert time.monotonic() < deadline, f"the agent never ran:\n{first.log_tail()}"
+                time.sleep(0.2)
         finally:
             first.kill()
         with running_operator(kubeconfig, tmp_path / "data", tmp_path / "operator.log", glob) as second:
@@ -308,6 +340,48 @@ def test_operator_killed_during_an_agent_turn(
             assert "agent-started" in logs.stdout and "agent-finished" in logs.stdout, logs.stdout + logs.stderr
             delete_namespace_while_watched(core, namespace)  # its Episodes' finalizers need an operator
     finally:
+        with contextlib.suppress(ApiException):  # gone already when the test passed
+            core.delete_namespace(namespace, propagation_policy="Background")
+
+
+def test_the_operator_drives_the_cluster_its_kubeconfig_names(
+    kubeconfig: Path, api_client: client.ApiClient, core: client.CoreV1Api, tmp_path: Path
+) -> None:
+    """``episode-operator run --kubeconfig K`` with a $KUBECONFIG naming another cluster (one that
+    is not there): kopf's watches too must go where K says, or no Episode ever starts."""
+    install_crd(api_client)
+    namespace = f"kcfg-{namespace_prefix()}{int(time.time() * 1000) % 10**8:x}"
+    core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=namespace)))
+    elsewhere = tmp_path / "elsewhere.kubeconfig"
+    elsewhere.write_text(
+        json.dumps(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "clusters": [
+                    {"name": "gone", "cluster": {"server": "https://127.0.0.1:9", "insecure-skip-tls-verify": True}}
+                ],
+                "users": [{"name": "nobody", "user": {"token": "not-a-token"}}],
+                "contexts": [{"name": "gone", "context": {"cluster": "gone", "user": "nobody"}}],
+                "current-context": "gone",
+            }
+        )
+    )
+    operator = OperatorProcess(
+        kubeconfig,
+        tmp_path / "data",
+        tmp_path / "operator.log",
+        f"kcfg-{namespace_prefix()}*",
+        env={"KUBECONFIG": str(elsewhere)},
+    )
+    try:
+        operator.start()
+        wait_for_default_service_account(core, namespace)
+        status = run_episode(api_client, namespace, "hello", episode_spec(EXAMPLES / "hello"), operator, timeout=120)
+        assert (status["phase"], status["reward"]) == ("Succeeded", 1.0), status
+        delete_namespace_while_watched(core, namespace)  # its Episodes' finalizers need an operator
+    finally:
+        operator.stop()
         with contextlib.suppress(ApiException):  # gone already when the test passed
             core.delete_namespace(namespace, propagation_policy="Background")
 
@@ -342,7 +416,7 @@ def test_bad_input_fails_clearly_and_the_operator_keeps_serving(
         "no spec.image"
     ) in no_image_status["message"]
     missing = wait_for_episode(api_client, namespace, "missing-image", operator)
-    assert (missing["phase"], missing["outcome"], missing["failureKind"]) == ("Failed", "Ungraded", "outage:image-pull")
+    assert (missing["phase"], missing["outcome"], missing["failureKind"]) == ("Failed", "Ungraded", "outage:image_pull")
     assert "does-not-exist" in missing["message"]
     assert pods_of(core, namespace, "missing-image") == []
     # The operator is still serving.
@@ -388,18 +462,9 @@ def test_finished_episode_pods_are_removed(
 
 
 def test_metrics_move_after_an_episode(api_client: client.ApiClient, namespace: str, operator: OperatorProcess) -> None:
-    def scrape() -> dict[str, float]:
-        text = urllib.request.urlopen(f"http://127.0.0.1:{operator.metrics_port}/metrics", timeout=5).read().decode()
-        samples: dict[str, float] = {}
-        for line in text.splitlines():
-            if line and not line.startswith("#"):
-                name, _, value = line.rpartition(" ")
-                samples[name] = float(value)
-        return samples
-
-    before = scrape()
+    before = operator.metrics()
     run_episode(api_client, namespace, "measured", episode_spec(EXAMPLES / "hello"), operator)
-    after = scrape()
+    after = operator.metrics()
     graded = 'episode_operator_episodes_total{failure_kind="",outcome="Graded"}'
     assert after[graded] == before.get(graded, 0) + 1
     assert after['episode_operator_turns_total{failure_kind="",result="graded"}'] >= 1
@@ -439,9 +504,9 @@ def test_suspend_holds_an_episode_and_resume_starts_it_over(
             assert time.monotonic() < deadline, f"{what}: {status()}\n{operator.log_tail()}"
             time.sleep(0.3)
 
-    wait_until(lambda: status().get("phase") == "Pending", "held Pending")
-    time.sleep(2)
-    assert pods_of(core, namespace, "queued") == [] and "suspended" in status()["message"]
+    # The message is the operator's answer: it has seen the Episode and decided to hold it.
+    wait_until(lambda: status().get("phase") == "Pending" and "suspended" in (status().get("message") or ""), "held")
+    assert pods_of(core, namespace, "queued") == []
     set_suspend(False)
     wait_until(lambda: (status().get("turns") or [{}])[0].get("stage") == "agent", "running its agent")
     pods = core.list_namespaced_pod(namespace, label_selector="episode-operator.dev/episode=queued").items

@@ -27,14 +27,14 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 from kubernetes.stream import stream
 
-from tests.chart import CHART, CRDS, INSTALL
+from episode_operator.api.vocabulary import is_terminal
+from tests.chart import CHART, CRDS, INSTALL, hack_chart
 from tests.cluster.conftest import HACK_CLUSTER, in_ci, unavailable, wait_for_default_service_account
-from tests.cluster.harness import EXAMPLES, create_episode, episode_spec, install_crd, read_episode
+from tests.cluster.harness import EXAMPLES, OPERATOR_IMAGE, create_episode, episode_spec, install_crd, read_episode
 
-OPERATOR_IMAGE = "episode-operator.local/operator:dev"
+DATA_ROLE = "episode-operator-system-episode-operator-data-api"  # manifests/install's
 RELEASE = "episode-operator"
 SERVICE = "episode-operator"
-TERMINAL = ("Succeeded", "Failed")
 
 
 # Namespaces and the image ------------------------------------------------------------------------
@@ -79,6 +79,7 @@ class Release:
     watched: str
     values: dict[str, Any] = field(default_factory=dict)
     installed: bool = False
+    notes: str = ""
 
     def config(self) -> helm.Config:
         return helm.Config(kubeconfig_path=self.kubeconfig, namespace=self.namespace)
@@ -106,7 +107,10 @@ class Release:
 
 
 def release_values(watched: str, **extra: Any) -> dict[str, Any]:
+    """The test cluster's images; no data API (one per cluster: tests/cluster/test_data_api.py has it)."""
     return {
+        **hack_chart.TEST_CLUSTER_VALUES,
+        "dataApi": {"enabled": False},
         "watchNamespaces": [watched],
         "pullGrace": 30,
         "resources": {"requests": {"cpu": "50m", "memory": "128Mi"}, "limits": {"memory": "1Gi"}},
@@ -163,7 +167,7 @@ def run_examples(
     while len(results) < len(names):
         for example, name in names.items():
             status = read_episode(api, namespace, name).get("status") or {}
-            if status.get("phase") in TERMINAL:
+            if is_terminal(status.get("phase")):
                 results[example] = {"name": name, **status}
         if time.monotonic() > deadline:
             raise TimeoutError(
@@ -232,6 +236,7 @@ def test_the_operator_runs_as_installed_with_least_privilege(
         ("create", "pods/exec", watched, ""),
         ("patch", "episodes/status", watched, "episode-operator.dev"),
         ("watch", "episodes", watched, "episode-operator.dev"),
+        ("get", "secrets", watched, ""),  # that a model endpoint's key Secret exists (kube/rbac.py)
     ]
     denied = [
         ("create", "pods", installed.namespace, ""),  # its own namespace is not watched
@@ -239,7 +244,7 @@ def test_the_operator_runs_as_installed_with_least_privilege(
         ("list", "episodes", "", "episode-operator.dev"),  # nothing cluster-wide with named namespaces
         ("list", "namespaces", "", ""),
         ("list", "customresourcedefinitions", "", "apiextensions.k8s.io"),
-        ("get", "secrets", watched, ""),
+        ("list", "secrets", watched, ""),
         ("update", "pods", watched, ""),
         ("delete", "configmaps", watched, ""),
     ]
@@ -255,7 +260,7 @@ def test_the_examples_reach_their_rewards_in_cluster(
     assert summary == {"hello": ("Succeeded", 1.0), "three-step-ledger": ("Succeeded", 1.0)}, results
     assert results["three-step-ledger"]["progress"] == "3/3"
 
-    # The Service serves /metrics and every Episode's kept logs, through the API server's proxy.
+    # The Service serves /metrics, through the API server's proxy; the kept logs are not there.
     metrics = service_get(core, installed.namespace, "/metrics")
     graded = [
         line
@@ -264,8 +269,11 @@ def test_the_examples_reach_their_rewards_in_cluster(
     ]
     assert graded and float(graded[0].split()[-1]) >= 2, metrics[:2000]
     ledger = read_episode(api_client, installed.watched, results["three-step-ledger"]["name"])
-    path = f"/v1/episodes/{installed.watched}/{ledger['metadata']['name']}/{ledger['metadata']['uid']}/logs"
-    assert "attempt 1 turn" in service_get(core, installed.namespace, path)
+    name = ledger["metadata"]["name"]
+    path = f"/apis/data.episode-operator.dev/v1alpha1/namespaces/{installed.watched}/episodes/{name}/log"
+    with pytest.raises(ApiException) as refused:
+        service_get(core, installed.namespace, path)
+    assert refused.value.status == 404
 
     # Exactly the chart's permissions were enough: nothing was refused.
     log = "\n".join(
@@ -366,11 +374,9 @@ def test_kubectl_apply_k_installs_a_working_operator(
 ) -> None:
     """manifests/install through an overlay: its own namespace and ClusterRole names, one watched
     namespace, and the CRDs left out (cluster-wide, shared with the other tests: deleting them
-    would delete every Episode)."""
+    would delete every Episode), and the data API's rules too (one data API per cluster: test_data_api.py's)."""
     if shutil.which("kubectl") is None:
-        if in_ci():
-            pytest.fail("kubectl is not installed: manifests/install cannot be checked")
-        pytest.skip("kubectl is not installed")
+        pytest.fail("kubectl is not installed (hack/cluster up installs it): manifests/install cannot be checked")
     suffix = uuid.uuid4().hex[:6]
     operator_namespace, watched = f"inst-k-{suffix}", new_namespace(core, "kw")
     cluster_name = f"{operator_namespace}-episode-operator"
@@ -381,6 +387,14 @@ def test_kubectl_apply_k_installs_a_working_operator(
         "kind": "Kustomization",
         "namespace": operator_namespace,
         "resources": [os.path.relpath(INSTALL, overlay)],
+        # The test cluster's image instead of the released one, as a mirror would be named.
+        "images": [
+            {
+                "name": yaml.safe_load((CHART / "values.yaml").read_text())["image"]["repository"],
+                "newName": OPERATOR_IMAGE.split(":")[0],
+                "newTag": OPERATOR_IMAGE.split(":")[1],
+            }
+        ],
         "patches": [
             *(
                 {
@@ -394,6 +408,19 @@ def test_kubectl_apply_k_installs_a_working_operator(
                     )
                 }
                 for path in sorted(CRDS.glob("*.yaml"))
+            ),
+            *(
+                {
+                    "patch": yaml.safe_dump(
+                        {
+                            "$patch": "delete",
+                            "apiVersion": "rbac.authorization.k8s.io/v1",
+                            "kind": kind,
+                            "metadata": {"name": DATA_ROLE},
+                        }
+                    )
+                }
+                for kind in ("ClusterRole", "ClusterRoleBinding")
             ),
             {
                 "target": {"kind": "Deployment", "name": RELEASE},

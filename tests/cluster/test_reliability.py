@@ -1,15 +1,18 @@
 """Reliability and security on the real cluster: outages, restarts, hostile agents.
 
-What the operator guarantees against a hostile agent, exactly (tested below):
+What the operator guarantees against a hostile agent, exactly (tested below, each part
+deterministically):
 - files it plants in ``/tests`` or ``/logs/verifier`` are gone before its turn verifies
   (the grading folders are emptied right before the tests are uploaded);
-- a reward file written or changed after ``test.sh`` exited is not accepted (the turn
-  counts 0): a process the agent leaves behind to rewrite the reward cannot forge it;
+- what a process it leaves behind writes once ``test.sh`` has exited and been read does not
+  change the turn's reward; a reward file changed after ``test.sh`` exited but before it was
+  read is refused (the turn counts 0: tested in the unit tier, where that order is certain);
 - in a separate verifier pod the agent has no processes at all and only the declared
   artifacts arrive.
 What it cannot promise in a shared sandbox: a process that writes the reward file *while*
 ``test.sh`` runs races the verifier's own write (the verifier's last write wins only if it
-is last). Tasks that must be safe against root agents verify separately.
+is last), and file times tick coarsely (a write a few milliseconds after ``test.sh`` exited
+may carry an earlier time). Tasks that must be safe against root agents verify separately.
 """
 
 from __future__ import annotations
@@ -45,9 +48,19 @@ from tests.cluster.harness import (
 )
 
 STATE_DIR = Path(os.environ.get("EPISODE_CLUSTER_DIR") or "/var/lib/episode-operator/cluster")
+# Plants a test.sh and a reward of its own in the grading folders, once.
+PLANTER = (
+    "echo 1 > /logs/verifier/reward.txt; mkdir -p /tests; echo 'echo 1 > /logs/verifier/reward.txt' > /tests/test.sh"
+)
+# Leaves a process that rewrites the reward file for good, from some seconds after test.sh exited
+# (the supervisor's exit record of turn 1's verification) on: by then the reward was read.
+LEFTOVER = (
+    "nohup sh -c 'until [ -s /episode-operator/jobs/a1.t1.verify/exit ]; do sleep 0.05; done; sleep 5; "
+    "while :; do echo 1 > /logs/verifier/reward.txt; sleep 0.01; done' >/dev/null 2>&1 &"
+)
+# Both, with a process writing the reward all along: only a separate verifier is safe from it.
 HOSTILE = (
-    "echo 1 > /logs/verifier/reward.txt; mkdir -p /tests; echo 'echo 1 > /logs/verifier/reward.txt' > /tests/test.sh; "
-    "nohup sh -c 'while :; do echo 1 > /logs/verifier/reward.txt 2>/dev/null; sleep 0.01; done' "
+    f"{PLANTER}; nohup sh -c 'while :; do echo 1 > /logs/verifier/reward.txt 2>/dev/null; sleep 0.01; done' "
     ">/dev/null 2>&1 &"
 )
 
@@ -66,21 +79,25 @@ def stage_of(api: client.ApiClient, namespace: str, name: str) -> tuple[int | No
     return turn, turns[turn].get("stage") if turn is not None and turn < len(turns) else None
 
 
-@pytest.mark.parametrize("mode", ["shared", "separate"])
-def test_hostile_agent_cannot_forge_a_reward(
-    mode: str, api_client: client.ApiClient, namespace: str, operator: OperatorProcess
-) -> None:
+def hello_with(mode: str, command: str) -> dict[str, Any]:
     toml = (EXAMPLES / "hello" / "task.toml").read_text()
     if mode == "separate":
         toml = toml.replace("[verifier]\n", '[verifier]\nenvironment_mode = "separate"\n')
-    spec = episode_spec(EXAMPLES / "hello", edits={"task.toml": toml}, agent={"kind": "command", "command": HOSTILE})
-    status = run_episode(api_client, namespace, f"hostile-{mode}", spec, operator)
+    return episode_spec(EXAMPLES / "hello", edits={"task.toml": toml}, agent={"kind": "command", "command": command})
+
+
+@pytest.mark.parametrize(
+    ("mode", "agent"),
+    [("shared", PLANTER), ("shared", LEFTOVER), ("separate", HOSTILE)],
+    ids=["shared-planted-files", "shared-leftover-after-exit", "separate-all-of-it"],
+)
+def test_hostile_agent_cannot_forge_a_reward(
+    mode: str, agent: str, api_client: client.ApiClient, namespace: str, operator: OperatorProcess
+) -> None:
+    """The honest test.sh of hello writes 0 (no hello.txt): that 0 is the turn's reward."""
+    status = run_episode(api_client, namespace, f"hostile-{mode}", hello_with(mode, agent), operator)
     assert status["phase"] == "Succeeded" and status["reward"] == 0.0, status
-    turn = status["turns"][0]
-    if turn["rewardValid"]:
-        assert turn["verifierRewards"] == {"reward": 0.0}  # the honest verifier's own 0
-    else:
-        assert "changed after test.sh exited" in turn["message"]
+    assert (status["turns"][0]["rewardValid"], status["turns"][0]["verifierRewards"]) == (True, {"reward": 0.0})
 
 
 def test_agent_pod_deleted_mid_turn_starts_a_new_attempt(
@@ -94,7 +111,7 @@ def test_agent_pod_deleted_mid_turn_starts_a_new_attempt(
     core.delete_namespaced_pod("victim-a1", namespace, grace_period_seconds=0)
     status = wait_for_episode(api_client, namespace, "victim", operator)
     assert (status["phase"], status["reward"], status["attempt"]) == ("Succeeded", 1.0, 2), status
-    assert len(status["attempts"]) == 2 and status["attempts"][0]["reason"].startswith(("pod-lost", "exec"))
+    assert len(status["attempts"]) == 2 and status["attempts"][0]["reason"].startswith(("pod_lost", "exec"))
 
 
 def test_missing_image_is_retried_then_fails_clearly(
@@ -102,7 +119,7 @@ def test_missing_image_is_retried_then_fails_clearly(
 ) -> None:
     spec = episode_spec(EXAMPLES / "hello", image="episode-operator.local/not-loaded:1", retries={"outages": 1})
     status = run_episode(api_client, namespace, "unpullable", spec, operator, timeout=300)
-    assert (status["phase"], status["outcome"], status["failureKind"]) == ("Failed", "Ungraded", "outage:image-pull")
+    assert (status["phase"], status["outcome"], status["failureKind"]) == ("Failed", "Ungraded", "outage:image_pull")
     assert [attempt["number"] for attempt in status["attempts"]] == [1, 2]
     assert all("not-loaded:1" in attempt["reason"] for attempt in status["attempts"])
     assert status.get("reward") is None
@@ -142,7 +159,7 @@ def private_operator(
 def test_operator_killed_again_and_again(
     api_client: client.ApiClient, private_operator: tuple[str, OperatorProcess]
 ) -> None:
-    """SIGKILL every few seconds through a three-step run: the same reward, every turn ran once."""
+    """SIGKILL after every step of a three-step run: the same reward, every turn ran once."""
     namespace, operator = private_operator
     marker = {
         f"steps/{name}/solution/solve.sh": f"echo {name} >> /app/turns.txt; sleep 2\necho 1 > /app/reward-wanted.txt\n"
@@ -155,17 +172,23 @@ def test_operator_killed_again_and_again(
     spec = episode_spec(TASKS / "scored-steps", edits={**marker, "steps/three/tests/test.sh": check})
     operator.start()
     create_episode(api_client, namespace, "battered", spec)
+    # Killed right after each status write that moves the episode on (a new turn or stage): at
+    # every point a restart can meet, whatever the machine's speed.
     kills = 0
     deadline = time.monotonic() + 240
-    while (read_episode(api_client, namespace, "battered").get("status") or {}).get("phase") not in (
-        "Succeeded",
-        "Failed",
-    ):
+    seen: tuple[Any, ...] | None = None
+    while True:
+        status = read_episode(api_client, namespace, "battered").get("status") or {}
+        if status.get("phase") in ("Succeeded", "Failed"):
+            break
         assert time.monotonic() < deadline, operator.log_tail()
-        time.sleep(3)
-        operator.kill()
-        kills += 1
-        operator.start()
+        progress = (status.get("currentTurn"), tuple(turn.get("stage") for turn in status.get("turns") or []))
+        if seen is not None and progress != seen:
+            operator.kill()
+            kills += 1
+            operator.start()
+        seen = progress
+        time.sleep(0.1)  # a poll of the status, not a wait for something to happen
     status = wait_for_episode(api_client, namespace, "battered", operator)
     assert kills >= 3, "the run ended before the operator was killed three times"
     assert (status["phase"], status["reward"], status["attempt"]) == ("Succeeded", 1.0, 1), status
@@ -194,7 +217,12 @@ def test_api_server_restart_mid_run(api_client: client.ApiClient, namespace: str
     while Path(f"/proc/{pid}").exists():  # down for good before it is started again
         assert time.monotonic() < deadline, "the API server did not stop"
         time.sleep(0.2)
-    time.sleep(2)  # the operator meets a dead API server for a while
+    # The operator meets the dead API server (its long poll of the agent's job breaks) before it comes back.
+    broken = "episode_operator_exec_errors_total"
+    errors_before = sum(value for name, value in operator.metrics().items() if name.startswith(broken))
+    while sum(value for name, value in operator.metrics().items() if name.startswith(broken)) <= errors_before:
+        assert time.monotonic() < deadline, f"the operator never noticed the API server was gone\n{operator.log_tail()}"
+        time.sleep(0.2)
     restarted = subprocess.run([str(HACK_CLUSTER), "up"], capture_output=True, text=True, timeout=300)
     assert restarted.returncode == 0, restarted.stderr[-3000:]
     status = wait_for_episode(api_client, namespace, "weathered", operator, timeout=300)

@@ -519,7 +519,7 @@ def test_an_unschedulable_pod_and_a_registry_down_end_as_clear_outages(
         assert (status["outcome"], status["failureKind"]) == ("Ungraded", "outage:unschedulable"), status
         assert "could not be scheduled for 15 s: 0/1 nodes are available: 1 Insufficient cpu." in status["message"]
         down = wait_for_episode(api_client, namespace, "unreachable", operator, timeout=600)
-        assert (down["outcome"], down["failureKind"]) == ("Ungraded", "outage:image-build"), down
+        assert (down["outcome"], down["failureKind"]) == ("Ungraded", "outage:image_build"), down
         assert f"cannot push to {NOTHING_LISTENS}" in down["message"]
     finally:
         delete_namespace_while_watched(core, namespace)

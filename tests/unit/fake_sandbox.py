@@ -1,27 +1,44 @@
-"""An in-memory sandbox for the runtime's unit tests.
+"""An in-memory sandbox for the runtime's unit tests, faithful to what the supervisor does.
 
 Scripts in test task folders are written in a tiny line language that this fake
 interprets, so a test states what an agent, a setup.sh or a test.sh does without a real
-shell (the cluster tests run real bash):
+shell (the cluster tests, and ``local_sandbox``, run real bash):
 
     write PATH TEXT       append PATH TEXT (adds a newline)       remove PATH
-    exit N                timeout                unstartable
+    echo TEXT             (to the job's output)
+    exit N                timeout (runs until its time limit kills it)       unstartable
+    sleep SECONDS         (the job takes that long on the fake clock)
+    expect VALUE WANTED   (exit 1, saying so in the output, unless VALUE is WANTED)
     reward VALUE          reward-json JSON
-    check PATH TEXT       (reward 1 if PATH holds TEXT, where \n is a newline, else 0)
+    check PATH TEXT       (reward 1 if PATH holds TEXT, where \\n is a newline, else 0)
     pass-after SECONDS    (exit 0 once the fake monotonic clock has passed SECONDS, else 1)
+    later SECONDS LINE    (leaves a process behind that runs LINE after SECONDS, job or no job)
     lose-pod              (the pod disappears: every later call raises SandboxError)
+    vanish                (the supervisor loses the job: it reads ``unknown`` from then on)
 
-Relative paths are below the working directory ``/app``. ``bash X`` and ``sh X`` run the
-file X; any other command is read as script text itself.
+``$NAME`` and ``${NAME}`` expand to the job's environment, as a shell's would: the
+container's, then HOME/USER/LOGNAME of the job's user, then the job's own variables; ``$PWD``
+is its working directory. Relative paths are below that directory (the spec's ``cwd``, else
+the sandbox's ``/app``). ``bash X`` and ``sh X`` run the file X; any other command is read as
+script text itself.
+
+Time is the :class:`Clock`'s and moves only when something waits: a job's start and its
+long polls wait (up to what they were given) for the job, the runner's ``sleep`` waits, and
+a job past its ``timeout_sec`` is killed then (``timed_out``, exit 143) whatever it does.
+Modification times of written files are the clock's at the write.
 """
 
 from __future__ import annotations
 
+import functools
+import heapq
 import io
+import itertools
 import json
+import re
 import tarfile
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -39,14 +56,23 @@ from episode_operator.runtime.sandbox import (
 from episode_operator.taskfolder.plan import NetworkPolicy, VerifierPlan
 
 WORKDIR = "/app"
+#: The environment of a command exec'd into the container, as root (docker sets no USER).
+CONTAINER_ENV = {"HOME": "/root", "PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"}
+#: Home directories of the users the tests name (any other name: /home/<name>).
+HOMES = {"root": "/root", "nobody": "/nonexistent"}
+KILLED_BY_TERM = 143
+MAX_POLLS = 10_000
+VARIABLE = re.compile(r"\$(?:\{([A-Za-z_][A-Za-z0-9_]*)\}|([A-Za-z_][A-Za-z0-9_]*))")
 
 
 @dataclass
 class Clock:
-    """Wall and monotonic time that only move when the runner sleeps or a script says so."""
+    """Wall and monotonic time that only move when something waits; timers fire in order as they do."""
 
     now: float = 1_800_000_000.0
     monotonic_now: float = 0.0
+    _timers: list[tuple[float, int, Callable[[], None]]] = field(default_factory=list)
+    _order: itertools.count[int] = field(default_factory=itertools.count)
 
     def time(self) -> float:
         return self.now
@@ -55,36 +81,70 @@ class Clock:
         return self.monotonic_now
 
     async def sleep(self, seconds: float) -> None:
-        self.now += seconds
-        self.monotonic_now += seconds
+        self.run_until(self.now + seconds)
+
+    def at(self, when: float, action: Callable[[], None]) -> None:
+        """Run ``action`` once the wall clock reaches ``when``."""
+        heapq.heappush(self._timers, (when, next(self._order), action))
+
+    def run_until(self, when: float, done: Callable[[], bool] = lambda: False) -> None:
+        """Let time pass up to ``when``, firing due timers in order; stop early once ``done()``."""
+        while not done() and self._timers and self._timers[0][0] <= when:
+            due, _, action = heapq.heappop(self._timers)
+            self._move_to(due)
+            action()
+        if not done():
+            self._move_to(when)
+
+    def _move_to(self, when: float) -> None:
+        if when > self.now:
+            self.monotonic_now += when - self.now
+            self.now = when
 
 
 @dataclass
 class JobRecord:
+    """A job as the supervisor keeps it: its spec, its state and its own output."""
+
     spec: JobSpec
     state: JobState
-    output: bytes
+    output: bytearray = field(default_factory=bytearray)
+
+
+@dataclass
+class Process:
+    """A job's (or a leftover's) script being run: the lines left, in its environment and directory."""
+
+    record: JobRecord
+    lines: list[str]
+    env: dict[str, str]
+    cwd: str
+
+    @property
+    def running(self) -> bool:
+        return self.record.state.phase == "running"
 
 
 class FakeSandbox:
-    def __init__(self, name: str, clock: Clock, world: World) -> None:
+    def __init__(self, name: str, clock: Clock, world: World, env: Mapping[str, str] | None = None) -> None:
         self.name = name
         self.workdir = WORKDIR
         self.clock = clock
         self.world = world
+        self.env = {**CONTAINER_ENV, **(env or {})}
         self.files: dict[str, dict[str, bytes]] = {"main": {}}
         self.jobs: dict[tuple[str, str], JobRecord] = {}
         self.starts: list[str] = []  # ids of jobs that actually ran
         self.users: list[str | int] = []
         self.lost = False
-        self.modified: dict[str, float] = {}  # fake modification times, where a test sets them
+        self.modified: dict[str, float] = {}  # modification times (the clock's at each write)
         self.uploads: list[str] = []
         self.calls: Counter[str] = Counter()  # how many round trips each operation cost
 
     # Sandbox protocol ----------------------------------------------------------------
     def _alive(self) -> None:
         if self.lost:
-            raise SandboxError(f"pod {self.name} was deleted", kind="pod-lost")
+            raise SandboxError(f"pod {self.name} was deleted", kind="pod_lost")
 
     async def start_job(self, spec: JobSpec, *, wait_sec: float = 0.0, upload: Upload | None = None) -> JobState:
         self.calls["start_job"] += 1
@@ -95,35 +155,49 @@ class FakeSandbox:
                 self._upload(upload.archive, upload.destination, spec.container, upload.clear)
             self.starts.append(spec.id)
             self.world.before_job(self, spec)
-            self.jobs[key] = self._execute(spec)
+            self._launch(spec)
             self.world.after_job(spec)
-        self._alive()
-        return self._answer(spec)
+        return self._wait(spec, wait_sec)
 
     async def wait_job(self, spec: JobSpec, *, max_wait_sec: float) -> JobState:
         self.calls["wait_job"] += 1
+        # A runner that polls on where nothing can change (e.g. a job the supervisor lost) would
+        # spin without ever yielding: fail the test instead of hanging it.
+        assert self.calls["wait_job"] < MAX_POLLS, f"{spec.id}: polled {MAX_POLLS} times"
+        return self._wait(spec, max_wait_sec)
+
+    def _wait(self, spec: JobSpec, seconds: float) -> JobState:
+        """Up to ``seconds`` for the job to end (time passes meanwhile), then its state."""
+        self._alive()
+        record = self.jobs.get((spec.container, spec.id))
+        if record is not None:
+            self.clock.run_until(self.clock.now + seconds, done=lambda: record.state.done or self.lost)
+            if record.state.done and self.world.notice_delay_sec:
+                self.clock.run_until(self.clock.now + self.world.notice_delay_sec)
         self._alive()
         return self._answer(spec)
 
     def _answer(self, spec: JobSpec) -> JobState:
-        """The final state with what the spec asks back, as the supervisor's answer carries it."""
+        """The state with what the spec asks back once done, as the supervisor's answer carries it."""
         record = self.jobs.get((spec.container, spec.id))
         if record is None:
             return JobState(spec.id, "unknown")
+        if not record.state.done:
+            return record.state
         files = None
         if spec.read_after:
             files = {
                 path: FileContent(self.files[spec.container].get(path), self.modified.get(path))
                 for path in spec.read_after
             }
-        output = record.output[-spec.tail :] if spec.tail > 0 else None
+        output = bytes(record.output[-spec.tail :]) if spec.tail > 0 else None
         return replace(record.state, output=output, files=files)
 
     async def job_output(self, job_id: str, *, container: str = "main", limit: int) -> bytes:
         self.calls["job_output"] += 1
         self._alive()
         record = self.jobs[(container, job_id)]
-        return record.output[-limit:]
+        return bytes(record.output[-limit:])
 
     async def upload(
         self, archive: bytes, destination: str, *, container: str = "main", clear: Sequence[str] = ()
@@ -139,13 +213,12 @@ class FakeSandbox:
         self.uploads.append(destination)
         if destination in self.world.broken_uploads:
             raise CommandFailed(f"supervisor: upload: tar: cannot unpack into {destination}", step="upload")
-        files = self.files.setdefault(container, {})
         with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
             for member in tar:
                 if member.isfile():
                     extracted = tar.extractfile(member)
                     assert extracted is not None
-                    files[_join(destination, member.name)] = extracted.read()
+                    self._write(container, _join(destination, member.name), extracted.read())
 
     async def download(self, paths: Sequence[str], *, container: str = "main", exclude: Sequence[str] = ()) -> bytes:
         self.calls["download"] += 1
@@ -192,65 +265,118 @@ class FakeSandbox:
             raise CommandFailed(f"no such user: {user}")
         self.users.append(user)
 
-    # The script language ---------------------------------------------------------------
-    def _execute(self, spec: JobSpec) -> JobRecord:
+    def _write(self, container: str, path: str, data: bytes) -> None:
+        self.files.setdefault(container, {})[path] = data
+        self.modified[path] = self.clock.now
+
+    # Jobs ------------------------------------------------------------------------------
+    def _launch(self, spec: JobSpec) -> None:
+        """Start ``spec`` as the supervisor's runner would: as its user, in its directory and environment."""
+        now = self.clock.now
+        record = JobRecord(spec, JobState(spec.id, "running", started_at=now))
+        self.jobs[(spec.container, spec.id)] = record
+        if spec.user is not None and spec.user in self.world.missing_users:
+            self._end(record, phase="unstartable", reason=f"no such user: {spec.user}")
+            return
+        cwd = _join(self.workdir, spec.cwd) if spec.cwd else self.workdir
+        env = {**self.env, **_user_env(spec.user), **spec.env}
         files = self.files.setdefault(spec.container, {})
-        script = self._script(spec.command, files)
-        output = io.BytesIO()
-        code, timed_out, reason = 0, False, None
-        for line in script.splitlines():
+        process = Process(record, self._script(spec.command, files).splitlines(), env, cwd)
+        if spec.timeout_sec < float("inf"):
+            self.clock.at(now + spec.timeout_sec, lambda: self._time_out(record))
+        self._run(process)
+
+    def _time_out(self, record: JobRecord) -> None:
+        if record.state.phase == "running":
+            record.state = replace(record.state, timed_out=True)
+            self._end(record, exit_code=KILLED_BY_TERM)
+
+    def _end(self, record: JobRecord, *, phase: str = "exited", exit_code: int | None = None, **state: Any) -> None:
+        record.state = replace(record.state, phase=phase, exit_code=exit_code, finished_at=self.clock.now, **state)
+        if not record.output and phase == "exited":
+            record.output += self.world.printed(record.spec) or f"ran {record.spec.id}\n".encode()
+            self._to_output(record, bytes(record.output))
+
+    def _to_output(self, record: JobRecord, data: bytes) -> None:
+        """Append to the job's output file too, where it shares one (e.g. the oracle's log)."""
+        if record.spec.output:
+            path = _join(self.workdir, record.spec.output)
+            files = self.files.setdefault(record.spec.container, {})
+            self._write(record.spec.container, path, files.get(path, b"") + data)
+
+    def _run(self, process: Process) -> None:
+        """Interpret lines until the script ends, sleeps (resumed by a timer) or is killed."""
+        record = process.record
+        files = self.files.setdefault(record.spec.container, {})
+        container = record.spec.container
+        while process.running and process.lines:
+            line = _expand(process.lines.pop(0), {**process.env, "PWD": process.cwd})
             word, _, rest = line.strip().partition(" ")
-            if word == "write":
+            if word in ("write", "append"):
                 path, _, text = rest.partition(" ")
-                files[_join(WORKDIR, path)] = text.encode()
-            elif word == "append":
-                path, _, text = rest.partition(" ")
-                target = _join(WORKDIR, path)
-                files[target] = files.get(target, b"") + text.encode() + b"\n"
+                target = _join(process.cwd, path)
+                data = text.encode() if word == "write" else files.get(target, b"") + text.encode() + b"\n"
+                self._write(container, target, data)
             elif word == "remove":
-                files.pop(_join(WORKDIR, rest), None)
+                files.pop(_join(process.cwd, rest), None)
+            elif word == "echo":
+                record.output += rest.encode() + b"\n"
+                self._to_output(record, rest.encode() + b"\n")
             elif word == "exit":
-                code = int(rest)
-                break
+                self._end(record, exit_code=int(rest))
             elif word == "timeout":
-                code, timed_out = 124, True
-                self.clock.monotonic_now += spec.timeout_sec
-                break
+                return  # runs until its time limit kills it
+            elif word == "sleep":
+                self.clock.at(self.clock.now + float(rest), lambda: self._run(process))
+                return
+            elif word == "expect":
+                value, _, wanted = rest.partition(" ")
+                if value != wanted:
+                    record.output += f"expected {wanted!r}, got {value!r}\n".encode()
+                    self._end(record, exit_code=1)
             elif word == "unstartable":
-                return JobRecord(spec, JobState(spec.id, "unstartable", reason="bash: not found"), b"")
+                self._end(record, phase="unstartable", reason="bash: not found")
             elif word == "reward":
-                files["/logs/verifier/reward.txt"] = rest.encode()
+                self._write(container, "/logs/verifier/reward.txt", rest.encode())
             elif word == "reward-json":
-                files["/logs/verifier/reward.json"] = rest.encode()
+                self._write(container, "/logs/verifier/reward.json", rest.encode())
             elif word == "check":
                 path, _, text = rest.partition(" ")
-                good = files.get(_join(WORKDIR, path)) == text.replace("\\n", "\n").encode()
-                files["/logs/verifier/reward.txt"] = b"1" if good else b"0"
+                good = files.get(_join(process.cwd, path)) == text.replace("\\n", "\n").encode()
+                self._write(container, "/logs/verifier/reward.txt", b"1" if good else b"0")
             elif word == "pass-after":
-                code = 0 if self.clock.monotonic_now >= float(rest) else 1
+                if self.clock.monotonic_now < float(rest):
+                    self._end(record, exit_code=1)
+            elif word == "later":
+                delay, _, later = rest.partition(" ")
+                spec = replace(record.spec, id=f"{record.spec.id}.leftover", output=None)
+                leftover = Process(JobRecord(spec, JobState(spec.id, "running")), [later], process.env, process.cwd)
+                self.clock.at(self.clock.now + float(delay), functools.partial(self._run, leftover))
             elif word == "lose-pod":
                 self.lost = True
-            elif word == "echo":
-                output.write(rest.encode() + b"\n")
-        data = output.getvalue() or self.world.printed(spec) or f"ran {spec.id}\n".encode()
-        if spec.output:
-            files[spec.output] = data
-        state = JobState(
-            spec.id,
-            "exited",
-            exit_code=code,
-            timed_out=timed_out,
-            reason=reason,
-            started_at=self.clock.now,
-            finished_at=self.clock.now,
-        )
-        return JobRecord(spec, state, data)
+            elif word == "vanish":
+                self.jobs.pop((container, record.spec.id), None)
+        if process.running and not process.lines:
+            self._end(record, exit_code=0)
 
     def _script(self, command: str, files: dict[str, bytes]) -> str:
         word, _, rest = command.partition(" ")
         if word in ("bash", "sh") and rest.startswith("/"):
             return files.get(rest, b"exit 127").decode()
         return command
+
+
+def _user_env(user: str | int | None) -> dict[str, str]:
+    """What the supervisor sets for a job's user: HOME, and USER and LOGNAME for a named one."""
+    if user is None:
+        return {}
+    if isinstance(user, int) or user.isdigit():
+        return {"HOME": "/"}  # a bare uid, as under docker
+    return {"HOME": HOMES.get(user, f"/home/{user}"), "USER": user, "LOGNAME": user}
+
+
+def _expand(line: str, env: Mapping[str, str]) -> str:
+    return VARIABLE.sub(lambda match: env.get(match.group(1) or match.group(2), ""), line)
 
 
 def _join(base: str, path: str) -> str:
@@ -274,6 +400,8 @@ class World:
     hooks: dict[str, Any] = field(default_factory=dict)  # job id suffix → callable(sandbox, spec)
     networks: list[str] = field(default_factory=list)  # the agent pod's network modes, as they changed
     crash_after: set[str] = field(default_factory=set)  # job id suffixes: the runner dies once they started
+    # The supervisor's waits poll: it answers (and reads a job's files) this long after the job ended.
+    notice_delay_sec: float = 0.0
     outputs: dict[str, bytes] = field(default_factory=dict)  # job id suffix → what its command prints
     # pod name → why it waits (reported, in order, when it is created), as a starting pod's state says
     pending: dict[str, list[Waiting]] = field(default_factory=dict)
@@ -292,12 +420,12 @@ class World:
                 self.crash_after.discard(suffix)
                 raise Crash(f"the operator died after starting {spec.id}")
 
-    def sandbox(self, name: str) -> FakeSandbox:
+    def sandbox(self, name: str, env: Mapping[str, str] | None = None) -> FakeSandbox:
         if name not in self.sandboxes:
             if self.fail_creation:
                 self.fail_creation -= 1
-                raise SandboxError(f"image for {name} cannot be pulled", kind="image-pull")
-            self.sandboxes[name] = FakeSandbox(name, self.clock, self)
+                raise SandboxError(f"image for {name} cannot be pulled", kind="image_pull")
+            self.sandboxes[name] = FakeSandbox(name, self.clock, self, env)
         return self.sandboxes[name]
 
 
@@ -319,7 +447,8 @@ class FakeProvider:
         name = f"pod-a{attempt}-v{turn + 1}"
         self.verifier_plans[name] = plan
         await self._start(name, waiting)
-        return self.world.sandbox(name)
+        # As the kube provider: the verifier environment's env is the pod's container env.
+        return self.world.sandbox(name, plan.environment.env if plan.environment else None)
 
     async def _start(self, name: str, waiting: WaitingReport | None) -> None:
         """As the kube provider: why the pod waits, each reason once, then that it runs."""
@@ -370,6 +499,7 @@ class MemoryStore:
         self.logs: dict[tuple[int, str, str], bytes] = {}
         self.artifacts: dict[tuple[int, str], dict[int, bytes]] = {}
         self.manifests: dict[tuple[int, str], list[dict[str, Any]]] = {}
+        self.files: dict[tuple[int, str, str], bytes] = {}
 
     async def save_log(self, attempt: int, turn: str, name: str, data: bytes) -> None:
         self.logs[(attempt, turn, name)] = data
@@ -382,3 +512,9 @@ class MemoryStore:
 
     async def artifact_archives(self, attempt: int, turn: str) -> list[bytes]:
         return [data for _, data in sorted(self.artifacts.get((attempt, turn), {}).items())]
+
+    async def save_file(self, attempt: int, turn: str, name: str, data: bytes) -> None:
+        self.files[(attempt, turn, name)] = data
+
+    async def read_file(self, attempt: int, turn: str, name: str) -> bytes | None:
+        return self.files.get((attempt, turn, name))

@@ -42,7 +42,7 @@ def test_crd_schema_is_structural() -> None:
         if "exclusiveMinimum" in node:
             assert node["exclusiveMinimum"] is True and "minimum" in node, path
     spec = schema["properties"]["spec"]["properties"]
-    assert spec["agent"]["properties"]["kind"]["enum"] == ["oracle", "nop", "command"]
+    assert spec["agent"]["properties"]["kind"]["enum"] == ["oracle", "nop", "command", "harness"]
     multiplier = spec["timeoutMultiplier"]
     assert (
         multiplier["type"],
@@ -103,7 +103,7 @@ def test_spec_round_trips_in_camel_case() -> None:
         ({"agent": {"kind": "command", "command": "  "}}, "spec.agent.command is required"),
         ({"agent": {"kind": "oracle", "command": "x"}}, "spec.agent.command applies to kind command only, not oracle"),
         ({"agent": {"kind": "nop", "setup": "x"}}, "spec.agent.setup applies to kind command only, not nop"),
-        ({"agent": {"kind": "human"}}, "spec.agent.kind: unknown kind 'human'; one of oracle, nop, command"),
+        ({"agent": {"kind": "human"}}, "spec.agent.kind: unknown kind 'human'; one of oracle, nop, command, harness"),
         ({"timeoutMultiplier": 0}, "spec.timeoutMultiplier: Input should be greater than 0"),
     ],
 )

@@ -18,9 +18,10 @@ from typing import Any
 import aiohttp
 import pytest
 
-from episode_operator.capture.proxy import KeyScrubber, ProxyConfig, agent_base_url, start
+from episode_operator.capture.proxy import KeyScrubber, ProxyConfig, start
 from episode_operator.capture.records import CapturedCall, model_call_record
 from episode_operator.capture.store import CaptureStore, CurrentTurn, read_journal
+from episode_operator.capture.wire import agent_base_url
 from tests.unit.model_upstream import (
     DIALECT_PATHS,
     GENERATION,

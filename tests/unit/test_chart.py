@@ -9,11 +9,13 @@ import sys
 from importlib.machinery import SourceFileLoader
 from typing import Any
 
+import helm_python as helm
 import pytest
 import yaml
 
+from episode_operator.kube import dataapi as kube_dataapi
 from episode_operator.kube import rbac
-from tests.chart import CHART, CRDS, INSTALL, chart_crds, find, install_manifests, lint, render
+from tests.chart import CHART, CRDS, INSTALL, chart_crds, find, hack_chart, install_manifests, lint, notes, render
 from tests.conftest import REPO
 
 
@@ -46,7 +48,7 @@ def test_manifests_install_is_the_chart_with_its_defaults() -> None:
 
 
 def test_all_namespaces_get_one_cluster_role() -> None:
-    objects = render()
+    objects = render({"dataApi": {"enabled": False}})
     assert find(objects, "Role") == [] and find(objects, "RoleBinding") == []
     assert rules_of(objects, "ClusterRole") == {None: rbac.grants(rbac.OPERATOR_PERMISSIONS, "namespaced", "scanning")}
     (binding,) = find(objects, "ClusterRoleBinding")
@@ -55,8 +57,21 @@ def test_all_namespaces_get_one_cluster_role() -> None:
     ]
 
 
-def test_named_namespaces_get_a_role_each_and_nothing_cluster_wide() -> None:
+def test_named_namespaces_get_a_role_each_and_nothing_cluster_wide_but_the_data_apis() -> None:
     objects = render({"watchNamespaces": ["team-a", "team-b"]})
+    (data_api_role,) = find(objects, "ClusterRole")
+    assert data_api_role["metadata"]["name"].endswith("-data-api")
+    assert rules_of(objects, "ClusterRole") == {None: rbac.grants(rbac.OPERATOR_PERMISSIONS, "data-api")}
+    assert [rule.get("resourceNames") for rule in data_api_role["rules"]] == [
+        None,  # subjectaccessreviews: created, never named
+        None,  # the APIService's create
+        ["v1alpha1.data.episode-operator.dev"],
+        [data_api_role["metadata"]["name"]],  # itself: the APIService's owner
+        ["extension-apiserver-authentication"],
+    ]
+    (container,) = find(objects, "Deployment")[0]["spec"]["template"]["spec"]["containers"]
+    assert f"--data-api-owner={data_api_role['metadata']['name']}" in container["args"]
+    objects = render({"watchNamespaces": ["team-a", "team-b"], "dataApi": {"enabled": False}})
     assert find(objects, "ClusterRole") == [] and find(objects, "ClusterRoleBinding") == []
     namespaced = rbac.grants(rbac.OPERATOR_PERMISSIONS, "namespaced")
     assert rules_of(objects, "Role") == {"team-a": namespaced, "team-b": namespaced}
@@ -70,7 +85,7 @@ def test_namespace_globs_need_cluster_wide_rules_and_namespace_listing(pattern: 
     objects = render({"watchNamespaces": ["named", pattern]})
     assert find(objects, "Role") == []
     assert rules_of(objects, "ClusterRole") == {
-        None: rbac.grants(rbac.OPERATOR_PERMISSIONS, "namespaced", "scanning", "namespace-globs")
+        None: rbac.grants(rbac.OPERATOR_PERMISSIONS, "namespaced", "scanning", "namespace-globs", "data-api")
     }
 
 
@@ -100,9 +115,13 @@ def test_the_deployment_is_one_hardened_replica() -> None:
     assert volumes["tmp"] == {"name": "tmp", "emptyDir": {}} and volumes["data"] == {"name": "data", "emptyDir": {}}
     assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "healthz"}
     assert container["readinessProbe"]["httpGet"] == {"path": "/metrics", "port": "http"}
-    assert {p["name"]: p["containerPort"] for p in container["ports"]} == {"http": 8080, "healthz": 8081}
+    assert {p["name"]: p["containerPort"] for p in container["ports"]} == {
+        "http": 8080,
+        "healthz": 8081,
+        "data-api": 8443,
+    }
     assert "--liveness=http://0.0.0.0:8081/healthz" in container["args"]
-    assert "--metrics-port=8080" in container["args"]
+    assert {"--metrics-port=8080", "--data-api-port=8443"} <= set(container["args"])
     assert container["resources"]["requests"] and container["resources"]["limits"]["memory"]
 
 
@@ -135,15 +154,88 @@ def test_values_reach_the_operator() -> None:
     assert data == {"name": "data", "persistentVolumeClaim": {"claimName": claim["metadata"]["name"]}}
 
 
-def test_an_unknown_log_level_is_refused() -> None:
-    with pytest.raises(Exception, match="logLevel"):
-        render({"logLevel": "debug"})
+@pytest.mark.parametrize(
+    ("values", "complaint"),
+    [
+        # The issue's three: a misspelled key, a count that is not one, a tag that is no string.
+        ({"maxActiveEpisode": 20}, "additional properties 'maxActiveEpisode' not allowed"),
+        ({"maxActiveEpisodes": "lots"}, "at '/maxActiveEpisodes': got string, want integer"),
+        ({"image": {"tag": 1.2}}, "at '/image/tag': got number, want string"),
+        ({"image": {"tga": "0.1.0"}}, "at '/image': additional properties 'tga' not allowed"),
+        ({"maxActiveEpisodes": -1}, "at '/maxActiveEpisodes'"),
+        ({"logLevel": "debug"}, "at '/logLevel'"),
+        ({"pullGrace": 0}, "at '/pullGrace'"),
+        ({"watchNamespaces": "team-a"}, "at '/watchNamespaces': got string, want array"),
+        ({"resources": {"limits": {"memory": "lots"}}}, "at '/resources/limits/memory'"),
+        ({"persistence": {"enabled": "yes"}}, "at '/persistence/enabled': got string, want boolean"),
+        ({"dataApi": {"enable": False}}, "at '/dataApi': additional properties 'enable' not allowed"),
+        ({"service": {"port": 0}}, "at '/service/port'"),
+        ({"extraArgs": ["poll-interval=10"]}, "at '/extraArgs/0'"),
+    ],
+)
+def test_the_schema_refuses_unknown_keys_and_wrong_types(values: dict[str, Any], complaint: str) -> None:
+    with pytest.raises(helm.HelmValuesError) as refused:
+        render(values)
+    assert complaint in str(refused.value)
+    assert lint(values)["errors"], "helm lint passes what install refuses"
 
 
-def test_the_service_is_where_kubectl_episode_looks() -> None:
-    (service,) = find(render(release="ops", namespace="episode-operator-system"), "Service")
+@pytest.mark.parametrize("tag", ["", None])
+def test_an_empty_or_null_image_tag_is_the_charts_app_version(tag: str | None) -> None:
+    app_version = yaml.safe_load((CHART / "Chart.yaml").read_text())["appVersion"]
+    (deployment,) = find(render({"image": {"tag": tag}}), "Deployment")
+    image = deployment["spec"]["template"]["spec"]["containers"][0]["image"]
+    assert image == f"ghcr.io/episode-operator/episode-operator:{app_version}"
+    assert f"ghcr.io/episode-operator/sandbox:{app_version}" in notes({"sandboxImage": {"tag": tag}})
+
+
+def test_the_chart_says_where_it_comes_from() -> None:
+    metadata = yaml.safe_load((CHART / "Chart.yaml").read_text())
+    assert metadata["home"].startswith("https://") and metadata["home"] in metadata["sources"]
+    assert metadata["maintainers"] and all(m["name"] for m in metadata["maintainers"])
+    assert {"harbor", "nemo-gym", "operator"} <= set(metadata["keywords"])
+    images = yaml.safe_load(metadata["annotations"]["artifacthub.io/images"])
+    assert {i["image"] for i in images} == {
+        f"ghcr.io/episode-operator/{name}:{metadata['appVersion']}" for name in ("episode-operator", "sandbox")
+    }
+
+
+@pytest.mark.parametrize("values", [{}, {"watchNamespaces": ["evals"]}, {"watchNamespaces": ["eval-*"]}])
+def test_the_notes_point_at_nothing_outside_the_cluster(values: dict[str, Any]) -> None:
+    """What NOTES print is all a user needs: no file of this repository (tests/cluster runs each command)."""
+    text = notes(values)
+    assert not re.search(r"\b(manifests|examples|helm|hack|crds)/|\.ya?ml\b|README", text), text
+    assert "kubectl -n episode-operator-system rollout status deployment/episode-operator" in text
+    if values.get("watchNamespaces") == ["eval-*"]:
+        assert "kubectl -n eval-*" not in text  # a glob is no namespace to run the example in
+    else:
+        namespace = (values.get("watchNamespaces") or ["default"])[0]
+        assert f"kubectl -n {namespace} apply -f - <<'EOF'" in text
+        assert f"/apis/data.episode-operator.dev/v1alpha1/namespaces/{namespace}/episodes/hello/log" in text
+
+
+def test_the_service_is_where_the_operator_registers_its_data_api() -> None:
+    """The operator registers the APIService itself (kube/dataapi.py), for the Service the chart makes."""
+    objects = render(release="ops", namespace="episode-operator-system")
+    (service,) = find(objects, "Service")
     assert service["metadata"]["name"] == "episode-operator"
-    assert service["spec"]["ports"] == [{"name": "http", "port": 8080, "targetPort": "http", "protocol": "TCP"}]
+    assert service["spec"]["ports"] == [
+        {"name": "http", "port": 8080, "targetPort": "http", "protocol": "TCP"},
+        {"name": "data-api", "port": 443, "targetPort": "data-api", "protocol": "TCP"},
+    ]
+    assert kube_dataapi.SERVICE_PORT == 443
+    (container,) = find(objects, "Deployment")[0]["spec"]["template"]["spec"]["containers"]
+    assert {"--data-api-port=8443", "--data-api-service=episode-operator"} <= set(container["args"])
+    assert find(objects, "APIService") == [], "Helm 4 applies server-side, which a 1.20 API server refuses for it"
+
+
+def test_the_data_api_can_be_left_to_another_release() -> None:
+    objects = render({"dataApi": {"enabled": False}})
+    assert find(objects, "APIService") == []
+    (container,) = find(objects, "Deployment")[0]["spec"]["template"]["spec"]["containers"]
+    assert not [a for a in container["args"] if a.startswith("--data-api")]
+    assert [p["name"] for p in container["ports"]] == ["http", "healthz"]
+    assert [p["name"] for p in find(objects, "Service")[0]["spec"]["ports"]] == ["http"]
 
 
 def test_the_service_monitor_is_a_toggle() -> None:
@@ -154,9 +246,15 @@ def test_the_service_monitor_is_a_toggle() -> None:
 
 
 def test_two_releases_do_not_share_cluster_scoped_names() -> None:
-    first = {o["metadata"]["name"] for o in render(namespace="one") if "Cluster" in o["kind"]}
-    second = {o["metadata"]["name"] for o in render(namespace="two") if "Cluster" in o["kind"]}
-    assert first and not first & second
+    """The data API is one per cluster (its operator registers it); a second release turns it off."""
+    first = {(o["kind"], o["metadata"]["name"]) for o in render(namespace="one") if "namespace" not in o["metadata"]}
+    second = {
+        (o["kind"], o["metadata"]["name"])
+        for o in render({"dataApi": {"enabled": False}}, namespace="two")
+        if "namespace" not in o["metadata"]
+    }
+    assert {kind for kind, _ in first} == {"ClusterRole", "ClusterRoleBinding"}
+    assert second and not first & second
 
 
 def test_the_dockerfile_and_the_test_clusters_image_agree() -> None:
@@ -178,8 +276,9 @@ def test_the_dockerfile_and_the_test_clusters_image_agree() -> None:
     assert f"python -m venv {cluster.OPERATOR_VENV}" in dockerfile
     (deployment,) = find(render(), "Deployment")
     assert str(deployment["spec"]["template"]["spec"]["securityContext"]["runAsUser"]) == image.user.split(":")[0]
-    values = yaml.safe_load((CHART / "values.yaml").read_text())
-    assert f"{values['image']['repository']}:{values['image']['tag']}" == cluster.OPERATOR_IMAGE
+    local = hack_chart.TEST_CLUSTER_VALUES
+    assert f"{local['image']['repository']}:{local['image']['tag']}" == cluster.OPERATOR_IMAGE
+    assert f"{local['sandboxImage']['repository']}:{local['sandboxImage']['tag']}" == cluster.SANDBOX_IMAGE
 
 
 def test_image_mirrors_become_flags_the_operator_accepts() -> None:

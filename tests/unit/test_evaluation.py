@@ -243,7 +243,7 @@ def test_plan_completes_when_every_child_finished() -> None:
     spec = set_spec(attempts=1, parallelism=2)
     children = [
         view(0, 1, "Succeeded", outcome="Graded", reward=1.0),
-        view(1, 1, "Failed", outcome="Ungraded", failure_kind="outage:image-pull"),
+        view(1, 1, "Failed", outcome="Ungraded", failure_kind="outage:image_pull"),
     ]
     plan = plan_set(spec, resolved(2), children, definition=DEFINITION, now=NOW)
     status = plan.status

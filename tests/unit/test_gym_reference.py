@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Any
+from typing import Any, get_args
 
 import pytest
 
+from episode_operator.api.vocabulary import FailureKind, OutageKind, outage_failure_kind
 from episode_operator.capture.atif import Trajectory, trajectory_from_calls, trajectory_to_responses
 from episode_operator.capture.records import CapturedCall, aggregate, classify_status, model_call_record
 from episode_operator.capture.sse import reassemble
@@ -155,3 +156,12 @@ def test_raw_content_parsing_is_gyms() -> None:
             ]
         }
         assert without_ids(trajectory_to_responses(document)) == without_ids(utils.trajectory_to_responses(document))
+
+
+def test_every_failure_kind_the_operator_writes_is_one_gyms_vocabulary_accepts() -> None:
+    """Gym's ``validate_failure_kind`` takes a registered name or a namespaced ``<server>:<kind>``;
+    anything else is a second, silently different label for one failure (nemo_gym/failure_kinds.py)."""
+    failure_kinds = gym()["nemo_gym.failure_kinds"]
+    written = [*get_args(FailureKind), *(outage_failure_kind(kind) for kind in get_args(OutageKind))]
+    refused = [kind for kind in written if not (failure_kinds.is_registered(kind) or failure_kinds.is_namespaced(kind))]
+    assert refused == []

@@ -22,6 +22,7 @@ import episode_operator.kube.client as client_module
 from episode_operator.api.models import PLURAL
 from episode_operator.api.vocabulary import GROUP
 from episode_operator.kube import rbac
+from episode_operator.runtime import dataapi
 
 PACKAGE = Path(episode_operator.__file__).parent
 CLIENT = PACKAGE / "kube" / "client.py"
@@ -52,6 +53,9 @@ CORE_KINDS = {
     "custom_object": ("(group argument)", "(plural argument)"),  # resolved from the call's arguments
     "custom_resource_definition": ("apiextensions.k8s.io", "customresourcedefinitions"),
     "network_policy": ("networking.k8s.io", "networkpolicies"),
+    "subject_access_review": ("authorization.k8s.io", "subjectaccessreviews"),
+    "api_service": ("apiregistration.k8s.io", "apiservices"),
+    "role": ("rbac.authorization.k8s.io", "roles"),  # read_cluster_role: clusterroles (below)
     "job": ("batch", "jobs"),
 }
 SUBRESOURCES = ("status", "exec", "log", "proxy")
@@ -70,6 +74,8 @@ def grants_of_api_method(name: str, custom: tuple[str, str] | None = None) -> se
     if match["kind"] == "custom_object":
         assert custom is not None, name
         group, resource = custom
+    if match["kind"] == "role" and "_cluster_role" in name:
+        resource = "clusterroles"
     if match["sub"]:
         resource = f"{resource}/{match['sub']}"
     return {(group, resource, verb) for verb in VERB_PREFIXES[match["verb"]]}
@@ -92,15 +98,21 @@ def custom_object_of(call: ast.Call) -> tuple[str, str] | None:
 
 
 def grants_of_raw_call(call: ast.Call) -> set[Grant]:
-    """``self.api.call_api(f"/api/v1/namespaces/{ns}/services/{name}/proxy{path}", "GET", …)``."""
+    """``self.api.call_api(f"/apis/{DATA_GROUP}/{DATA_VERSION}/namespaces/{ns}/episodes/{name}/{sub}", "GET", …)``:
+    the module's constants resolved; a variable subresource of the data API is any of its subresources."""
     path, method = call.args[0], call.args[1]
     assert isinstance(path, ast.JoinedStr) and isinstance(method, ast.Constant), ast.unparse(call)
-    template = "".join(part.value if isinstance(part, ast.Constant) else "{}" for part in path.values)
-    match = re.fullmatch(r"/api/v1/namespaces/\{\}/(?P<resource>[a-z]+)/\{\}(?:/(?P<sub>[a-z]+))?(?:\{\})?", template)
-    assert match, f"{template}: no permission mapping; extend tests/unit/test_rbac.py"
-    resource = match["resource"] + (f"/{match['sub']}" if match["sub"] else "")
+    template = ""
+    for part in path.values:
+        if isinstance(part, ast.Constant):
+            template += str(part.value)
+        else:
+            assert isinstance(part, ast.FormattedValue) and isinstance(part.value, ast.Name), ast.unparse(call)
+            template += str(getattr(client_module, part.value.id, "{}"))
     verb = {"GET": "get", "POST": "create", "PUT": "update", "PATCH": "patch", "DELETE": "delete"}[method.value]
-    return {("", resource, verb)}
+    data_api = f"/apis/{dataapi.DATA_GROUP}/{dataapi.DATA_VERSION}/namespaces/{{}}/{dataapi.RESOURCE}/{{}}/{{}}"
+    assert template == data_api, f"{template}: no permission mapping; extend tests/unit/test_rbac.py"
+    return {(dataapi.DATA_GROUP, f"{dataapi.RESOURCE}/{name}", verb) for name in dataapi.SUBRESOURCES}
 
 
 def api_objects(node: ast.AST) -> set[str]:
@@ -212,7 +224,13 @@ def test_every_client_call_maps_to_a_permission() -> None:
     methods = client_methods()
     assert methods["create_pod"][0] == {("", "pods", "create")}
     assert methods["_exec_once"][0] == {("", "pods/exec", "get"), ("", "pods/exec", "create")}
-    assert methods["service_get"][0] == {("", "services/proxy", "get")}
+    assert methods["get_episode_data"][0] == {
+        ("data.episode-operator.dev", "episodes/log", "get"),
+        ("data.episode-operator.dev", "episodes/artifacts", "get"),
+        ("data.episode-operator.dev", "episodes/turns", "get"),
+    }
+    assert methods["review_access"][0] == {("authorization.k8s.io", "subjectaccessreviews", "create")}
+    assert methods["replace_api_service"][0] == {("apiregistration.k8s.io", "apiservices", "update")}
     assert methods["replace_episode_status"][0] == {(GROUP, f"{PLURAL}/status", "patch")}
     assert methods["watch_episodes"][0] == {(GROUP, PLURAL, "watch")}
     assert reachable_grants({"exec"}) == methods["_exec_once"][0]
@@ -221,9 +239,23 @@ def test_every_client_call_maps_to_a_permission() -> None:
 def test_the_operator_is_granted_exactly_what_its_code_and_kopf_use() -> None:
     operator_calls = called_client_methods(list(modules(cli=False)))
     needed = reachable_grants(operator_calls) | kopf_grants()
-    declared = rbac.grants(rbac.OPERATOR_PERMISSIONS, "namespaced")
+    declared = rbac.grants(rbac.OPERATOR_PERMISSIONS, "namespaced", "data-api")
     assert sorted(needed - declared) == [], "used but not granted: add it to kube/rbac.py"
     assert sorted(declared - needed) == [], "granted but unused: remove it from kube/rbac.py"
+
+
+def test_the_data_api_rules_are_what_the_data_api_uses() -> None:
+    """Granted apart (cluster-wide, and only with the chart's dataApi.enabled), so checked apart."""
+    used = reachable_grants(called_client_methods([PACKAGE / "kube" / "dataapi.py"]))
+    assert used == rbac.grants(rbac.OPERATOR_PERMISSIONS, "data-api")
+    named = [(p.resource, p.verbs, p.resource_names) for p in rbac.OPERATOR_PERMISSIONS if p.when == "data-api"]
+    assert named == [
+        ("subjectaccessreviews", ("create",), ()),
+        ("apiservices", ("create",), ()),  # a create cannot be narrowed by name
+        ("apiservices", ("get", "update", "delete"), (dataapi.API_SERVICE,)),
+        ("clusterroles", ("get",), (rbac.DATA_API_CLUSTER_ROLE,)),  # its own, named by the chart
+        ("configmaps", ("get",), ("extension-apiserver-authentication",)),
+    ]
 
 
 def test_kopf_observation_grants_are_cluster_scoped_and_conditional() -> None:
@@ -258,6 +290,8 @@ def test_the_user_permissions_are_exactly_what_the_cli_uses() -> None:
         ("create_namespaced_event", {("", "events", "create")}),
         ("connect_get_namespaced_pod_exec", {("", "pods/exec", "get"), ("", "pods/exec", "create")}),
         ("replace_custom_resource_definition", {("apiextensions.k8s.io", "customresourcedefinitions", "update")}),
+        ("read_cluster_role", {("rbac.authorization.k8s.io", "clusterroles", "get")}),
+        ("read_namespaced_role", {("rbac.authorization.k8s.io", "roles", "get")}),
     ],
 )
 def test_api_method_names_map_to_rbac(name: str, expected: set[Grant]) -> None:

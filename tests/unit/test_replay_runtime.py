@@ -106,9 +106,9 @@ def test_steps_run_in_order_as_the_build_would_run_them() -> None:
     )
     assert (jobs["replay.005.run"].user, jobs["replay.005.run"].cwd) == ("agent", "/srv/app")
     assert all(spec.shell == "sh" for spec in jobs.values())
-    # The RUN lines really ran, in their directories (the fake resolves relative paths under /app).
+    # The RUN lines really ran, each in its WORKDIR (the fake resolves relative paths in the job's cwd).
     assert sandbox.files["main"]["/app/created-by-run"] == b"yes"
-    assert sandbox.files["main"]["/app/log"] == b"as-agent\n"
+    assert sandbox.files["main"]["/srv/app/log"] == b"as-agent\n"
     # COPY: the files travelled to a staging folder with the job that places them, modes kept.
     staged = {path: data for path, data in sandbox.files["main"].items() if "/tmp/replay.003.copy/" in path}
     assert staged == {"/episode-operator/tmp/replay.003.copy/s0": b"#!/bin/sh\nexec python3 -m http.server\n"}
@@ -158,7 +158,7 @@ def test_a_restarted_operator_reattaches_and_never_runs_a_line_twice() -> None:
     assert isinstance(result, ReplayReady)
     assert len(sandbox.starts) == len(set(sandbox.starts)) == 6
     assert sandbox.uploads == [*uploads_before]  # no step's files were uploaded again
-    assert sandbox.files["main"]["/app/log"] == b"as-agent\n"
+    assert sandbox.files["main"]["/srv/app/log"] == b"as-agent\n"
 
 
 def test_replay_is_bounded_by_build_timeout_sec_from_its_first_job() -> None:
@@ -242,7 +242,7 @@ def test_a_lost_pod_is_an_outage() -> None:
     world, sandbox, store = setup()
     with pytest.raises(SandboxError) as raised:
         run(world, sandbox, task_files("FROM x\nRUN lose-pod\nRUN write never x\n"), store)
-    assert raised.value.kind == "pod-lost"
+    assert raised.value.kind == "pod_lost"
 
 
 def test_a_heredoc_script_travels_as_an_executable_file() -> None:

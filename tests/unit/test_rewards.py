@@ -44,6 +44,12 @@ REWARD_FILES: list[tuple[str, bytes | None, bytes | None, dict[str, float] | Non
     ("txt-two-numbers", None, b"1\n2\n", None),
     ("txt-word", None, b"pass", None),
     ("txt-hex", None, b"0x1", None),
+    ("txt-arabic-indic-digit", None, "١".encode(), None),  # float() reads it as 1.0
+    ("txt-fullwidth-digit", None, "１".encode(), None),
+    ("txt-devanagari-fraction", None, "०.५".encode(), None),
+    ("txt-no-break-space", None, "\u00a01".encode(), None),
+    ("txt-ascii-whitespace", None, b"\t0.5\r\n\x0b\x0c", {"reward": 0.5}),
+    ("json-fullwidth-digit", '{"reward": １}'.encode(), None, None),
     ("neither-file", None, None, None),
 ]
 

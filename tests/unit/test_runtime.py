@@ -9,71 +9,14 @@ from typing import Any
 
 import pytest
 
-from episode_operator.api.models import AgentSpec, EpisodeStatus
+from episode_operator.api.models import EpisodeStatus
 from episode_operator.api.vocabulary import Stage
 from episode_operator.runtime.archive import text_tar
-from episode_operator.runtime.episode import EpisodeConfig, EpisodeRunner
 from episode_operator.runtime.sandbox import JobSpec
 from episode_operator.runtime.turn.table import is_published
-from episode_operator.taskfolder import TaskFiles, load_task, resolve_plan
-from tests.unit.fake_sandbox import Crash, FakeProvider, FakeSink, MemoryStore, World
+from tests.unit.episodes import run, three_steps
+from tests.unit.fake_sandbox import Crash, FakeSink, World
 from tests.unit.folders import multi_step, single_step, steps_toml
-
-
-def run(
-    folder: dict[str, str],
-    *,
-    agent: dict[str, Any] | None = None,
-    world: World | None = None,
-    status: EpisodeStatus | None = None,
-    sink: FakeSink | None = None,
-    store: MemoryStore | None = None,
-    retries: int = 2,
-    keep_pods: bool = False,
-    plan_update: dict[str, Any] | None = None,
-    observer: Any = None,
-) -> tuple[EpisodeStatus, World, FakeSink, MemoryStore]:
-    world = world or World()
-    sink = sink or FakeSink()
-    store = store or MemoryStore()
-    files = TaskFiles.from_mapping(folder)
-    plan = resolve_plan(load_task(files))
-    if plan_update:
-        plan = plan.model_copy(update=plan_update)
-    config = EpisodeConfig(
-        plan=plan,
-        files=files,
-        agent=AgentSpec.model_validate(agent or {"kind": "oracle"}),
-        digest=files.digest(),
-        outage_retries=retries,
-        keep_pods_on_failure=keep_pods,
-    )
-    runner = EpisodeRunner(
-        config,
-        FakeProvider(world),
-        sink,
-        store,
-        clock=world.clock.time,
-        monotonic=world.clock.monotonic,
-        sleep=world.clock.sleep,
-        observer=observer,
-    )
-    result = asyncio.run(runner.run(status))
-    return result, world, sink, store
-
-
-def three_steps(
-    extra: dict[str, str] | None = None,
-    toml: str = "",
-    files: dict[str, str | None] | None = None,
-    rewards: tuple[str, str, str] = ("1", "1", "1"),
-) -> dict[str, str]:
-    base: dict[str, str | None] = {}
-    for name, reward in zip(("a", "b", "c"), rewards, strict=True):
-        base[f"steps/{name}/solution/solve.sh"] = f"write {name}.txt done-{name}"
-        base[f"steps/{name}/tests/test.sh"] = f"reward {reward}"
-    base.update(files or {})
-    return multi_step(toml + steps_toml("a", "b", "c", extra=extra), ["a", "b", "c"], base)
 
 
 # --- scoring ---------------------------------------------------------------------------------
@@ -232,7 +175,7 @@ def test_grading_files_before_a_healthcheck_are_cleared_in_an_exec_of_their_own(
 def test_failing_to_clear_grading_files_is_an_outage(turn_b: dict[str, str], agent: dict[str, str]) -> None:
     world = World(unclearable={"/logs/agent/trajectory.json"})  # only the cleanup between turns clears it
     status = run(three_steps(files=turn_b), world=world, retries=0, agent=agent)[0]
-    assert (status.outcome, status.failure_kind) == ("Ungraded", "outage:clear-grading-files")
+    assert (status.outcome, status.failure_kind) == ("Ungraded", "outage:clear_grading_files")
     assert "previous turn's grading files" in (status.message or "")
     assert [t.phase for t in status.turns][:1] == ["Succeeded"]
 
@@ -272,7 +215,7 @@ def test_user_switch_between_steps() -> None:
 def test_user_switch_failure_is_an_outage() -> None:
     world = World(missing_users={"ghost"})
     status = run(three_steps(extra={"b": '[steps.agent]\nuser = "ghost"\n'}), world=world, retries=1)[0]
-    assert (status.outcome, status.failure_kind) == ("Ungraded", "outage:user-switch")
+    assert (status.outcome, status.failure_kind) == ("Ungraded", "outage:user_switch")
     assert [a.number for a in status.attempts] == [1, 2]
 
 
@@ -383,14 +326,14 @@ def test_lost_pod_starts_a_fresh_attempt_from_turn_one() -> None:
     status = run(folder, world=world)[0]
     assert status.reward == 1.0 and status.attempt == 2
     assert [a.number for a in status.attempts] == [1, 2]
-    assert (status.attempts[0].reason or "").startswith("pod-lost")
+    assert (status.attempts[0].reason or "").startswith("pod_lost")
     assert world.sandboxes["pod-a2"].starts[:1] == ["a2.t1.agent"]
 
 
 def test_exhausted_outages_end_ungraded() -> None:
     world = World(fail_creation=5)
     status = run(single_step(), world=world, retries=2)[0]
-    assert (status.phase, status.outcome, status.failure_kind) == ("Failed", "Ungraded", "outage:image-pull")
+    assert (status.phase, status.outcome, status.failure_kind) == ("Failed", "Ungraded", "outage:image_pull")
     assert len(status.attempts) == 3 and status.reward is None
 
 
@@ -519,14 +462,13 @@ def test_phase_network_overrides() -> None:
 
 
 def test_reward_file_changed_after_test_sh_is_refused() -> None:
-    """A process left behind that rewrites the reward after test.sh exited: the turn counts 0."""
-    world = World()
-
-    def tamper(sandbox: Any, spec: Any) -> None:
-        sandbox.modified["/logs/verifier/reward.txt"] = 2_000_000_000.0  # after the job's end
-
-    world.hooks["t1.verify"] = tamper
-    status, _, sink, _ = run(single_step(files={"tests/test.sh": "reward 1"}), world=world)
+    """A process the agent left behind rewrites the reward after test.sh exited, before the
+    supervisor noticed the exit and read the file: the turn counts 0."""
+    world = World(notice_delay_sec=1.0)
+    # The agent runs at 0 (answered at 1); test.sh from 1 to 11 (answered at 12); the leftover writes at 11.5.
+    leftover = "later 11.5 write /logs/verifier/reward.txt 1"
+    folder = single_step(files={"solution/solve.sh": leftover, "tests/test.sh": "reward 0\nsleep 10"})
+    status, _, sink, _ = run(folder, world=world)
     assert (status.reward, status.turns[0].reward_valid) == (0.0, False)
     assert "changed after test.sh exited" in (status.turns[0].message or "")
     assert any(reason == "RewardTampered" for reason, _, _ in sink.events)

@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 from collections import Counter
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -24,9 +23,8 @@ from episode_operator.runtime import episode as episode_module
 from episode_operator.runtime.admission import Admission, admit_task
 from episode_operator.runtime.episode import EpisodeConfig, EpisodeRunner
 from episode_operator.runtime.images import BuildFailed, BuildOutage, BuildOutcome, BuildReady, ImagePolicy
-from episode_operator.runtime.sandbox import JobState, Waiting, WaitingReport
+from episode_operator.runtime.sandbox import Waiting, WaitingReport
 from episode_operator.runtime.seed import SEED, SeedRow, render_table, seed_resumes_at
-from episode_operator.runtime.store import FileStore, stored_logs
 from episode_operator.taskfolder import TaskFiles
 from episode_operator.taskfolder.buildcontext import BuildSource
 from episode_operator.taskfolder.images import ImageMirrors
@@ -281,22 +279,14 @@ def test_a_failing_build_is_terminal_and_its_log_kept() -> None:
 def test_a_registry_down_is_an_outage_retried_then_ungraded() -> None:
     builder = FakeBuilder(fail="outage")
     status = run(replayed_task(), builder=builder, retries=1)[0]
-    assert (status.outcome, status.failure_kind, status.attempt) == ("Ungraded", "outage:image-build", 2)
+    assert (status.outcome, status.failure_kind, status.attempt) == ("Ungraded", "outage:image_build", 2)
     assert builder.asked == 2
     assert "cannot push to registry.test" in (status.attempts[0].reason or "")
 
 
-def test_an_entrypoint_that_cannot_start_is_terminal(monkeypatch: pytest.MonkeyPatch) -> None:
-    original = FakeSandbox._execute
-
-    def execute(self: FakeSandbox, spec: Any) -> Any:
-        record = original(self, spec)
-        if spec.id == "replay.start":
-            record.state = JobState(spec.id, "unstartable", reason="no such user: agent")
-        return record
-
-    monkeypatch.setattr(FakeSandbox, "_execute", execute)
-    status = run(replayed_task())[0]
+def test_an_entrypoint_that_cannot_start_is_terminal() -> None:
+    """Its USER does not exist (no RUN made it): the ENTRYPOINT, started as that user, cannot start."""
+    status = run(replayed_task(), world=World(missing_users={"agent"}))[0]
     assert (status.outcome, status.failure_kind) == ("TerminalFailure", "environment:build_failed")
     assert status.message == "cannot start the ENTRYPOINT: no such user: agent"
 
@@ -305,7 +295,7 @@ def test_a_health_check_that_never_passes_keeps_the_entrypoints_output() -> None
     folder = replayed_task()
     folder["task.toml"] = folder["task.toml"].replace('command = "pass-after 0"', 'command = "exit 1"\nretries = 1')
     status, _, _, store = run(folder, retries=0)
-    assert (status.outcome, status.failure_kind) == ("Ungraded", "outage:environment-healthcheck")
+    assert (status.outcome, status.failure_kind) == ("Ungraded", "outage:environment_healthcheck")
     assert store.logs[(1, "seed", "entrypoint")] == b"ran replay.start\n"
 
 
@@ -372,10 +362,10 @@ def test_a_separate_verifier_replays_the_environment_too() -> None:
     folder = replayed_task(
         **{
             "task.toml": TASK_TOML + '[verifier]\nenvironment_mode = "separate"\n',
-            "tests/test.sh": "check /app/answer.txt 42",
+            "tests/test.sh": "check /srv/app/answer.txt 42",
         }
     )
-    folder["task.toml"] = folder["task.toml"].replace("[agent]", 'artifacts = ["/app/answer.txt"]\n[agent]', 1)
+    folder["task.toml"] = folder["task.toml"].replace("[agent]", 'artifacts = ["/srv/app/answer.txt"]\n[agent]', 1)
     status, world, _, store = run(folder)
     assert (status.phase, status.reward, status.verifier_mode) == ("Succeeded", 1.0, "separate"), status.message
     verifier = world.sandboxes["pod-a1-v1"]
@@ -402,14 +392,3 @@ def test_a_separate_verifiers_failing_replay_masks_the_episode() -> None:
     status = run(folder)[0]
     assert (status.outcome, status.failure_kind) == ("Masked", "harbor:verifier_error")
     assert status.message == "turn task: the verifier's environment: tests/Dockerfile:2: RUN exit 4: exited with 4"
-
-
-def test_the_seeds_logs_come_before_the_turns(tmp_path: Path) -> None:
-    store = FileStore(tmp_path)
-
-    async def save() -> None:
-        for turn in ("a-first-turn", "seed", "z-last-turn"):
-            await store.save_log(1, turn, "log", turn.encode())
-
-    asyncio.run(save())
-    assert [log.turn for log in stored_logs(tmp_path)] == ["seed", "a-first-turn", "z-last-turn"]

@@ -7,6 +7,12 @@ import asyncio
 from episode_operator.runtime.slots import FifoSlots
 
 
+async def arrived(slots: FifoSlots, holders: int) -> None:
+    """Until ``holders`` tasks hold or wait for a slot (loop turns, no clock)."""
+    while slots.active + slots.waiting < holders:
+        await asyncio.sleep(0)
+
+
 def test_limit_and_order_by_key() -> None:
     async def scenario() -> list[str]:
         slots = FifoSlots(2)
@@ -14,18 +20,17 @@ def test_limit_and_order_by_key() -> None:
         release = asyncio.Event()
         peak = 0
 
-        async def episode(key: str, delay: float) -> None:
+        async def episode(key: str) -> None:
             nonlocal peak
-            await asyncio.sleep(delay)
             async with slots.slot((key,)):
                 peak = max(peak, slots.active)
                 order.append(key)
                 await release.wait()
 
-        tasks = [
-            asyncio.create_task(episode(k, d)) for k, d in [("a", 0), ("b", 0), ("e", 0.01), ("c", 0.02), ("d", 0.03)]
-        ]
-        await asyncio.sleep(0.1)
+        tasks = []
+        for key in ("a", "b", "e", "c", "d"):  # arriving in this order, one after the other
+            tasks.append(asyncio.create_task(episode(key)))
+            await arrived(slots, len(tasks))
         assert order == ["a", "b"] and slots.waiting == 3 and slots.active == 2
         release.set()
         await asyncio.gather(*tasks)
@@ -59,7 +64,7 @@ def test_cancelled_waiter_does_not_leak_a_slot() -> None:
         first = asyncio.create_task(holder())
         await held.wait()
         waiter = asyncio.create_task(slots.slot(("b",)).__aenter__())
-        await asyncio.sleep(0.01)
+        await arrived(slots, 2)
         waiter.cancel()
         await asyncio.gather(waiter, return_exceptions=True)
         done.set()

@@ -20,7 +20,7 @@ import subprocess
 import tarfile
 import tempfile
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Literal
@@ -30,9 +30,10 @@ import pytest
 from episode_operator.runtime import supervisor
 from episode_operator.runtime.sandbox import JobSpec, JobState, Upload
 from episode_operator.runtime.supervisor import SUPERVISOR_PATH, Command
+from tests.unit.local_sandbox import kill_jobs
+from tests.unit.tools import tool
 
 HOST_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
-BUSYBOX = shutil.which("busybox")
 NOBODY_UID = 65534
 
 
@@ -101,34 +102,33 @@ class Pod:
 
     def cleanup(self) -> None:
         """KILL every process group a job or runner made, and every pid a test recorded."""
-        jobs = self.base / "jobs"
-        targets: list[int] = []
-        for job in jobs.iterdir() if jobs.is_dir() else ():
-            for name in ("jobpid", "runner"):
-                text = (job / name).read_text().split() if (job / name).is_file() else []
-                if text and text[0].isdigit():
-                    targets += [-int(text[0]), int(text[0])]
-        targets += self.extra_pids
-        for target in targets:
+        kill_jobs(self.base / "jobs")
+        for pid in self.extra_pids:
             with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.kill(target, signal.SIGKILL)
+                os.kill(pid, signal.SIGKILL)
 
 
 def _applet_dir(root: Path) -> str:
     """A PATH that holds busybox's applets and nothing else."""
-    assert BUSYBOX
+    busybox = tool("busybox")
     root.mkdir()
-    applets = subprocess.run([BUSYBOX, "--list"], capture_output=True, check=True, text=True).stdout.split()
+    applets = subprocess.run([busybox, "--list"], capture_output=True, check=True, text=True).stdout.split()
     for applet in applets:
-        (root / applet).symlink_to(BUSYBOX)
+        (root / applet).symlink_to(busybox)
     return str(root)
 
 
 @pytest.fixture(scope="session")
 def busybox_path(tmp_path_factory: pytest.TempPathFactory) -> str:
-    if BUSYBOX is None:
-        pytest.skip("busybox is not installed")
     return _applet_dir(tmp_path_factory.mktemp("busybox") / "bin")
+
+
+def wait_for(condition: Callable[[], bool], what: str, timeout: float = 10) -> None:
+    """Until ``condition()`` holds; fails naming ``what`` after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"still waiting after {timeout} s for {what}"
+        time.sleep(0.01)
 
 
 # What the script and the tests' jobs run: a PATH of these stands for a Debian image.
@@ -141,10 +141,10 @@ HOST_TOOLS = (  # noqa: SIM905 (a list literal would take forty lines)
 def _host_path_without(root: Path, *missing: str) -> str:
     """The host's tools minus ``missing``: an image without them."""
     root.mkdir()
-    for tool in HOST_TOOLS:
-        found = shutil.which(tool, path=HOST_PATH)
-        if tool not in missing and found:
-            (root / tool).symlink_to(found)
+    for name in HOST_TOOLS:
+        found = shutil.which(name, path=HOST_PATH)
+        if name not in missing and found:
+            (root / name).symlink_to(found)
     return str(root)
 
 
@@ -256,10 +256,11 @@ def test_timeout_terms_the_group_then_kills_what_ignores_term(pod: Pod) -> None:
     assert not polite.succeeded
 
 
-def test_kill_terms_then_kills(pod: Pod) -> None:
+def test_kill_terms_then_kills(pod: Pod, tmp_path: Path) -> None:
+    trapped = tmp_path / "trapped"
     pod.start(pod.spec("victim", "sleep 30"))
-    pod.start(pod.spec("stubborn", "trap '' TERM; sleep 30; sleep 30"), kill_after_sec=0.5)
-    time.sleep(0.3)  # let the stubborn job install its trap
+    pod.start(pod.spec("stubborn", f"trap '' TERM; : > '{trapped}'; sleep 30; sleep 30"), kill_after_sec=0.5)
+    wait_for(trapped.exists, "the stubborn job to install its trap")
     began = time.monotonic()
     victim = supervisor.parse_state("victim", pod.run(supervisor.kill("victim")).stdout)
     stubborn = supervisor.parse_state("stubborn", pod.run(supervisor.kill("stubborn")).stdout)
@@ -329,6 +330,28 @@ def test_output_to_a_custom_path_and_its_tail(pod: Pod, tmp_path: Path) -> None:
     assert pod.output("custom", 9) == b"000\noops\n"
     assert pod.output("custom", 0) == b""
     assert pod.run(supervisor.output("ghost", 10), ok=False).returncode == 1
+
+
+def test_jobs_sharing_an_output_file_each_get_their_own_output(pod: Pod, tmp_path: Path) -> None:
+    """The oracle's solve.sh of every turn appends to /logs/agent/oracle.txt: turn 2's kept log
+    (its tail, or ``output``) must hold turn 2's output only, never turn 1's again."""
+    shared = str(tmp_path / "logs" / "agent" / "oracle.txt")
+    first = pod.spec("turn-1", "echo turn one", output=shared, tail=1000)
+    second = pod.spec("turn-2", "echo turn two; echo more", output=shared, tail=1000)
+    for spec in (first, second):
+        assert supervisor.parse_answer(spec, pod.run(supervisor.start(spec, wait_sec=10)).stdout).succeeded
+    assert Path(shared).read_bytes() == b"turn one\nturn two\nmore\n"  # the file has everything
+    answer = supervisor.parse_answer(second, pod.run(supervisor.wait(second, 1)).stdout)
+    assert answer.output == b"turn two\nmore\n"
+    assert pod.output("turn-2") == b"turn two\nmore\n" and pod.output("turn-2", 5) == b"more\n"
+    assert pod.output("turn-1") == b"turn one\nturn two\nmore\n"  # it never knows what came after it
+    # A file truncated since a job started holds only newer bytes: all of them are the job's.
+    Path(shared).write_bytes(b"new\n")
+    assert pod.output("turn-2") == b"new\n"
+    # A job recorded by a supervisor without offsets (an upgrade mid-episode) gets the file's tail.
+    (pod.base / "jobs" / "turn-2" / "output_offset").unlink()
+    Path(shared).write_bytes(b"a\nb\n")
+    assert pod.output("turn-2", 2) == b"b\n"
 
 
 def test_background_processes_outlive_the_job_without_holding_it(pod: Pod, tmp_path: Path) -> None:
@@ -424,19 +447,16 @@ def test_jobs_get_default_sigint_and_sigquit(host_pod: Pod) -> None:
 def test_a_job_whose_runner_is_killed_is_reported_lost(host_pod: Pod) -> None:
     pod = host_pod
     pod.start(pod.spec("orphan", "sleep 30"))
-    for _ in range(50):
-        if (pod.base / "jobs" / "orphan" / "jobpid").is_file():
-            break
-        time.sleep(0.05)
+    jobpid = pod.base / "jobs" / "orphan" / "jobpid"
+    wait_for(lambda: jobpid.is_file() and jobpid.read_text().strip().isdigit(), "the job's pid")
     runner = int(pod.job_file("orphan", "runner").split()[0])
-    job = int(pod.job_file("orphan", "jobpid"))
+    job = int(jobpid.read_text())
     os.kill(runner, signal.SIGKILL)
-    time.sleep(0.1)
+    wait_for(lambda: not _alive(runner), "the runner to die")
     state = pod.status("orphan")
     assert (state.phase, state.exit_code) == ("exited", None)
     assert state.reason and state.reason.startswith("lost:")
-    time.sleep(0.1)
-    assert not _alive(job)
+    wait_for(lambda: not _alive(job), "the lost job to be killed")
 
 
 def test_a_job_never_launched_is_reported_lost(host_pod: Pod) -> None:
@@ -463,21 +483,20 @@ def _session_members(session: int) -> list[int]:
 def test_the_runner_and_its_watchdog_leave_with_the_job(host_pod: Pod) -> None:
     assert host_pod.start(host_pod.spec("short", "true", timeout_sec=3600), wait_sec=10).succeeded
     runner = int(host_pod.job_file("short", "runner").split()[0])
-    deadline = time.monotonic() + 5
-    while _session_members(runner) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert _session_members(runner) == []
+    wait_for(lambda: _session_members(runner) == [], "the runner's session to empty")
 
 
 def test_each_container_keeps_its_own_working_directory(host_pod: Pod, tmp_path: Path) -> None:
     """Containers share the supervisor's emptyDir; placement in another one must not move ours."""
-    if shutil.which("unshare") is None:
-        pytest.skip("no unshare")
     sidecar = tmp_path / "sidecar"
     sidecar.mkdir()
     placement = supervisor.placement(str(host_pod.base))
     other = subprocess.run(
-        ["unshare", "--mount", *placement.argv], input=placement.stdin, capture_output=True, cwd=sidecar, timeout=30
+        [tool("unshare"), "--mount", *placement.argv],
+        input=placement.stdin,
+        capture_output=True,
+        cwd=sidecar,
+        timeout=30,
     )
     assert other.returncode == 0, other.stderr
     assert (host_pod.base / "workdir").read_text() == str(sidecar)

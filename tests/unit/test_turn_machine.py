@@ -41,6 +41,7 @@ def test_unpublished_rows_say_where_a_restart_resumes() -> None:
         Stage.WORKDIR,
         Stage.SETUP,
         Stage.HEALTHCHECK,
+        Stage.TRAJECTORY,
         Stage.COLLECT,
     ]
 

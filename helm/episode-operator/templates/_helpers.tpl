@@ -57,8 +57,13 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- or (empty .Values.watchNamespaces) (eq (include "episode-operator.namespaceGlobs" .) "true") }}
 {{- end }}
 
+{{/* An image reference; an empty or null tag is the chart's appVersion. */}}
 {{- define "episode-operator.image" -}}
-{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion (toString .Values.image.tag)) }}
+{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) }}
+{{- end }}
+
+{{- define "episode-operator.sandboxImage" -}}
+{{- printf "%s:%s" .Values.sandboxImage.repository (default .Chart.AppVersion .Values.sandboxImage.tag) }}
 {{- end }}
 
 {{/* The namespace of in-cluster build Jobs: builds.namespace, else the release's. */}}

@@ -41,7 +41,13 @@ from episode_operator.capture.observability import (
     agent_invocation,
     trajectory_record,
 )
-from episode_operator.capture.records import CapturedCall, ObservationGap, model_call_capture, unattributed_gap
+from episode_operator.capture.records import (
+    CapturedCall,
+    ObservationGap,
+    model_call_capture,
+    parse_journal,
+    unattributed_gap,
+)
 
 ROLLOUTS = "rollouts.jsonl"
 FAILURES = "rollouts_failures.jsonl"
@@ -95,6 +101,33 @@ class EpisodeEvidence:
 
 
 NO_EVIDENCE = EpisodeEvidence(captured=False)
+
+# The names of a turn's records in the operator's store (runtime/store.py keeps them).
+INSTRUCTION_RECORD, CALLS_RECORD, TRAJECTORY_RECORD = "instruction.md", "model-calls.jsonl", "trajectory.json"
+
+
+def evidence_of(spec: EpisodeSpec, records: Mapping[str, Any]) -> EpisodeEvidence:
+    """An Episode's evidence from its turns' records as the operator's store serves them (``/turns``)."""
+    agent = spec.agent
+    if agent.model is None:
+        return NO_EVIDENCE
+    turns: dict[str, TurnEvidence] = {}
+    for name, kept in (records.get("turns") or {}).items():
+        journal = parse_journal(str(kept.get(CALLS_RECORD) or "").encode())
+        trajectory = kept.get(TRAJECTORY_RECORD)
+        turns[name] = TurnEvidence(
+            instruction=kept.get(INSTRUCTION_RECORD),
+            calls=journal.calls,
+            capture_complete=not journal.unreadable and not journal.in_flight,
+            trajectory=Trajectory.model_validate_json(trajectory) if trajectory else None,
+        )
+    return EpisodeEvidence(
+        turns=turns,
+        harness=agent.harness.name if agent.harness else agent.kind,
+        harness_version=(agent.harness.version if agent.harness else None) or "default",
+        model=agent.model.name,
+        turn_sessions=agent.turn_sessions,
+    )
 
 
 # --- identity --------------------------------------------------------------------------------------------

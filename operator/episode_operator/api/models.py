@@ -14,6 +14,7 @@ from pydantic import Field, ValidationError, model_validator
 
 from episode_operator.api.vocabulary import (
     API_VERSION,
+    AgentFailure,
     ApiModel,
     Conditions,
     Outcome,
@@ -59,6 +60,62 @@ class TaskSource(ApiModel):
         return self
 
 
+ModelApi = Literal["chat-completions", "responses", "messages"]
+TurnSessions = Literal["fresh", "continue"]
+
+
+class SecretKeyRef(ApiModel):
+    name: str = Field(min_length=1, description="A Secret in the Episode's namespace.")
+    key: str = Field(default="api-key", min_length=1, description="The key of the Secret's data holding the value.")
+
+
+class ModelEndpoint(ApiModel):
+    """The model an agent calls; every call goes through the pod's capture proxy, which holds the key."""
+
+    free_form: ClassVar[frozenset[str]] = frozenset({"params"})
+
+    name: str = Field(min_length=1, description="The model as the endpoint names it (e.g. gpt-5, Qwen/Qwen3-8B).")
+    base_url: str = Field(
+        alias="baseURL",
+        pattern=r"^https?://[^\s/]+(/\S*)?$",
+        description="The endpoint's base URL as an OpenAI client takes it, with its version path "
+        "(https://api.openai.com/v1, http://vllm.models:8000/v1, https://api.anthropic.com/v1).",
+    )
+    api: ModelApi = Field(
+        default="chat-completions",
+        description="The API the endpoint speaks: chat-completions, responses (OpenAI Responses) or messages "
+        "(Anthropic Messages). A harness speaks one or more of them.",
+    )
+    api_key_secret_ref: SecretKeyRef | None = Field(
+        default=None,
+        description="The Secret key holding the API key. It is given to the capture proxy only: the agent gets a "
+        "placeholder, so the key appears in no log, status, Event, store or export.",
+    )
+    params: dict[str, Any] = Field(
+        default_factory=dict,
+        description="Sampling parameters (temperature, top_p, max_tokens, …) for harnesses that take them.",
+    )
+
+
+class HarnessSpec(ApiModel):
+    free_form: ClassVar[frozenset[str]] = frozenset({"options"})
+
+    name: str = Field(min_length=1, description="A harness preset of the operator: mini-swe-agent, opencode, …")
+    version: str | None = Field(
+        default=None, description="The harness version (its toolchain image's tag); default: the preset's."
+    )
+    options: dict[str, Any] = Field(
+        default_factory=dict, description="Preset options, e.g. timeoutSec (the harness's own cap on a turn)."
+    )
+
+
+class CaptureSpec(ApiModel):
+    token_ids: bool = Field(
+        default=False,
+        description="Ask a vLLM-compatible endpoint for token ids and log-probabilities and keep them (RL training).",
+    )
+
+
 class AgentSpec(ApiModel):
     free_form: ClassVar[frozenset[str]] = frozenset({"env", "env_from"})
 
@@ -74,6 +131,18 @@ class AgentSpec(ApiModel):
         default=None,
         description="For kind=command: a shell command run once per sandbox before the first turn.",
     )
+    harness: HarnessSpec | None = Field(
+        default=None, description="For kind=harness: which agent harness runs each turn (a preset of the operator)."
+    )
+    model: ModelEndpoint | None = Field(
+        default=None, description="For kind=harness and command: the model endpoint the agent calls."
+    )
+    turn_sessions: TurnSessions = Field(
+        default="fresh",
+        description="fresh: one harness session per turn (Gym's default); continue: one session kept across "
+        "turns (harnesses that can continue one).",
+    )
+    capture: CaptureSpec = Field(default_factory=CaptureSpec, description="How model calls are recorded.")
     env: list[dict[str, Any]] = Field(
         default_factory=list, description="Kubernetes EnvVar entries given to the agent's commands only."
     )
@@ -168,6 +237,11 @@ class TurnStatus(ApiModel):
     verifier_mode: Literal["shared", "separate"] | None = None
     failure_kind: str | None = None
     agent_exit_code: int | None = None
+    agent_failure: AgentFailure | None = Field(
+        default=None,
+        description="How the agent's turn ended badly, as its recorded model calls (else its output) tell: "
+        "model_auth, model_not_found, model_rate_limit, model_unavailable, context_window, timeout, exited.",
+    )
     started_at: Timestamp | None = None
     finished_at: Timestamp | None = None
     artifacts: ArtifactSummary | None = None

@@ -46,6 +46,7 @@ class Stage(enum.StrEnum):
     SETUP = "setup"
     HEALTHCHECK = "healthcheck"
     AGENT = "agent"
+    TRAJECTORY = "trajectory"
     COLLECT = "collect"
     VERIFY_PREPARE = "verify-prepare"
     VERIFY = "verify"
@@ -81,8 +82,11 @@ FailureKind = Literal[
     "harbor:seed_refused",
     # retried like an outage, but Gym's own name
     "harbor:task_deadline",
-    # the agent's own setup failed: the episode ends ungraded
+    # the agent's own setup failed, or its model refused it (401/403, unknown model): the episode
+    # ends ungraded, not retried (no retry mends a key)
     "agent:setup_failed",
+    "agent:model_auth",
+    "agent:model_not_found",
     # the task's environment could not be made: a Dockerfile step (replayed or built) failed or ran
     # past build_timeout_sec, its ENTRYPOINT could not start, or environment/ could not be placed
     "environment:build_failed",
@@ -99,33 +103,51 @@ FAILURE_SEED: Final[FailureKind] = "harbor:seed_refused"
 # Both a failure kind and an outage kind: past the deadline the attempt is retried (Gym).
 FAILURE_DEADLINE: Final = "harbor:task_deadline"
 FAILURE_AGENT_SETUP: Final[FailureKind] = "agent:setup_failed"
+FAILURE_MODEL_AUTH: Final[FailureKind] = "agent:model_auth"
+FAILURE_MODEL_NOT_FOUND: Final[FailureKind] = "agent:model_not_found"
 FAILURE_ENVIRONMENT_BUILD: Final[FailureKind] = "environment:build_failed"
 FAILURE_INVALID_SPEC: Final[FailureKind] = "episode:invalid_spec"
 FAILURE_TASK_SOURCE: Final[FailureKind] = "episode:task_source"
 
 # Why an attempt was lost under the task (the sandbox failed, not the task or the agent).
 OutageKind = Literal[
-    "pod-lost",  # the pod was deleted, evicted or its node lost
-    "container-exited",  # a container of the pod ended (e.g. OOM-killed)
-    "image-pull",  # an image that cannot be pulled
-    "container-config",  # a container that cannot be created (bad config, missing Secret…)
-    "start-timeout",  # the pod did not start within build_timeout_sec
+    "pod_lost",  # the pod was deleted, evicted or its node lost
+    "container_exited",  # a container of the pod ended (e.g. OOM-killed)
+    "image_pull",  # an image that cannot be pulled
+    "container_config",  # a container that cannot be created (bad config, missing Secret…)
+    "start_timeout",  # the pod did not start within build_timeout_sec
     "unschedulable",  # the pod could not be placed on a node within the operator's bound
-    "image-build",  # an in-cluster build could not run: the registry, the builder or the API failed
+    "image_build",  # an in-cluster build could not run: the registry, the builder or the API failed
     "exec",  # the exec transport failed past its retries
     "api",  # the API server refused or failed a call
     "supervisor",  # the supervisor could not be placed in the pod
-    "lost-job",  # a job vanished from the sandbox
-    "run-command",  # a command could not be started (no bash, …)
-    "place-solution",  # the oracle's solution could not be placed
-    "place-instruction",  # the agent's instruction could not be placed
-    "clear-grading-files",  # the previous turn's tests or rewards could not be removed
-    "user-switch",  # the turn's user could not be switched to
-    "read-reward",  # the reward files could not be read back
-    "environment-healthcheck",  # [environment.healthcheck] never passed at seed
+    "lost_job",  # a job vanished from the sandbox
+    "run_command",  # a command could not be started (no bash, …)
+    "place_solution",  # the oracle's solution could not be placed
+    "place_instruction",  # the agent's instruction could not be placed
+    "clear_grading_files",  # the previous turn's tests or rewards could not be removed
+    "user_switch",  # the turn's user could not be switched to
+    "read_reward",  # the reward files could not be read back
+    "environment_healthcheck",  # [environment.healthcheck] never passed at seed
+    "model_rate_limit",  # the model endpoint kept answering 429 until the agent gave up
+    "model_unavailable",  # the model endpoint was unreachable, failed (5xx), answered garbage or nothing
+    "capture",  # the capture container could not mark or read a turn's model calls
     "harbor:task_deadline",  # past the episode's deadline (Gym's name, kept as is)
 ]
 OUTAGE_KINDS: Final[frozenset[str]] = frozenset(get_args(OutageKind))
+
+
+# How an agent's turn ended badly, as its recorded model calls (and its own output) tell
+# (runtime/agents/failures.py decides what each means for the episode).
+AgentFailure = Literal[
+    "model_auth",  # the endpoint refused the key (401/403)
+    "model_not_found",  # the endpoint does not serve the model (404)
+    "model_rate_limit",  # the endpoint rate-limited the agent (429) to its end
+    "model_unavailable",  # unreachable, 5xx, a broken answer, or no answer at all
+    "context_window",  # the conversation outgrew the model's context window
+    "timeout",  # the agent ran out of its turn budget with the model answering
+    "exited",  # the agent exited non-zero with the model answering
+]
 
 
 def outage_failure_kind(kind: OutageKind) -> str:

@@ -50,7 +50,7 @@ REDACTED = b"[redacted]"
 @dataclass(frozen=True)
 class ProxyConfig:
     """``upstream``: the model's base URL as a client would use it (``http://vllm:8000/v1``); the agent is
-    given the proxy's address with the same path (:func:`agent_base_url`)."""
+    given the proxy's address with the same path (:func:`~episode_operator.capture.wire.agent_base_url`)."""
 
     upstream: str
     store: Path
@@ -68,11 +68,6 @@ class ProxyConfig:
         if parts.scheme not in ("http", "https") or not parts.netloc:
             raise ValueError(f"--upstream must be an http(s) URL, not {self.upstream!r}")
         return f"{parts.scheme}://{parts.netloc}"
-
-
-def agent_base_url(host: str, port: int, upstream: str) -> str:
-    """The base URL to give the agent: the proxy, with the upstream's path (``/v1``…) kept."""
-    return f"http://{host}:{port}{urlsplit(upstream).path.rstrip('/')}"
 
 
 class KeyScrubber:

@@ -13,9 +13,10 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from episode_operator.capture.wire import Dialect
 
@@ -434,3 +435,35 @@ def unattributed_gap(calls: Iterable[CapturedCall]) -> ObservationGap | None:
     if not stray:
         return None
     return ObservationGap(code="model_call_outside_turn", detail=f"count={len(stray)}:{','.join(stray)}")
+
+
+# --- a turn's journal (the store's file, as the operator reads a copy of it) ----------------------------
+class Begun(BaseModel):
+    """A journal line: this call arrived (its record follows when it ends)."""
+
+    begun: str
+
+
+@dataclass(frozen=True)
+class Journal:
+    calls: list[CapturedCall]
+    in_flight: set[str]
+    unreadable: int
+
+
+def parse_journal(data: bytes) -> Journal:
+    """A turn's journal file, as :func:`read_journal` reads it (the operator reads a copy it downloaded)."""
+    calls: list[CapturedCall] = []
+    begun: set[str] = set()
+    unreadable = 0
+    for line in data.splitlines():
+        if not line.strip():
+            continue
+        try:
+            if line.startswith(b'{"begun"'):
+                begun.add(Begun.model_validate_json(line).begun)
+            else:
+                calls.append(CapturedCall.model_validate_json(line))
+        except ValidationError:
+            unreadable += 1
+    return Journal(calls, begun - {call.model_call_id for call in calls}, unreadable)

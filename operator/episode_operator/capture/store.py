@@ -27,7 +27,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, Field, ValidationError
 
-from episode_operator.capture.records import CapturedCall
+from episode_operator.capture.records import Begun, CapturedCall, Journal, parse_journal
 
 CURRENT_TURN = "current-turn.json"
 OUTSIDE_TURN = "_outside-turn"
@@ -54,6 +54,11 @@ def _bucket(turn: str | None) -> str:
     return OUTSIDE_TURN if turn is None else check_turn_name(turn)
 
 
+def calls_file(attempt: int | None, turn: str | None) -> str:
+    """Where a turn's journal lies in the store, relative to its root."""
+    return f"calls/attempt-{attempt or 0}/{_bucket(turn)}.jsonl"
+
+
 @dataclass(frozen=True)
 class CaptureStore:
     root: Path
@@ -63,7 +68,7 @@ class CaptureStore:
         return self.root / CURRENT_TURN
 
     def calls_path(self, attempt: int | None, turn: str | None) -> Path:
-        return self.root / "calls" / f"attempt-{attempt or 0}" / f"{_bucket(turn)}.jsonl"
+        return self.root / calls_file(attempt, turn)
 
     # --- the operator's side (through exec into the capture container) ---------------------------
     def set_current_turn(self, current: CurrentTurn) -> None:
@@ -103,39 +108,12 @@ class Harvest(BaseModel):
         return not self.unreadable_lines and not self.still_in_flight
 
 
-class Begun(BaseModel):
-    """A journal line: this call arrived (its record follows when it ends)."""
-
-    begun: str
-
-
-@dataclass(frozen=True)
-class Journal:
-    calls: list[CapturedCall]
-    in_flight: set[str]
-    unreadable: int
-
-
 def read_journal(path: Path) -> Journal:
     """A turn's records, the calls begun and not yet recorded, and the lines that were neither (a torn write)."""
-    calls: list[CapturedCall] = []
-    begun: set[str] = set()
-    unreadable = 0
     try:
-        lines = path.read_bytes().splitlines()
+        return parse_journal(path.read_bytes())
     except FileNotFoundError:
-        lines = []
-    for line in lines:
-        if not line.strip():
-            continue
-        try:
-            if line.startswith(b'{"begun"'):
-                begun.add(Begun.model_validate_json(line).begun)
-            else:
-                calls.append(CapturedCall.model_validate_json(line))
-        except ValidationError:
-            unreadable += 1
-    return Journal(calls, begun - {call.model_call_id for call in calls}, unreadable)
+        return parse_journal(b"")
 
 
 # --- the proxy's side ------------------------------------------------------------------------------

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from typing import Any, Literal
+from urllib.parse import urlsplit
 
 # Gym's dialect names (``ModelCallRecord.dialect``).
 Dialect = Literal["chat", "responses", "messages"]
@@ -27,7 +28,14 @@ def dialect_of(method: str, path: str) -> Dialect | None:
     return next((dialect for suffix, dialect in DIALECT_PATH_SUFFIXES if stripped.endswith(suffix)), None)
 
 
-# --- keys ------------------------------------------------------------------------------------------
+def agent_base_url(host: str, port: int, upstream: str) -> str:
+    """The base URL to give the agent: the proxy, with the upstream's path (``/v1``…) kept."""
+    return f"http://{host}:{port}{urlsplit(upstream).path.rstrip('/')}"
+
+
+# --- keys ---------------------------------------------------------------------------------------------
+# The capture container's variable holding the real key (set from the Secret; nowhere else).
+KEY_ENV = "EPISODE_CAPTURE_API_KEY"
 # Every header a client may carry a key in, and how the real key is written back in it. The agent only
 # ever holds a placeholder; whichever of these it sent is rewritten with the real key, the others dropped.
 KEY_HEADERS: dict[str, str] = {

@@ -9,8 +9,8 @@ from pathlib import Path
 import click
 
 from episode_operator.capture.store import CaptureStore, CurrentTurn
+from episode_operator.capture.wire import KEY_ENV
 
-API_KEY_ENV = "EPISODE_CAPTURE_API_KEY"
 store_option = click.option(
     "--store",
     type=click.Path(file_okay=False, path_type=Path),
@@ -40,7 +40,7 @@ def listen_address(_context: click.Context, _parameter: click.Parameter, value: 
 @store_option
 @click.option(
     "--api-key-env",
-    default=API_KEY_ENV,
+    default=KEY_ENV,
     show_default=True,
     help="Environment variable holding the real key (set from the Secret); empty or unset: no key is sent.",
 )

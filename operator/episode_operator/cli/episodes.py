@@ -9,7 +9,7 @@ import os
 import sys
 import tarfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, cast
 
@@ -19,7 +19,16 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
-from episode_operator.api.export import FAILURES, ROLLOUTS, split_rows
+from episode_operator.api.export import (
+    CALLS_RECORD,
+    FAILURES,
+    NO_EVIDENCE,
+    ROLLOUTS,
+    TRAJECTORY_RECORD,
+    EpisodeEvidence,
+    evidence_of,
+    split_rows,
+)
 from episode_operator.api.models import (
     AgentSpec,
     EpisodeSpec,
@@ -30,26 +39,20 @@ from episode_operator.api.models import (
 )
 from episode_operator.api.naming import content_name
 from episode_operator.api.vocabulary import TASK_LABEL, is_terminal
+from episode_operator.capture.records import parse_journal
 from episode_operator.cli import printing
+from episode_operator.cli.agents import agent_options
 from episode_operator.cli.cluster import Cluster, cluster_options
-from episode_operator.kube.client import Gone, KubeClient, NotFound
+from episode_operator.kube.client import Gone, KubeClient, KubeError
 from episode_operator.kube.objects.children import set_selector
 from episode_operator.kube.objects.tasks import TaskTooLarge, task_config_map
-from episode_operator.runtime.agents import AGENT_KINDS, spec_problems
-from episode_operator.runtime.store import SEED_LOGS, episode_store_root, export_artifacts, stored_logs
+from episode_operator.runtime.archive import extract_safely
+from episode_operator.runtime.dataapi import API_SERVICE
+from episode_operator.runtime.store import SEED_LOGS, episode_store_root, export_artifacts, stored_logs, turn_records
 from episode_operator.taskfolder import TaskFiles, validate_task
 
 # Where a watch starts over after the API server ended it (its timeout) or the list went stale.
 WATCH_RESTARTS = 1000
-
-
-def agent_spec(document: dict[str, Any]) -> AgentSpec:
-    """``spec.agent`` from the command line, checked by its kind's registry entry (a clear error, exit 1)."""
-    spec = AgentSpec.model_validate({key: value for key, value in document.items() if value is not None})
-    problems = spec_problems(spec)
-    if problems:
-        raise click.ClickException("; ".join(problems))
-    return spec
 
 
 def _load_folder(directory: str) -> TaskFiles:
@@ -139,8 +142,7 @@ def register(cli: click.Group) -> None:
     @cli.command()
     @click.argument("source", type=click.Path(exists=True))
     @cluster_options
-    @click.option("--agent", type=click.Choice(AGENT_KINDS), default="oracle", show_default=True)
-    @click.option("--command", "agent_command", default=None, help="For --agent command: the shell command.")
+    @agent_options
     @click.option(
         "--image",
         default=None,
@@ -165,8 +167,7 @@ def register(cli: click.Group) -> None:
     def run(
         source: str,
         cluster: Cluster,
-        agent: str,
-        agent_command: str | None,
+        agent: AgentSpec,
         image: str | None,
         name: str | None,
         timeout_multiplier: float,
@@ -186,7 +187,7 @@ def register(cli: click.Group) -> None:
             try:
                 spec = EpisodeSpec(
                     task=TaskSource.model_validate({"configMap": {"name": config_map["metadata"]["name"]}}),
-                    agent=agent_spec({"kind": agent, "command": agent_command}),
+                    agent=agent,
                     image=image,
                     timeout_multiplier=timeout_multiplier,
                 )
@@ -317,20 +318,66 @@ def register(cli: click.Group) -> None:
         turn: str | None,
         attempt: int | None,
         data_dir: str | None,
-        operator_namespace: str,
-        operator_service: str,
     ) -> None:
         """Print the logs an Episode's seed and turns left (replay, builds, agent, setup, verifier, hooks)."""
         episode = _episode(cluster, name)
         if turn is not None:
             turn = turn_name(EpisodeStatus.model_validate(episode.get("status") or {}), turn)
-        source = _kept(cluster, episode, data_dir, operator_namespace, operator_service)
+        source = _kept(cluster, episode, data_dir)
         text = source.logs(turn=turn, attempt=attempt)
         if not text:
             raise click.ClickException(
                 f"no logs kept for {cluster.namespace}/{name}" + (f" turn {turn}" if turn else "")
             )
         click.echo(text, nl=False)
+
+    @cli.command()
+    @click.argument("name")
+    @cluster_options
+    @click.option("--turn", default=None, help="Only this turn: its name, or its number (1 is the first).")
+    @click.option(
+        "-o", "--output", "output_format", type=click.Choice(["text", "json"]), default="text", show_default=True
+    )
+    @operator_options
+    def trajectory(
+        name: str,
+        cluster: Cluster,
+        turn: str | None,
+        output_format: str,
+        data_dir: str | None,
+    ) -> None:
+        """Print each turn's trajectory (ATIF) and recorded model calls (latest attempt)."""
+        episode = _episode(cluster, name)
+        status = EpisodeStatus.model_validate(episode.get("status") or {})
+        wanted = turn_name(status, turn) if turn is not None else None
+        records = _kept(cluster, episode, data_dir).turns()
+        order = [record.name for record in status.turns]
+        turns = {
+            turn_: kept
+            for turn_, kept in sorted(records["turns"].items(), key=lambda item: _position(order, item[0]))
+            if wanted is None or turn_ == wanted
+        }
+        documents = {turn_: _turn_document(kept) for turn_, kept in turns.items()}
+        if not any(document["trajectory"] or document["modelCalls"] for document in documents.values()):
+            raise click.ClickException(
+                f"no trajectory kept for {cluster.namespace}/{name}"
+                + (f" turn {wanted}" if wanted else "")
+                + " (only agents with a model endpoint have one)"
+            )
+        if output_format == "json":
+            click.echo(json.dumps({"attempt": records["attempt"], "turns": documents}, indent=2))
+            return
+        console = Console()
+        for turn_, document in documents.items():
+            console.rule(f"turn {turn_} (attempt {records['attempt']})")
+            trajectory: dict[str, Any] = document["trajectory"] or {}
+            for step in trajectory.get("steps", []):
+                console.print(f"[bold]{step.get('source')}[/bold]: {printing.one_line(step.get('message'))}")
+                for call in step.get("tool_calls") or []:
+                    console.print(f"  → {call.get('function_name')} {printing.one_line(call.get('arguments'))}")
+            calls: list[dict[str, Any]] = document["modelCalls"]
+            failed = sum(1 for call in calls if call.get("error_category"))
+            console.print(f"{len(calls)} model call(s), {failed} failed")
 
     @cli.command()
     @click.argument("name")
@@ -342,11 +389,9 @@ def register(cli: click.Group) -> None:
         destination: Path,
         cluster: Cluster,
         data_dir: str | None,
-        operator_namespace: str,
-        operator_service: str,
     ) -> None:
         """Copy an Episode's artifacts (latest attempt) into DESTINATION/<turn>/."""
-        source = _kept(cluster, _episode(cluster, name), data_dir, operator_namespace, operator_service)
+        source = _kept(cluster, _episode(cluster, name), data_dir)
         written = source.artifacts(destination)
         if not written:
             raise click.ClickException(f"no artifacts kept for {cluster.namespace}/{name}")
@@ -421,6 +466,14 @@ def register_export(cli: click.Group) -> None:
         show_default=True,
         help="Folder for rollouts.jsonl and rollouts_failures.jsonl.",
     )
+    @click.option(
+        "--captures/--no-captures",
+        default=True,
+        show_default=True,
+        help="Read each Episode's recorded model calls and trajectories from the operator (Episodes with a "
+        "model endpoint); --no-captures writes rows without them.",
+    )
+    @operator_options
     def export(
         names: tuple[str, ...],
         cluster: Cluster,
@@ -429,6 +482,8 @@ def register_export(cli: click.Group) -> None:
         episode_set: str | None,
         output_format: str,
         output_dir: Path,
+        captures: bool,
+        data_dir: str | None,
     ) -> None:
         """Write finished Episodes as Gym rows: graded and masked to rollouts.jsonl, failed attempts to the failures."""
         if episode_set:
@@ -441,7 +496,14 @@ def register_export(cli: click.Group) -> None:
                 return [await client.get_episode(cluster.namespace, name) for name in names]
             return await client.list_episodes(None if all_namespaces else cluster.namespace, selector)
 
-        rollouts, failures = split_rows(cluster.run(fetch))
+        def evidence(episode: Mapping[str, Any]) -> EpisodeEvidence:
+            spec = EpisodeSpec.model_validate(episode["spec"])
+            if not captures or spec.agent.model is None or not is_terminal((episode.get("status") or {}).get("phase")):
+                return NO_EVIDENCE
+            kept = _kept(cluster, dict(episode), data_dir)
+            return evidence_of(spec, kept.turns())
+
+        rollouts, failures = split_rows(cluster.run(fetch), evidence)
         output_dir.mkdir(parents=True, exist_ok=True)
         for filename, rows in ((ROLLOUTS, rollouts), (FAILURES, failures)):
             with (output_dir / filename).open("w") as stream:
@@ -454,27 +516,14 @@ def register_export(cli: click.Group) -> None:
 
 
 def operator_options(command: Callable[..., Any]) -> Callable[..., Any]:
-    """Where the operator keeps logs and artifacts: its data directory here, or its Service."""
-    command = click.option(
-        "--operator-service",
-        default=lambda: os.environ.get("EPISODE_OPERATOR_SERVICE", "episode-operator"),
-        show_default="episode-operator",
-        help="The in-cluster operator's Service.",
-    )(command)
-    command = click.option(
-        "--operator-namespace",
-        default=lambda: os.environ.get("EPISODE_OPERATOR_NAMESPACE", "episode-operator-system"),
-        show_default="episode-operator-system",
-        help="The in-cluster operator's namespace.",
-    )(command)
-    command = click.option(
+    """Where the operator keeps logs and artifacts: its data directory here, or the data API."""
+    return click.option(
         "--data-dir",
         default=lambda: os.environ.get("EPISODE_OPERATOR_DATA_DIR"),
         show_default="$EPISODE_OPERATOR_DATA_DIR",
         help="The data directory of an operator running on this machine; without it the in-cluster "
-        "operator is asked through the API server's service proxy.",
+        f"operator's data API ({API_SERVICE}) is asked through the API server.",
     )(command)
-    return command
 
 
 class _LocalStore:
@@ -491,55 +540,77 @@ class _LocalStore:
     def artifacts(self, destination: Path) -> int:
         return len(export_artifacts(self.root, destination))
 
+    def turns(self) -> dict[str, Any]:
+        return turn_records(self.root)
+
 
 class _RemoteStore:
-    def __init__(self, cluster: Cluster, namespace: str, service: str, path: str) -> None:
-        self.cluster, self.namespace, self.service, self.path = cluster, namespace, service, path
+    """The in-cluster operator's data API, through the API server: it authenticates the user and
+    authorizes ``get`` on ``episodes/log``, ``episodes/artifacts`` or ``episodes/turns`` (group
+    data.episode-operator.dev)."""
 
-    def _get(self, suffix: str, query: dict[str, str]) -> bytes | None:
+    def __init__(self, cluster: Cluster, namespace: str, name: str, uid: str) -> None:
+        self.cluster, self.namespace, self.name, self.uid = cluster, namespace, name, uid
+
+    def _get(self, subresource: str, query: dict[str, str]) -> bytes | None:
         async def fetch(client: KubeClient) -> bytes | None:
             try:
-                return await client.service_get(self.namespace, f"{self.service}:http", self.path + suffix, query)
-            except NotFound as error:
-                if "no such service" in str(error):
+                return await client.get_episode_data(self.namespace, self.name, subresource, query | {"uid": self.uid})
+            except KubeError as error:
+                if error.status == 404 and "could not find the requested resource" not in str(error):
+                    return None  # the operator has nothing kept
+                if error.status in (404, 503):
                     raise click.ClickException(
-                        f"no operator Service {self.namespace}/{self.service} (set --operator-namespace and "
-                        "--operator-service, or --data-dir for an operator running on this machine)"
+                        f"the operator's data API (apiservice {API_SERVICE}) is not available: {error}; is the "
+                        "operator installed with its Helm chart? (--data-dir reads an operator running here)"
                     ) from error
-                return None
+                raise
 
         return self.cluster.run(fetch)
 
     def logs(self, *, turn: str | None, attempt: int | None) -> str:
         query = {key: str(value) for key, value in (("turn", turn), ("attempt", attempt)) if value is not None}
-        body = self._get("/logs", query)
+        body = self._get("log", query)
         return "" if body is None else body.decode("utf-8", "replace")
 
+    def turns(self) -> dict[str, Any]:
+        body = self._get("turns", {})
+        return {"attempt": None, "turns": {}} if body is None else dict(json.loads(body))
+
     def artifacts(self, destination: Path) -> int:
-        body = self._get("/artifacts.tar.gz", {})
+        body = self._get("artifacts", {})
         if body is None:
             return 0
         destination.mkdir(parents=True, exist_ok=True)
         with tarfile.open(fileobj=io.BytesIO(body), mode="r:gz") as archive:
             members = archive.getmembers()
-            archive.extractall(destination, filter="data")
+            extract_safely(archive, destination)
         return sum(1 for member in members if member.isfile())
 
 
-def _kept(
-    cluster: Cluster,
-    episode: dict[str, Any],
-    data_dir: str | None,
-    operator_namespace: str,
-    operator_service: str,
-) -> _LocalStore | _RemoteStore:
+def _kept(cluster: Cluster, episode: dict[str, Any], data_dir: str | None) -> _LocalStore | _RemoteStore:
     namespace, name, uid = (episode["metadata"][key] for key in ("namespace", "name", "uid"))
     if data_dir:
         root = episode_store_root(Path(data_dir), namespace, name, uid)
         if not root.is_dir():
             raise click.ClickException(f"{root}: not found; is --data-dir the operator's data directory?")
         return _LocalStore(root)
-    return _RemoteStore(cluster, operator_namespace, operator_service, f"/v1/episodes/{namespace}/{name}/{uid}")
+    return _RemoteStore(cluster, namespace, name, uid)
+
+
+def _turn_document(kept: Mapping[str, str]) -> dict[str, Any]:
+    """A turn's trajectory and model calls as ``kubectl episode trajectory -o json`` prints them."""
+    trajectory = kept.get(TRAJECTORY_RECORD)
+    return {
+        "trajectory": json.loads(trajectory) if trajectory else None,
+        "modelCalls": [
+            call.model_dump(mode="json") for call in parse_journal(kept.get(CALLS_RECORD, "").encode()).calls
+        ],
+    }
+
+
+def _position(order: list[str], turn: str) -> int:
+    return order.index(turn) if turn in order else len(order)
 
 
 def _reward(value: Any) -> str:

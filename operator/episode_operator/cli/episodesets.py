@@ -15,13 +15,14 @@ from rich.live import Live
 from rich.table import Table
 
 from episode_operator.api.episodeset import SET_KIND, EpisodeSetSpec, EpisodeSetStatus, SetTaskStatus
+from episode_operator.api.models import AgentSpec
 from episode_operator.api.naming import content_name
 from episode_operator.api.vocabulary import API_VERSION, is_terminal
+from episode_operator.cli.agents import agent_options
 from episode_operator.cli.cluster import Cluster, cluster_options
-from episode_operator.cli.episodes import agent_spec, dump_manifests, manifest_output, output_namespace, placed
+from episode_operator.cli.episodes import dump_manifests, manifest_output, output_namespace, placed
 from episode_operator.kube.client import KubeClient
 from episode_operator.kube.objects.tasks import TaskTooLarge, task_config_map
-from episode_operator.runtime.agents import AGENT_KINDS
 from episode_operator.taskfolder import TaskFiles, validate_task
 from episode_operator.taskfolder.dataset import discover_dataset
 
@@ -61,9 +62,7 @@ def register_sets(cli: click.Group) -> None:
     @cli.command("eval")
     @click.argument("dataset", type=click.Path(exists=True, file_okay=False))
     @cluster_options
-    @click.option("--agent", type=click.Choice(AGENT_KINDS), default="oracle", show_default=True)
-    @click.option("--command", "agent_command", default=None, help="For --agent command: the shell command.")
-    @click.option("--setup", "agent_setup", default=None, help="For --agent command: run once per sandbox.")
+    @agent_options
     @click.option("--image", default=None, help="Image for tasks without docker_image.")
     @click.option("--attempts", type=click.IntRange(1, 100), default=1, show_default=True, help="Per task (pass@k).")
     @click.option(
@@ -92,9 +91,7 @@ def register_sets(cli: click.Group) -> None:
     def evaluate(
         dataset: str,
         cluster: Cluster,
-        agent: str,
-        agent_command: str | None,
-        agent_setup: str | None,
+        agent: AgentSpec,
         image: str | None,
         attempts: int,
         parallelism: int,
@@ -129,7 +126,7 @@ def register_sets(cli: click.Group) -> None:
                             for task, config_map in packed
                         ]
                     },
-                    "agent": agent_spec({"kind": agent, "command": agent_command, "setup": agent_setup}).to_api(),
+                    "agent": agent.to_api(),
                     "attempts": attempts,
                     "parallelism": parallelism,
                     "template": template,

@@ -73,7 +73,28 @@ def main() -> None:
     type=int,
     default=8080,
     show_default=True,
-    help="Port of /metrics and of the kept logs and artifacts; 0 turns it off.",
+    help="Port of /metrics (open to anyone who reaches it); 0 turns it off.",
+)
+@click.option(
+    "--data-api-port",
+    type=click.IntRange(min=0, max=65535),
+    default=0,
+    show_default=True,
+    help="Port (TLS) of the data API: kept logs and artifacts, served to the callers the API server forwards and "
+    "authorizes; the operator registers the APIService v1alpha1.data.episode-operator.dev for it; 0: off.",
+)
+@click.option(
+    "--data-api-service",
+    default="episode-operator",
+    show_default=True,
+    help="The Service the APIService sends the data API's requests to (port 443 to --data-api-port): NAME in the "
+    "operator's namespace, or NAMESPACE/NAME.",
+)
+@click.option(
+    "--data-api-owner",
+    default="",
+    help="The ClusterRole granting the data API's rights: it owns the APIService, so that removing the install "
+    "removes the registration too (the Helm chart passes its own).",
 )
 @click.option(
     "--max-active-episodes",
@@ -91,6 +112,19 @@ def main() -> None:
     help="Pull FROM from TO instead (repeatable): a reference (ubuntu:24.04=registry.internal/library/ubuntu:24.04), "
     "a repository (python=registry.internal/python) or a prefix ending in / "
     "(docker.io/library/=registry.internal/library/). Applies to task, FROM, sidecar and verifier images.",
+)
+@click.option(
+    "--capture-image",
+    envvar="EPISODE_CAPTURE_IMAGE",
+    default=None,
+    help="The operator's own image, which runs the model-call capture proxy in agent pods "
+    "($EPISODE_CAPTURE_IMAGE; the chart sets it). Without it, Episodes with a model endpoint are refused.",
+)
+@click.option(
+    "--toolchain-repository",
+    default="episode-operator.local",
+    show_default=True,
+    help="Harness toolchain images are <repository>/toolchain-<name>:<version>.",
 )
 @click.option(
     "--build-registry",
@@ -138,8 +172,13 @@ def run(
     poll_interval_sec: float,
     liveness_endpoint: str | None,
     metrics_port: int,
+    data_api_port: int,
+    data_api_service: str,
+    data_api_owner: str,
     max_active_episodes: int,
     image_mirrors: ImageMirrors,
+    capture_image: str | None,
+    toolchain_repository: str,
     build_registry: str | None,
     build_pull_registry: str | None,
     build_namespace: str | None,
@@ -175,8 +214,13 @@ def run(
             poll_interval_sec=poll_interval_sec,
             liveness_endpoint=liveness_endpoint,
             metrics_port=metrics_port or None,
+            data_api_port=data_api_port or None,
+            data_api_service=data_api_service,
+            data_api_owner=data_api_owner,
             max_active_episodes=max_active_episodes,
             image_mirrors=image_mirrors,
+            capture_image=capture_image,
+            toolchain_repository=toolchain_repository,
             builds=builds,
             unschedulable_timeout_sec=unschedulable_timeout_sec,
         )

@@ -39,6 +39,13 @@ def json_path(item: Any, path: str) -> Any:
     return value
 
 
+def one_line(value: Any, limit: int = 200) -> str:
+    """A message or a JSON value on one line, cut to ``limit`` characters."""
+    text = value if isinstance(value, str) else json.dumps(value)
+    text = " ".join(str(text).split())
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
 def human_duration(seconds: float) -> str:
     """A duration as kubectl's AGE column shows it (apimachinery's ``duration.HumanDuration``)."""
     whole = int(seconds)

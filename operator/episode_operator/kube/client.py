@@ -33,6 +33,7 @@ from episode_operator.api.episodeset import SET_PLURAL
 from episode_operator.api.models import PLURAL
 from episode_operator.api.vocabulary import GROUP, VERSION
 from episode_operator.kube.kubeconfig import KubeconfigError, Target, locate
+from episode_operator.runtime.dataapi import DATA_GROUP, DATA_VERSION
 from episode_operator.runtime.metrics import Metrics
 
 STDIN, STDOUT, STDERR, ERROR = 0, 1, 2, 3
@@ -112,6 +113,60 @@ async def _body(response: Any) -> bytes:
     return bytes(body)
 
 
+async def _configuration(kubeconfig: str | None, context: str | None = None) -> k8s.Configuration:
+    """Where and how to log in, as kubectl would (:mod:`episode_operator.kube.kubeconfig`): the kubeconfig
+    files and context, else inside a pod its service account; a missing or broken one is a :class:`KubeError`."""
+    configuration = k8s.Configuration()
+    try:
+        location = locate(Target(kubeconfig, context))
+        if location.in_cluster:
+            k8s_config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
+        else:
+            await k8s_config.load_kube_config(
+                config_file=os.pathsep.join(location.files),
+                context=location.context,
+                client_configuration=configuration,
+            )
+    except (KubeconfigError, ConfigException) as error:
+        raise KubeError(str(error)) from error
+    return configuration
+
+
+@dataclass(frozen=True)
+class Login:
+    """The API server and credentials :meth:`KubeClient.connect` would use, for another client (kopf's)."""
+
+    server: str
+    ca_path: str | None
+    insecure: bool
+    scheme: str | None
+    token: str | None
+    certificate_path: str | None
+    private_key_path: str | None
+    username: str | None
+    password: str | None
+    proxy_url: str | None
+
+
+async def login_for(kubeconfig: str | None = None) -> Login:
+    """Where and how :meth:`KubeClient.connect` logs in with ``kubeconfig`` (same resolution)."""
+    configuration = await _configuration(kubeconfig)
+    header = await configuration.get_api_key_with_prefix("BearerToken")
+    scheme, _, token = header.rpartition(" ") if header else ("", "", "")
+    return Login(
+        server=str(configuration.host),
+        ca_path=configuration.ssl_ca_cert,
+        insecure=not configuration.verify_ssl,
+        scheme=scheme or None,
+        token=token or None,
+        certificate_path=configuration.cert_file,
+        private_key_path=configuration.key_file,
+        username=configuration.username or None,
+        password=configuration.password or None,
+        proxy_url=configuration.proxy,
+    )
+
+
 class KubeClient:
     """Typed access to the few resources the operator uses."""
 
@@ -129,21 +184,8 @@ class KubeClient:
     async def connect(
         cls, kubeconfig: str | None = None, *, context: str | None = None, metrics: Metrics | None = None
     ) -> KubeClient:
-        """Connect as kubectl would (:mod:`episode_operator.kube.kubeconfig`): the kubeconfig files and
-        context, else inside a pod its service account; a missing or broken one is a :class:`KubeError`."""
-        configuration = k8s.Configuration()
-        try:
-            location = locate(Target(kubeconfig, context))
-            if location.in_cluster:
-                k8s_config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
-            else:
-                await k8s_config.load_kube_config(
-                    config_file=os.pathsep.join(location.files),
-                    context=location.context,
-                    client_configuration=configuration,
-                )
-        except (KubeconfigError, ConfigException) as error:
-            raise KubeError(str(error)) from error
+        """Connect as kubectl would (see :func:`_configuration`)."""
+        configuration = await _configuration(kubeconfig, context)
         return cls(k8s.ApiClient(configuration), WsApiClient(configuration), metrics=metrics)
 
     async def close(self) -> None:
@@ -322,6 +364,12 @@ class KubeClient:
         with _api_call(f"configmap {namespace}/{name}"):
             return await self.core.read_namespaced_config_map(name, namespace)
 
+    async def secret_keys(self, namespace: str, name: str) -> set[str]:
+        """The data keys of a Secret (its values are read and dropped at once: the operator keeps no key)."""
+        with _api_call(f"secret {namespace}/{name}"):
+            secret = await self.core.read_namespaced_secret(name, namespace)
+        return set(secret.data or {}) | set(secret.string_data or {})
+
     async def list_config_maps(self, namespace: str, selector: str) -> list[Any]:
         with _api_call(f"configmaps {selector} in {namespace}"):
             result = await self.core.list_namespaced_config_map(namespace, label_selector=selector)
@@ -435,29 +483,70 @@ class KubeClient:
         except NotFound:
             pass
 
-    # Services ------------------------------------------------------------------------------
-    async def service_get(self, namespace: str, service: str, path: str, query: dict[str, str] | None = None) -> bytes:
-        """GET ``path`` of a Service through the API server's proxy (RBAC: ``services/proxy`` get)."""
-        what = f"service {namespace}/{service}{path}"
+    # The data API ----------------------------------------------------------------------------
+    async def get_cluster_role_uid(self, name: str) -> str:
+        """The uid of a ClusterRole (the owner of the data API's APIService)."""
+        rbac: Any = k8s.RbacAuthorizationV1Api(self.api)
+        with _api_call(f"clusterrole {name}"):
+            role = await _json(await rbac.read_cluster_role(name, _preload_content=False))
+        return str(role["metadata"]["uid"])
+
+    async def get_api_service(self, name: str) -> dict[str, Any]:
+        """An APIService as the API's JSON (the data API's: where it points, its caBundle)."""
+        registration: Any = k8s.ApiregistrationV1Api(self.api)
+        with _api_call(f"apiservice {name}"):
+            result: dict[str, Any] = await _json(await registration.read_api_service(name, _preload_content=False))
+        return result
+
+    async def create_api_service(self, manifest: dict[str, Any]) -> None:
+        registration: Any = k8s.ApiregistrationV1Api(self.api)
+        with _api_call(f"apiservice {manifest['metadata']['name']}"):
+            await _json(await registration.create_api_service(manifest, _preload_content=False))
+
+    async def replace_api_service(self, manifest: dict[str, Any]) -> None:
+        """PUT, with the resourceVersion read before (never server-side apply: a 1.20 API server
+        panics on an apply of an APIService)."""
+        registration: Any = k8s.ApiregistrationV1Api(self.api)
+        name = manifest["metadata"]["name"]
+        with _api_call(f"apiservice {name}"):
+            await _json(await registration.replace_api_service(name, manifest, _preload_content=False))
+
+    async def delete_api_service(self, name: str, resource_version: str) -> None:
+        """Delete an APIService unless it changed since ``resource_version`` was read (409)."""
+        registration: Any = k8s.ApiregistrationV1Api(self.api)
+        options = {"preconditions": {"resourceVersion": resource_version}}
+        with _api_call(f"apiservice {name}"):
+            await _json(await registration.delete_api_service(name, body=options, _preload_content=False))
+
+    async def review_access(
+        self, user: str, groups: Sequence[str], extra: dict[str, list[str]], attributes: dict[str, str]
+    ) -> tuple[bool, str]:
+        """Ask the API server whether ``user`` may do what ``attributes`` say (a SubjectAccessReview)."""
+        authorization: Any = k8s.AuthorizationV1Api(self.api)
+        review = {
+            "apiVersion": "authorization.k8s.io/v1",
+            "kind": "SubjectAccessReview",
+            "spec": {"user": user, "groups": list(groups), "extra": extra, "resourceAttributes": attributes},
+        }
+        with _api_call(f"subjectaccessreview of {user}"):
+            answer = await _json(await authorization.create_subject_access_review(review, _preload_content=False))
+        status = answer.get("status") or {}
+        return bool(status.get("allowed")), str(status.get("reason") or status.get("evaluationError") or "")
+
+    async def get_episode_data(self, namespace: str, name: str, subresource: str, query: dict[str, str]) -> bytes:
+        """GET an Episode's kept data from the operator's data API, through the API server (which
+        authenticates the caller and authorizes ``get`` on ``episodes/<subresource>``)."""
+        what = f"{subresource} of episode {namespace}/{name}"
         with _api_call(what):
             response = await self.api.call_api(
-                f"/api/v1/namespaces/{namespace}/services/{service}/proxy{path}",
+                f"/apis/{DATA_GROUP}/{DATA_VERSION}/namespaces/{namespace}/episodes/{name}/{subresource}",
                 "GET",
-                query_params=list((query or {}).items()),
+                query_params=list(query.items()),
                 auth_settings=["BearerToken"],
                 _preload_content=False,
                 _return_http_data_only=True,
             )
-            body: bytes = await response.read()
-        if response.status == 404:
-            # The API server answers JSON when the Service itself is missing; the service answers text.
-            detail = "no such service" if body.startswith(b"{") else body.decode("utf-8", "replace").strip()
-            raise NotFound(f"{what}: {detail}", status=404)
-        if response.status >= 400:
-            raise KubeError(
-                f"{what}: {response.status} {body[:300].decode('utf-8', 'replace')}", status=response.status
-            )
-        return body
+            return await _body(response)
 
     # Exec ---------------------------------------------------------------------------------
     async def exec(

@@ -24,6 +24,7 @@ from pydantic import ValidationError
 
 from episode_operator.api.models import EpisodeStatus, TaskSource, TaskStatus
 from episode_operator.api.vocabulary import (
+    FAILURE_SEED,
     FAILURE_TASK_SOURCE,
     QUEUE_LABEL,
     Condition,
@@ -32,11 +33,13 @@ from episode_operator.api.vocabulary import (
 )
 from episode_operator.kube.builds import BuildCoordinator
 from episode_operator.kube.client import KubeClient, KubeError, NotFound
-from episode_operator.kube.objects.pods import OwnerRef, episode_selector
+from episode_operator.kube.objects.pods import AgentImages, OwnerRef, episode_selector
 from episode_operator.kube.sandbox import KubeProvider
 from episode_operator.kube.status import KubeStatusSink
 from episode_operator.kube.tombstones import answer_from_tombstone
 from episode_operator.runtime.admission import Refusal, admit_spec, admit_task
+from episode_operator.runtime.agents import agent_kind
+from episode_operator.runtime.agents.model import SandboxNeeds
 from episode_operator.runtime.episode import EpisodeConfig, EpisodeObserver, EpisodeRunner
 from episode_operator.runtime.images import ImagePolicy
 from episode_operator.runtime.store import FileStore, episode_store_root
@@ -57,6 +60,8 @@ class DriverSettings:
     extra_pod_labels: Mapping[str, str] = field(default_factory=dict)
     # Woken by the pod watch (handlers.py): a starting pod is read when it changes.
     pod_wakeups: Wakeups | None = None
+    # The images of harness toolchains and of the capture proxy (the operator's own image).
+    agent_images: AgentImages = field(default_factory=AgentImages)
     # Where images are pulled from (--image-mirror): every image an Episode names.
     image_mirrors: ImageMirrors = field(default_factory=ImageMirrors)
     # In-cluster builds (--build-registry); None: Dockerfiles replay cannot apply are refused.
@@ -105,6 +110,10 @@ async def drive_episode(
     admission = admit_task(spec, files, settings.image_policy)
     if isinstance(admission, Refusal):
         return await _refuse(sink, status, admission, generation)
+    needs = agent_kind(spec.agent).sandbox_needs(spec.agent)
+    refusal = await _model_refusal(client, episode.namespace, needs, settings.agent_images, admission.digest)
+    if refusal is not None:
+        return await _refuse(sink, status, refusal, generation)
     labels = {**settings.extra_pod_labels, **queue_labels(metadata.get("labels") or {})}
     provider = KubeProvider(
         client,
@@ -117,6 +126,8 @@ async def drive_episode(
         pull_grace_sec=settings.pull_grace_sec,
         unschedulable_timeout_sec=settings.unschedulable_timeout_sec,
         wakeups=settings.pod_wakeups,
+        needs=needs,
+        images=settings.agent_images,
     )
     config = EpisodeConfig(
         plan=admission.plan,
@@ -169,6 +180,43 @@ async def read_task_files(client: KubeClient, namespace: str, source: TaskSource
     except ValueError as error:
         raise TaskSourceError(f"configmap {namespace}/{reference.name}: {reference.key} is not base64") from error
     return TaskFiles.from_tar(archive)
+
+
+async def _model_refusal(
+    client: KubeClient, namespace: str, needs: SandboxNeeds, images: AgentImages, digest: str
+) -> Refusal | None:
+    """A model endpoint needs the capture image and its key's Secret: refused before any pod starts."""
+    if needs.capture is None:
+        return None
+    if images.capture is None:
+        return Refusal(
+            FAILURE_SEED,
+            "refused at seed: spec.agent.model: this operator has no capture image (episode-operator run "
+            "--capture-image, the chart sets it to its own image)",
+            digest,
+        )
+    secret = needs.capture.secret
+    if secret is None:
+        return None
+    field_name = "spec.agent.model.apiKeySecretRef"
+    try:
+        keys = await client.secret_keys(namespace, secret.name)
+    except NotFound:
+        return Refusal(
+            FAILURE_SEED, f"refused at seed: {field_name}: secret {namespace}/{secret.name} not found", digest
+        )
+    except KubeError as error:
+        return Refusal(
+            FAILURE_SEED, f"refused at seed: {field_name}: cannot read secret {secret.name}: {error}", digest
+        )
+    if secret.key not in keys:
+        return Refusal(
+            FAILURE_SEED,
+            f"refused at seed: {field_name}: secret {namespace}/{secret.name} has no key {secret.key!r} "
+            f"(keys: {', '.join(sorted(keys)) or 'none'})",
+            digest,
+        )
+    return None
 
 
 async def _refuse(

@@ -13,6 +13,9 @@ ClusterRole when the operator watches all namespaces or namespace globs, which R
 express). ``scanning`` rules (cluster-scoped) only while kopf observes the cluster: watching all
 namespaces or globs; with named namespaces only, the operator turns kopf's scanning off
 (handlers.py) and needs no ClusterRole at all. ``namespace-globs`` rules only with globs.
+``data-api`` rules (cluster-scoped) only while the operator serves the data API (the chart's
+``dataApi.enabled``); its ConfigMap rule is cluster-wide but names the one ConfigMap that only
+kube-system has, because a Role in kube-system would not survive kustomize's ``namespace:``.
 ``cluster``: a user's cluster-scoped permission.
 """
 
@@ -27,21 +30,27 @@ from typing import Literal
 from episode_operator.api.episodeset import SET_PLURAL
 from episode_operator.api.models import PLURAL
 from episode_operator.api.vocabulary import GROUP
+from episode_operator.kube.dataapi import AUTHENTICATION_CONFIG_MAP
+from episode_operator.runtime.dataapi import API_SERVICE, DATA_GROUP, RESOURCE, SUBRESOURCES
 
 RBAC_FILE = Path("helm/episode-operator/files/rbac.yaml")
+# The data API's ClusterRole is named per release: the chart puts its name where this stands.
+DATA_API_CLUSTER_ROLE = "DATA-API-CLUSTER-ROLE"
 
-When = Literal["namespaced", "scanning", "namespace-globs", "cluster"]
+When = Literal["namespaced", "scanning", "namespace-globs", "data-api", "cluster"]
 
 
 @dataclass(frozen=True)
 class Permission:
-    """Some verbs on one resource (``pods/exec`` names a subresource), and why they are needed."""
+    """Some verbs on one resource (``pods/exec`` names a subresource), and why they are needed;
+    ``resource_names`` narrows them to those objects."""
 
     api_group: str
     resource: str
     verbs: tuple[str, ...]
     when: When
     reason: str
+    resource_names: tuple[str, ...] = ()
 
     def grants(self) -> set[tuple[str, str, str]]:
         """(apiGroup, resource, verb) triples, the unit the tests compare."""
@@ -83,6 +92,14 @@ OPERATOR_PERMISSIONS: tuple[Permission, ...] = (
         "run-once Episodes their TTL deleted",
     ),
     Permission(
+        "",
+        "secrets",
+        ("get",),
+        "namespaced",
+        "that a model endpoint's key Secret exists and has its key, before any pod starts (the key itself "
+        "goes to the capture container through the pod's secretKeyRef)",
+    ),
+    Permission(
         "batch",
         "jobs",
         ("create", "get", "delete"),
@@ -118,6 +135,44 @@ OPERATOR_PERMISSIONS: tuple[Permission, ...] = (
         "namespace-globs",
         "kopf matches namespace globs (e.g. eval-*) against the namespaces that exist",
     ),
+    Permission(
+        "authorization.k8s.io",
+        "subjectaccessreviews",
+        ("create",),
+        "data-api",
+        "the data API asks the API server whether the caller it forwarded may read what it asks for",
+    ),
+    Permission(
+        "apiregistration.k8s.io",
+        "apiservices",
+        ("create",),
+        "data-api",
+        "the data API registers its APIService (RBAC cannot name an object that does not exist yet)",
+    ),
+    Permission(
+        "apiregistration.k8s.io",
+        "apiservices",
+        ("get", "update", "delete"),
+        "data-api",
+        "the data API's own APIService: its Service and the caBundle of each start's certificate; removed at exit",
+        resource_names=(API_SERVICE,),
+    ),
+    Permission(
+        "rbac.authorization.k8s.io",
+        "clusterroles",
+        ("get",),
+        "data-api",
+        "the uid of the data API's own ClusterRole, which owns the APIService (its name: the chart's)",
+        resource_names=(DATA_API_CLUSTER_ROLE,),
+    ),
+    Permission(
+        "",
+        "configmaps",
+        ("get",),
+        "data-api",
+        "the API server's front-proxy settings (in kube-system), to know the requests it forwards to the data API",
+        resource_names=(AUTHENTICATION_CONFIG_MAP[1],),
+    ),
 )
 
 # What a person running `kubectl episode` (and `episode-operator install-crd`) needs in a namespace;
@@ -128,12 +183,15 @@ USER_PERMISSIONS: tuple[Permission, ...] = (
     ),
     Permission(GROUP, SET_PLURAL, ("create", "get"), "namespaced", "kubectl episode run of an EpisodeSet"),
     Permission("", "configmaps", ("create",), "namespaced", "kubectl episode pack"),
-    Permission(
-        "",
-        "services/proxy",
-        ("get",),
-        "namespaced",
-        "kubectl episode logs/artifacts reach the operator's Service (in the operator's namespace)",
+    *(
+        Permission(
+            DATA_GROUP,
+            f"{RESOURCE}/{name}",
+            ("get",),
+            "namespaced",
+            f"kubectl episode {name} (the operator's data API)",
+        )
+        for name in SUBRESOURCES
     ),
     Permission(
         "apiextensions.k8s.io",
@@ -151,12 +209,14 @@ def grants(permissions: tuple[Permission, ...], *when: When) -> set[tuple[str, s
 
 
 def _rule_lines(permission: Permission) -> list[str]:
-    return [
+    lines = [
         f"  # {permission.reason}",
         f'  - apiGroups: ["{permission.api_group}"]',
         f"    resources: [{permission.resource}]",
-        f"    verbs: [{', '.join(permission.verbs)}]",
     ]
+    if permission.resource_names:
+        lines.append(f"    resourceNames: [{', '.join(permission.resource_names)}]")
+    return [*lines, f"    verbs: [{', '.join(permission.verbs)}]"]
 
 
 def render_rules() -> str:
@@ -165,12 +225,14 @@ def render_rules() -> str:
         "namespaced": [p for p in OPERATOR_PERMISSIONS if p.when == "namespaced"],
         "scanning": [p for p in OPERATOR_PERMISSIONS if p.when == "scanning"],
         "namespaceGlobs": [p for p in OPERATOR_PERMISSIONS if p.when == "namespace-globs"],
+        "dataApi": [p for p in OPERATOR_PERMISSIONS if p.when == "data-api"],
     }
     lines = [
         "# Generated by `python -m episode_operator.kube.rbac --write` from kube/rbac.py. Do not edit.",
         "# namespaced: in every watched namespace (cluster-wide when watching all namespaces or globs);",
         "# scanning: cluster-wide, when watching all namespaces or globs;",
-        "# namespaceGlobs: cluster-wide, when a watched namespace is a glob.",
+        "# namespaceGlobs: cluster-wide, when a watched namespace is a glob;",
+        "# dataApi: cluster-wide, when the operator serves the data API.",
     ]
     for section, permissions in sections.items():
         lines.append(f"{section}:")

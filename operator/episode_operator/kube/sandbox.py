@@ -26,6 +26,7 @@ from episode_operator.kube.client import ExecTransportError, KubeClient, KubeErr
 from episode_operator.kube.objects.network import network_policy
 from episode_operator.kube.objects.pod_state import latest_event, pod_verdict
 from episode_operator.kube.objects.pods import (
+    AgentImages,
     OwnerRef,
     SandboxPod,
     agent_pod_name,
@@ -37,6 +38,7 @@ from episode_operator.kube.objects.pods import (
     verifier_reservation,
 )
 from episode_operator.runtime import supervisor
+from episode_operator.runtime.agents.model import CAPTURE_CONTAINER, SandboxNeeds
 from episode_operator.runtime.sandbox import (
     MAIN_CONTAINER,
     CommandFailed,
@@ -82,7 +84,7 @@ class KubeSandbox:
                 self.namespace, self.name, container, command.argv, stdin=command.stdin, timeout_sec=timeout_sec
             )
         except NotFound as error:
-            raise SandboxError(f"pod {self.name} is gone", kind="pod-lost") from error
+            raise SandboxError(f"pod {self.name} is gone", kind="pod_lost") from error
         except ExecTransportError as error:
             kind, detail = await self._transport_kind()
             raise SandboxError(f"{error}; {detail}" if detail else str(error), kind=kind) from error
@@ -108,14 +110,14 @@ class KubeSandbox:
         try:
             pod = await self.client.read_pod(self.namespace, self.name)
         except NotFound:
-            return "pod-lost", f"pod {self.name} is gone"
+            return "pod_lost", f"pod {self.name} is gone"
         except KubeError:
             return "exec", ""
         verdict = pod_verdict(pod)
         if verdict.lost:
-            kind: OutageKind = "container-exited" if verdict.message.startswith("container ") else "pod-lost"
+            kind: OutageKind = "container_exited" if verdict.message.startswith("container ") else "pod_lost"
             if ((pod.get("status") or {}).get("reason") or "") in ("Evicted", "NodeLost", "Shutdown", "Terminated"):
-                kind = "pod-lost"
+                kind = "pod_lost"
             return kind, f"pod {self.name}: {verdict.message}"
         return "exec", ""
 
@@ -184,6 +186,9 @@ class KubeProvider:
     image: str
     main_env: Mapping[str, str]
     extra_labels: Mapping[str, str] = field(default_factory=dict)
+    # What the agent kind adds to the agent pod (toolchains, the capture proxy), and from which images.
+    needs: SandboxNeeds = field(default_factory=SandboxNeeds)
+    images: AgentImages = field(default_factory=AgentImages)
     pull_grace_sec: float = 120.0
     # How long a pod the scheduler cannot place is waited for (other Episodes' pods free capacity).
     unschedulable_timeout_sec: float = 3600.0
@@ -231,6 +236,7 @@ class KubeProvider:
             env=self.main_env,
             sidecars=self.plan.sidecars,
             network=baseline_policy(self.plan.environment),
+            needs=self.needs,
             reservation=verifier_reservation(self.plan),
         )
         return await self._ready(pod, waiting)
@@ -260,11 +266,11 @@ class KubeProvider:
         try:
             node = (await self.client.read_pod(self.episode.namespace, name)).get("spec", {}).get("nodeName")
         except NotFound:
-            raise SandboxError(f"pod {name} is gone: its verifier has no capacity to run on", kind="pod-lost") from None
+            raise SandboxError(f"pod {name} is gone: its verifier has no capacity to run on", kind="pod_lost") from None
         except KubeError as error:
             raise SandboxError(f"pod {name}: {error}", kind="api") from error
         if not node:
-            raise SandboxError(f"pod {name} runs on no node", kind="pod-lost")
+            raise SandboxError(f"pod {name} runs on no node", kind="pod_lost")
         return str(node)
 
     async def release_verifier(self, attempt: int, turn: int) -> None:
@@ -296,7 +302,7 @@ class KubeProvider:
             raise SandboxError(str(error), kind="api") from error
 
     async def _ready(self, pod: SandboxPod, waiting: WaitingReport | None) -> KubeSandbox:
-        manifest = sandbox_pod(self.episode, self.spec, pod, extra_labels=self.extra_labels)
+        manifest = sandbox_pod(self.episode, self.spec, pod, extra_labels=self.extra_labels, images=self.images)
         name = manifest["metadata"]["name"]
         # The policy exists before the pod, so a restricted sandbox is never briefly open.
         await self._network(name, self._selector(pod.attempt, pod.role, pod.turn), pod.network)
@@ -316,7 +322,10 @@ class KubeProvider:
                 raise SandboxError(f"pod {name}: {error}", kind="api") from error
         sandbox = KubeSandbox(self.client, self.episode.namespace, name)
         try:
-            await sandbox.place_supervisor([sidecar.name for sidecar in pod.sidecars])
+            await sandbox.place_supervisor(
+                [sidecar.name for sidecar in pod.sidecars]
+                + ([CAPTURE_CONTAINER] if pod.needs.capture is not None else [])
+            )
         except CommandFailed as error:
             raise SandboxError(f"cannot place the supervisor in {name}: {error}", kind="supervisor") from error
         return sandbox
@@ -347,15 +356,15 @@ class KubeProvider:
             try:
                 pod = await self.client.read_pod(self.episode.namespace, name)
             except NotFound:
-                raise SandboxError(f"pod {name} was deleted while starting", kind="pod-lost") from None
+                raise SandboxError(f"pod {name} was deleted while starting", kind="pod_lost") from None
             verdict = pod_verdict(pod)
             if verdict.ready:
                 await report.running()
                 return
             if verdict.lost:
-                raise SandboxError(f"pod {name}: {verdict.message}", kind="pod-lost")
+                raise SandboxError(f"pod {name}: {verdict.message}", kind="pod_lost")
             if verdict.waiting in HOPELESS_WAITING:
-                raise SandboxError(f"pod {name}: {verdict.message}", kind="image-pull")
+                raise SandboxError(f"pod {name}: {verdict.message}", kind="image_pull")
             now = self.clock()
             if verdict.unscheduled:
                 unscheduled_since = unscheduled_since if unscheduled_since is not None else now
@@ -369,7 +378,7 @@ class KubeProvider:
             if verdict.waiting in PULL_WAITING | CONFIG_WAITING:
                 pulling_since = pulling_since if pulling_since is not None else now
                 if now - pulling_since > self.pull_grace_sec:
-                    waited: OutageKind = "image-pull" if verdict.waiting in PULL_WAITING else "container-config"
+                    waited: OutageKind = "image_pull" if verdict.waiting in PULL_WAITING else "container_config"
                     raise SandboxError(f"pod {name}: {verdict.message}", kind=waited)
             else:
                 pulling_since = None
@@ -385,7 +394,7 @@ class KubeProvider:
                         await report.waits(*event)
             if now - started > start_timeout_sec:
                 raise SandboxError(
-                    f"pod {name} not ready after {start_timeout_sec:.0f} s: {verdict.message}", kind="start-timeout"
+                    f"pod {name} not ready after {start_timeout_sec:.0f} s: {verdict.message}", kind="start_timeout"
                 )
             await nap(changed, pause)
             pause = min(pause * 1.5, self.poll_max_sec)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import io
 import tarfile
 from collections.abc import Iterable, Mapping
+from pathlib import Path
 
 from episode_operator.taskfolder import TaskFiles
 
@@ -74,3 +75,36 @@ def archive_summary(archive: bytes, source: str) -> tuple[str, int, bool]:
     except tarfile.TarError:
         return kind, 0, False
     return kind, count, present
+
+
+def extract_safely(
+    archive: tarfile.TarFile,
+    target: Path,
+    members: list[tarfile.TarInfo] | None = None,
+    *,
+    native: bool = hasattr(tarfile, "data_filter"),
+) -> None:
+    """``extractall`` under the "data" filter (PEP 706): nothing outside ``target``, no devices, no
+    ownership or special mode bits. Pythons before 3.11.4 lack the filter (Debian 12's is 3.11.2, the
+    operator image's on the test cluster): there the same refusals are made here before extracting
+    (as ``tarfile.TarError``: the filter's own exception classes came with it)."""
+    if native:
+        archive.extractall(target, members=members, filter="data")
+        return
+    root = target.resolve()
+    chosen = archive.getmembers() if members is None else members
+    for member in chosen:
+        member.name = member.name.lstrip("/")  # as the filter does: an absolute name lands inside target
+        destination = (root / member.name).resolve()
+        if not destination.is_relative_to(root):
+            raise tarfile.TarError(f"{member.name}: would be extracted outside {target}")
+        if member.issym() or member.islnk():
+            link = member.linkname if member.islnk() else str(Path(member.name).parent / member.linkname)
+            if member.linkname.startswith("/") or not (root / link).resolve().is_relative_to(root):
+                raise tarfile.TarError(f"{member.name}: links outside {target} ({member.linkname})")
+        elif not (member.isfile() or member.isdir()):
+            raise tarfile.TarError(f"{member.name}: not a file, directory or link")
+        member.uid = member.gid = 0
+        member.uname = member.gname = ""
+        member.mode = (member.mode & 0o755) | (0o600 if member.isfile() else 0o700)
+    archive.extractall(target, members=chosen)

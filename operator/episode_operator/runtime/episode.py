@@ -450,7 +450,7 @@ class EpisodeRunner:
         except SandboxError as error:
             raise sandbox_lost(error) from error
         if not isinstance(outcome, ReplayReady):
-            raise Outage("pod-lost", f"the replayed sandbox {sandbox.name} cannot be read back: {outcome}")
+            raise Outage("pod_lost", f"the replayed sandbox {sandbox.name} cannot be read back: {outcome}")
         return outcome
 
     async def verifier_sandbox(self, index: int) -> Sandbox:
@@ -521,7 +521,7 @@ class EpisodeRunner:
             )
             while not state.done:
                 if state.phase == "unknown":
-                    raise Outage("lost-job", f"job {spec.id} vanished from the sandbox")
+                    raise Outage("lost_job", f"job {spec.id} vanished from the sandbox")
                 state = await sandbox.wait_job(spec, max_wait_sec=self.config.poll_interval_sec)
         except SandboxError as error:
             raise sandbox_lost(error) from error

@@ -336,7 +336,7 @@ class _Replay:
     async def finish(self, spec: JobSpec, state: JobState) -> JobState:
         while not state.done:
             if state.phase == "unknown":
-                raise SandboxError(f"replay job {spec.id} vanished from the sandbox", kind="lost-job")
+                raise SandboxError(f"replay job {spec.id} vanished from the sandbox", kind="lost_job")
             state = await self.sandbox.wait_job(spec, max_wait_sec=self.config.poll_interval_sec)
         return state
 

@@ -99,7 +99,7 @@ WaitingReport = Callable[[Waiting | None], Awaitable[None]]
 class SandboxError(Exception):
     """The sandbox failed under us (pod lost, image pull, exec transport…): an outage.
 
-    ``kind`` names the outage for status and metrics (``pod-lost``, ``image-pull``, ``exec``…).
+    ``kind`` names the outage for status and metrics (``pod_lost``, ``image_pull``, ``exec``…).
     """
 
     def __init__(self, message: str, *, kind: OutageKind) -> None:

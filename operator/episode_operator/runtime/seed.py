@@ -100,7 +100,7 @@ async def _build(seed: SeedServices, build: ImageBuild) -> None:
     if isinstance(outcome, BuildFailed):
         raise EpisodeEnds("TerminalFailure", FAILURE_ENVIRONMENT_BUILD, f"{source.dockerfile}: {outcome.message}")
     if isinstance(outcome, BuildOutage):
-        raise Outage("image-build", f"{source.dockerfile}: {outcome.message}")
+        raise Outage("image_build", f"{source.dockerfile}: {outcome.message}")
     verb = "built" if outcome.built else "reused"
     await seed.event("ImageBuilt" if outcome.built else "ImageReused", f"{build.role}: {outcome.image} {verb}")
 
@@ -199,7 +199,7 @@ async def check_environment(seed: SeedServices) -> None:
         with sandbox_call(Call.START_ENTRYPOINT):
             state = await sandbox.wait_job(entrypoint, max_wait_sec=0)
         await seed.save_job_log(sandbox, SEED_LOGS, "entrypoint", state)
-    raise Outage("environment-healthcheck", "[environment.healthcheck] never passed")
+    raise Outage("environment_healthcheck", "[environment.healthcheck] never passed")
 
 
 async def set_up_agent(seed: SeedServices) -> None:

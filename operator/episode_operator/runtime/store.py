@@ -18,7 +18,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
+from episode_operator.api.export import CALLS_RECORD, INSTRUCTION_RECORD, TRAJECTORY_RECORD
+from episode_operator.runtime.archive import extract_safely
+
 MANIFEST = "manifest.json"
+# What the store keeps of a turn whose agent acted: its instruction, its recorded model calls (the capture
+# proxy's journal) and its ATIF trajectory — what ``kubectl episode export`` and ``trajectory`` read.
+INSTRUCTION_FILE, CALLS_FILE, TRAJECTORY_FILE = INSTRUCTION_RECORD, CALLS_RECORD, TRAJECTORY_RECORD
+TURN_RECORDS = (INSTRUCTION_FILE, CALLS_FILE, TRAJECTORY_FILE)
+# Per attempt: the logs in the order they were first saved ("<turn>/<name>" lines), which is
+# the order the turns and their jobs ran in; names alone sort turn 10 before turn 2.
+LOG_ORDER = "logs.order"
 SAFE_NAME = re.compile(r"[^A-Za-z0-9._-]")
 
 
@@ -34,6 +44,14 @@ class EpisodeStore(Protocol):
     async def save_manifest(self, attempt: int, turn: str, manifest: list[dict[str, Any]]) -> None: ...
 
     async def artifact_archives(self, attempt: int, turn: str) -> list[bytes]: ...
+
+    async def save_file(self, attempt: int, turn: str, name: str, data: bytes) -> None:
+        """A named record of a turn (its model calls, its trajectory)."""
+        ...
+
+    async def read_file(self, attempt: int, turn: str, name: str) -> bytes | None:
+        """A record :meth:`save_file` kept, or None."""
+        ...
 
 
 def safe(name: str) -> str:
@@ -52,7 +70,15 @@ class FileStore:
         return self.root / f"attempt-{attempt}" / safe(turn)
 
     async def save_log(self, attempt: int, turn: str, name: str, data: bytes) -> None:
-        await asyncio.to_thread(self._write, self.turn_dir(attempt, turn) / "logs" / f"{safe(name)}.txt", data)
+        await asyncio.to_thread(self._write_log, attempt, turn, name, data)
+
+    def _write_log(self, attempt: int, turn: str, name: str, data: bytes) -> None:
+        self._write(self.turn_dir(attempt, turn) / "logs" / f"{safe(name)}.txt", data)
+        order = self.root / f"attempt-{attempt}" / LOG_ORDER
+        entry = f"{safe(turn)}/{safe(name)}"
+        if entry not in _log_order(order):  # a log saved again (a restarted runner) keeps its place
+            with order.open("a") as stream:
+                stream.write(entry + "\n")
 
     async def save_artifact(self, attempt: int, turn: str, index: int, archive: bytes) -> None:
         await asyncio.to_thread(self._write, self.turn_dir(attempt, turn) / "artifacts" / f"{index:03d}.tar", archive)
@@ -64,6 +90,13 @@ class FileStore:
     async def artifact_archives(self, attempt: int, turn: str) -> list[bytes]:
         folder = self.turn_dir(attempt, turn) / "artifacts"
         return await asyncio.to_thread(lambda: [path.read_bytes() for path in sorted(folder.glob("*.tar"))])
+
+    async def save_file(self, attempt: int, turn: str, name: str, data: bytes) -> None:
+        await asyncio.to_thread(self._write, self.turn_dir(attempt, turn) / safe(name), data)
+
+    async def read_file(self, attempt: int, turn: str, name: str) -> bytes | None:
+        path = self.turn_dir(attempt, turn) / safe(name)
+        return await asyncio.to_thread(lambda: path.read_bytes() if path.is_file() else None)
 
     @staticmethod
     def _write(path: Path, data: bytes) -> None:
@@ -91,18 +124,54 @@ class StoredLog:
 
 
 def stored_logs(root: Path, *, turn: str | None = None, attempt: int | None = None) -> list[StoredLog]:
-    """The logs kept for one Episode, oldest attempt first, the seed's before the turns'."""
+    """The logs kept for one Episode, oldest attempt first, each attempt's in the order they ran.
+
+    That order is the attempt's ``logs.order``; logs it does not name (kept before it existed)
+    follow, by modification time.
+    """
     logs: list[StoredLog] = []
     for attempt_dir in sorted(root.glob("attempt-*"), key=lambda path: int(path.name.split("-")[1])):
         number = int(attempt_dir.name.split("-")[1])
         if attempt is not None and number != attempt:
             continue
-        for turn_dir in sorted(attempt_dir.iterdir(), key=lambda path: (path.name != SEED_LOGS, path.name)):
-            if turn is not None and turn_dir.name != safe(turn):
-                continue
-            for log in sorted((turn_dir / "logs").glob("*.txt"), key=lambda path: path.stat().st_mtime_ns):
-                logs.append(StoredLog(number, turn_dir.name, log.stem, log))
+        position = {entry: index for index, entry in enumerate(_log_order(attempt_dir / LOG_ORDER))}
+        found = [
+            (position.get(f"{turn_dir.name}/{log.stem}", len(position)), log.stat().st_mtime_ns, turn_dir.name, log)
+            for turn_dir in attempt_dir.iterdir()
+            if turn_dir.is_dir() and (turn is None or turn_dir.name == safe(turn))
+            for log in (turn_dir / "logs").glob("*.txt")
+        ]
+        logs += [StoredLog(number, turn_name, log.stem, log) for *_, turn_name, log in sorted(found)]
     return logs
+
+
+def turn_records(root: Path, *, attempt: int | None = None) -> dict[str, Any]:
+    """The records of every turn of an attempt (the latest by default), by turn, as text.
+
+    ``{"attempt": N, "turns": {turn: {"instruction.md": …, "model-calls.jsonl": …, "trajectory.json": …}}}``,
+    a file not kept left out.
+    """
+    number = attempt if attempt is not None else latest_attempt(root)
+    if number is None:
+        return {"attempt": None, "turns": {}}
+    turns: dict[str, dict[str, str]] = {}
+    folder = root / f"attempt-{number}"
+    for turn_dir in sorted(path for path in folder.iterdir() if path.is_dir()):
+        kept = {
+            name: (turn_dir / name).read_text("utf-8", "replace")
+            for name in TURN_RECORDS
+            if (turn_dir / name).is_file()
+        }
+        if kept:
+            turns[turn_dir.name] = kept
+    return {"attempt": number, "turns": turns}
+
+
+def _log_order(path: Path) -> list[str]:
+    try:
+        return path.read_text().splitlines()
+    except FileNotFoundError:
+        return []
 
 
 def latest_attempt(root: Path) -> int | None:
@@ -121,7 +190,7 @@ def export_artifacts(root: Path, destination: Path, *, attempt: int | None = Non
     written: list[Path] = []
     if number is None:
         return written
-    for turn_dir in sorted((root / f"attempt-{number}").iterdir()):
+    for turn_dir in sorted(path for path in (root / f"attempt-{number}").iterdir() if path.is_dir()):
         artifacts = turn_dir / "artifacts"
         manifest_path = artifacts / MANIFEST
         if not manifest_path.is_file():
@@ -154,6 +223,6 @@ def _unpack_renamed(archive_path: Path, source: str, destination: str, target: P
             else:
                 continue
             members.append(member)
-        archive.extractall(target, members=members, filter="data")
+        extract_safely(archive, target, members)
         written += [target / member.name for member in members if member.isfile()]
     return written

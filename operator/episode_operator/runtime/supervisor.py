@@ -29,7 +29,8 @@ spliced into shell text, so any character survives):
 ``wait ID S`` / ``status ID`` / ``kill ID``
     The state after a bounded long poll / now / after TERM, then KILL after kill-after.
 ``output ID BYTES``
-    The last BYTES bytes of the job's output file, raw.
+    The last BYTES bytes of the job's own output, raw: what it appended to its output file
+    (several jobs may share one, e.g. every turn's solve.sh appends to the oracle's log).
 
 A state is one line: ``id=ID phase=running|exited|unstartable|unknown [exit_code=N]
 [timed_out=0|1] [started_at=EPOCH] [finished_at=EPOCH] [reason=PERCENT-ENCODED]``. A job is
@@ -197,7 +198,12 @@ def kill(job_id: str) -> Command:
 
 
 def output(job_id: str, limit: int) -> Command:
-    """The last ``limit`` bytes of the job's output file (raw stdout of the exec)."""
+    """The last ``limit`` bytes of the job's own output (raw stdout of the exec).
+
+    Only what the job appended to its output file: an output file shared with earlier jobs
+    keeps their bytes out (the size at the job's start is recorded; a job recorded by an
+    older script without it gets the file's tail).
+    """
     _check_id(job_id)
     if limit < 0:
         raise ValueError(f"output limit must be >= 0, got {limit}")

@@ -16,9 +16,9 @@
 #   workdir           the working directory of the last placement's exec (the container's)
 #   workdir.<mntns>   the same per container (mount namespace): jobs default to it
 #   tmp/              scratch files of the verbs
-#   jobs/<id>/        one job: created, command, shell, cwd, output_path, output, timeout, kill_after,
-#                     user, env/<NAME>, runner, grouped, jobpid, started_at, timed_out,
-#                     finished_at, and exactly one of exit | unstartable | lost once done.
+#   jobs/<id>/        one job: created, command, shell, cwd, output_path, output, output_offset,
+#                     timeout, kill_after, user, env/<NAME>, runner, grouped, jobpid, started_at,
+#                     timed_out, finished_at, and exactly one of exit | unstartable | lost once done.
 #
 # Exit status of a verb: 0 done (a job's own failure is reported in its state, not here),
 # 1 the operation failed, 2 the call was malformed; the message is one line on stderr.
@@ -466,10 +466,8 @@ print_extras() {
         [ "$_xa" = -- ] && break
         case $_xopt in
             --tail)
-                _xt=
-                if get "$_xd/output_path" && [ -f "$_got" ] && [ "$_xa" -gt 0 ]; then _xt=$_got; fi
                 read_scratch
-                if [ -n "$_xt" ]; then tail -c "$_xa" "$_xt" >"$_tmp" 2>/dev/null || : >"$_tmp"; else : >"$_tmp"; fi
+                own_output "$_xd" "$_xa" >"$_tmp" 2>/dev/null || : >"$_tmp"
                 printf 'tail %s\n' "$(($(wc -c <"$_tmp")))"
                 cat "$_tmp"
                 ;;
@@ -593,6 +591,9 @@ cmd_run() {
     [ -z "$_odir" ] || mkdir -p "$_odir" 2>/dev/null
     { : >>"$_out"; } 2>/dev/null || unstartable "cannot open the output file $_out"
     [ -f "$_d/cancel" ] && unstartable "killed before it started"
+    # Where this job's own output begins: `output` and --tail return only what follows.
+    _osz=$(wc -c <"$_out" 2>/dev/null) || unstartable "cannot read the output file $_out"
+    write "$_d/output_offset" "$((_osz))"
 
     # Job-control-less background shells ignore SIGINT/SIGQUIT; reset them where env can.
     if [ "$_how" = bg ] && case $(env --help 2>&1) in *default-signal*) true ;; *) false ;; esac; then
@@ -730,10 +731,26 @@ cmd_output() {
     check_id "$1"
     case $2 in '' | *[!0-9]*) usage "output: BYTES must be a whole number: $2" ;; esac
     [ -d "$JOBS/$1" ] || die "output: no such job: $1"
-    get "$JOBS/$1/output_path" || die "output: job $1 has no recorded output path"
-    [ -f "$_got" ] || return 0
-    [ "$2" -gt 0 ] || return 0
-    tail -c "$2" "$_got" || die "output: cannot read $_got"
+    [ -f "$JOBS/$1/output_path" ] || die "output: job $1 has no recorded output path"
+    own_output "$JOBS/$1" "$2" || die "output: cannot read the output of job $1"
+}
+
+# The last $2 bytes of what the job in directory $1 wrote to its output file: only what came
+# after the size the file had when the job started (output_offset), since jobs may share one
+# file (the oracle's /logs/agent/oracle.txt gets every turn's solve.sh). A file smaller than
+# that was truncated or replaced since the job started: all of it is the job's.
+own_output() {
+    get "$1/output_path" || return 1
+    _of=$_got
+    [ -f "$_of" ] && [ "$2" -gt 0 ] || return 0
+    _off=0
+    if get_line "$1/output_offset"; then case $_got in '' | *[!0-9]*) ;; *) _off=$_got ;; esac; fi
+    _osz=$(($(wc -c <"$_of"))) || return 1
+    [ "$_osz" -ge "$_off" ] || _off=0
+    _own=$((_osz - _off))
+    [ "$_own" -le "$2" ] || _own=$2
+    [ "$_own" -gt 0 ] || return 0
+    tail -c "$_own" "$_of"
 }
 
 cmd_probe() {

@@ -18,8 +18,11 @@ from typing import Any, Literal
 REWARD_KEY = "reward"
 REWARD_JSON = "reward.json"
 REWARD_TXT = "reward.txt"
-# One decimal number: what float() takes minus nan, inf, underscores and hex.
-NUMBER = re.compile(r"[+-]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][+-]?\d+)?")
+# One decimal number in ASCII: what float() takes minus nan, inf, underscores, hex and the
+# digits of other scripts ("١", "１"), which float() reads but no verifier means to write.
+NUMBER = re.compile(r"[+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]+)?")
+# Around the number; str.strip() would also drop Unicode spaces (e.g. U+00A0).
+ASCII_SPACE = " \t\n\r\v\f"
 
 
 @dataclass(frozen=True)
@@ -76,7 +79,7 @@ def _finite(value: float) -> float:
 
 
 def _parse_txt(data: bytes) -> float:
-    text = _text(data).strip()
+    text = _text(data).strip(ASCII_SPACE)
     if not NUMBER.fullmatch(text):
         raise _Invalid(f"must hold one number, not {text[:80]!r}")
     return _finite(float(text))

@@ -34,6 +34,15 @@ from episode_operator.api.vocabulary import (
     ROLE_LABEL,
     TURN_LABEL,
 )
+from episode_operator.capture.wire import KEY_ENV
+from episode_operator.runtime.agents.model import (
+    CAPTURE_CONTAINER,
+    CAPTURE_PORT,
+    CAPTURE_STORE,
+    Capture,
+    SandboxNeeds,
+    Toolchain,
+)
 from episode_operator.runtime.sandbox import KEEP_ALIVE
 from episode_operator.runtime.supervisor import SUPERVISOR_DIR
 from episode_operator.taskfolder.compose import Sidecar
@@ -41,6 +50,8 @@ from episode_operator.taskfolder.models import EnvironmentConfig
 from episode_operator.taskfolder.plan import EpisodePlan, NetworkPolicy
 
 SUPERVISOR_VOLUME = "episode-operator"
+CAPTURE_VOLUME = "episode-operator-capture"
+CAPTURE_SUPERVISOR_VOLUME = "episode-operator-capture-jobs"
 NAME_LIMIT = 63
 RESERVATION_CONTAINER = "verifier-reservation"
 
@@ -66,6 +77,19 @@ class OwnerRef:
 
 
 @dataclass(frozen=True)
+class AgentImages:
+    """Where the images an agent pod may need beyond the task's come from (operator settings)."""
+
+    # The operator's own image: it runs the capture proxy (``episode-operator capture-proxy``).
+    capture: str | None = None
+    # Toolchain images are ``<repository>/toolchain-<name>:<version>`` (hack/toolchain builds them).
+    toolchain_repository: str = "episode-operator.local"
+
+    def toolchain(self, toolchain: Toolchain) -> str:
+        return f"{self.toolchain_repository}/toolchain-{toolchain.name}:{toolchain.version}"
+
+
+@dataclass(frozen=True)
 class SandboxPod:
     """What differs between the agent pod and a verifier pod."""
 
@@ -77,6 +101,8 @@ class SandboxPod:
     sidecars: Sequence[Sidecar] = ()
     turn: int | None = None
     network: NetworkPolicy = field(default_factory=NetworkPolicy)
+    # The agent kind's additions (agent pod only): harness toolchains, the capture proxy.
+    needs: SandboxNeeds = field(default_factory=SandboxNeeds)
     # The agent pod: what it reserves for its separate verifiers (verifier_reservation).
     reservation: Mapping[str, str] = field(default_factory=dict)
     # A verifier pod that uses the agent pod's reservation: on its node, its requests released.
@@ -233,8 +259,67 @@ def _volume_name(compose_name: str) -> str:
     return short_name("compose", cleaned)
 
 
+def _toolchain_volume(toolchain: Toolchain) -> str:
+    return short_name("toolchain", re.sub(r"[^a-z0-9-]", "-", toolchain.name.lower()))
+
+
+def _toolchain_copier(toolchain: Toolchain, images: AgentImages, spec: EpisodeSpec) -> dict[str, Any]:
+    """An init container copying a toolchain's tree into its volume (the image's own command does the copy)."""
+    return {
+        "name": _toolchain_volume(toolchain),
+        "image": images.toolchain(toolchain),
+        "imagePullPolicy": "IfNotPresent",
+        "volumeMounts": [{"name": _toolchain_volume(toolchain), "mountPath": "/toolchain"}],
+        "securityContext": container_security(spec),
+    }
+
+
+def _capture_container(capture: Capture, images: AgentImages, spec: EpisodeSpec) -> dict[str, Any]:
+    """The capture proxy: the operator's image, the key from its Secret, its store mounted here only."""
+    assert images.capture is not None  # admission refuses a model endpoint without a capture image
+    args = [
+        "capture-proxy",
+        "--listen",
+        f"127.0.0.1:{CAPTURE_PORT}",
+        "--upstream",
+        capture.upstream,
+        "--store",
+        CAPTURE_STORE,
+    ]
+    if capture.token_ids:
+        args.append("--token-ids")
+    container: dict[str, Any] = {
+        "name": CAPTURE_CONTAINER,
+        "image": images.capture,
+        "imagePullPolicy": "IfNotPresent",
+        "args": args,
+        "env": [],
+        # Its own supervisor folder, not the pod's shared one: the agent must not reach the jobs that
+        # mark and read its turns (a planted job record would suppress a mark).
+        "volumeMounts": [
+            {"name": CAPTURE_VOLUME, "mountPath": CAPTURE_STORE},
+            {"name": CAPTURE_SUPERVISOR_VOLUME, "mountPath": SUPERVISOR_DIR},
+        ],
+        "readinessProbe": {
+            "exec": {"command": ["test", "-f", f"{CAPTURE_STORE}/ready.json"]},
+            "periodSeconds": 1,
+            "failureThreshold": 60,
+        },
+        "securityContext": container_security(spec),
+    }
+    if capture.secret is not None:
+        reference = {"name": capture.secret.name, "key": capture.secret.key}
+        container["env"].append({"name": KEY_ENV, "valueFrom": {"secretKeyRef": reference}})
+    return container
+
+
 def sandbox_pod(
-    episode: OwnerRef, spec: EpisodeSpec, pod: SandboxPod, *, extra_labels: Mapping[str, str]
+    episode: OwnerRef,
+    spec: EpisodeSpec,
+    pod: SandboxPod,
+    *,
+    extra_labels: Mapping[str, str],
+    images: AgentImages | None = None,
 ) -> dict[str, Any]:
     """The manifest of one sandbox pod of ``episode``."""
     name = (
@@ -274,6 +359,18 @@ def sandbox_pod(
     volumes: list[dict[str, Any]] = [{"name": SUPERVISOR_VOLUME, "emptyDir": {}}]
     for volume_name in sorted({volume.name for sidecar in pod.sidecars for volume in sidecar.volumes}):
         volumes.append({"name": _volume_name(volume_name), "emptyDir": {}})
+    images = images or AgentImages()
+    init_containers = [_toolchain_copier(toolchain, images, spec) for toolchain in pod.needs.toolchains]
+    for toolchain in pod.needs.toolchains:
+        # Read-only: the agent cannot alter its own harness mid-episode.
+        main["volumeMounts"].append(
+            {"name": _toolchain_volume(toolchain), "mountPath": toolchain.path, "readOnly": True}
+        )
+        volumes.append({"name": _toolchain_volume(toolchain), "emptyDir": {}})
+    extra_containers = []
+    if pod.needs.capture is not None:
+        extra_containers.append(_capture_container(pod.needs.capture, images, spec))
+        volumes += [{"name": CAPTURE_VOLUME, "emptyDir": {}}, {"name": CAPTURE_SUPERVISOR_VOLUME, "emptyDir": {}}]
     pod_spec: dict[str, Any] = {
         "restartPolicy": "Never",
         "automountServiceAccountToken": False,
@@ -282,11 +379,14 @@ def sandbox_pod(
         "containers": [
             main,
             *(_sidecar_container(sidecar, pod.image, spec) for sidecar in pod.sidecars),
+            *extra_containers,
             *([_reservation_container(pod, spec)] if pod.reservation else []),
         ],
         "securityContext": {"seccompProfile": {"type": spec.security.seccomp_profile}},
         "volumes": volumes,
     }
+    if init_containers:
+        pod_spec["initContainers"] = init_containers
     if pod.sidecars:
         pod_spec["hostAliases"] = [{"ip": "127.0.0.1", "hostnames": [sidecar.name for sidecar in pod.sidecars]}]
     if pod.node_name is not None:

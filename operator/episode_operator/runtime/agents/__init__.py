@@ -13,8 +13,9 @@ from typing import Final
 from episode_operator.api.models import AgentSpec
 from episode_operator.runtime.agents.base import COMMON_FIELDS, AgentJob, AgentKind
 from episode_operator.runtime.agents.builtin import Command, Nop, Oracle
+from episode_operator.runtime.agents.harness import Harness
 
-AGENTS: Final[Mapping[str, AgentKind]] = {kind.name: kind for kind in (Oracle(), Nop(), Command())}
+AGENTS: Final[Mapping[str, AgentKind]] = {kind.name: kind for kind in (Oracle(), Nop(), Command(), Harness())}
 AGENT_KINDS: Final[tuple[str, ...]] = tuple(AGENTS)
 
 
@@ -28,7 +29,11 @@ def spec_problems(spec: AgentSpec) -> list[str]:
     kind = AGENTS.get(spec.kind)
     if kind is None:
         return [f"spec.agent.kind: unknown kind {spec.kind!r}; one of {', '.join(AGENT_KINDS)}"]
-    given = {name for name in type(spec).model_fields if getattr(spec, name)}
+    given = {
+        name
+        for name, field in AgentSpec.model_fields.items()
+        if getattr(spec, name) != field.get_default(call_default_factory=True)
+    }
     problems = [
         f"spec.agent.{AgentSpec.model_fields[name].alias or name} applies to kind "
         + " or ".join(other.name for other in AGENTS.values() if name in other.fields)
@@ -40,7 +45,7 @@ def spec_problems(spec: AgentSpec) -> list[str]:
         for name in sorted(kind.required)
         if not str(getattr(spec, name) or "").strip()
     ]
-    return problems
+    return problems + kind.spec_problems(spec)
 
 
 __all__ = ["AGENTS", "AGENT_KINDS", "AgentJob", "AgentKind", "agent_kind", "spec_problems"]

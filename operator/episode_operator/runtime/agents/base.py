@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import ClassVar, Protocol
 
 from episode_operator.api.models import AgentSpec
+from episode_operator.api.vocabulary import AgentFailure
+from episode_operator.runtime.agents.model import SandboxNeeds
 from episode_operator.runtime.sandbox import JobSpec, Upload
 from episode_operator.runtime.turn.context import TurnRun
 from episode_operator.runtime.turn.failures import Call
@@ -26,6 +29,8 @@ class AgentJob:
     spec: JobSpec
     inputs: Upload
     placing: Call
+    # What the agent's output says of its failures, when its model calls say nothing (first match wins).
+    failure_patterns: tuple[tuple[re.Pattern[str], AgentFailure], ...] = ()
 
 
 class AgentKind(Protocol):
@@ -41,8 +46,16 @@ class AgentKind(Protocol):
     # It runs a job every turn (whose start can carry the previous turn's grading cleanup).
     acts: ClassVar[bool]
 
+    def spec_problems(self, spec: AgentSpec) -> list[str]:
+        """What is wrong with ``spec.agent`` for this kind beyond which fields it uses, each naming its field."""
+        ...
+
     def seed_refusals(self, plan: EpisodePlan, spec: AgentSpec) -> list[Problem]:
         """What this kind refuses of a plan at seed (before any pod starts)."""
+        ...
+
+    def sandbox_needs(self, spec: AgentSpec) -> SandboxNeeds:
+        """What the agent pod needs for this kind: toolchains, the capture proxy."""
         ...
 
     def seed_job(self, turn: TurnRun) -> JobSpec | None:

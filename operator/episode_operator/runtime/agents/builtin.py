@@ -6,6 +6,7 @@ from typing import ClassVar
 
 from episode_operator.api.models import AgentSpec
 from episode_operator.runtime.agents.base import AgentJob, instruction_file, turn_env
+from episode_operator.runtime.agents.model import SandboxNeeds, capture_of, model_env
 from episode_operator.runtime.archive import folder_tar, text_tar
 from episode_operator.runtime.sandbox import JobSpec, Upload
 from episode_operator.runtime.turn.context import INSTRUCTIONS, SOLUTION, TurnRun
@@ -24,6 +25,12 @@ class Oracle:
     required: ClassVar[frozenset[str]] = frozenset()
     accepts_prior_trajectory: ClassVar[bool] = True
     acts: ClassVar[bool] = True
+
+    def spec_problems(self, spec: AgentSpec) -> list[str]:
+        return []
+
+    def sandbox_needs(self, spec: AgentSpec) -> SandboxNeeds:
+        return SandboxNeeds()
 
     def seed_refusals(self, plan: EpisodePlan, spec: AgentSpec) -> list[Problem]:
         return [
@@ -65,6 +72,12 @@ class Nop:
     accepts_prior_trajectory: ClassVar[bool] = False
     acts: ClassVar[bool] = False
 
+    def spec_problems(self, spec: AgentSpec) -> list[str]:
+        return []
+
+    def sandbox_needs(self, spec: AgentSpec) -> SandboxNeeds:
+        return SandboxNeeds()
+
     def seed_refusals(self, plan: EpisodePlan, spec: AgentSpec) -> list[Problem]:
         return []
 
@@ -78,15 +91,23 @@ class Nop:
 class Command:
     """Runs ``spec.agent.command`` with bash in the working directory each turn; its ``setup`` once per sandbox.
 
-    The turn's instruction is in the file named by ``$EPISODE_INSTRUCTION_FILE``.
+    The turn's instruction is in the file named by ``$EPISODE_INSTRUCTION_FILE``. With
+    ``spec.agent.model``, the model's coordinates are in ``$EPISODE_MODEL*`` and the common
+    clients' variables, pointing at the pod's capture proxy, which records every call.
     """
 
     name: ClassVar[str] = "command"
     description: ClassVar[str] = "runs spec.agent.command in the sandbox every turn"
-    fields: ClassVar[frozenset[str]] = frozenset({"command", "setup"})
+    fields: ClassVar[frozenset[str]] = frozenset({"command", "setup", "model", "capture"})
     required: ClassVar[frozenset[str]] = frozenset({"command"})
     accepts_prior_trajectory: ClassVar[bool] = False
     acts: ClassVar[bool] = True
+
+    def spec_problems(self, spec: AgentSpec) -> list[str]:
+        return []
+
+    def sandbox_needs(self, spec: AgentSpec) -> SandboxNeeds:
+        return SandboxNeeds(capture=capture_of(spec.model, token_ids=spec.capture.token_ids))
 
     def seed_refusals(self, plan: EpisodePlan, spec: AgentSpec) -> list[Problem]:
         return []
@@ -100,7 +121,7 @@ class Command:
             command=setup,
             timeout_sec=turn.plan.agent.timeout_sec,
             user=turn.plan.agent.user,
-            env=turn_env(turn),
+            env=_env(turn),
         )
 
     def turn_job(self, turn: TurnRun) -> AgentJob:
@@ -113,8 +134,13 @@ class Command:
                 command=command,
                 timeout_sec=turn.plan.agent.timeout_sec,
                 user=turn.plan.agent.user,
-                env={**turn_env(turn), "EPISODE_INSTRUCTION_FILE": f"{INSTRUCTIONS}/{file}"},
+                env={**_env(turn), "EPISODE_INSTRUCTION_FILE": f"{INSTRUCTIONS}/{file}"},
             ),
             Upload(text_tar({file: turn.plan.instruction}), INSTRUCTIONS),
             Call.PLACE_INSTRUCTION,
         )
+
+
+def _env(turn: TurnRun) -> dict[str, str]:
+    model = turn.services.agent_spec.model
+    return {**turn_env(turn), **(model_env(model) if model is not None else {})}

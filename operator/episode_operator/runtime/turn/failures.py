@@ -86,8 +86,8 @@ class Becomes:
     doing: str | None = None
 
 
-_CLEAR: Final = Becomes(outage="clear-grading-files", doing=Call.CLEAR_GRADING_FILES)
-_CANNOT_RUN: Final = Becomes(outage="run-command")
+_CLEAR: Final = Becomes(outage="clear_grading_files", doing=Call.CLEAR_GRADING_FILES)
+_CANNOT_RUN: Final = Becomes(outage="run_command")
 # A job whose shell, user or directory is unusable (the supervisor's ``unstartable``).
 UNSTARTABLE: Final = "unstartable"
 
@@ -98,28 +98,28 @@ UNSTARTABLE: Final = "unstartable"
 COMMAND_FAILURES: Final[dict[Call, dict[str | None, Becomes]]] = {
     Call.CLEAR_GRADING_FILES: {None: _CLEAR},
     # Gym: a sandbox that cannot switch the user is an outage.
-    Call.SWITCH_USER: {None: Becomes(outage="user-switch")},
+    Call.SWITCH_USER: {None: Becomes(outage="user_switch")},
     # workdir/ that cannot unpack over what earlier turns left is the task's failure.
     Call.MERGE_WORKDIR: {"clear": _CLEAR, None: Becomes(preparation=FAILURE_WORKDIR)},
     # setup.sh always lives in workdir/, which the exec starting it merges.
     Call.START_SETUP: {"clear": _CLEAR, "upload": Becomes(preparation=FAILURE_WORKDIR), None: _CANNOT_RUN},
     Call.RUN_HEALTHCHECK: {None: _CANNOT_RUN},
     Call.START_AGENT: {None: _CANNOT_RUN},
-    Call.PLACE_SOLUTION: {"clear": _CLEAR, UNSTARTABLE: _CANNOT_RUN, None: Becomes(outage="place-solution")},
-    Call.PLACE_INSTRUCTION: {"clear": _CLEAR, UNSTARTABLE: _CANNOT_RUN, None: Becomes(outage="place-instruction")},
+    Call.PLACE_SOLUTION: {"clear": _CLEAR, UNSTARTABLE: _CANNOT_RUN, None: Becomes(outage="place_solution")},
+    Call.PLACE_INSTRUCTION: {"clear": _CLEAR, UNSTARTABLE: _CANNOT_RUN, None: Becomes(outage="place_instruction")},
     # The verifier's image must provide bash, timeout, tar, gzip and find: a verifier that cannot
     # receive its inputs or start test.sh masks the episode (TASK-FORMAT.md §3.3).
     Call.PLACE_VERIFIER_INPUTS: {
-        "clear": Becomes(outage="clear-grading-files", doing="empty /tests and /logs/verifier"),
+        "clear": Becomes(outage="clear_grading_files", doing="empty /tests and /logs/verifier"),
         None: Becomes(masked=True),
     },
     Call.START_VERIFIER: {
-        "clear": Becomes(outage="clear-grading-files", doing="empty /tests and /logs/verifier"),
+        "clear": Becomes(outage="clear_grading_files", doing="empty /tests and /logs/verifier"),
         "upload": Becomes(masked=True),
         UNSTARTABLE: Becomes(masked=True),
         None: _CANNOT_RUN,
     },
-    Call.READ_REWARD: {None: Becomes(outage="read-reward")},
+    Call.READ_REWARD: {None: Becomes(outage="read_reward")},
     # A replay step that fails is the task's (runtime/replay.py says which); a supervisor that
     # cannot start one is not.
     Call.REPLAY: {None: _CANNOT_RUN},

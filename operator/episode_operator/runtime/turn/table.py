@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import Final
 
 from episode_operator.api.vocabulary import Stage
-from episode_operator.runtime.turn.agent import run_agent
+from episode_operator.runtime.turn.agent import run_agent, write_trajectory
 from episode_operator.runtime.turn.collect import collect
 from episode_operator.runtime.turn.context import TurnRun
 from episode_operator.runtime.turn.prepare import (
@@ -99,17 +99,25 @@ TURN: Final[Mapping[Stage, StageRow]] = {
     ),
     Stage.AGENT: StageRow(
         run_agent,
-        Stage.COLLECT,
+        Stage.TRAJECTORY,
         Published.ALWAYS,
         Network.AGENT,
         "Re-attaches to the agent's job (or harvests its end); its inputs were placed by the exec that "
-        "started it and are never placed again.",
+        "started it and are never placed again. The capture proxy's turn marks and the harvest of the "
+        "turn's model calls re-attach too, and the failure is classified again from the same records.",
+    ),
+    Stage.TRAJECTORY: StageRow(
+        write_trajectory,
+        Stage.COLLECT,
+        Published.NEVER,
+        Network.BASELINE,
+        "Not published: resumes at agent and writes the same trajectory from the same stored calls again.",
     ),
     Stage.COLLECT: StageRow(
         collect,
         Stage.VERIFY_PREPARE,
         Published.NEVER,
-        Network.BASELINE,
+        Network.UNCHANGED,
         "Not published: resumes at agent, re-attaches to the finished agent job and collects again "
         "(hooks get the same job ids, so each runs once).",
     ),

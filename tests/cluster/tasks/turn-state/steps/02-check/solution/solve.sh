@@ -1,7 +1,9 @@
+# Runs as nobody. A listing that fails says so (never an empty answer that reads as "cleared").
+listing() { if found=$(ls -A "$1" 2>&1); then echo $found; else echo "unreadable: $found"; fi; }
 {
   echo "user=$(id -un)"
-  echo "tests=$(ls -A /tests 2>/dev/null | tr '\n' ' ')"
-  echo "verifier=$(ls -A /logs/verifier 2>/dev/null | tr '\n' ' ')"
+  echo "tests=$(listing /tests)"
+  echo "verifier=$(listing /logs/verifier)"
   if [ -d "/proc/$(cat /app/sleeper.pid)" ]; then echo "sleeper=alive"; else echo "sleeper=gone"; fi
   echo "workdir_owner=$(stat -c %U /app)"
 } > /app/observations.txt

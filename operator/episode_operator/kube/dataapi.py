@@ -1,0 +1,243 @@
+"""The data API in the cluster: its registration, its front proxy, its certificate, its authorizer.
+
+``start_data_api`` (called once at startup) issues a self-signed serving certificate for the
+operator's Service, starts ``runtime/dataapi.py`` over TLS and only then registers the APIService
+``v1alpha1.data.episode-operator.dev`` for that Service with the certificate as its ``caBundle``, so
+the API server verifies whom it talks to and a new certificate is trusted only once it is served.
+The operator, not the Helm chart, writes the APIService: its caBundle changes at every start, and a
+Kubernetes 1.20 API server panics on a server-side apply of an APIService (kubernetes#89264), which
+is how Helm 4 installs. An APIService left pointing at nothing keeps its group "unavailable", which
+holds up every namespace deletion of the cluster, so it never outlives the install: its owner is
+the ClusterRole that grants the data API's rights (``--data-api-owner``), and when an uninstall
+removes that, the garbage collector removes the APIService, whatever became of the operator. The
+operator also removes the registration at exit when it is still its own (the group is then
+absent, not unavailable, while it restarts). One operator per cluster serves the data API; another
+one finding it served by a live operator logs why and serves none.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import datetime
+import json
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from aiohttp import web
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import NameOID
+
+from episode_operator.kube.client import Conflict, KubeClient, KubeError, NotFound
+from episode_operator.runtime.dataapi import (
+    API_SERVICE,
+    DATA_GROUP,
+    DATA_VERSION,
+    Access,
+    Caller,
+    Decision,
+    FrontProxy,
+    serve,
+    server_context,
+)
+
+# Where the API server publishes its --requestheader-* settings for aggregated API servers.
+AUTHENTICATION_CONFIG_MAP = ("kube-system", "extension-apiserver-authentication")
+CERTIFICATE_DAYS = 3650  # pinned by caBundle and replaced at every start: expiry protects nothing here
+SERVICE_PORT = 443  # the Service's data-api port (the chart's)
+SERVICE_ACCOUNT_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
+
+
+class DataApiUnavailable(Exception):
+    """The data API cannot start; the message says what to fix."""
+
+
+def front_proxy_from(data: dict[str, str] | None) -> FrontProxy:
+    """The front proxy's settings from the ``extension-apiserver-authentication`` ConfigMap's data."""
+    data = data or {}
+    client_ca = data.get("requestheader-client-ca-file", "")
+    if not client_ca.strip():
+        raise DataApiUnavailable(
+            "the API server has no front proxy (kube-apiserver --requestheader-client-ca-file and "
+            "--proxy-client-cert-file): it cannot forward requests to aggregated APIs such as the data API"
+        )
+
+    def listed(key: str, default: tuple[str, ...]) -> tuple[str, ...]:
+        return tuple(json.loads(data[key])) if data.get(key) else default
+
+    return FrontProxy(
+        client_ca=client_ca,
+        allowed_names=listed("requestheader-allowed-names", ()),
+        username_headers=listed("requestheader-username-headers", ("X-Remote-User",)),
+        group_headers=listed("requestheader-group-headers", ("X-Remote-Group",)),
+        extra_headers_prefixes=listed("requestheader-extra-headers-prefix", ("X-Remote-Extra-",)),
+    )
+
+
+def self_signed_certificate(hostnames: list[str]) -> tuple[bytes, bytes]:
+    """A serving certificate (PEM) and its key for these DNS names."""
+    key = ec.generate_private_key(ec.SECP256R1())
+    subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, hostnames[0])])
+    now = datetime.datetime.now(datetime.UTC)
+    certificate = (
+        x509.CertificateBuilder()
+        .subject_name(subject)
+        .issuer_name(subject)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=CERTIFICATE_DAYS))
+        .add_extension(x509.SubjectAlternativeName([x509.DNSName(name) for name in hostnames]), critical=False)
+        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+        .add_extension(x509.ExtendedKeyUsage([x509.oid.ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
+        .sign(key, hashes.SHA256())
+    )
+    key_pem = key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+    )
+    return certificate.public_bytes(serialization.Encoding.PEM), key_pem
+
+
+@dataclass(frozen=True)
+class SubjectAccessReviewer:
+    """Delegated authorization: the API server's own answer for the caller it forwarded."""
+
+    client: KubeClient
+
+    async def __call__(self, caller: Caller, access: Access) -> Decision:
+        attributes = {
+            "namespace": access.namespace,
+            "name": access.name,
+            "verb": access.verb,
+            "group": access.group,
+            "version": access.version,
+            "resource": access.resource,
+            "subresource": access.subresource,
+        }
+        extra = {key: list(values) for key, values in (caller.extra or {}).items()}
+        try:
+            allowed, reason = await self.client.review_access(caller.user, caller.groups, extra, attributes)
+        except KubeError as error:
+            return Decision(False, f"authorization could not be checked: {error}")
+        return Decision(allowed, reason)
+
+
+def api_service_manifest(service: tuple[str, str], ca_bundle: bytes, owner: tuple[str, str] | None) -> dict[str, Any]:
+    """The APIService that sends the data API's group to ``service`` (namespace, name), port 443,
+    owned by the ClusterRole ``owner`` (name, uid) when there is one."""
+    metadata: dict[str, Any] = {"name": API_SERVICE, "labels": {"app.kubernetes.io/managed-by": "episode-operator"}}
+    if owner is not None:
+        metadata["ownerReferences"] = [
+            {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole", "name": owner[0], "uid": owner[1]}
+        ]
+    return {
+        "apiVersion": "apiregistration.k8s.io/v1",
+        "kind": "APIService",
+        "metadata": metadata,
+        "spec": {
+            "group": DATA_GROUP,
+            "version": DATA_VERSION,
+            "service": {"namespace": service[0], "name": service[1], "port": SERVICE_PORT},
+            "caBundle": base64.b64encode(ca_bundle).decode(),
+            "groupPriorityMinimum": 1000,
+            "versionPriority": 15,
+        },
+    }
+
+
+def _points_at(api_service: dict[str, Any], service: tuple[str, str]) -> bool:
+    target = (api_service.get("spec") or {}).get("service") or {}
+    return (target.get("namespace"), target.get("name")) == service
+
+
+def _available(api_service: dict[str, Any]) -> bool:
+    conditions = (api_service.get("status") or {}).get("conditions") or []
+    return any(c.get("type") == "Available" and c.get("status") == "True" for c in conditions)
+
+
+async def register(
+    client: KubeClient, service: tuple[str, str], ca_bundle: bytes, owner: tuple[str, str] | None
+) -> None:
+    """Create or take over the APIService for ``service``; refuse while another operator serves it."""
+    manifest = api_service_manifest(service, ca_bundle, owner)
+    try:
+        current = await client.get_api_service(API_SERVICE)
+    except NotFound:
+        await client.create_api_service(manifest)
+        return
+    if not _points_at(current, service) and _available(current):
+        other = current["spec"]["service"]
+        raise DataApiUnavailable(
+            f"it is served by the operator of Service {other['namespace']}/{other['name']}: one operator per "
+            "cluster serves it (the Helm chart's dataApi.enabled=false turns it off in the others)"
+        )
+    manifest["metadata"]["resourceVersion"] = current["metadata"]["resourceVersion"]
+    await client.replace_api_service(manifest)
+
+
+async def unregister(client: KubeClient, service: tuple[str, str]) -> None:
+    """Remove the APIService if it still sends the group to ``service`` (and nobody changed it since)."""
+    with contextlib.suppress(NotFound, Conflict):
+        current = await client.get_api_service(API_SERVICE)
+        if _points_at(current, service):
+            await client.delete_api_service(API_SERVICE, current["metadata"]["resourceVersion"])
+
+
+def pod_namespace() -> str:
+    """The namespace this pod runs in (its service account's), where its Service is."""
+    return SERVICE_ACCOUNT_NAMESPACE.read_text().strip()
+
+
+@dataclass
+class DataApi:
+    """The running data API: stop it with ``cleanup`` (unregister, then stop serving)."""
+
+    runner: web.AppRunner
+    client: KubeClient
+    service: tuple[str, str]
+
+    async def cleanup(self) -> None:
+        # On failure the registration stays; the next operator to start takes it over.
+        with contextlib.suppress(KubeError):
+            await unregister(self.client, self.service)
+        await self.runner.cleanup()
+
+
+async def start_data_api(
+    client: KubeClient,
+    data_dir: Path,
+    host: str,
+    port: int,
+    service_name: str,
+    owner_name: str,
+    logger: logging.Logger | logging.LoggerAdapter[Any],
+) -> DataApi | None:
+    """Serve the data API and register it for the Service ``service_name`` (``NAMESPACE/NAME``, or
+    ``NAME`` in this pod's namespace), owned by the ClusterRole ``owner_name`` ("": none); None (and an
+    error logged) when it cannot."""
+    try:
+        namespace, _, name = service_name.rpartition("/")
+        service = (namespace or pod_namespace(), name)
+        owner = (owner_name, await client.get_cluster_role_uid(owner_name)) if owner_name else None
+        hostnames = [f"{service[1]}.{service[0]}.svc", f"{service[1]}.{service[0]}.svc.cluster.local"]
+        authentication = await client.get_config_map(*AUTHENTICATION_CONFIG_MAP)
+        front_proxy = front_proxy_from(authentication.data)
+        certificate, key = self_signed_certificate(hostnames)
+        context = server_context(certificate, key, front_proxy)
+        runner = await serve(front_proxy, SubjectAccessReviewer(client), data_dir, context, host, port)
+        try:
+            await register(client, service, certificate, owner)
+        except BaseException:
+            await runner.cleanup()
+            raise
+    except (KubeError, DataApiUnavailable, OSError) as error:
+        logger.error(
+            "the data API (apiservice %s: logs and artifacts through the API server) is off: %s", API_SERVICE, error
+        )
+        return None
+    logger.info("serving the data API %s on port %d for Service %s/%s", API_SERVICE, port, *service)
+    return DataApi(runner, client, service)

@@ -1,0 +1,127 @@
+"""Running a toolchain image's own root in a network namespace: helpers of the offline tests.
+
+The root is the toolchain image's single layer (a static busybox and the tree), unpacked from the
+docker-archive `hack/cluster images` cached, given its own few device nodes; the harness runs
+chrooted into it, as an unprivileged user, in a network namespace with only loopback (where the
+scripted model server listens), under strace so that every network peer it tries is on record.
+"""
+
+from __future__ import annotations
+
+import importlib.machinery
+import importlib.util
+import json
+import os
+import re
+import stat
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+from types import ModuleType
+
+from tests.cluster.toolchains import Harness
+
+REPO = Path(__file__).resolve().parents[3]
+SERVER = REPO / "tests" / "scripted_model" / "server.py"
+MODEL = "scripted-m1"
+PORT = 18080
+INSTRUCTION = "Offline toolchain check: write the marker file."
+AGENT_UID = 1000  # no entry in the image's /etc/passwd: harnesses must not need one
+HOME = "/home/agent"
+MARKER = f"{HOME}/marker.txt"
+# A network syscall's peer, as strace prints it.
+PEER = re.compile(
+    r'sin6?_port=htons\((\d+)\), (?:sin_addr=inet_addr\("([^"]+)"\)|sin6_addr=inet_pton\(AF_INET6, "([^"]+)"\))'
+)
+
+
+def load_hack_cluster() -> ModuleType:
+    """hack/cluster as a module (it is a script): its ImageSpecs know where each image is cached."""
+    loader = importlib.machinery.SourceFileLoader("hack_cluster", str(REPO / "hack" / "cluster"))
+    spec = importlib.util.spec_from_loader("hack_cluster", loader)
+    assert spec is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["hack_cluster"] = module  # its dataclasses look their module up while being defined
+    loader.exec_module(module)
+    return module
+
+
+def unpack_image(archive: Path, rootfs: Path) -> None:
+    """The image's root filesystem: the single layer of our docker-archive."""
+    with tarfile.open(archive) as outer:
+        manifest = json.load(outer.extractfile("manifest.json"))  # type: ignore[arg-type]
+        [layer_name] = manifest[0]["Layers"]
+        layer = outer.extractfile(layer_name)
+        assert layer is not None
+        with tarfile.open(fileobj=layer, mode="r|") as inner:
+            inner.extractall(rootfs, filter="fully_trusted")
+
+
+def run_chrooted(netns: str, rootfs: Path, harness: Harness, trace: Path) -> subprocess.CompletedProcess[str]:
+    """The harness's command in the chroot, in the namespace, under strace; proc and dev mounted privately."""
+    base_url = f"http://127.0.0.1:{PORT}"
+    env = {"PATH": "/bin", "HOME": HOME, **harness.environment(MODEL, base_url)}
+    command = [
+        "/bin/busybox",  # the image's only tools: busybox applets, `env` among them but not linked
+        "env",
+        "-i",
+        *(f"{k}={v}" for k, v in env.items()),
+        *harness.command(INSTRUCTION, MODEL, base_url, False),
+    ]
+    # Only /proc is mounted, in a private mount namespace that ends with the run. /dev is the
+    # root's own few device nodes (prepare_rootfs), never a bind of the host's: a root holding
+    # a bind of the host's /dev would let a later `rm -rf` of the root delete the host's nodes.
+    inner = 'mount -t proc proc "$0/proc" && exec "$@"'
+    trace_argv = ["strace", "-f", "-qq", "-o", str(trace), "-e", "trace=connect,sendto,sendmsg,sendmmsg"]
+    argv = [
+        "ip",
+        "netns",
+        "exec",
+        netns,
+        "unshare",
+        "--mount",
+        "--propagation=private",
+        "--fork",
+        "sh",
+        "-c",
+        inner,
+        str(rootfs),
+        *trace_argv,
+        "chroot",
+        f"--userspec={AGENT_UID}:{AGENT_UID}",
+        str(rootfs),
+        *command,
+    ]
+    return subprocess.run(argv, capture_output=True, text=True, timeout=600, stdin=subprocess.DEVNULL, check=False)
+
+
+# The device nodes a harness needs: (name, major, minor), all 0666 as the kernel makes them.
+DEVICES = (("null", 1, 3), ("zero", 1, 5), ("full", 1, 7), ("random", 1, 8), ("urandom", 1, 9), ("tty", 5, 0))
+
+
+def prepare_rootfs(archive: Path, tmp_path: Path) -> Path:
+    """The toolchain image's root, with its own /dev, a home and /logs/agent for the agent user."""
+    rootfs = tmp_path / "rootfs"
+    unpack_image(archive, rootfs)
+    assert not list(rootfs.glob("lib*")) and not (rootfs / "usr").exists(), "the image must hold no libc of its own"
+    for name, major, minor in DEVICES:
+        os.mknod(rootfs / "dev" / name, stat.S_IFCHR | 0o666, os.makedev(major, minor))
+        os.chmod(rootfs / "dev" / name, 0o666)
+    (rootfs / "dev" / "fd").symlink_to("/proc/self/fd")
+    (rootfs / "dev" / "shm").mkdir(mode=0o1777)
+    (rootfs / "dev" / "shm").chmod(0o1777)
+    for directory in (HOME, "/logs/agent"):
+        (rootfs / directory.lstrip("/")).mkdir(parents=True)
+        os.chown(rootfs / directory.lstrip("/"), AGENT_UID, AGENT_UID)
+    return rootfs
+
+
+def foreign_peers(trace: Path) -> list[str]:
+    """Every network peer in the trace other than the model server (DNS included)."""
+    foreign = []
+    for line in trace.read_text().splitlines():
+        for port, ipv4, ipv6 in PEER.findall(line):
+            if (ipv4 or ipv6, int(port)) != ("127.0.0.1", PORT):
+                foreign.append(line.strip())
+    return foreign

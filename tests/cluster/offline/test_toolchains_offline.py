@@ -1,0 +1,50 @@
+"""Each toolchain image runs its harness with no libc, no runtime and no network but the model's.
+
+The strictest task image there is: the toolchain image's own root filesystem (a static busybox
+and the tree, no glibc, no Python, no Node), chrooted into a network namespace that has only
+loopback, where the scripted model server listens. strace records every connect/send of the
+harness and its children: the only peer allowed is the model. This is the toolchain's promise
+("self-contained, offline") checked without Kubernetes in the way; the cluster tests check the
+same harnesses in a sandbox pod, as root; here the harness runs as an unprivileged user, as a
+task's agent user may be.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.cluster.offline.chroot import INSTRUCTION, MARKER, foreign_peers, prepare_rootfs, run_chrooted
+from tests.cluster.toolchains import API_KEY, HARNESSES
+
+SCRIPT = {
+    "rules": [
+        {
+            "name": "offline",
+            "when": {"prompt": INSTRUCTION, "tools": True},
+            "steps": [{"run": f"echo offline-ok > {MARKER}"}, {"finish": "Done."}],
+        }
+    ]
+}
+
+
+@pytest.mark.parametrize("name", sorted(HARNESSES))
+def test_toolchain_runs_in_an_empty_root_with_only_the_model_reachable(
+    name: str, image_archives: dict[str, Path], netns: str, model_server: Path, tmp_path: Path
+) -> None:
+    harness = HARNESSES[name]
+    rootfs = prepare_rootfs(image_archives[name], tmp_path)
+
+    trace = tmp_path / "network.strace"
+    result = run_chrooted(netns, rootfs, harness, trace)
+
+    assert result.returncode == 0, (
+        f"{name} exited {result.returncode}:\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
+    )
+    assert (rootfs / MARKER.lstrip("/")).read_text() == "offline-ok\n"
+    records = [json.loads(line) for line in model_server.read_text().splitlines()]
+    assert [r["step"] for r in records if r["rule"] == "offline"] == [0, 1]
+    assert {r["api_key"] for r in records} == {API_KEY}
+    assert foreign_peers(trace) == [], "the harness reached for something other than the model"

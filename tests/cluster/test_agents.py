@@ -1,0 +1,373 @@
+"""Episodes with real agent harnesses against a model endpoint, every model call captured (issue 12).
+
+Everything is real but the model: the harness toolchains `hack/cluster images` built, copied into
+agent pods by init containers; the capture proxy in its own container of the agent pod (the
+operator's image); the operator driving turns; the scripted model server (the one allowed test
+double) deployed as a pod, its answers making the harnesses run given commands.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kubernetes import client
+
+from episode_operator.api.vocabulary import parse_timestamp
+from tests.cluster.harness import (
+    OperatorProcess,
+    context_kubeconfig,
+    create_episode,
+    install_crd,
+    pods_of,
+    read_episode,
+    run_episode,
+    wait_for_episode,
+)
+from tests.cluster.test_gitops import Shell
+from tests.reference import check_failure_row, check_rollout_row
+from tests.scripted_model.deploy import ScriptedModel, deploy_scripted_model
+
+MODEL = "scripted-m1"
+KEY = "sk-scripted-secret-7f3a9c"  # must reach the model, and appear nowhere the operator writes
+TURN_ONE = "Agent episode, turn one: create the greeting file."
+TURN_TWO = "Agent episode, turn two: append to the greeting file."
+GREETING = "/app/greeting.txt"
+SCRIPT = {
+    "rules": [
+        {
+            "name": "turn-1",
+            "when": {"prompt": TURN_ONE, "tools": True},
+            "steps": [{"run": f"mkdir -p /app && echo hello > {GREETING}"}, {"finish": "Created it."}],
+        },
+        {
+            "name": "turn-2",
+            "when": {"prompt": TURN_TWO, "tools": True},
+            # The previous turn's trajectory.json must be gone while this turn's agent runs.
+            "steps": [
+                {"run": f"test -e /logs/agent/trajectory.json || echo again >> {GREETING}"},
+                {"finish": "Appended."},
+            ],
+        },
+    ]
+}
+TASK_TOML = """
+[agent]
+timeout_sec = 240
+
+[[steps]]
+name = "one"
+
+[[steps]]
+name = "two"
+"""
+# Each verifier checks the turn's effect, and that its trajectory is its own turn's.
+TEST_ONE = f"""#!/bin/bash
+grep -qx hello {GREETING} || {{ echo 0 > /logs/verifier/reward.txt; exit 0; }}
+grep -q "turn one" /logs/agent/trajectory.json && ! grep -q "turn two" /logs/agent/trajectory.json \\
+  && echo 1 > /logs/verifier/reward.txt || echo 0 > /logs/verifier/reward.txt
+"""
+TEST_TWO = f"""#!/bin/bash
+[ "$(cat {GREETING})" = "$(printf 'hello\\nagain')" ] || {{ echo 0 > /logs/verifier/reward.txt; exit 0; }}
+grep -q "turn two" /logs/agent/trajectory.json \\
+  && echo 1 > /logs/verifier/reward.txt || echo 0 > /logs/verifier/reward.txt
+"""
+
+
+def task_files(toml: str = TASK_TOML) -> dict[str, str]:
+    return {
+        "task.toml": toml,
+        "steps/one/instruction.md": TURN_ONE + "\n",
+        "steps/two/instruction.md": TURN_TWO + "\n",
+        "steps/one/tests/test.sh": TEST_ONE,
+        "steps/two/tests/test.sh": TEST_TWO,
+    }
+
+
+def agent(model: ScriptedModel, harness: str, **extra: Any) -> dict[str, Any]:
+    api = {"claude-code": "messages", "codex": "responses"}.get(harness, "chat-completions")
+    endpoint = {"name": MODEL, "baseURL": f"{model.base_url}/v1", "api": api, "apiKeySecretRef": {"name": "model-key"}}
+    return {"kind": "harness", "harness": {"name": harness}, "model": endpoint, **extra}
+
+
+def spec(agent_spec: dict[str, Any], files: dict[str, str] | None = None, **extra: Any) -> dict[str, Any]:
+    return {
+        "task": {"inline": {"files": files or task_files()}},
+        "agent": agent_spec,
+        "image": "episode-operator.local/sandbox:bookworm",
+        **extra,
+    }
+
+
+@pytest.fixture
+def scripted(api_client: client.ApiClient, core: client.CoreV1Api, namespace: str, sandbox_image: str) -> ScriptedModel:
+    # This checkout's CRDs (spec.agent.kind: harness): other sessions sharing the cluster may have
+    # installed theirs since this session started.
+    install_crd(api_client)
+    return deploy_scripted_model(core, namespace, SCRIPT, sandbox_image)
+
+
+@pytest.fixture
+def model(core: client.CoreV1Api, namespace: str, scripted: ScriptedModel) -> Iterator[ScriptedModel]:
+    """The scripted model, and its key in the Secret ``model-key``."""
+    core.create_namespaced_secret(
+        namespace, client.V1Secret(metadata=client.V1ObjectMeta(name="model-key"), string_data={"api-key": KEY})
+    )
+    yield scripted
+
+
+def turn_of(record: dict[str, Any]) -> str:
+    """Which instruction a recorded request answers (the newest user message names it)."""
+    text = json.dumps(record["body"])
+    return "two" if TURN_TWO in text else "one" if TURN_ONE in text else "?"
+
+
+def kept(operator: OperatorProcess, namespace: str, name: str, uid: str) -> Path:
+    return operator.data_dir / namespace / name / uid
+
+
+def stored_calls(root: Path, attempt: int, turn: str) -> list[dict[str, Any]]:
+    path = root / f"attempt-{attempt}" / turn / "model-calls.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines() if line and not line.startswith('{"begun"')]
+
+
+@pytest.mark.parametrize("harness", ["mini-swe-agent", "opencode"])
+def test_a_harness_solves_two_turns_with_every_call_captured(
+    api_client: client.ApiClient,
+    core: client.CoreV1Api,
+    namespace: str,
+    operator: OperatorProcess,
+    model: ScriptedModel,
+    harness: str,
+) -> None:
+    status = run_episode(api_client, namespace, "solve", spec(agent(model, harness)), operator, timeout=900)
+    assert (status["phase"], status["reward"]) == ("Succeeded", 1.0), json.dumps(status, indent=1)
+    episode = read_episode(api_client, namespace, "solve")
+    root = kept(operator, namespace, "solve", episode["metadata"]["uid"])
+    served = [record for record in model.model_requests() if record.get("rule")]
+    assert served and all(record["api_key"] == KEY for record in served)  # the proxy put the real key in
+    for turn in ("one", "two"):
+        calls = stored_calls(root, 1, turn)
+        answered = [record for record in served if turn_of(record) == turn]
+        # Every call of the turn the model saw is captured and attributed to the turn, none other.
+        assert len([call for call in calls if call["dialect"]]) >= len(answered) > 0, turn
+        assert all(call["turn"] == turn and call["attempt"] == 1 for call in calls)
+        trajectory = json.loads((root / "attempt-1" / turn / "trajectory.json").read_text())
+        assert trajectory["schema_version"].startswith("ATIF")
+    # The key is the proxy's alone: not in the status, the Events, the store or the agent's pod spec.
+    assert_key_nowhere(core, api_client, namespace, "solve", root)
+
+
+def assert_key_nowhere(core: client.CoreV1Api, api: client.ApiClient, namespace: str, name: str, root: Path) -> None:
+    assert KEY not in json.dumps(read_episode(api, namespace, name))
+    events = core.list_namespaced_event(namespace)
+    assert KEY not in json.dumps(api.sanitize_for_serialization(events))
+    for path in root.rglob("*"):
+        if path.is_file():
+            assert KEY.encode() not in path.read_bytes(), path
+
+
+def test_continue_carries_turn_one_into_turn_two_and_fresh_does_not(
+    api_client: client.ApiClient, namespace: str, operator: OperatorProcess, model: ScriptedModel
+) -> None:
+    for sessions in ("continue", "fresh"):
+        model.clear()
+        status = run_episode(
+            api_client, namespace, sessions, spec(agent(model, "opencode", turnSessions=sessions)), operator, 900
+        )
+        assert status["reward"] == 1.0, json.dumps(status, indent=1)
+        turn_two = [r for r in model.model_requests() if r.get("rule") == "turn-2"]
+        first = json.dumps(turn_two[0]["body"])
+        assert (TURN_ONE in first) == (sessions == "continue"), sessions
+
+
+FAILURES = {
+    "unauthorized": ({"status": 401}, "Ungraded", "agent:model_auth"),
+    "rate-limited": ({"status": 429}, "Ungraded", "outage:model_rate_limit"),
+    "broken": ({"status": 500}, "Ungraded", "outage:model_unavailable"),
+    "garbage": ({"kind": "garbage"}, "Ungraded", "outage:model_unavailable"),
+    "silent": ({"kind": "hang"}, "Ungraded", "outage:model_unavailable"),
+}
+
+
+def test_a_failing_endpoint_ends_each_episode_in_its_class_within_the_turn_budget(
+    api_client: client.ApiClient, namespace: str, operator: OperatorProcess, model: ScriptedModel
+) -> None:
+    rules = [
+        {"name": name, "when": {"prompt": f"failure case {name}"}, "fail": fail}
+        for name, (fail, _, _) in FAILURES.items()
+    ]
+    model.set_script({"rules": rules})
+    budget = 30
+    toml = f"[agent]\ntimeout_sec = {budget}\n"
+    for name in FAILURES:
+        files = {
+            "task.toml": toml,
+            "instruction.md": f"failure case {name}: do nothing.\n",
+            "tests/test.sh": "echo 1 > /logs/verifier/reward.txt\n",
+        }
+        create_episode(api_client, namespace, name, spec(agent(model, "opencode"), files, retries={"outages": 0}))
+    for name, (_, outcome, failure_kind) in FAILURES.items():
+        status = wait_for_episode(api_client, namespace, name, operator, timeout=600)
+        assert (status.get("outcome"), status.get("failureKind")) == (outcome, failure_kind), (name, status)
+        [turn] = status["turns"]
+        started, finished = (parse_timestamp(turn[key]) for key in ("startedAt", "finishedAt"))
+        assert finished - started <= budget + 60, (name, turn)  # the budget ended it, with room for the kill
+
+
+@pytest.mark.parametrize(
+    ("agent_change", "fragment"),
+    [
+        ({"harness": {"name": "aider"}}, "spec.agent.harness.name: unknown harness 'aider'"),
+        ({"harness": {"name": "codex"}}, "spec.agent.model.api: codex speaks responses, not chat-completions"),
+        ({"turnSessions": "continue", "harness": {"name": "mini-swe-agent"}}, "mini-swe-agent cannot continue"),
+        ({"secret": "no-such-key"}, "spec.agent.model.apiKeySecretRef: secret"),
+    ],
+)
+def test_bad_agent_specs_are_refused_before_any_pod_starts(
+    api_client: client.ApiClient,
+    core: client.CoreV1Api,
+    namespace: str,
+    operator: OperatorProcess,
+    model: ScriptedModel,
+    agent_change: dict[str, Any],
+    fragment: str,
+) -> None:
+    agent_spec = agent(model, "opencode")
+    if "secret" in agent_change:
+        agent_spec["model"]["apiKeySecretRef"] = {"name": agent_change.pop("secret")}
+    agent_spec.update(agent_change)
+    status = run_episode(api_client, namespace, "refused", spec(agent_spec), operator, timeout=120)
+    assert (status["phase"], status["outcome"]) == ("Failed", "TerminalFailure")
+    assert fragment in status["message"], status["message"]
+    assert pods_of(core, namespace, "refused") == []
+
+
+# A real call through the proxy with the placeholder key it was given.
+CLIENT = """
+import json, os, urllib.request
+instruction = open(os.environ["EPISODE_INSTRUCTION_FILE"]).read()
+body = {"model": os.environ["EPISODE_MODEL"], "messages": [{"role": "user", "content": instruction}]}
+headers = {"Content-Type": "application/json", "Authorization": "Bearer " + os.environ["EPISODE_MODEL_API_KEY"]}
+url = os.environ["EPISODE_MODEL_BASE_URL"] + "/chat/completions"
+request = urllib.request.Request(url, json.dumps(body).encode(), headers)
+print(urllib.request.urlopen(request, timeout=30).read()[:200])
+"""
+# Then attempts on what the operator keeps: the capture store (not mounted here), and the trajectory
+# file, rewritten for ever by a process left behind.
+FORGE = "while :; do echo FORGED > /logs/agent/trajectory.json; sleep 0.2; done"
+HOSTILE = f"""set -u
+python3 -c {shlex.quote(CLIENT)}
+mkdir -p /capture/calls/attempt-1 && echo '{{"forged": true}}' > /capture/calls/attempt-1/task.jsonl || true
+nohup sh -c {shlex.quote(FORGE)} >/dev/null 2>&1 &
+"""
+
+
+def test_an_agent_cannot_change_what_is_captured_or_exported(
+    api_client: client.ApiClient, namespace: str, operator: OperatorProcess, model: ScriptedModel, tmp_path: Path
+) -> None:
+    model.set_script({"rules": [{"name": "any", "when": {"prompt": "hostile"}, "steps": [{"say": "fine"}]}]})
+    endpoint = agent(model, "opencode")["model"]
+    files = {
+        "task.toml": "[agent]\ntimeout_sec = 60\n",
+        "instruction.md": "hostile agent: say hello.\n",
+        "tests/test.sh": "echo 1 > /logs/verifier/reward.txt\n",
+    }
+    hostile = {"kind": "command", "command": HOSTILE, "model": endpoint}
+    status = run_episode(api_client, namespace, "hostile", spec(hostile, files), operator, timeout=300)
+    assert status["reward"] == 1.0, json.dumps(status, indent=1)
+    episode = read_episode(api_client, namespace, "hostile")
+    root = kept(operator, namespace, "hostile", episode["metadata"]["uid"])
+    calls = stored_calls(root, 1, "task")
+    assert [call["turn"] for call in calls if call["dialect"]] == ["task"]
+    assert "forged" not in json.dumps(calls)
+    kept_trajectory = (root / "attempt-1" / "task" / "trajectory.json").read_text()
+    assert "FORGED" not in kept_trajectory and "hostile agent" in kept_trajectory
+    rows = export(namespace, operator, tmp_path)
+    assert "FORGED" not in json.dumps(rows) and "forged" not in json.dumps(rows)
+    [row] = rows["rollouts.jsonl"]
+    check_rollout_row(row)
+    assert row["ng_model_call_capture"]["metrics"]["num_calls"] == 1
+
+
+def export(namespace: str, operator: OperatorProcess, tmp_path: Path) -> dict[str, list[dict[str, Any]]]:
+    """``kubectl episode export`` as a user runs it, against this session's operator's data directory."""
+    plugin = str(Path(sys.executable).parent / "kubectl-episode")
+    subprocess.run(
+        [
+            plugin,
+            "export",
+            "-n",
+            namespace,
+            "--kubeconfig",
+            str(operator.kubeconfig),
+            "--data-dir",
+            str(operator.data_dir),
+            "--output-dir",
+            str(tmp_path),
+        ],
+        check=True,
+        capture_output=True,
+        text=True,
+    )
+    return {
+        name: [json.loads(line) for line in (tmp_path / name).read_text().splitlines()]
+        for name in ("rollouts.jsonl", "rollouts_failures.jsonl")
+    }
+
+
+def test_the_export_of_harness_episodes_validates_against_gyms_own_models(
+    api_client: client.ApiClient, namespace: str, operator: OperatorProcess, model: ScriptedModel, tmp_path: Path
+) -> None:
+    run_episode(api_client, namespace, "graded", spec(agent(model, "opencode")), operator, timeout=900)
+    model.set_script({"rules": [{"name": "no", "when": {"prompt": TURN_ONE}, "fail": {"status": 401}}]})
+    run_episode(api_client, namespace, "refused-key", spec(agent(model, "opencode")), operator, timeout=600)
+    rows = export(namespace, operator, tmp_path)
+    [graded] = rows["rollouts.jsonl"]
+    check_rollout_row(graded)
+    assert graded["reward"] == 1.0 and len(graded["turns"]) == 2
+    assert graded["ng_model_call_capture"]["metrics"]["num_calls"] >= 2
+    assert all(failure for failure in rows["rollouts_failures.jsonl"])
+    for failure in rows["rollouts_failures.jsonl"]:
+        check_failure_row(failure)
+    assert {row["failure_kind"] for row in rows["rollouts_failures.jsonl"]} == {"agent:model_auth"}
+
+
+README = Path(__file__).resolve().parents[2] / "README.md"
+HELLO = {
+    "rules": [
+        {
+            "name": "hello",
+            "when": {"prompt": "Hello, world!", "tools": True},
+            "steps": [{"run": "printf 'Hello, world!\\n' > /app/hello.txt"}, {"finish": "Done."}],
+        }
+    ]
+}
+
+
+def test_the_readme_runs_a_real_agent_as_printed(
+    kubeconfig: Path, namespace: str, operator: OperatorProcess, scripted: ScriptedModel, tmp_path: Path
+) -> None:
+    """README's "Run a real agent" block, run by bash as printed (its Secret included), against the scripted model."""
+    block = README.read_text().split("<!-- BEGIN run-a-real-agent -->\n```sh\n")[1].split("```\n<!-- END")[0]
+    model = scripted
+    model.set_script(HELLO)
+    shell = Shell(context_kubeconfig(kubeconfig, tmp_path / "kubeconfig", {"work": namespace}), tmp_path / "repo")
+    shell.environ |= {
+        "MODEL_URL": f"{model.base_url}/v1",
+        "MODEL_NAME": MODEL,
+        "MODEL_API_KEY": KEY,
+        # This session's operator runs here, not in the cluster: its data directory is where logs are kept.
+        "EPISODE_OPERATOR_DATA_DIR": str(operator.data_dir),
+    }
+    transcript = shell(block, timeout=900)
+    assert "Hello, world!" in transcript  # the trajectory shows the model's command
+    [row] = [json.loads(line) for line in (tmp_path / "repo" / "rollouts" / "rollouts.jsonl").read_text().splitlines()]
+    check_rollout_row(row)
+    assert row["reward"] == 1.0 and row["ng_model_call_capture"]["metrics"]["num_calls"] >= 1

@@ -1,0 +1,392 @@
+"""The chart's data API on the real cluster, and the chart's NOTES run exactly as printed.
+
+One release of the chart serves the data API (the APIService is one per cluster): it is installed
+here into its own ``inst-data-…`` namespace, watching one other, and its NOTES' commands are run
+as a user would paste them. Then the protection is checked from inside the cluster: a pod whose
+service account has no rights reads nothing (401 from the operator's port, 403 from the API
+server), while ``/metrics`` and kopf's health endpoint stay open; a user with the RBAC the README
+gives gets the logs and artifacts with ``kubectl episode``, and one without it is refused.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+
+from tests.cluster.harness import EXAMPLES, create_episode, episode_spec, install_crd
+from tests.cluster.test_install import (
+    RELEASE,
+    Release,
+    delete_namespace,
+    new_namespace,
+    operator_log,
+    release_values,
+    run_examples,
+)
+
+API_SERVICE = "v1alpha1.data.episode-operator.dev"
+DATA_PATH = "/apis/data.episode-operator.dev/v1alpha1/namespaces/{namespace}/episodes/{name}/{subresource}"
+KUBECTL_EPISODE = Path(sys.executable).parent / "kubectl-episode"
+HACK_IMAGES = Path(__file__).resolve().parents[2] / "hack" / "images"
+
+
+def wait_for_the_api_service_to_be_free(api: client.ApiClient, timeout: float = 300) -> None:
+    """The data API is one per cluster: another operator serving it (another session's test, a
+    quickstart left installed) must go first. It is named when it does not."""
+    registration = client.ApiregistrationV1Api(api)
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            current = registration.read_api_service(API_SERVICE)
+        except ApiException as error:
+            if error.status == 404:
+                return
+            raise
+        if time.monotonic() > deadline:
+            owner = f"{current.spec.service.namespace}/{current.spec.service.name}"
+            pytest.fail(f"apiservice {API_SERVICE} still sends to Service {owner} after {timeout:.0f} s", False)
+        time.sleep(2)
+
+
+def wait_for_the_api_service_to_be_available(api: client.ApiClient, core: client.CoreV1Api, namespace: str) -> None:
+    registration = client.ApiregistrationV1Api(api)
+    deadline = time.monotonic() + 120
+    while True:
+        conditions = registration.read_api_service(API_SERVICE).status.conditions or []
+        if any(c.type == "Available" and c.status == "True" for c in conditions):
+            return
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{API_SERVICE} not Available: {conditions}\n{operator_log(core, namespace)}")
+        time.sleep(1)
+
+
+@pytest.fixture(scope="module")
+def released_images(api_client: client.ApiClient) -> dict[str, str]:
+    """The release's operator and sandbox images, built here from their Dockerfiles with buildah (from a
+    base made of Debian packages: no registry is reachable) and imported into the cluster's containerd."""
+    names = {}
+    for name in ("episode-operator", "sandbox"):
+        result = subprocess.run(
+            [str(HACK_IMAGES), "load", name], capture_output=True, text=True, timeout=3000, check=False
+        )
+        if result.returncode != 0:
+            pytest.fail(f"`hack/images load {name}` failed:\n{result.stderr[-4000:]}", pytrace=False)
+        names[name] = result.stdout.split()[-1]
+    install_crd(api_client)  # Helm installs crds/ only when the CRD is absent: make it this version's
+    return names
+
+
+def image_values(reference: str) -> dict[str, str]:
+    repository, _, tag = reference.rpartition(":")
+    return {"repository": repository, "tag": tag}
+
+
+@pytest.fixture(scope="module")
+def data_release(
+    kubeconfig: Path, api_client: client.ApiClient, core: client.CoreV1Api, released_images: dict[str, str]
+) -> Iterator[Release]:
+    """The chart with the data API, running the operator image the Dockerfile makes."""
+    operator_namespace, watched = new_namespace(core, "data"), new_namespace(core, "dw")
+    values = release_values(watched, dataApi={"enabled": True})
+    values["image"] = image_values(released_images["episode-operator"]) | {"pullPolicy": "Never"}
+    values["sandboxImage"] = image_values(released_images["sandbox"])
+    installed = Release(kubeconfig, operator_namespace, watched, values)
+    wait_for_the_api_service_to_be_free(api_client)
+    try:
+        installed.notes = installed.install()["notes"]
+        wait_for_the_api_service_to_be_available(api_client, core, operator_namespace)
+        yield installed
+    finally:
+        try:
+            installed.uninstall()
+        finally:  # a failed install or uninstall must not leave its namespaces behind
+            delete_namespace(core, watched)
+            delete_namespace(core, operator_namespace)
+
+
+def commands_of(notes: str) -> list[str]:
+    """The commands NOTES print: indented lines starting with kubectl, with their here-documents."""
+    commands: list[str] = []
+    lines = iter(notes.splitlines())
+    for line in lines:
+        if not line.startswith("  kubectl "):
+            continue
+        command = line.strip()
+        if command.endswith("<<'EOF'"):
+            body = []
+            for follow in lines:
+                body.append(follow)
+                if follow == "EOF":
+                    break
+            command += "\n" + "\n".join(body)
+        commands.append(command)
+    return commands
+
+
+def test_the_notes_commands_work_as_printed(data_release: Release, kubeconfig: Path) -> None:
+    commands = commands_of(data_release.notes)
+    assert [c.split()[:3] for c in commands] == [
+        ["kubectl", "-n", data_release.namespace],  # rollout status
+        ["kubectl", "-n", data_release.watched],  # apply the example
+        ["kubectl", "-n", data_release.watched],  # wait for it
+        ["kubectl", "-n", data_release.watched],  # get it
+        ["kubectl", "get", "--raw"],  # its logs, through the API server
+    ], data_release.notes
+    outputs = []
+    for command in commands:
+        result = subprocess.run(
+            ["bash", "-c", command],
+            capture_output=True,
+            text=True,
+            timeout=420,
+            env={**os.environ, "KUBECONFIG": str(kubeconfig)},
+            check=False,
+        )
+        assert result.returncode == 0, f"{command}\n{result.stdout}\n{result.stderr}"
+        outputs.append(result.stdout)
+    assert "Succeeded" in outputs[3], outputs[3]
+    assert re.search(r"==> attempt 1 turn .*: agent <==", outputs[4]), outputs[4]
+
+
+# Callers ------------------------------------------------------------------------------------------------
+def service_account(core: client.CoreV1Api, namespace: str, name: str) -> str:
+    """A ServiceAccount and its token (a 1.20 API server puts one in a Secret for each account)."""
+    core.create_namespaced_service_account(namespace, client.V1ServiceAccount(metadata=client.V1ObjectMeta(name=name)))
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        account = core.read_namespaced_service_account(name, namespace)
+        for secret in account.secrets or []:
+            token = core.read_namespaced_secret(secret.name, namespace).data.get("token")
+            if token:
+                return base64.b64decode(token).decode()
+        time.sleep(0.5)
+    raise TimeoutError(f"no token for serviceaccount {namespace}/{name}")
+
+
+def kubeconfig_for(admin_kubeconfig: Path, token: str, path: Path) -> Path:
+    """The admin kubeconfig's cluster, with the token's user."""
+    config = yaml.safe_load(admin_kubeconfig.read_text())
+    config["users"] = [{"name": "reader", "user": {"token": token}}]
+    config["contexts"] = [{"name": "reader", "context": {"cluster": config["clusters"][0]["name"], "user": "reader"}}]
+    config["current-context"] = "reader"
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+def grant(api: client.ApiClient, namespace: str, account: str, rules: list[dict[str, Any]]) -> None:
+    rbac = client.RbacAuthorizationV1Api(api)
+    rbac.create_namespaced_role(namespace, {"metadata": {"name": account}, "rules": rules})
+    rbac.create_namespaced_role_binding(
+        namespace,
+        {
+            "metadata": {"name": account},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": account},
+            "subjects": [{"kind": "ServiceAccount", "name": account, "namespace": namespace}],
+        },
+    )
+
+
+def readme_reader_rules() -> list[dict[str, Any]]:
+    """The rules of the README's example Role for a `kubectl episode logs|artifacts` user."""
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    for block in re.findall(r"```yaml\n(.*?)```", readme, re.DOTALL):
+        document = yaml.safe_load(block)
+        if isinstance(document, dict) and document.get("kind") == "Role":
+            rules: list[dict[str, Any]] = document["rules"]
+            return rules
+    raise AssertionError("the README shows no Role for kubectl episode users")
+
+
+READER_RULES = readme_reader_rules()
+
+
+PROBE = """
+import json, os, ssl, sys, urllib.error, urllib.request
+token = open("/var/run/secrets/kubernetes.io/serviceaccount/token").read()
+insecure = ssl._create_unverified_context()
+def get(url, headers):
+    try:
+        with urllib.request.urlopen(urllib.request.Request(url, headers=headers), context=insecure, timeout=20) as r:
+            return [r.status, r.read().decode()[:60000]]
+    except urllib.error.HTTPError as error:
+        return [error.code, error.read().decode()[:2000]]
+    except Exception as error:
+        return [-1, repr(error)]
+targets = json.loads(sys.argv[1])
+api = "https://%s:%s" % (os.environ["KUBERNETES_SERVICE_HOST"], os.environ["KUBERNETES_SERVICE_PORT"])
+targets = {name: [url.replace("https://API", api), forged_too] for name, (url, forged_too) in targets.items()}
+bearer = {"Authorization": "Bearer " + token}
+admin = {"X-Remote-User": "system:admin", "X-Remote-Group": "system:masters"}
+answers = {name: get(url, {**bearer, **admin} if forged else bearer) for name, (url, forged) in targets.items()}
+print(json.dumps(answers))
+"""
+
+
+def run_probe(
+    core: client.CoreV1Api, namespace: str, account: str, image: str, targets: dict[str, Any]
+) -> dict[str, Any]:
+    """Run PROBE in a pod of ``account`` and return what it printed."""
+    name = f"probe-{account}"
+    core.create_namespaced_pod(
+        namespace,
+        {
+            "metadata": {"name": name},
+            "spec": {
+                "serviceAccountName": account,
+                "restartPolicy": "Never",
+                "containers": [
+                    {
+                        "name": "probe",
+                        "image": image,
+                        "imagePullPolicy": "Never",
+                        "command": ["python3", "-c", PROBE, json.dumps(targets)],
+                    }
+                ],
+            },
+        },
+    )
+    deadline = time.monotonic() + 120
+    while True:
+        pod = core.read_namespaced_pod(name, namespace)
+        if pod.status.phase in ("Succeeded", "Failed"):
+            break
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"probe pod still {pod.status.phase}")
+        time.sleep(0.5)
+    log = core.read_namespaced_pod_log(name, namespace)
+    assert pod.status.phase == "Succeeded", log
+    result: dict[str, Any] = json.loads(log.strip().splitlines()[-1])
+    return result
+
+
+def test_a_pod_without_rights_reads_nothing_while_metrics_and_health_stay_open(
+    data_release: Release, api_client: client.ApiClient, core: client.CoreV1Api, sandbox_image: str
+) -> None:
+    results = run_examples(api_client, core, data_release.watched, data_release.namespace, "hello")
+    episode = results["hello"]["name"]
+    path = DATA_PATH.format(namespace=data_release.watched, name=episode, subresource="log")
+    service = core.read_namespaced_service("episode-operator", data_release.namespace)
+    (operator_pod,) = core.list_namespaced_pod(
+        data_release.namespace, label_selector="app.kubernetes.io/name=episode-operator"
+    ).items
+    service_account(core, data_release.watched, "nobody")
+    targets = {
+        # Straight to the operator's data API port, with a token and forged front-proxy headers.
+        "direct": (f"https://{service.spec.cluster_ip}:443{path}", True),
+        # Through the API server, as itself: RBAC says no.
+        "api-server": (f"https://API{path}", False),
+        "metrics": (f"http://{service.spec.cluster_ip}:8080/metrics", False),
+        "healthz": (f"http://{operator_pod.status.pod_ip}:8081/healthz", False),
+    }
+    answers = run_probe(core, data_release.watched, "nobody", sandbox_image, targets)
+    assert answers["direct"][0] == 401, answers["direct"]
+    assert json.loads(answers["direct"][1])["reason"] == "Unauthorized"
+    assert answers["api-server"][0] == 403, answers["api-server"]
+    refusal = json.loads(answers["api-server"][1])["message"]
+    assert 'cannot get resource "episodes/log" in API group "data.episode-operator.dev"' in refusal
+    assert answers["metrics"][0] == 200
+    for family in ("process_resident_memory_bytes", "process_cpu_seconds_total", "episode_operator_episodes_total"):
+        assert f"\n{family}" in answers["metrics"][1], family
+    assert answers["healthz"][0] == 200, answers["healthz"]
+
+
+def test_a_user_with_the_rbac_gets_logs_and_artifacts_with_kubectl_episode(
+    data_release: Release, api_client: client.ApiClient, core: client.CoreV1Api, kubeconfig: Path, tmp_path: Path
+) -> None:
+    name = "ledger"
+    create_episode(api_client, data_release.watched, name, episode_spec(EXAMPLES / "three-step-ledger"))
+    reader = kubeconfig_for(kubeconfig, service_account(core, data_release.watched, "reader"), tmp_path / "reader")
+    grant(api_client, data_release.watched, "reader", READER_RULES)
+    stranger = kubeconfig_for(
+        kubeconfig, service_account(core, data_release.watched, "stranger"), tmp_path / "stranger"
+    )
+    # The stranger may read the Episode, not its data.
+    grant(api_client, data_release.watched, "stranger", [r for r in READER_RULES if "episodes" in r["resources"]])
+    wait_succeeded(api_client, data_release.watched, name)
+
+    def kubectl_episode(config: Path, *args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [str(KUBECTL_EPISODE), *args, "-n", data_release.watched, "--kubeconfig", str(config)],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+
+    logs = kubectl_episode(reader, "logs", name, "--turn", "03-report")
+    assert logs.returncode == 0, logs.stderr
+    assert "==> attempt 1 turn 03-report:" in logs.stdout and "turn 01-record" not in logs.stdout
+    copied = kubectl_episode(reader, "artifacts", name, str(tmp_path / "out"))
+    assert copied.returncode == 0, copied.stderr + operator_log(core, data_release.namespace)
+    assert (tmp_path / "out" / "03-report" / "report.txt").is_file(), sorted((tmp_path / "out").rglob("*"))
+    refused = kubectl_episode(stranger, "logs", name)
+    assert refused.returncode == 1
+    assert 'cannot get resource "episodes/log" in API group "data.episode-operator.dev"' in refused.stderr
+    assert "Traceback" not in refused.stderr
+
+
+def wait_succeeded(api: client.ApiClient, namespace: str, name: str) -> None:
+    custom = client.CustomObjectsApi(api)
+    deadline = time.monotonic() + 240
+    while True:
+        status = (
+            custom.get_namespaced_custom_object("episode-operator.dev", "v1alpha1", namespace, "episodes", name).get(
+                "status"
+            )
+            or {}
+        )
+        if status.get("phase") in ("Succeeded", "Failed"):
+            assert status["phase"] == "Succeeded", status
+            return
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{namespace}/{name}: {status.get('phase')}")
+        time.sleep(1)
+
+
+def test_the_operator_runs_the_image_its_dockerfile_makes(
+    data_release: Release, core: client.CoreV1Api, released_images: dict[str, str]
+) -> None:
+    selector = "app.kubernetes.io/name=episode-operator"
+    (pod,) = core.list_namespaced_pod(data_release.namespace, label_selector=selector).items
+    assert pod.spec.containers[0].image == released_images["episode-operator"]
+    assert pod.status.container_statuses[0].ready and pod.status.container_statuses[0].restart_count == 0
+
+
+def test_the_api_service_trusts_the_operators_own_certificate(
+    data_release: Release, api_client: client.ApiClient
+) -> None:
+    api_service = client.ApiregistrationV1Api(api_client).read_api_service(API_SERVICE)
+    (owner,) = api_service.metadata.owner_references
+    assert (owner.kind, owner.name) == ("ClusterRole", f"{data_release.namespace}-{RELEASE}-data-api")
+    spec = api_service.spec
+    assert spec.ca_bundle and not spec.insecure_skip_tls_verify
+    assert (spec.service.namespace, spec.service.name) == (data_release.namespace, RELEASE)
+
+
+def test_uninstalling_removes_the_registration(data_release: Release, api_client: client.ApiClient) -> None:
+    """No APIService is left pointing at nothing (which would hold up every namespace deletion of the
+    cluster): its owner, the release's ClusterRole, goes, and the operator unregisters at exit."""
+    data_release.uninstall()
+    registration = client.ApiregistrationV1Api(api_client)
+    deadline = time.monotonic() + 90  # the pod's grace period: the operator unregisters as it stops
+    while True:
+        try:
+            registration.read_api_service(API_SERVICE)
+        except ApiException as error:
+            assert error.status == 404
+            return
+        assert time.monotonic() < deadline, f"apiservice {API_SERVICE} left behind"
+        time.sleep(1)

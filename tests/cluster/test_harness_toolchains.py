@@ -1,0 +1,125 @@
+"""Every shipped harness runs from its toolchain in the plain sandbox image, offline, and does what the model says.
+
+Real parts only, but for the model: the toolchain images `hack/cluster images` built, an init
+container copying the tree into an emptyDir, the sandbox image as the task image (no Node, and a
+Python the harness must not use), no DNS, the scripted model server as a pod reached by its
+Service IP. Each harness is run with the exact command line and environment of
+docs/harnesses.md (tests/cluster/toolchains.py), the instruction one argv element.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from kubernetes import client
+
+from tests.cluster.toolchains import API_KEY, HARNESSES, LOGS, Harness, exec_argv, toolchain_pod, wait_for_running
+from tests.scripted_model.deploy import ScriptedModel, deploy_scripted_model
+
+MODEL = "scripted-m1"
+TURN_ONE = "Episode toolchain check, turn one: create the greeting file."
+TURN_TWO = "Episode toolchain check, turn two: append to the greeting file."
+GREETING = "/root/greeting.txt"
+SCRIPT = {
+    "rules": [
+        {
+            "name": "turn-1",
+            "when": {"prompt": TURN_ONE, "tools": True},
+            "steps": [{"run": f"echo 'hello from turn 1' > {GREETING}"}, {"finish": "Created the greeting file."}],
+        },
+        {
+            "name": "turn-2",
+            "when": {"prompt": TURN_TWO, "tools": True},
+            "steps": [{"run": f"echo 'and from turn 2' >> {GREETING}"}, {"finish": "Appended to it."}],
+        },
+    ]
+}
+
+
+@pytest.fixture
+def model(core: client.CoreV1Api, namespace: str, sandbox_image: str) -> ScriptedModel:
+    return deploy_scripted_model(core, namespace, SCRIPT, sandbox_image)
+
+
+@pytest.fixture
+def sandbox(
+    core: client.CoreV1Api, namespace: str, sandbox_image: str, request: pytest.FixtureRequest
+) -> Iterator[str]:
+    harness = HARNESSES[request.param]
+    name = f"sandbox-{harness.name}"
+    core.create_namespaced_pod(namespace, toolchain_pod(name, harness, sandbox_image))
+    wait_for_running(core, namespace, name)
+    yield name
+
+
+def run_turn(
+    core: client.CoreV1Api,
+    namespace: str,
+    pod: str,
+    harness: Harness,
+    model: ScriptedModel,
+    instruction: str,
+    continue_session: bool = False,
+) -> None:
+    argv = harness.command(instruction, MODEL, model.base_url, continue_session)
+    result = exec_argv(core, namespace, pod, argv, harness.environment(MODEL, model.base_url))
+    assert result.exit_code == 0, (
+        f"{harness.name} exited {result.exit_code}:\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
+    )
+
+
+def tool_requests(model: ScriptedModel) -> list[dict[str, Any]]:
+    """The requests of the agent's loop (title and summary requests offer no tools)."""
+    return [r for r in model.model_requests() if r.get("action") is not None and r["body"].get("tools")]
+
+
+def conversation_text(record: dict[str, Any]) -> str:
+    return json.dumps(record["body"].get("messages") or record["body"].get("input") or [])
+
+
+@pytest.mark.parametrize("sandbox", sorted(HARNESSES), indirect=True)
+def test_harness_runs_the_scripted_commands_offline(
+    core: client.CoreV1Api, namespace: str, sandbox: str, model: ScriptedModel
+) -> None:
+    harness = HARNESSES[sandbox.removeprefix("sandbox-")]
+    run_turn(core, namespace, sandbox, harness, model, TURN_ONE)
+
+    greeting = exec_argv(core, namespace, sandbox, ["cat", GREETING])
+    assert greeting.stdout == "hello from turn 1\n"
+    requests = model.model_requests()
+    assert {r["dialect"] for r in requests} == {harness.dialect}
+    assert all(r["api_key"] == API_KEY for r in requests)
+    loop = tool_requests(model)
+    assert [r["rule"] for r in loop] == ["turn-1", "turn-1"], "every loop request is scripted"
+    assert [r["step"] for r in loop] == [0, 1]
+    assert "hello from turn 1" not in conversation_text(loop[0]) and "greeting" in conversation_text(loop[1])
+
+    logs = exec_argv(
+        core, namespace, sandbox, ["sh", "-c", " ".join(f"ls {LOGS}/{pattern}" for pattern in harness.native_logs)]
+    )
+    assert logs.exit_code == 0, f"no native log {harness.native_logs} under {LOGS}: {logs.stderr}"
+
+
+CONTINUING = sorted(name for name in HARNESSES if name != "mini-swe-agent")
+
+
+@pytest.mark.parametrize("sandbox", CONTINUING, indirect=True)
+@pytest.mark.parametrize("continue_session", [True, False], ids=["continue", "fresh"])
+def test_second_turn_continues_the_session_only_when_asked(
+    core: client.CoreV1Api, namespace: str, sandbox: str, model: ScriptedModel, continue_session: bool
+) -> None:
+    """Under continue, turn 2's first request carries turn 1's conversation; a fresh turn 2 does not."""
+    harness = HARNESSES[sandbox.removeprefix("sandbox-")]
+    run_turn(core, namespace, sandbox, harness, model, TURN_ONE)
+    model.clear()
+    run_turn(core, namespace, sandbox, harness, model, TURN_TWO, continue_session=continue_session)
+
+    assert exec_argv(core, namespace, sandbox, ["cat", GREETING]).stdout == "hello from turn 1\nand from turn 2\n"
+    first = tool_requests(model)[0]
+    assert (first["rule"], first["step"]) == ("turn-2", 0)
+    carried = conversation_text(first)
+    assert (TURN_ONE in carried and "hello from turn 1" in carried) is continue_session, shlex.quote(carried[:2000])

@@ -1,0 +1,428 @@
+"""Break the operator on purpose, one declared way at a time, and see which unit test notices.
+
+Each mutation replaces one exact snippet of one module with a wrong variant (a job run as
+the wrong user, without its environment, in the wrong directory, with the wrong time limit;
+a skipped cleanup, gate or check). It is applied to a scratch copy of the package, never to
+the working tree, and the unit tier runs against that copy (``PYTHONPATH`` puts it first),
+stopping at the first failure. A mutation no test fails is a hole in the suite. A snippet
+that no longer occurs exactly once (the code moved on) is reported as such, never skipped:
+update the table with the code.
+
+    .venv/bin/python tests/mutations.py                 # every mutation, a table at the end
+    .venv/bin/python tests/mutations.py -k verifier     # those whose name contains "verifier"
+    .venv/bin/python tests/mutations.py --list          # the table, nothing run
+    .venv/bin/python tests/mutations.py --markdown      # the result as docs/testing.md's table
+
+Exit status: 0 when every mutation was caught, 1 otherwise.
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+PACKAGE = REPO / "operator" / "episode_operator"
+# The unit tier, the files likeliest to notice first: pytest runs files in the order given,
+# but a directory given too would bring back its own (alphabetical) order.
+FIRST = ("test_job_wiring.py", "test_runtime.py", "test_rewards.py", "test_store.py", "test_real_supervisor.py")
+UNIT_TIER = [
+    f"tests/unit/{name}"
+    for name in [*FIRST, *sorted(p.name for p in (REPO / "tests" / "unit").glob("test_*.py") if p.name not in FIRST)]
+]
+TIMEOUT_SEC = 900.0
+
+
+@dataclass(frozen=True)
+class Mutation:
+    name: str
+    file: str  # below operator/episode_operator/
+    snippet: str  # must occur exactly once
+    replacement: str
+    breaks: str  # what goes wrong, in a user's words
+
+
+EPISODE = "runtime/episode.py"
+VERIFY = "runtime/turn/verify.py"
+PREPARE = "runtime/turn/prepare.py"
+COLLECT = "runtime/turn/collect.py"
+AGENTS = "runtime/agents/builtin.py"
+MUTATIONS = [
+    # As whom, with which environment.
+    Mutation(
+        "verifier-user",
+        VERIFY,
+        "timeout_sec=plan.verifier.timeout_sec,\n        user=plan.verifier.user,\n",
+        "timeout_sec=plan.verifier.timeout_sec,\n",
+        "test.sh runs as root, not as [verifier].user",
+    ),
+    Mutation(
+        "verifier-env",
+        VERIFY,
+        "env=plan.verifier.env,\n",
+        "",
+        "test.sh runs without [verifier.env]",
+    ),
+    Mutation(
+        "solution-env",
+        AGENTS,
+        'env={**turn.services.plan.solution_env, "DEBIAN_FRONTEND": "noninteractive"},',
+        'env={"DEBIAN_FRONTEND": "noninteractive"},',
+        "solve.sh runs without [solution.env]",
+    ),
+    Mutation(
+        "solution-debian-frontend",
+        AGENTS,
+        'env={**turn.services.plan.solution_env, "DEBIAN_FRONTEND": "noninteractive"},',
+        "env=dict(turn.services.plan.solution_env),",
+        "solve.sh runs without DEBIAN_FRONTEND=noninteractive",
+    ),
+    Mutation(
+        "setup-user",
+        PREPARE,
+        "timeout_sec=turn.plan.setup_timeout_sec,\n        user=turn.plan.agent.user,\n",
+        "timeout_sec=turn.plan.setup_timeout_sec,\n",
+        "setup.sh runs as root, not as the step's agent user",
+    ),
+    Mutation(
+        "oracle-user",
+        AGENTS,
+        "timeout_sec=plan.agent.timeout_sec,\n                user=plan.agent.user,\n",
+        "timeout_sec=plan.agent.timeout_sec,\n",
+        "the oracle's solve.sh runs as root, not as the agent user",
+    ),
+    Mutation(
+        "command-agent-user",
+        AGENTS,
+        "user=turn.plan.agent.user,\n                env={**_env(turn),",
+        "env={**_env(turn),",
+        "the command agent runs as root, not as the agent user",
+    ),
+    Mutation(
+        "command-agent-env",
+        AGENTS,
+        "return {**turn_env(turn), **(model_env(model) if model is not None else {})}",
+        "return model_env(model) if model is not None else {}",
+        "the command agent gets no EPISODE_TURN* variables",
+    ),
+    Mutation(
+        "agent-setup-user",
+        AGENTS,
+        "user=turn.plan.agent.user,\n            env=_env(turn),\n",
+        "env=_env(turn),\n",
+        "the command agent's setup runs as root",
+    ),
+    Mutation(
+        "healthcheck-user",
+        EPISODE,
+        "timeout_sec=timeout, user=user",
+        "timeout_sec=timeout",
+        "the step healthcheck runs as root",
+    ),
+    Mutation(
+        "collect-hook-user",
+        COLLECT,
+        "user=hook.user,\n",
+        "",
+        "a collect hook runs as root, not as its user",
+    ),
+    Mutation(
+        "user-switch",
+        PREPARE,
+        "if user is not None and (previous is None or user != previous.agent.user):",
+        "if False:",
+        "the working directory is never given to the agent user",
+    ),
+    # Where.
+    Mutation(
+        "oracle-cwd",
+        AGENTS,
+        "output=ORACLE_OUTPUT,\n",
+        "output=ORACLE_OUTPUT,\n                cwd=SOLUTION,\n",
+        "solve.sh runs in /solution, not in the working directory",
+    ),
+    Mutation(
+        "verifier-cwd",
+        VERIFY,
+        "output=TEST_STDOUT,\n",
+        "output=TEST_STDOUT,\n        cwd=TESTS,\n",
+        "test.sh runs in /tests, not in the working directory",
+    ),
+    Mutation(
+        "setup-cwd",
+        PREPARE,
+        "command=f\"bash {PurePosixPath(sandbox.workdir) / 'setup.sh'}\",\n",
+        'command=f"bash {PurePosixPath(sandbox.workdir) / \'setup.sh\'}",\n        cwd="/",\n',
+        "setup.sh runs in /, not in the working directory",
+    ),
+    Mutation(
+        "workdir-destination",
+        PREPARE,
+        "folder_tar(turn.services.files, turn.plan.workdir), sandbox.workdir,",
+        'folder_tar(turn.services.files, turn.plan.workdir), "/",',
+        "workdir/ is merged into /, not into the working directory",
+    ),
+    # How long.
+    Mutation(
+        "agent-time-limit",
+        AGENTS,
+        'command=f"bash {SOLUTION}/solve.sh",\n                timeout_sec=plan.agent.timeout_sec,',
+        'command=f"bash {SOLUTION}/solve.sh",\n                timeout_sec=plan.verifier.timeout_sec,',
+        "the oracle is bounded by the verifier's budget, not the agent's",
+    ),
+    Mutation(
+        "verifier-time-limit",
+        VERIFY,
+        "timeout_sec=plan.verifier.timeout_sec,\n",
+        "timeout_sec=plan.agent.timeout_sec,\n",
+        "test.sh is bounded by the agent's budget, not the verifier's",
+    ),
+    Mutation(
+        "setup-time-limit",
+        PREPARE,
+        "timeout_sec=turn.plan.setup_timeout_sec,\n",
+        "timeout_sec=turn.plan.verifier.timeout_sec,\n",
+        "setup.sh is bounded by the verifier's budget, not the step's",
+    ),
+    Mutation(
+        "collect-hook-time-limit",
+        COLLECT,
+        "timeout_sec=hook.timeout_sec,\n",
+        "timeout_sec=plan.verifier.timeout_sec,\n",
+        "a collect hook is bounded by the verifier's budget, not its own",
+    ),
+    Mutation(
+        "episode-deadline",
+        EPISODE,
+        "if deadline is not None and self.clock() > parse_timestamp(deadline):",
+        "if False:",
+        "a run past the episode deadline goes on",
+    ),
+    Mutation(
+        "lost-job",
+        EPISODE,
+        'if state.phase == "unknown":',
+        'if state.phase == "unknown" and False:',
+        "a job the supervisor lost is polled forever",
+    ),
+    # Grading.
+    Mutation(
+        "cleanup-between-turns",
+        "runtime/turn/context.py",
+        'GRADING_FILES = (f"{TESTS}/", f"{LOGS_VERIFIER}/", TRAJECTORY)',
+        "GRADING_FILES = (TRAJECTORY,)",
+        "a shared turn's /tests and /logs/verifier are left for the next turn's agent",
+    ),
+    Mutation(
+        "cleanup-before-verify",
+        VERIFY,
+        "TESTS, () if turn.separate else VERIFIER_FOLDERS)",
+        "TESTS, ())",
+        "files the agent planted in /tests and /logs/verifier are graded",
+    ),
+    Mutation(
+        "reward-after-exit",
+        VERIFY,
+        "and content.modified > state.finished_at  # both by the container's clock",
+        "and False",
+        "a reward file rewritten after test.sh exited is accepted",
+    ),
+    Mutation(
+        "min-reward-stop",
+        VERIFY,
+        'or record.gate == "missed"',
+        "",
+        "a turn below min_reward does not stop the episode",
+    ),
+    Mutation(
+        "min-reward-record",
+        VERIFY,
+        "miss = check_min_reward(turn.plan.min_reward, score.rewards)",
+        "miss = None",
+        "a missed min_reward is not recorded on the turn",
+    ),
+    # The turn machine and the agents.
+    Mutation(
+        "agent-stage-unpublished",
+        "runtime/turn/table.py",
+        "Stage.TRAJECTORY,\n        Published.ALWAYS,",
+        "Stage.TRAJECTORY,\n        Published.NEVER,",
+        "a restart after the agent started runs the agent again",
+    ),
+    Mutation(
+        "separate-verifier-inputs-masked",
+        "runtime/turn/failures.py",
+        '        "upload": Becomes(masked=True),\n',
+        '        "upload": _CANNOT_RUN,\n',
+        "a separate verifier without tar is retried as an outage instead of masked",
+    ),
+    Mutation(
+        "model-auth-retried",
+        "runtime/agents/failures.py",
+        '"model_auth": Consequence(ungraded=FAILURE_MODEL_AUTH),',
+        '"model_auth": Consequence(outage="model_unavailable"),',
+        "a refused API key is retried as an outage",
+    ),
+    Mutation(
+        "capture-unmarked",
+        "runtime/turn/agent.py",
+        'await _capture_job(turn, sandbox, "capture-on", f"--turn {turn.name}")',
+        "pass",
+        "model calls are not attributed to their turn",
+    ),
+    Mutation(
+        "min-reward-equality",
+        "taskfolder/rewards.py",
+        "if rewards[key] < threshold:",
+        "if rewards[key] <= threshold:",
+        "a reward equal to min_reward misses the gate",
+    ),
+    Mutation(
+        "reward-json-wins",
+        "taskfolder/rewards.py",
+        "    if reward_json is not None:\n        try:",
+        "    if reward_json is not None and reward_txt is None:\n        try:",
+        "reward.txt is read although reward.json exists",
+    ),
+    Mutation(
+        "reward-txt-unicode-digits",
+        "taskfolder/rewards.py",
+        'NUMBER = re.compile(r"[+-]?(?:[0-9]+(?:\\.[0-9]*)?|\\.[0-9]+)(?:[eE][+-]?[0-9]+)?")',
+        'NUMBER = re.compile(r"[+-]?(?:\\d+(?:\\.\\d*)?|\\.\\d+)(?:[eE][+-]?\\d+)?")',
+        'reward.txt "١" scores 1',
+    ),
+    Mutation(
+        "reward-txt-unicode-space",
+        "taskfolder/rewards.py",
+        "text = _text(data).strip(ASCII_SPACE)",
+        "text = _text(data).strip()",
+        "reward.txt with a no-break space scores",
+    ),
+    Mutation(
+        "reward-not-finite",
+        "taskfolder/rewards.py",
+        "    if not math.isfinite(value):\n        raise _Invalid",
+        "    if False:\n        raise _Invalid",
+        'reward.json {"reward": NaN} scores',
+    ),
+    # The supervisor and the kept logs.
+    Mutation(
+        "own-output",
+        "runtime/supervisor.sh",
+        '    [ "$_osz" -ge "$_off" ] || _off=0\n',
+        "    _off=0\n",
+        "turn 2's kept oracle log repeats turn 1's output",
+    ),
+    Mutation(
+        "logs-in-run-order",
+        "runtime/store.py",
+        'position.get(f"{turn_dir.name}/{log.stem}", len(position))',
+        "0",
+        "kubectl episode logs lists turns by name, not in the order they ran",
+    ),
+]
+
+
+@dataclass(frozen=True)
+class Outcome:
+    mutation: Mutation
+    verdict: str  # caught, MISSED, SNIPPET MISSING, SNIPPET AMBIGUOUS, HUNG
+    caught_by: str = ""
+    seconds: float = 0.0
+
+    @property
+    def good(self) -> bool:
+        return self.verdict == "caught"
+
+
+def check_snippet(mutation: Mutation) -> str | None:
+    """None when the snippet occurs exactly once; else the verdict that says why it cannot be applied."""
+    text = (PACKAGE / mutation.file).read_text()
+    count = text.count(mutation.snippet)
+    return None if count == 1 else "SNIPPET MISSING" if count == 0 else f"SNIPPET AMBIGUOUS ({count}x)"
+
+
+def run_mutation(mutation: Mutation, tests: list[str]) -> Outcome:
+    """Apply ``mutation`` to a scratch copy of the package and run ``tests`` against it."""
+    problem = check_snippet(mutation)
+    if problem:
+        return Outcome(mutation, problem)
+    started = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix=f"mutation-{mutation.name}-") as scratch:
+        copy = Path(scratch) / "episode_operator"
+        shutil.copytree(PACKAGE, copy, ignore=shutil.ignore_patterns("__pycache__"))
+        target = copy / mutation.file
+        target.write_text(target.read_text().replace(mutation.snippet, mutation.replacement))
+        result = _pytest(tests, scratch)
+    seconds = time.monotonic() - started
+    if result is None:
+        return Outcome(mutation, "HUNG", f"no answer in {TIMEOUT_SEC:.0f} s", seconds)
+    failed = [line.split(" ", 1)[1] for line in result.stdout.splitlines() if line.startswith(("FAILED ", "ERROR "))]
+    if result.returncode == 0:
+        return Outcome(mutation, "MISSED", seconds=seconds)
+    if not failed:
+        return Outcome(mutation, "ERROR", result.stdout[-2000:] + result.stderr[-2000:], seconds)
+    return Outcome(mutation, "caught", failed[0].split(" - ")[0], seconds)
+
+
+def _pytest(tests: list[str], package_root: str | None) -> subprocess.CompletedProcess[str] | None:
+    """The tests against the mutated copy at ``package_root``, or (None) against the working tree."""
+    env = {name: value for name, value in os.environ.items() if name not in ("PYTHONPATH", "EPISODE_MUTATION_PACKAGE")}
+    if package_root is not None:
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [package_root, str(REPO), env.get("PYTHONPATH")]))
+        env["EPISODE_MUTATION_PACKAGE"] = package_root  # the suite checks it imports this copy
+    command = [sys.executable, "-m", "pytest", *tests, "-x", "-q", "-rfE", "-p", "no:cacheprovider"]
+    try:
+        return subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=TIMEOUT_SEC)
+    except subprocess.TimeoutExpired:
+        return None
+
+
+def markdown(outcomes: list[Outcome]) -> str:
+    lines = ["| mutation | what breaks | file | verdict | first test that failed |", "| --- | --- | --- | --- | --- |"]
+    for outcome in outcomes:
+        mutation = outcome.mutation
+        test = f"`{outcome.caught_by}`" if outcome.caught_by else ""
+        lines.append(f"| `{mutation.name}` | {mutation.breaks} | `{mutation.file}` | {outcome.verdict} | {test} |")
+    return "\n".join(lines)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("-k", "--keyword", default="", help="only mutations whose name contains this")
+    parser.add_argument("--list", action="store_true", help="print the mutations and whether they apply")
+    parser.add_argument("--markdown", action="store_true", help="print the result as a Markdown table")
+    parser.add_argument("-j", "--jobs", type=int, default=1, help="mutations run at once (each its own copy)")
+    parser.add_argument("tests", nargs="*", default=UNIT_TIER, help="what pytest runs (default: the unit tier)")
+    args = parser.parse_args()
+    chosen = [mutation for mutation in MUTATIONS if args.keyword in mutation.name]
+    if args.list:
+        for mutation in chosen:
+            print(f"{mutation.name:28} {mutation.file:24} {check_snippet(mutation) or 'applies'}: {mutation.breaks}")
+        return 0 if all(check_snippet(mutation) is None for mutation in chosen) else 1
+    baseline = _pytest(args.tests, None)
+    if baseline is None or baseline.returncode != 0:
+        print("the unmutated suite fails: fix it first\n" + (baseline.stdout[-3000:] if baseline else "(hung)"))
+        return 1
+    outcomes: list[Outcome] = []
+    with concurrent.futures.ThreadPoolExecutor(max_workers=max(args.jobs, 1)) as pool:
+        for outcome in pool.map(lambda mutation: run_mutation(mutation, args.tests), chosen):
+            outcomes.append(outcome)
+            print(f"{outcome.mutation.name:28} {outcome.verdict:8} {outcome.seconds:5.0f} s  {outcome.caught_by}")
+    if args.markdown:
+        print("\n" + markdown(outcomes))
+    holes = [outcome for outcome in outcomes if not outcome.good]
+    print(f"\n{len(outcomes) - len(holes)} of {len(outcomes)} mutations caught")
+    return 1 if holes else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

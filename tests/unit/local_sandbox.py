@@ -1,0 +1,181 @@
+"""Sandboxes that run the real supervisor as a pod would, each in a mount namespace of its own.
+
+The in-memory sandbox (fake_sandbox.py) models what the supervisor does; this runs the thing
+itself, so the models are checked against it: the operator's own :class:`KubeSandbox` ships
+each command (supervisor.py's argv) to :class:`LocalPods` instead of the API server, which
+runs it with bubblewrap (unpacked by hack/venv) as a ``kubectl exec`` into the pod would:
+
+- a pod is a directory that becomes ``/`` (so ``/app``, ``/tests``, ``/logs``, ``/solution``,
+  ``/episode-operator`` and ``/tmp`` are the pod's own and persist between execs), with the
+  host's ``/usr`` and ``/etc`` read-only under it, its passwd adding the tests' users;
+- as root with all capabilities (users are switched by the supervisor with setpriv), the
+  working directory ``/app``, and an environment of PATH, HOME and the pod's container env;
+- the supervisor's jobs outlive the exec that started them, in the host's pid namespace; a
+  pod's release kills them (every job's process group, as the supervisor recorded it).
+
+Needs root, as the unit tier does (CI and ``hack/test`` run as root).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from episode_operator.kube.client import ExecResult
+from episode_operator.kube.sandbox import KubeSandbox
+from episode_operator.runtime.sandbox import WaitingReport
+from episode_operator.runtime.supervisor import SUPERVISOR_DIR
+from episode_operator.taskfolder.plan import NetworkPolicy, VerifierPlan
+from tests.unit.tools import tool
+
+WORKDIR = "/app"
+PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+#: Users the tests' tasks name, added to the host's passwd inside every pod (uid = gid).
+USERS = {"agent": 2001, "grader": 2002, "bob": 2003}
+#: What a pod's ``/`` holds besides its own directories: Debian's merged /usr.
+MERGED_USR = ("bin", "lib", "lib64", "sbin")
+
+
+class LocalPods:
+    """What :class:`KubeSandbox` needs of a ``KubeClient`` (exec, read_pod), for local pods."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.bwrap = tool("bwrap")
+        self.env: dict[str, dict[str, str]] = {}
+        self.execs = 0
+
+    def create(self, name: str, env: Mapping[str, str]) -> Path:
+        """The pod's ``/`` (kept if it exists: a re-attaching provider gets the same pod)."""
+        pod = self.path(name, "/")
+        if not pod.exists():
+            for directory in ("app", "tmp", "root", "home"):
+                (pod / directory).mkdir(parents=True)
+            (pod / "tmp").chmod(0o1777)
+            for link in MERGED_USR:
+                (pod / link).symlink_to(f"usr/{link}")
+            etc = self.root / "etc" / name
+            etc.mkdir(parents=True)
+            for database, line in (("passwd", "{0}:x:{1}:{1}::/home/{0}:/bin/sh"), ("group", "{0}:x:{1}:")):
+                entries = Path("/etc", database).read_text().rstrip("\n").split("\n")
+                entries += [line.format(user, uid) for user, uid in USERS.items()]
+                (etc / database).write_text("\n".join(entries) + "\n")
+        self.env[name] = dict(env)
+        return pod
+
+    def argv(self, pod: str, command: Sequence[str]) -> list[str]:
+        etc = self.root / "etc" / pod
+        env = {"PATH": PATH, "HOME": "/root", **self.env[pod]}
+        setenv = [arg for name, value in env.items() for arg in ("--setenv", name, value)]
+        return [
+            self.bwrap,
+            *("--bind", str(self.path(pod, "/")), "/"),
+            *("--ro-bind", "/usr", "/usr", "--ro-bind", "/etc", "/etc"),
+            *("--ro-bind", str(etc / "passwd"), "/etc/passwd", "--ro-bind", str(etc / "group"), "/etc/group"),
+            *("--proc", "/proc", "--dev", "/dev", "--chdir", WORKDIR, "--cap-add", "ALL", "--clearenv"),
+            *setenv,
+            "--",
+            *command,
+        ]
+
+    async def exec(
+        self,
+        namespace: str,
+        pod: str,
+        container: str,
+        argv: Sequence[str],
+        *,
+        stdin: bytes | None = None,
+        timeout_sec: float = 60.0,
+    ) -> ExecResult:
+        self.execs += 1
+        process = await asyncio.create_subprocess_exec(
+            *self.argv(pod, argv),
+            stdin=asyncio.subprocess.PIPE if stdin is not None else asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+        )
+        stdout, stderr = await asyncio.wait_for(process.communicate(stdin), timeout_sec)
+        assert process.returncode is not None
+        return ExecResult(process.returncode, stdout, stderr)
+
+    async def read_pod(self, namespace: str, name: str) -> dict[str, Any]:
+        """Asked when an exec fails: the pod is there and running (a pod lost is not modelled here)."""
+        main = {"name": "main", "ready": True, "state": {"running": {}}}
+        return {"metadata": {"name": name}, "status": {"phase": "Running", "containerStatuses": [main]}}
+
+    def kill(self, name: str) -> None:
+        """KILL every job and runner the pod's supervisor recorded."""
+        kill_jobs(self.path(name, SUPERVISOR_DIR) / "jobs")
+
+    def names(self) -> list[str]:
+        pods = self.root / "pods"
+        return sorted(pod.name for pod in pods.iterdir()) if pods.is_dir() else []
+
+    def path(self, pod: str, inside: str) -> Path:
+        """Where ``inside`` (an absolute path in the pod) is on the host."""
+        return self.root / "pods" / pod / inside.lstrip("/")
+
+
+class LocalProvider:
+    """A :class:`SandboxProvider` of local pods, named as the fake's are (``pod-a1``, ``pod-a1-v2``)."""
+
+    def __init__(self, pods: LocalPods, main_env: Mapping[str, str] | None = None) -> None:
+        self.pods = pods
+        self.main_env = dict(main_env or {})
+        self.released: list[str] = []
+        self.networks: list[str] = []
+
+    async def _ready(self, name: str, env: Mapping[str, str], waiting: WaitingReport | None) -> KubeSandbox:
+        self.pods.create(name, env)
+        sandbox = KubeSandbox(self.pods, "local", name)  # type: ignore[arg-type]  # the exec half of a KubeClient
+        await sandbox.place_supervisor()
+        if waiting is not None:  # a local pod never waits: it runs, as the kube provider says of one that does
+            await waiting(None)
+        return sandbox
+
+    async def agent(self, attempt: int, *, waiting: WaitingReport | None = None) -> KubeSandbox:
+        return await self._ready(f"pod-a{attempt}", self.main_env, waiting)
+
+    async def verifier(
+        self, attempt: int, turn: int, plan: VerifierPlan, *, waiting: WaitingReport | None = None
+    ) -> KubeSandbox:
+        env = plan.environment.env if plan.environment else {}
+        return await self._ready(f"pod-a{attempt}-v{turn + 1}", env, waiting)
+
+    async def apply_network(self, attempt: int, policy: NetworkPolicy) -> None:
+        if not self.networks or self.networks[-1] != policy.mode:
+            self.networks.append(policy.mode)
+
+    async def release_verifier(self, attempt: int, turn: int) -> None:
+        self._release(f"pod-a{attempt}-v{turn + 1}")
+
+    async def release_agent(self, attempt: int) -> None:
+        self._release(f"pod-a{attempt}")
+
+    async def release_all(self, *, keep: bool) -> None:
+        if not keep:
+            for name in self.pods.names():
+                self._release(name)
+
+    def _release(self, name: str) -> None:
+        """Its processes die, as a deleted pod's do; its files stay for the test to read."""
+        self.pods.kill(name)
+        if name not in self.released:
+            self.released.append(name)
+
+
+def kill_jobs(jobs: Path) -> None:
+    """KILL the process group of every job, and every runner, recorded under a supervisor's ``jobs/``."""
+    for job in jobs.iterdir() if jobs.is_dir() else ():
+        for record in ("jobpid", "runner"):
+            text = (job / record).read_text().split() if (job / record).is_file() else []
+            if text and text[0].isdigit():
+                for target in (-int(text[0]), int(text[0])):
+                    with contextlib.suppress(ProcessLookupError, PermissionError):
+                        os.kill(target, signal.SIGKILL)

@@ -1,0 +1,314 @@
+"""Harness presets, model endpoints and model-call capture, in the unit tier.
+
+The command lines are run by a real bash against stand-in executables that print their argv,
+so quoting is tested by a shell, not by reading strings. The turn's flow (capture marks around
+the agent, the harvest, the classification, the trajectory) runs the real runner against the
+in-memory sandbox, whose capture container holds the journal a test plants as the proxy would.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from episode_operator.api.models import AgentSpec, EpisodeSpec
+from episode_operator.api.vocabulary import Stage
+from episode_operator.capture.records import CapturedCall
+from episode_operator.kube.objects.pods import AgentImages, OwnerRef, SandboxPod, sandbox_pod
+from episode_operator.runtime.admission import Refusal, admit_spec, admit_task
+from episode_operator.runtime.agents import agent_kind, spec_problems
+from episode_operator.runtime.agents.harnesses import INSTRUCTION, PRESETS, harness_run
+from episode_operator.runtime.agents.model import CAPTURE_CONTAINER, PLACEHOLDER_KEY, Toolchain
+from episode_operator.taskfolder import TaskFiles
+from episode_operator.taskfolder.models import EnvironmentConfig
+from tests.unit.fake_sandbox import World
+from tests.unit.folders import multi_step, steps_toml
+from tests.unit.test_runtime import run
+
+MODEL = {"name": "scripted-m1", "baseURL": "http://198.19.0.9:8000/v1"}
+APIS = {
+    "mini-swe-agent": "chat-completions",
+    "opencode": "chat-completions",
+    "claude-code": "messages",
+    "codex": "responses",
+}
+
+
+def harness(name: str, **extra: Any) -> dict[str, Any]:
+    return {"kind": "harness", "harness": {"name": name}, "model": {**MODEL, "api": APIS[name]}, **extra}
+
+
+# --- the spec ----------------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("agent", "problem"),
+    [
+        (harness("opencode") | {"harness": {"name": "aider"}}, "spec.agent.harness.name: unknown harness 'aider'"),
+        (harness("codex") | {"model": MODEL}, "spec.agent.model.api: codex speaks responses, not chat-completions"),
+        (harness("claude-code") | {"model": MODEL}, "claude-code speaks messages, not chat-completions"),
+        ({"kind": "harness", "model": MODEL}, "spec.agent.harness is required when spec.agent.kind is harness"),
+        ({"kind": "harness", "harness": {"name": "opencode"}}, "spec.agent.model is required"),
+        (harness("opencode") | {"harness": {"name": "opencode", "options": {"x": 1}}}, "options.x: unknown option"),
+        (harness("opencode") | {"harness": {"name": "opencode", "options": {"timeoutSec": 0}}}, "positive number"),
+        (harness("opencode") | {"command": "x"}, "spec.agent.command applies to kind command only, not harness"),
+        ({"kind": "oracle", "model": MODEL}, "spec.agent.model applies to kind command or harness only, not oracle"),
+        ({"kind": "oracle", "turnSessions": "continue"}, "spec.agent.turnSessions applies to kind harness only"),
+    ],
+)
+def test_bad_agent_specs_are_refused_naming_the_field(agent: dict[str, Any], problem: str) -> None:
+    problems = spec_problems(AgentSpec.model_validate(agent))
+    assert any(problem in line for line in problems), problems
+
+
+def test_every_preset_is_accepted_with_its_own_api() -> None:
+    for name in PRESETS:
+        assert spec_problems(AgentSpec.model_validate(harness(name))) == []
+
+
+def seed_refusals(agent: dict[str, Any], toml: str) -> list[str]:
+    spec = admit_spec({"task": {"inline": {"files": {}}}, "agent": agent, "image": "img:1"})
+    assert isinstance(spec, EpisodeSpec), spec
+    folder = multi_step(toml, ["a", "b"], {f"steps/{s}/tests/test.sh": "reward 1" for s in "ab"})
+    admission = admit_task(spec, TaskFiles.from_mapping(folder))
+    return admission.message.split("; ") if isinstance(admission, Refusal) else []
+
+
+def test_continue_is_refused_at_seed_for_a_harness_that_cannot_continue() -> None:
+    refused = seed_refusals(harness("mini-swe-agent", turnSessions="continue"), steps_toml("a", "b"))
+    assert refused == ["refused at seed: spec.agent: turnSessions: mini-swe-agent cannot continue a session"]
+    assert seed_refusals(harness("opencode", turnSessions="continue"), steps_toml("a", "b")) == []
+
+
+def test_continue_is_refused_at_seed_when_the_steps_switch_users() -> None:
+    toml = steps_toml("a", "b", extra={"b": '[steps.agent]\nuser = "bob"\n'})
+    refused = seed_refusals(harness("opencode", turnSessions="continue"), toml)
+    assert refused == [
+        "refused at seed: task.toml: steps.agent.user: turnSessions continue: the steps switch agent users"
+    ]
+    assert seed_refusals(harness("opencode"), toml) == []
+
+
+# --- the command lines, run by bash ------------------------------------------------------------------------
+TRICKY = 'Write "it\'s" to $HOME/`hostname`.txt;\n  then `rm -rf /` — not really! \\n %s {}\n\n'
+
+
+@pytest.mark.parametrize("name", list(PRESETS))
+@pytest.mark.parametrize("continuing", [False, True], ids=["fresh", "continue"])
+def test_the_instruction_reaches_the_harness_as_one_argv_element(tmp_path: Path, name: str, continuing: bool) -> None:
+    """Whatever the instruction holds, the harness gets exactly the preset's argv with it in place."""
+    preset = PRESETS[name]
+    toolchain = Toolchain(name, preset.version)
+    model = AgentSpec.model_validate(harness(name)).model
+    assert model is not None
+    run_ = harness_run(toolchain, model, continue_session=continuing)
+    root = tmp_path / "toolchains" / name / "bin"
+    root.mkdir(parents=True)
+    entry = Path(preset.argv(run_)[0]).name
+    (root / entry).write_text("#!/usr/bin/env python3\nimport json, sys\nprint(json.dumps(sys.argv[1:]))\n")
+    (root / entry).chmod(0o755)
+    instruction = tmp_path / "instruction.md"
+    instruction.write_text(TRICKY)
+    command = preset.command(run_, str(instruction)).replace(toolchain.path, str(tmp_path / "toolchains" / name))
+    result = subprocess.run(["bash", "-c", command], capture_output=True, text=True, check=True, cwd=tmp_path)
+    expected = [part.replace(INSTRUCTION, TRICKY.rstrip("\n")) for part in preset.argv(run_)[1:]]
+    assert json.loads(result.stdout) == expected
+    assert ("--continue" in expected or "resume" in expected) == (continuing and preset.continues)
+
+
+def test_the_harness_is_pointed_at_the_proxy_with_a_placeholder_never_at_the_endpoint() -> None:
+    for name, preset in PRESETS.items():
+        model = {**MODEL, "api": APIS[name], "apiKeySecretRef": {"name": "k"}}
+        spec = AgentSpec.model_validate(harness(name) | {"model": model})
+        assert spec.model is not None
+        run_ = harness_run(Toolchain(name, preset.version), spec.model, continue_session=False)
+        wiring = json.dumps(preset.env(run_)) + json.dumps(preset.argv(run_))
+        assert "127.0.0.1:47311" in wiring, name  # the agent calls the capture proxy
+        assert "198.19.0.9" not in wiring, name  # never the endpoint itself
+        assert PLACEHOLDER_KEY in wiring, name
+
+
+# --- the agent pod ------------------------------------------------------------------------------------------
+def test_the_agent_pod_gets_the_toolchain_and_the_capture_container_with_the_key_only_there() -> None:
+    agent = AgentSpec.model_validate(
+        harness("opencode") | {"model": {**MODEL, "apiKeySecretRef": {"name": "key", "key": "k"}}}
+    )
+    spec = EpisodeSpec.model_validate({"task": {"inline": {"files": {}}}, "agent": agent.to_api()})
+    needs = agent_kind(agent).sandbox_needs(agent)
+    pod = sandbox_pod(
+        OwnerRef("ep", "ns", "uid"),
+        spec,
+        SandboxPod(role="agent", attempt=1, image="task:1", environment=EnvironmentConfig(), needs=needs),
+        extra_labels={},
+        images=AgentImages(capture="operator:9", toolchain_repository="registry.local/eo"),
+    )["spec"]
+    [init] = pod["initContainers"]
+    assert init["image"] == "registry.local/eo/toolchain-opencode:1.17.11"
+    main, capture = pod["containers"]
+    assert {
+        "name": init["volumeMounts"][0]["name"],
+        "mountPath": "/opt/episode-operator/toolchains/opencode",
+        "readOnly": True,
+    } in main["volumeMounts"]
+    assert capture["name"] == CAPTURE_CONTAINER and capture["image"] == "operator:9"
+    assert capture["args"][:2] == ["capture-proxy", "--listen"] and "http://198.19.0.9:8000/v1" in capture["args"]
+    assert capture["env"] == [
+        {"name": "EPISODE_CAPTURE_API_KEY", "valueFrom": {"secretKeyRef": {"name": "key", "key": "k"}}}
+    ]
+    # Neither its store nor its supervisor's jobs are mounted where the agent runs.
+    private = {mount["name"] for mount in capture["volumeMounts"]}
+    assert len(private) == 2 and not private & {mount["name"] for mount in main["volumeMounts"]}
+    assert "secretKeyRef" not in json.dumps(main)
+
+
+# --- the turn: capture marks, harvest, classification, trajectory --------------------------------------------
+def call(
+    turn: str, *, status: int = 200, category: str | None = None, reply: str = "done", ended: float = 0.0, **extra: Any
+) -> CapturedCall:
+    now = time.time() + ended
+    return CapturedCall(
+        model_call_id=f"c{int(now * 1e6)}",
+        dialect="chat",
+        path="/v1/chat/completions",
+        started_at=now,
+        completed_at=now + 0.1,
+        latency_ms=100.0,
+        latency_ttft_ms=10.0,
+        status_code=status,
+        upstream_status_code=status,
+        error_category=category,  # type: ignore[arg-type]
+        request={"model": "scripted-m1", "messages": [{"role": "user", "content": f"instruction of {turn}"}]},
+        response={
+            "choices": [{"message": {"role": "assistant", "content": reply}}],
+            "usage": {"prompt_tokens": 3, "completion_tokens": 1},
+        },
+        attempt=1,
+        turn=turn,
+        **extra,
+    )
+
+
+def plant(world: World, turn: str, calls: list[CapturedCall]) -> None:
+    """As the proxy would: the agent's calls land in the capture container's journal while it runs."""
+
+    def record(sandbox: Any, spec: Any) -> None:
+        path = f"/capture/calls/attempt-{spec.id.split('.')[0][1:]}/{turn}.jsonl"
+        files = sandbox.files.setdefault(CAPTURE_CONTAINER, {})
+        files[path] = files.get(path, b"") + b"".join(c.model_dump_json().encode() + b"\n" for c in calls)
+
+    world.hooks[f"t{'ab'.index(turn) + 1}.agent"] = record
+
+
+def two_turns() -> dict[str, str]:
+    return multi_step(steps_toml("a", "b"), ["a", "b"], {f"steps/{s}/tests/test.sh": "reward 1" for s in "ab"})
+
+
+def test_a_harness_turn_is_marked_harvested_and_its_trajectory_written_then_cleared() -> None:
+    world = World()
+    plant(world, "a", [call("a", reply="first")])
+    plant(world, "b", [call("b", reply="second")])
+    status, world, _, store = run(two_turns(), agent=harness("opencode"), world=world)
+    assert (status.outcome, status.reward) == ("Graded", 1.0)
+    pod = world.sandboxes["pod-a1"]
+    ran = pod.starts
+    for turn in ("t1", "t2"):
+        order = [
+            job
+            for job in ran
+            if job.startswith(f"a1.{turn}.")
+            and job.split(".")[-1] in ("capture-on", "agent", "capture-off", "capture-settle")
+        ]
+        assert [job.split(".")[-1] for job in order] == ["capture-on", "agent", "capture-off", "capture-settle"]
+    records = json.loads(asyncio_run(store.read_file(1, "b", "trajectory.json")) or b"{}")
+    assert records["schema_version"].startswith("ATIF") and "second" in json.dumps(records)
+    # The verifier of turn 2 found turn 2's trajectory; turn 1's was removed by turn 2's cleanup.
+    assert b"second" in pod.files["main"]["/logs/agent/trajectory.json"]
+    assert [t.agent_failure for t in status.turns] == [None, None]
+
+
+def asyncio_run(awaitable: Any) -> Any:
+    import asyncio
+
+    return asyncio.run(awaitable)
+
+
+@pytest.mark.parametrize(
+    ("status_code", "category", "outcome", "failure_kind", "attempts"),
+    [
+        (401, "auth", "Ungraded", "agent:model_auth", 1),
+        (404, "not_found", "Ungraded", "agent:model_not_found", 1),
+        (429, "rate_limit", "Ungraded", "outage:model_rate_limit", 3),
+        (500, "upstream_error", "Ungraded", "outage:model_unavailable", 3),
+        (502, "connection", "Ungraded", "outage:model_unavailable", 3),
+    ],
+)
+def test_a_failing_model_endpoint_ends_in_the_class_the_seed_prescribes(
+    status_code: int, category: str, outcome: str, failure_kind: str, attempts: int
+) -> None:
+    world = World()
+    for attempt in range(1, 4):
+        world.hooks[f"a{attempt}.t1.agent"] = _failing(status_code, category, attempt)
+    folder = two_turns() | {"steps/a/solution/solve.sh": "exit 1"}
+    status = run(folder, agent=harness("opencode"), world=world, retries=2)[0]
+    assert (status.outcome, status.failure_kind, len(status.attempts)) == (outcome, failure_kind, attempts)
+    assert status.reward is None
+
+
+def _failing(status_code: int, category: str, attempt: int) -> Any:
+    def record(sandbox: Any, spec: Any) -> None:
+        path = f"/capture/calls/attempt-{attempt}/a.jsonl"
+        failed = call("a", status=status_code, category=category).model_copy(update={"attempt": attempt})
+        sandbox.files.setdefault(CAPTURE_CONTAINER, {})[path] = failed.model_dump_json().encode() + b"\n"
+
+    return record
+
+
+def test_a_context_window_refusal_is_measured_and_the_verifier_still_decides() -> None:
+    world = World()
+    refused = call("a", status=400, category="client_error").model_copy(
+        update={"response": {"error": {"code": "context_length_exceeded", "message": "maximum context length is 8192"}}}
+    )
+    plant(world, "a", [refused])
+    status = run(two_turns(), agent=harness("opencode"), world=world)[0]
+    assert status.outcome == "Graded" and status.turns[0].agent_failure == "context_window"
+    assert status.turns[0].stage == Stage.DONE
+
+
+def test_an_endpoint_that_never_answers_is_an_outage() -> None:
+    world = World()
+    hung = call("a", status=0, category="cancelled").model_copy(
+        update={"status_code": None, "upstream_status_code": None, "latency_ttft_ms": None}
+    )
+    plant(world, "a", [hung])
+    status = run(two_turns(), agent=harness("opencode"), world=world, retries=0)[0]
+    assert (status.outcome, status.failure_kind) == ("Ungraded", "outage:model_unavailable")
+
+
+def test_an_agent_that_recovered_from_a_429_is_not_failed() -> None:
+    world = World()
+    plant(world, "a", [call("a", status=429, category="rate_limit", ended=-5), call("a", reply="fine")])
+    status = run(two_turns(), agent=harness("opencode"), world=world)[0]
+    assert status.outcome == "Graded" and status.turns[0].agent_failure is None
+
+
+def test_continue_sessions_carry_earlier_turns_into_the_trajectory_as_copied_context() -> None:
+    world = World()
+    first = call("a", reply="first")
+    plant(world, "a", [first])
+    # The continued session's first request of turn 2 carries turn 1's conversation (as opencode's does).
+    history = [
+        {"role": "user", "content": "instruction of a"},
+        {"role": "assistant", "content": "first"},
+        {"role": "user", "content": "instruction of b"},
+    ]
+    second = call("b", reply="second", ended=1)
+    second = second.model_copy(update={"request": {"model": "scripted-m1", "messages": history}})
+    plant(world, "b", [second])
+    store = run(two_turns(), agent=harness("opencode", turnSessions="continue"), world=world)[3]
+    trajectory = json.loads(asyncio_run(store.read_file(1, "b", "trajectory.json")))
+    copied = [step for step in trajectory["steps"] if step.get("is_copied_context")]
+    new = [step for step in trajectory["steps"] if not step.get("is_copied_context")]
+    assert "first" in json.dumps(copied) and "second" in json.dumps(new) and "second" not in json.dumps(copied)
