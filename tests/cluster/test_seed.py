@@ -337,7 +337,11 @@ def test_a_failing_build_is_terminal_and_its_log_kept(
     ), status
     assert status["message"].startswith("environment/Dockerfile: build build-")
     assert "the Dockerfile failed to build" in status["message"]
-    logs = kubectl_episode(kubeconfig, "logs", "broken", "-n", namespace, "--data-dir", str(image_operator.data_dir))
+    # As the README's troubleshooting says: kubectl episode logs NAME --turn seed.
+    logs = kubectl_episode(
+        kubeconfig, "logs", "broken", "--turn", "seed", "-n", namespace, "--data-dir", str(image_operator.data_dir)
+    )
+    assert logs.returncode == 0, logs.stderr
     assert "turn seed: build-environment <==" in logs.stdout and f"{namespace}-broken" in logs.stdout
 
 
