@@ -29,10 +29,11 @@ from kubernetes import client, config
 
 from episode_operator.api.models import PLURAL, EpisodeSpec
 from episode_operator.api.vocabulary import GROUP, VERSION
-from episode_operator.kube.builds import BuildCoordinator, BuildReady, BuildSettings
+from episode_operator.kube.builds import BuildCoordinator, BuildSettings
 from episode_operator.kube.client import KubeClient
 from episode_operator.kube.objects.pods import OwnerRef
 from episode_operator.kube.sandbox import KubeProvider
+from episode_operator.runtime.images import BuildReady
 from episode_operator.runtime.replay import ReplayConfig, ReplayReady, ReplaySource, replay_dockerfile
 from episode_operator.runtime.store import EpisodeBlobs
 from episode_operator.taskfolder import TaskFiles, load_task, resolve_plan

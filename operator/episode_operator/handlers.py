@@ -22,6 +22,7 @@ import kopf
 from episode_operator.api.episodeset import SET_PLURAL
 from episode_operator.api.models import PLURAL
 from episode_operator.api.vocabulary import EPISODE_LABEL, GROUP, SET_LABEL, VERSION, is_terminal, parse_timestamp
+from episode_operator.kube.builds import BuildCoordinator, BuildSettings
 from episode_operator.kube.client import KubeClient, KubeError, login_for
 from episode_operator.kube.dataapi import start_data_api
 from episode_operator.kube.driver import (
@@ -69,12 +70,15 @@ class OperatorOptions:
     data_api_owner: str = ""
     max_active_episodes: int = 0
     extra_pod_labels: dict[str, str] = field(default_factory=dict)
-    # Where images are pulled from (--image-mirror); the seed stage applies it to every image it names.
+    # Where images are pulled from (--image-mirror); admission applies it to every image an Episode names.
     image_mirrors: ImageMirrors = field(default_factory=ImageMirrors)
     # Where logs and artifacts are kept: the data directory, or an S3-compatible bucket (--store-url).
     store: StoreSettings = field(default_factory=StoreSettings)
     # Membership among the operator's replicas (kube/replicas.py); no Lease namespace: a sole replica.
     replicas: ReplicaSettings = field(default_factory=ReplicaSettings)
+    # In-cluster builds (--build-registry …); None: a Dockerfile replay cannot apply is refused.
+    builds: BuildSettings | None = None
+    unschedulable_timeout_sec: float = 3600.0
     capture_image: str | None = None
     toolchain_repository: str = "episode-operator.local"
 
@@ -127,6 +131,13 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: ko
         extra_pod_labels=options.extra_pod_labels,
         agent_images=AgentImages(options.capture_image, options.toolchain_repository),
         pod_wakeups=memo.pod_wakeups,
+        image_mirrors=options.image_mirrors,
+        builds=(
+            BuildCoordinator(memo.client, dataclasses.replace(options.builds, mirrors=options.image_mirrors))
+            if options.builds is not None
+            else None
+        ),
+        unschedulable_timeout_sec=options.unschedulable_timeout_sec,
     )
 
 

@@ -14,9 +14,10 @@ from kubernetes import client
 
 from episode_operator.api.models import EpisodeSpec
 from episode_operator.api.vocabulary import BUILD_LABEL
-from episode_operator.kube.builds import BuildCoordinator, BuildFailed, BuildOutage, BuildReady, BuildSettings
+from episode_operator.kube.builds import BuildCoordinator, BuildSettings
 from episode_operator.kube.client import KubeClient
 from episode_operator.kube.sandbox import KubeProvider
+from episode_operator.runtime.images import BuildFailed, BuildOutage, BuildReady
 from episode_operator.taskfolder import TaskFiles, load_task, resolve_plan
 from episode_operator.taskfolder.buildcontext import BuildSource
 from episode_operator.taskfolder.images import ImageMirrors

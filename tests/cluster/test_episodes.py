@@ -411,7 +411,10 @@ def test_bad_input_fails_clearly_and_the_operator_keeps_serving(
     assert "task.toml: TOML syntax error" in broken_status["message"]
     no_image_status = wait_for_episode(api_client, namespace, "no-image", operator)
     assert no_image_status["failureKind"] == "harbor:seed_refused"
-    assert "environment.docker_image: not set, and the Episode gives no spec.image" in no_image_status["message"]
+    assert (
+        "environment.docker_image: not set, no environment/Dockerfile to make the image from, and the Episode gives "
+        "no spec.image"
+    ) in no_image_status["message"]
     missing = wait_for_episode(api_client, namespace, "missing-image", operator)
     assert (missing["phase"], missing["outcome"], missing["failureKind"]) == ("Failed", "Ungraded", "outage:image_pull")
     assert "does-not-exist" in missing["message"]

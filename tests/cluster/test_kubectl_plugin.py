@@ -162,7 +162,7 @@ def test_the_plugin_works_in_the_contexts_namespace(
     assert by_number and by_number == plugin("logs", name, "--turn", turn, *data).stdout
     assert f"turn {turn}" in by_number
     unknown = plugin("logs", name, "--turn", "2", *data, code=2)
-    assert f"no turn '2' (turns: 1 {turn})" in unknown.stderr
+    assert f"no turn '2' (turns: seed, 1 {turn})" in unknown.stderr
     out = tmp_path / "rows"
     exported = plugin("export", "--output-dir", str(out))
     assert exported.stdout.startswith("1 rollout(s) to ")

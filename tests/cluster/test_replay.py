@@ -1,8 +1,9 @@
 """Gym's replay in a real pod: a Dockerfile that creates a user, a workdir, files by COPY and an
 entrypoint-started HTTP service, replayed in the mirrored FROM image; the health check waits for it.
 
-The seed stage is not wired yet, so this drives the real parts directly: the kube layer's
-provider makes the pod (owned by a suspended Episode), the runtime's replay applies the plan.
+This drives the parts directly (the kube layer's provider makes the pod, owned by a suspended
+Episode; the runtime's replay applies the plan, then starts the ENTRYPOINT as the seed does);
+``test_seed.py`` runs Dockerfile tasks through real Episodes.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from episode_operator.runtime.replay import (
     ReplayFailed,
     ReplayReady,
     ReplaySource,
+    entrypoint_job,
     replay_dockerfile,
 )
 from episode_operator.runtime.store import EpisodeBlobs
@@ -58,6 +60,9 @@ def test_a_dockerfile_is_replayed_and_its_entrypoint_serves(
             outcome = await replay_dockerfile(sandbox, files, ReplaySource(), plan.environment, store, config)
             assert isinstance(outcome, ReplayReady), outcome
             assert outcome.settings.user == "agent" and outcome.settings.workdir == "/srv/app"
+            start = entrypoint_job(outcome, config)
+            assert start is not None
+            await sandbox.start_job(start)
 
             # The environment health check waits for the entrypoint's service, as it would for a container's.
             check = plan.environment.healthcheck
@@ -94,7 +99,7 @@ def test_a_dockerfile_is_replayed_and_its_entrypoint_serves(
             assert "==> environment/Dockerfile:8: RUN useradd --create-home --uid 1234" in log
             assert log.rstrip().endswith("[exited with 0]")
 
-            # A restarted operator re-attaches: useradd would fail if its line ran again.
+            # A restarted operator re-attaches: useradd would fail if its line ran again, the service twice.
             again = await replay_dockerfile(sandbox, files, ReplaySource(), plan.environment, store, config)
             assert isinstance(again, ReplayReady)
 

@@ -43,7 +43,16 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from episode_operator.api.models import EpisodeStatus
-from episode_operator.runtime.sandbox import CommandFailed, FileContent, JobSpec, JobState, SandboxError, Upload
+from episode_operator.runtime.sandbox import (
+    CommandFailed,
+    FileContent,
+    JobSpec,
+    JobState,
+    SandboxError,
+    Upload,
+    Waiting,
+    WaitingReport,
+)
 from episode_operator.taskfolder.plan import NetworkPolicy, VerifierPlan
 
 WORKDIR = "/app"
@@ -394,6 +403,8 @@ class World:
     # The supervisor's waits poll: it answers (and reads a job's files) this long after the job ended.
     notice_delay_sec: float = 0.0
     outputs: dict[str, bytes] = field(default_factory=dict)  # job id suffix → what its command prints
+    # pod name → why it waits (reported, in order, when it is created), as a starting pod's state says
+    pending: dict[str, list[Waiting]] = field(default_factory=dict)
 
     def printed(self, spec: JobSpec) -> bytes | None:
         return next((data for suffix, data in self.outputs.items() if spec.id.endswith(suffix)), None)
@@ -423,17 +434,29 @@ class FakeProvider:
         self.world = world
         self.verifier_plans: dict[str, VerifierPlan] = {}
 
-    async def agent(self, attempt: int) -> FakeSandbox:
+    async def agent(self, attempt: int, *, waiting: WaitingReport | None = None) -> FakeSandbox:
         name = f"pod-a{attempt}"
         if name in self.world.released:
             raise AssertionError(f"{name} was released and must not be used again")
+        await self._start(name, waiting)
         return self.world.sandbox(name)
 
-    async def verifier(self, attempt: int, turn: int, plan: VerifierPlan) -> FakeSandbox:
+    async def verifier(
+        self, attempt: int, turn: int, plan: VerifierPlan, *, waiting: WaitingReport | None = None
+    ) -> FakeSandbox:
         name = f"pod-a{attempt}-v{turn + 1}"
         self.verifier_plans[name] = plan
+        await self._start(name, waiting)
         # As the kube provider: the verifier environment's env is the pod's container env.
         return self.world.sandbox(name, plan.environment.env if plan.environment else None)
+
+    async def _start(self, name: str, waiting: WaitingReport | None) -> None:
+        """As the kube provider: why the pod waits, each reason once, then that it runs."""
+        reports = self.world.pending.pop(name, [])
+        if waiting is not None:
+            for report in reports:
+                await waiting(report)
+            await waiting(None)
 
     async def apply_network(self, attempt: int, policy: NetworkPolicy) -> None:
         if not self.world.networks or self.world.networks[-1] != policy.mode:

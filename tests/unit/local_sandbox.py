@@ -28,6 +28,7 @@ from typing import Any
 
 from episode_operator.kube.client import ExecResult
 from episode_operator.kube.sandbox import KubeSandbox
+from episode_operator.runtime.sandbox import WaitingReport
 from episode_operator.runtime.supervisor import SUPERVISOR_DIR
 from episode_operator.taskfolder.plan import NetworkPolicy, VerifierPlan
 from tests.unit.tools import tool
@@ -130,17 +131,22 @@ class LocalProvider:
         self.released: list[str] = []
         self.networks: list[str] = []
 
-    async def _ready(self, name: str, env: Mapping[str, str]) -> KubeSandbox:
+    async def _ready(self, name: str, env: Mapping[str, str], waiting: WaitingReport | None) -> KubeSandbox:
         self.pods.create(name, env)
         sandbox = KubeSandbox(self.pods, "local", name)  # type: ignore[arg-type]  # the exec half of a KubeClient
         await sandbox.place_supervisor()
+        if waiting is not None:  # a local pod never waits: it runs, as the kube provider says of one that does
+            await waiting(None)
         return sandbox
 
-    async def agent(self, attempt: int) -> KubeSandbox:
-        return await self._ready(f"pod-a{attempt}", self.main_env)
+    async def agent(self, attempt: int, *, waiting: WaitingReport | None = None) -> KubeSandbox:
+        return await self._ready(f"pod-a{attempt}", self.main_env, waiting)
 
-    async def verifier(self, attempt: int, turn: int, plan: VerifierPlan) -> KubeSandbox:
-        return await self._ready(f"pod-a{attempt}-v{turn + 1}", plan.environment.env if plan.environment else {})
+    async def verifier(
+        self, attempt: int, turn: int, plan: VerifierPlan, *, waiting: WaitingReport | None = None
+    ) -> KubeSandbox:
+        env = plan.environment.env if plan.environment else {}
+        return await self._ready(f"pod-a{attempt}-v{turn + 1}", env, waiting)
 
     async def apply_network(self, attempt: int, policy: NetworkPolicy) -> None:
         if not self.networks or self.networks[-1] != policy.mode:

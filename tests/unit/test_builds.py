@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from episode_operator.kube.builds import BuildCoordinator, BuildFailed, BuildOutage, BuildReady, BuildSettings
+from episode_operator.kube.builds import BuildCoordinator, BuildSettings
 from episode_operator.kube.client import Conflict, NotFound
 from episode_operator.kube.objects.buildjobs import (
     EXIT_BUILD,
@@ -26,6 +26,7 @@ from episode_operator.kube.objects.buildjobs import (
     build_job,
     build_script,
 )
+from episode_operator.runtime.images import BuildFailed, BuildOutage, BuildReady
 from episode_operator.taskfolder import TaskFiles
 from episode_operator.taskfolder.buildcontext import (
     PACKED_DOCKERFILE,

@@ -352,3 +352,39 @@ def test_several_replicas_without_a_shared_store_are_refused() -> None:
     assert single["spec"]["strategy"] == {"type": "Recreate"}  # a ReadWriteOnce volume: never two pods
     with pytest.raises(Exception, match="replicas"):
         render({"replicas": 0})  # the values schema: minimum 1
+
+
+def test_builds_become_flags_the_operator_accepts_and_their_namespace_gets_a_role() -> None:
+    builds = {"registry": "registry.internal:5000", "namespace": "builds", "insecure": True}
+    objects = render({"watchNamespaces": ["team-a"], "builds": builds, "unschedulableTimeout": 900})
+    (deployment,) = find(objects, "Deployment")
+    args = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
+    flags = [arg for arg in args if arg.startswith(("--build", "--unschedulable"))]
+    assert flags == [
+        "--build-registry=registry.internal:5000",
+        "--build-namespace=builds",
+        "--builder-image=episode-operator.local/builder:bookworm",
+        "--build-registry-insecure",
+        "--unschedulable-timeout=900",
+    ]
+    options = main_command_params(flags)
+    assert (options["build_registry"], options["build_namespace"], options["unschedulable_timeout_sec"]) == (
+        "registry.internal:5000",
+        "builds",
+        900.0,
+    )
+    # Beside the watched namespace's and the replicas' Leases' (the release namespace), one for builds.
+    release = "episode-operator-system"
+    assert sorted(role["metadata"]["namespace"] for role in find(objects, "Role")) == ["builds", release, "team-a"]
+    # Without a registry: no build flags, no Role for builds.
+    plain = render({"watchNamespaces": ["team-a"]})
+    (deployment,) = find(plain, "Deployment")
+    assert not [arg for arg in deployment["spec"]["template"]["spec"]["containers"][0]["args"] if "--build" in arg]
+    assert sorted(role["metadata"]["namespace"] for role in find(plain, "Role")) == [release, "team-a"]
+
+
+def main_command_params(flags: list[str]) -> dict[str, Any]:
+    from episode_operator.cli.operator_main import main
+
+    params: dict[str, Any] = main.commands["run"].make_context("run", flags).params
+    return params

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from episode_operator.taskfolder import TaskFiles, resolve_plan, seed_refusals
+from episode_operator.runtime.images import ImagePlan, ImagePolicy, plan_images
+from episode_operator.taskfolder import TaskFiles, resolve_plan
 from episode_operator.taskfolder.compose import parse_compose
 from episode_operator.taskfolder.models import EnvironmentConfig
 from tests.unit.folders import check, plan_of, single_step
@@ -215,8 +216,7 @@ def test_a_built_sidecar_keeps_its_context_and_is_not_the_task_image() -> None:
     ]
 
 
-def test_an_episode_with_a_built_sidecar_is_refused_at_seed_naming_its_dockerfile() -> None:
-
+def test_a_built_sidecar_is_built_in_the_cluster_or_refused_naming_its_dockerfile() -> None:
     files = {
         "environment/docker-compose.yaml": "services:\n  api:\n    build: ./api-server\n",
         "environment/api-server/Dockerfile": "FROM python:3.12\n",
@@ -224,8 +224,15 @@ def test_an_episode_with_a_built_sidecar_is_refused_at_seed_naming_its_dockerfil
     task = check(single_step(files=files)).task
     assert task is not None
     plan = resolve_plan(task)
-    problems = [problem.render() for problem in seed_refusals(plan, accepts_prior_trajectory=True, image_override="x")]
-    assert problems == [
-        "environment/api-server/Dockerfile: sidecar 'api' needs its image replayed or built from this Dockerfile, "
-        "which this operator does not do for sidecars yet; give the service a prebuilt `image`"
+    refused = plan_images(task, plan, image_override="x", policy=ImagePolicy())
+    assert isinstance(refused, list)
+    assert [problem.render() for problem in refused] == [
+        "environment/api-server/Dockerfile: service 'api' is built from this Dockerfile, and this operator builds no "
+        "images: give it an image, or run the operator with --build-registry"
     ]
+    built = plan_images(task, plan, image_override="x", policy=ImagePolicy(build_repository="registry:5000/builds"))
+    assert isinstance(built, ImagePlan)
+    api = built.sidecars["api"]
+    assert api.build is not None and api.build.source.context == "environment/api-server"
+    assert api.image.startswith("registry:5000/builds:") and api.replay is None
+    assert [build.role for build in built.builds()] == ["sidecar:api"]

@@ -277,12 +277,14 @@ def test_name_json_and_yaml_are_kubectls() -> None:
 STATUS = EpisodeStatus(turns=[TurnStatus(name=name) for name in ("setup", "2", "verify")])
 
 
-@pytest.mark.parametrize(("given", "turn"), [("setup", "setup"), ("1", "setup"), ("3", "verify"), ("2", "2")])
+@pytest.mark.parametrize(
+    ("given", "turn"), [("setup", "setup"), ("1", "setup"), ("3", "verify"), ("2", "2"), ("seed", "seed")]
+)
 def test_a_turn_is_named_or_numbered_from_1(given: str, turn: str) -> None:
     assert turn_name(STATUS, given) == turn
 
 
 @pytest.mark.parametrize("given", ["0", "4", "nope", "-1"])
 def test_an_unknown_turn_lists_the_turns(given: str) -> None:
-    with pytest.raises(Exception, match=r"no turn .* \(turns: 1 setup, 2 2, 3 verify\)"):
+    with pytest.raises(Exception, match=r"no turn .* \(turns: seed, 1 setup, 2 2, 3 verify\)"):
         turn_name(STATUS, given)

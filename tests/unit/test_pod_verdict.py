@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from episode_operator.kube.objects.pod_state import PodVerdict, pod_verdict
+from episode_operator.kube.objects.pod_state import PodVerdict, latest_event, pod_verdict
 
 
 def pod(phase: str, *containers: dict[str, Any], **extra: Any) -> dict[str, Any]:
@@ -48,23 +48,64 @@ RUNNING = {"running": {"startedAt": "2026-11-30T00:00:00Z"}}
         ),
         (
             pod("Pending", container("main", {"waiting": {"reason": "ErrImagePull", "message": "not found"}})),
-            PodVerdict(False, False, "ErrImagePull", "container main: ErrImagePull: not found"),
+            PodVerdict(False, False, "ErrImagePull", "container main: ErrImagePull: not found", reason="ErrImagePull"),
         ),
         (
             pod("Pending", container("main", {"waiting": {"reason": "ContainerCreating"}})),
-            PodVerdict(False, False, None, "phase Pending"),
+            PodVerdict(False, False, None, "containers are being created", reason="ContainerCreating"),
         ),
         (
             pod(
                 "Pending",
                 status={
-                    "conditions": [{"type": "PodScheduled", "status": "False", "message": "0/1 nodes are available"}]
+                    "conditions": [
+                        {
+                            "type": "PodScheduled",
+                            "status": "False",
+                            "reason": "Unschedulable",
+                            "message": "0/1 nodes are available: 1 Insufficient cpu.",
+                        }
+                    ]
                 },
             ),
-            PodVerdict(False, False, None, "not scheduled: 0/1 nodes are available"),
+            PodVerdict(
+                False,
+                False,
+                None,
+                "not scheduled: 0/1 nodes are available: 1 Insufficient cpu.",
+                unscheduled=True,
+                reason="Unschedulable",
+            ),
         ),
         ({"metadata": {"name": "e-a1"}}, PodVerdict(False, False, None, "phase None")),  # no status yet
     ],
 )
 def test_pod_verdict(manifest: dict[str, Any], expected: PodVerdict) -> None:
     assert pod_verdict(manifest) == expected
+
+
+def test_a_pods_latest_event_says_why_it_waits() -> None:
+    events = [
+        {"type": "Normal", "reason": "Scheduled", "message": "assigned", "lastTimestamp": "2026-01-01T00:00:01Z"},
+        {"type": "Warning", "reason": "FailedMount", "message": " no volume ", "lastTimestamp": "2026-01-01T00:00:03Z"},
+        {"type": "Normal", "reason": "Pulling", "message": "pulling", "eventTime": "2026-01-01T00:00:02.000000Z"},
+    ]
+    assert latest_event(events) == ("FailedMount", "no volume")
+    assert latest_event(events[:1] + events[2:]) == ("Pulling", "pulling")
+    # Progress explains no wait: an old warning is not repeated once the pod moved on.
+    scheduled = {
+        "type": "Normal",
+        "reason": "Scheduled",
+        "message": "assigned",
+        "lastTimestamp": "2026-01-01T00:00:09Z",
+    }
+    assert latest_event([*events, scheduled]) is None
+    # A warning every pod of a cluster without DNS gets explains nothing either.
+    dns = {
+        "type": "Warning",
+        "reason": "MissingClusterDNS",
+        "message": "no DNS",
+        "lastTimestamp": "2026-01-01T00:00:09Z",
+    }
+    assert latest_event([*events, dns]) == ("FailedMount", "no volume")
+    assert latest_event([]) is None

@@ -6,7 +6,18 @@ import pytest
 
 from episode_operator.api.models import EpisodeSpec
 from episode_operator.kube.objects.network import network_policy
-from episode_operator.kube.objects.pods import OwnerRef, SandboxPod, agent_pod_name, sandbox_pod, short_name
+from episode_operator.kube.objects.pods import (
+    RESERVATION_CONTAINER,
+    OwnerRef,
+    SandboxPod,
+    agent_pod_name,
+    released,
+    resources_of,
+    sandbox_pod,
+    short_name,
+    verifier_reservation,
+)
+from episode_operator.runtime.sandbox import KEEP_ALIVE
 from episode_operator.taskfolder import TaskFiles, load_task, resolve_plan
 from episode_operator.taskfolder.plan import NetworkPolicy
 from tests.conftest import EXAMPLE_TASKS
@@ -106,3 +117,49 @@ def test_network_policies() -> None:
     egress = allow["spec"]["egress"]
     assert egress[0] == {"to": [{"ipBlock": {"cidr": "10.1.2.3/32"}}, {"ipBlock": {"cidr": "::1/128"}}]}
     assert egress[1]["ports"][0] == {"protocol": "UDP", "port": 53}
+
+
+def test_the_agent_pod_reserves_what_its_separate_verifiers_use_and_they_run_on_it() -> None:
+    """docs/runtime.md, "Pods and capacity": the rule that keeps separate verifiers from deadlocking."""
+    handoff = resolve_plan(load_task(TaskFiles.from_directory(EXAMPLE_TASKS / "separate-verifier-handoff")))
+    # Its last turn verifies separately (cpus = 1, 256 MB): that pod starts after the agent pod is gone.
+    assert [turn.verifier.mode for turn in handoff.turns] == ["shared", "separate"]
+    assert verifier_reservation(handoff) == {}
+    # Both turns separate: turn 1's verifier lives beside the agent pod.
+    separate = handoff.turns[1].verifier
+    plan = handoff.model_copy(
+        update={"turns": [handoff.turns[0].model_copy(update={"verifier": separate}), handoff.turns[1]]}
+    )
+    first = plan.turns[0].verifier.environment
+    assert first is not None
+    assert verifier_reservation(plan) == {"cpu": "1", "memory": "256Mi"} == resources_of(first)["requests"]
+    agent = sandbox_pod(
+        EPISODE,
+        SPEC,
+        SandboxPod("agent", 1, "img:1", plan.environment, reservation=verifier_reservation(plan)),
+        extra_labels={},
+    )
+    main, reservation = agent["spec"]["containers"]
+    assert "nodeName" not in agent["spec"] and "resources" not in main  # the agent's own requests are its own
+    assert reservation["name"] == RESERVATION_CONTAINER and reservation["image"] == "img:1"
+    assert reservation["command"] == list(KEEP_ALIVE)
+    assert reservation["resources"] == {"requests": dict(verifier_reservation(plan))} | {
+        "limits": dict(verifier_reservation(plan))
+    }
+    pinned = sandbox_pod(
+        EPISODE, SPEC, SandboxPod("verifier", 1, "img:1", first, turn=0, node_name="node-a"), extra_labels={}
+    )
+    assert pinned["spec"]["nodeName"] == "node-a"
+    requests = resources_of(first)["requests"]
+    assert pinned["spec"]["containers"][0]["resources"] == {
+        "requests": {name: "0" for name in requests},
+        "limits": requests,
+    }
+
+
+def test_a_released_pod_keeps_its_gpus_and_a_single_turn_reserves_nothing() -> None:
+    assert released({"requests": {"cpu": "1"}, "limits": {"cpu": "1", "nvidia.com/gpu": "1"}}) == {
+        "requests": {"cpu": "0", "nvidia.com/gpu": "1"},
+        "limits": {"cpu": "1", "nvidia.com/gpu": "1"},
+    }
+    assert verifier_reservation(sidecar_plan()) == {}

@@ -9,20 +9,24 @@ from __future__ import annotations
 import asyncio
 import io
 import math
+import shlex
 import tarfile
 
 import pytest
 
 from episode_operator.runtime.replay import (
     ReplayConfig,
+    ReplayedSandbox,
     ReplayFailed,
     ReplayReady,
     ReplayRefused,
     ReplaySource,
     ReplayTimedOut,
+    entrypoint_job,
     replay_dockerfile,
+    replayed_image,
 )
-from episode_operator.runtime.sandbox import SandboxError
+from episode_operator.runtime.sandbox import KEEP_ALIVE, JobSpec, SandboxError
 from episode_operator.taskfolder import TaskFiles
 from episode_operator.taskfolder.models import EnvironmentConfig
 from tests.unit.fake_sandbox import Crash, FakeSandbox, MemoryStore, World
@@ -92,7 +96,6 @@ def test_steps_run_in_order_as_the_build_would_run_them() -> None:
         "replay.003.copy",
         "replay.004.copy",
         "replay.005.run",
-        "replay.start",
     ]
     jobs = {job_id: record.spec for (_, job_id), record in sandbox.jobs.items()}
     image_env = {"PATH": "/opt/bin:/usr/bin:/bin", "MODE": "image"}
@@ -115,9 +118,11 @@ def test_steps_run_in_order_as_the_build_would_run_them() -> None:
     assert copy.endswith("rm -rf /episode-operator/tmp/replay.003.copy")
     staged_tree = "/episode-operator/tmp/replay.004.copy/s0"
     assert f"cp -R -p {staged_tree}/one.txt {staged_tree}/sub /srv/data/" in jobs["replay.004.copy"].command
-    # ENTRYPOINT starts under the supervisor, unbounded, with [environment.env] over the image's ENV.
-    start = jobs["replay.start"]
-    assert start.command == "exec ./serve.sh --port 8000" and math.isinf(start.timeout_sec)
+    # ENTRYPOINT (a seed stage of its own) runs under the supervisor, unbounded, with [environment.env]
+    # over the image's ENV and the sandbox's keep-alive as its arguments: CMD is replaced, as Harbor does.
+    start = entrypoint_job(result, ReplayConfig(attempt=1, budget_sec=600))
+    assert start is not None and start.id == "replay.start" and math.isinf(start.timeout_sec)
+    assert start.command == "exec ./serve.sh --port 8000 " + shlex.join(KEEP_ALIVE)
     assert (start.user, start.cwd) == ("agent", "/srv/app")
     assert dict(start.env) == {"PATH": "/opt/bin:/usr/bin:/bin", "MODE": "task", "TOKEN": "t"}
     assert result.settings.user == "agent" and result.settings.workdir == "/srv/app"
@@ -151,7 +156,7 @@ def test_a_restarted_operator_reattaches_and_never_runs_a_line_twice() -> None:
     uploads_before = list(sandbox.uploads)
     result = run(world, sandbox, task_files(), MemoryStore())
     assert isinstance(result, ReplayReady)
-    assert len(sandbox.starts) == len(set(sandbox.starts)) == 7
+    assert len(sandbox.starts) == len(set(sandbox.starts)) == 6
     assert sandbox.uploads == [*uploads_before]  # no step's files were uploaded again
     assert sandbox.files["main"]["/srv/app/log"] == b"as-agent\n"
 
@@ -166,6 +171,57 @@ def test_replay_is_bounded_by_build_timeout_sec_from_its_first_job() -> None:
     # Each job's own bound is what is left of the budget.
     first = sandbox.jobs[("main", "replay.001.run")].spec
     assert first.timeout_sec == 600.0
+
+
+def test_a_restart_past_the_bound_still_counts_the_steps_that_ran_in_time() -> None:
+    """Replay finished within its bound; the operator restarts later: nothing new runs, nothing times out."""
+    world, sandbox, store = setup()
+    assert isinstance(run(world, sandbox, task_files(), store), ReplayReady)
+    ran = list(sandbox.starts)
+    world.clock.now += 3600
+    assert isinstance(run(world, sandbox, task_files(), store), ReplayReady)
+    assert sandbox.starts == ran
+    # A step that never started is not started past the bound.
+    world2, sandbox2, store2 = setup()
+    world2.crash_after = {"replay.002.mkdir"}
+    with pytest.raises(Crash):
+        run(world2, sandbox2, task_files(), store2)
+    world2.clock.now += 3600
+    result = run(world2, sandbox2, task_files(), store2)
+    assert isinstance(result, ReplayTimedOut) and result.line == 5
+    assert "replay.003.copy" not in sandbox2.starts
+
+
+def test_a_finished_replay_is_read_back_with_one_job_and_its_settings_apply_to_later_jobs() -> None:
+    world, sandbox, store = setup()
+    done = run(world, sandbox, task_files(), store)
+    assert isinstance(done, ReplayReady)
+    ran = list(sandbox.starts)
+    again = asyncio.run(
+        replayed_image(
+            sandbox,
+            task_files(),
+            ReplaySource(),
+            EnvironmentConfig(env={"MODE": "task", "TOKEN": "t"}),
+            ReplayConfig(attempt=1, budget_sec=600),
+        )
+    )
+    assert again == done and sandbox.starts == ran  # the base job re-attached: nothing ran
+    replayed = ReplayedSandbox(sandbox, done.settings)
+    assert replayed.workdir == "/srv/app" and replayed.name == sandbox.name
+
+    async def later() -> None:
+        await replayed.start_job(JobSpec(id="later", command="write x y", timeout_sec=5))
+        await replayed.start_job(JobSpec(id="root", command="write x y", timeout_sec=5, user="root", env={"A": "1"}))
+        await replayed.start_job(JobSpec(id="side", command="write x y", timeout_sec=5, container="db"))
+
+    asyncio.run(later())
+    later_spec = sandbox.jobs[("main", "later")].spec
+    assert (later_spec.user, later_spec.cwd, later_spec.env["MODE"]) == ("agent", "/srv/app", "task")
+    root = sandbox.jobs[("main", "root")].spec
+    assert (root.user, root.env["A"], root.env["TOKEN"]) == ("root", "1", "t")
+    side = sandbox.jobs[("db", "side")].spec  # a sidecar is not the replayed image
+    assert (side.user, side.cwd, dict(side.env)) == (None, None, {})
 
 
 def test_a_run_that_runs_out_of_time_times_replay_out() -> None:
@@ -193,7 +249,7 @@ def test_a_heredoc_script_travels_as_an_executable_file() -> None:
     world, sandbox, store = setup()
     script = "#!/usr/bin/env python3\nprint('hi')\n"
     result = run(world, sandbox, task_files(f"FROM x\nRUN <<EOF\n{script}EOF\n"), store)
-    assert isinstance(result, ReplayReady) and result.start is None
+    assert isinstance(result, ReplayReady) and result.plan.entrypoint is None
     spec = sandbox.jobs[("main", "replay.001.run")].spec
     assert spec.command == "exec /episode-operator/tmp/replay.001.run/script"
     assert sandbox.files["main"]["/episode-operator/tmp/replay.001.run/script"] == script.encode()

@@ -89,9 +89,13 @@ def test_mcp_http_alias_and_defaults() -> None:
 def test_missing_image_is_valid_with_a_warning() -> None:
     folder = single_step("[environment]\ncpus = 1\n")
     assert check(folder).valid
-    assert "task.toml: environment.docker_image: not set: an Episode for this task must give an image (spec.image)" in (
-        warnings_of(folder)
-    )
+    assert (
+        "task.toml: environment.docker_image: not set, and no environment/Dockerfile to make the image from: an "
+        "Episode for this task must give an image (spec.image)"
+    ) in warnings_of(folder)
+    # A Dockerfile makes the image (replayed or built): nothing to warn of.
+    with_dockerfile = single_step("[environment]\ncpus = 1\n", {"environment/Dockerfile": "FROM x\n"})
+    assert not [w for w in warnings_of(with_dockerfile) if "docker_image" in w]
 
 
 def test_user_accepts_names_and_uids_but_not_booleans() -> None:

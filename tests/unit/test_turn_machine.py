@@ -148,5 +148,5 @@ def test_stage_timings_are_observed_per_stage() -> None:
 
     status = run(three_steps(), observer=Observer())[0]
     assert status.reward == 1.0
-    assert seen[0] == "pod_start"
+    assert seen[:3] == ["seed-images", "pod_start", "seed-sandbox"]
     assert [phase for phase in seen if phase in ("agent", "verify")] == ["agent", "verify"] * 3

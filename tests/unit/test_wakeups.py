@@ -82,7 +82,7 @@ def test_a_starting_pod_is_read_when_it_changes_not_at_the_next_poll() -> None:
             watched_poll_max_sec=HOUR,
         )
         with wakeups.registered("ns", "e-a1") as changed:
-            waiting = asyncio.create_task(provider._wait_running("e-a1", HOUR, changed))
+            waiting = asyncio.create_task(provider._wait_running("e-a1", "agent", HOUR, changed, None))
             while api.reads == 0:
                 await asyncio.sleep(0)
             api.started = True

@@ -65,3 +65,17 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- define "episode-operator.sandboxImage" -}}
 {{- printf "%s:%s" .Values.sandboxImage.repository (default .Chart.AppVersion .Values.sandboxImage.tag) }}
 {{- end }}
+
+{{/* The namespace of in-cluster build Jobs: builds.namespace, else the release's. */}}
+{{- define "episode-operator.buildNamespace" -}}
+{{- .Values.builds.namespace | default .Release.Namespace -}}
+{{- end -}}
+
+{{/* The namespaces that get a Role when the operator watches named namespaces: those, and the builds'. */}}
+{{- define "episode-operator.roleNamespaces" -}}
+{{- $namespaces := .Values.watchNamespaces -}}
+{{- if .Values.builds.registry -}}
+{{- $namespaces = append $namespaces (include "episode-operator.buildNamespace" .) -}}
+{{- end -}}
+{{- $namespaces | uniq | toJson -}}
+{{- end -}}

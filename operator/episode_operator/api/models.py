@@ -19,6 +19,7 @@ from episode_operator.api.vocabulary import (
     Conditions,
     Outcome,
     Phase,
+    SeedStage,
     Stage,
     Timestamp,
     TurnPhase,
@@ -182,8 +183,8 @@ class EpisodeSpec(ApiModel):
     agent: AgentSpec = Field(description="What acts in the sandbox each turn.")
     image: str | None = Field(
         default=None,
-        description="Image for the task's sandbox when task.toml sets no docker_image; "
-        "overrides docker_image when both are given.",
+        description="A prebuilt image of the task's sandbox: overrides docker_image, and the task's "
+        "environment/Dockerfile is then neither replayed nor built. The operator's image mirrors apply.",
     )
     timeout_multiplier: float = Field(
         default=1.0,
@@ -257,8 +258,13 @@ class AttemptStatus(ApiModel):
     number: int
     reason: str | None = Field(default=None, description="Why the attempt ended, for an outage.")
     started_at: Timestamp | None = None
+    seed_stage: SeedStage | None = Field(
+        default=None,
+        description="The seed stage the attempt is in (or was last in): images, sandbox, replay, "
+        "environment-files, entrypoint, healthcheck, agent-setup.",
+    )
     ready_at: Timestamp | None = Field(
-        default=None, description="When the sandbox was ready: the deadline's clock starts."
+        default=None, description="When the sandbox was ready (the seed's end): the deadline's clock starts."
     )
     deadline_at: Timestamp | None = Field(
         default=None, description="Past this the attempt fails as harbor:task_deadline."

@@ -53,6 +53,22 @@ class Stage(enum.StrEnum):
     DONE = "done"
 
 
+class SeedStage(enum.StrEnum):
+    """Where an attempt's seed is (``status.attempts[].seedStage``), in the order the seed goes through them.
+
+    The runtime's seed table (``runtime/seed.py``) gives each its step, its successor, whether
+    it is written to the status before its step runs and what a restarted operator does there.
+    """
+
+    IMAGES = "images"
+    SANDBOX = "sandbox"
+    REPLAY = "replay"
+    ENVIRONMENT_FILES = "environment-files"
+    ENTRYPOINT = "entrypoint"
+    HEALTHCHECK = "healthcheck"
+    AGENT_SETUP = "agent-setup"
+
+
 # --- failure kinds --------------------------------------------------------------------------------
 # What a failed turn or episode records in ``failureKind``. Gym's own kinds carry the
 # ``harbor:`` prefix; an outage that used up its retries is ``outage:<OutageKind>``.
@@ -71,6 +87,9 @@ FailureKind = Literal[
     "agent:setup_failed",
     "agent:model_auth",
     "agent:model_not_found",
+    # the task's environment could not be made: a Dockerfile step (replayed or built) failed or ran
+    # past build_timeout_sec, its ENTRYPOINT could not start, or environment/ could not be placed
+    "environment:build_failed",
     # the Episode object itself cannot be run
     "episode:invalid_spec",
     "episode:task_source",
@@ -86,6 +105,7 @@ FAILURE_DEADLINE: Final = "harbor:task_deadline"
 FAILURE_AGENT_SETUP: Final[FailureKind] = "agent:setup_failed"
 FAILURE_MODEL_AUTH: Final[FailureKind] = "agent:model_auth"
 FAILURE_MODEL_NOT_FOUND: Final[FailureKind] = "agent:model_not_found"
+FAILURE_ENVIRONMENT_BUILD: Final[FailureKind] = "environment:build_failed"
 FAILURE_INVALID_SPEC: Final[FailureKind] = "episode:invalid_spec"
 FAILURE_TASK_SOURCE: Final[FailureKind] = "episode:task_source"
 
@@ -96,6 +116,8 @@ OutageKind = Literal[
     "image_pull",  # an image that cannot be pulled
     "container_config",  # a container that cannot be created (bad config, missing Secret…)
     "start_timeout",  # the pod did not start within build_timeout_sec
+    "unschedulable",  # the pod could not be placed on a node within the operator's bound
+    "image_build",  # an in-cluster build could not run: the registry, the builder or the API failed
     "exec",  # the exec transport failed past its retries
     "api",  # the API server refused or failed a call
     "supervisor",  # the supervisor could not be placed in the pod
@@ -192,6 +214,11 @@ Conditions = Annotated[
     list[Condition],
     Field(json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]}),
 ]
+
+
+# A condition of an Episode whose pod waits: False while the pod it needs cannot be scheduled,
+# pulled or started (reason and message from the pod's state and Events), True once it runs.
+PODS_READY: Final = "PodsReady"
 
 
 def set_condition(

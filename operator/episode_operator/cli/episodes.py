@@ -49,6 +49,7 @@ from episode_operator.kube.objects.tasks import TaskTooLarge, task_config_map
 from episode_operator.runtime.archive import extract_safely
 from episode_operator.runtime.dataapi import API_SERVICE
 from episode_operator.runtime.store import (
+    SEED_LOGS,
     BlobStore,
     EpisodeBlobs,
     export_artifacts,
@@ -115,13 +116,13 @@ def manifest_output(create_help: str) -> Callable[..., Any]:
 
 
 def turn_name(status: EpisodeStatus, given: str) -> str:
-    """The turn ``given`` names: a turn's name, else its 1-based index (``--turn 2``)."""
+    """The turn ``given`` names: a turn's name, else its 1-based index (``--turn 2``), or the seed's logs."""
     turns: list[TurnStatus] = status.turns
-    if any(turn.name == given for turn in turns):
+    if given == SEED_LOGS or any(turn.name == given for turn in turns):
         return given
     if given.isdigit() and 1 <= int(given) <= len(turns):
         return turns[int(given) - 1].name
-    known = ", ".join(f"{number} {turn.name}" for number, turn in enumerate(turns, start=1)) or "none yet"
+    known = ", ".join([SEED_LOGS, *(f"{number} {turn.name}" for number, turn in enumerate(turns, start=1))])
     raise click.BadParameter(f"no turn {given!r} (turns: {known})", param_hint="--turn")
 
 
@@ -150,7 +151,11 @@ def register(cli: click.Group) -> None:
     @click.argument("source", type=click.Path(exists=True))
     @cluster_options
     @agent_options
-    @click.option("--image", default=None, help="Image for a task without docker_image.")
+    @click.option(
+        "--image",
+        default=None,
+        help="A prebuilt image of the task: overrides docker_image, and environment/Dockerfile is then not applied.",
+    )
     @click.option(
         "--name",
         default=None,
@@ -308,7 +313,11 @@ def register(cli: click.Group) -> None:
     @cli.command()
     @click.argument("name")
     @cluster_options
-    @click.option("--turn", default=None, help="Only this turn: its name, or its number (1 is the first).")
+    @click.option(
+        "--turn",
+        default=None,
+        help="Only this turn: its name, or its number (1 is the first); seed: the seed's (replay, builds, setup).",
+    )
     @click.option("--attempt", type=int, default=None, help="Only this attempt (default: all).")
     @operator_options
     def logs(
@@ -318,7 +327,7 @@ def register(cli: click.Group) -> None:
         attempt: int | None,
         data_dir: str | None,
     ) -> None:
-        """Print the logs an Episode's turns left (agent, setup, verifier, hooks)."""
+        """Print the logs an Episode's seed and turns left (replay, builds, agent, setup, verifier, hooks)."""
         episode = _episode(cluster, name)
         if turn is not None:
             turn = turn_name(EpisodeStatus.model_validate(episode.get("status") or {}), turn)

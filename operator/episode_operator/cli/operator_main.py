@@ -14,6 +14,9 @@ from episode_operator.runtime.allocator import release_free_memory_every, tune_a
 from episode_operator.taskfolder.images import ImageMirrors, InvalidImageReference
 
 RELEASE_INTERVAL_SEC = 30.0
+# The builder image `hack/cluster images` makes (buildah from Debian); elsewhere, build and push your own.
+BUILDER_IMAGE = "episode-operator.local/builder:bookworm"
+DEFAULT_BUILD_NAMESPACE = "episode-operator-builds"
 
 
 def parse_image_mirrors(_context: click.Context, _parameter: click.Parameter, values: tuple[str, ...]) -> ImageMirrors:
@@ -166,6 +169,44 @@ def main() -> None:
     show_default=True,
     help="Harness toolchain images are <repository>/toolchain-<name>:<version>.",
 )
+@click.option(
+    "--build-registry",
+    metavar="HOST[:PORT]",
+    default=None,
+    help="Build the images of Dockerfiles replay cannot apply, and of compose services with build:, in the "
+    "cluster (buildah Jobs) and push them here. Without it such tasks are refused.",
+)
+@click.option(
+    "--build-pull-registry",
+    metavar="HOST[:PORT]",
+    default=None,
+    help="The build registry as the cluster's nodes name it, when that differs (default: --build-registry).",
+)
+@click.option(
+    "--build-namespace",
+    default=None,
+    help="Namespace of the build Jobs (their pods are privileged: give builds a namespace of their own). "
+    "Default: $POD_NAMESPACE, else episode-operator-builds.",
+)
+@click.option(
+    "--builder-image",
+    default=BUILDER_IMAGE,
+    show_default=True,
+    help="The image with buildah the build Jobs run.",
+)
+@click.option(
+    "--build-registry-insecure",
+    is_flag=True,
+    help="The build registry speaks plain HTTP (or a certificate the builder does not check).",
+)
+@click.option(
+    "--unschedulable-timeout",
+    "unschedulable_timeout_sec",
+    type=click.FloatRange(min=0, min_open=True),
+    default=3600.0,
+    show_default=True,
+    help="Seconds a sandbox pod the scheduler cannot place is waited for before the attempt counts as an outage.",
+)
 def run(
     namespaces: tuple[str, ...],
     data_dir: Path,
@@ -191,6 +232,12 @@ def run(
     store_allow_http: bool,
     capture_image: str | None,
     toolchain_repository: str,
+    build_registry: str | None,
+    build_pull_registry: str | None,
+    build_namespace: str | None,
+    builder_image: str,
+    build_registry_insecure: bool,
+    unschedulable_timeout_sec: float,
 ) -> None:
     """Run the operator until interrupted."""
     # Imported here: the capture container runs this program too, and needs neither kopf nor Kubernetes.
@@ -199,8 +246,23 @@ def run(
     # does not depend on it, but a development environment has it for the tests: hidden from kopf.
     sys.modules.setdefault("kubernetes", None)  # type: ignore[arg-type]
     from episode_operator.handlers import OperatorOptions, run_operator
+    from episode_operator.kube.builds import BuildSettings
     from episode_operator.kube.replicas import ReplicaSettings
     from episode_operator.runtime.store import StoreSettings
+
+    builds = None
+    if build_registry:
+        builds = BuildSettings(
+            namespace=build_namespace or os.environ.get("POD_NAMESPACE") or DEFAULT_BUILD_NAMESPACE,
+            registry=build_registry,
+            builder_image=builder_image,
+            pull_registry=build_pull_registry,
+            tls_verify=not build_registry_insecure,
+        )
+    elif build_pull_registry or build_namespace or build_registry_insecure:
+        raise click.UsageError(
+            "--build-pull-registry, --build-namespace and --build-registry-insecure need --build-registry"
+        )
 
     if store_url is not None and not store_url.startswith(("s3://", "s3a://")):
         raise click.BadParameter(f"{store_url!r} is not an s3://BUCKET[/PREFIX] URL", param_hint="--store-url")
@@ -237,6 +299,8 @@ def run(
             store=StoreSettings(store_url, store_endpoint, store_region, store_allow_http),
             capture_image=capture_image,
             toolchain_repository=toolchain_repository,
+            builds=builds,
+            unschedulable_timeout_sec=unschedulable_timeout_sec,
         )
     )
 

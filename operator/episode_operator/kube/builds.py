@@ -36,6 +36,9 @@ from episode_operator.kube.objects.buildjobs import (
     build_job,
     context_config_map,
 )
+from episode_operator.kube.objects.pod_state import pod_verdict
+from episode_operator.runtime.images import BuildFailed, BuildOutage, BuildOutcome, BuildReady
+from episode_operator.runtime.sandbox import Waiting, WaitingReport
 from episode_operator.taskfolder.buildcontext import BuildSource, base_images, pack_build_context
 from episode_operator.taskfolder.images import ImageMirrors
 from episode_operator.taskfolder.sources import TaskFiles
@@ -71,41 +74,15 @@ class BuildSettings:
     poll_first_sec: float = 0.5
     poll_max_sec: float = 5.0
 
+    @property
+    def pull_repository(self) -> str:
+        """Where the cluster's nodes pull built images from: ``<pull registry>/<repository>``."""
+        return f"{self.pull_registry or self.registry}/{self.repository}"
+
     def image(self, digest_hex: str, *, pull: bool) -> str:
-        registry = (self.pull_registry or self.registry) if pull else self.registry
-        return f"{registry}/{self.repository}:{digest_hex}"
+        return f"{self.pull_repository if pull else f'{self.registry}/{self.repository}'}:{digest_hex}"
 
 
-@dataclass(frozen=True)
-class BuildReady:
-    """The image exists; ``built`` is False when an earlier build of the same digest was reused."""
-
-    image: str
-    digest: str
-    built: bool
-    log: bytes = b""
-
-
-@dataclass(frozen=True)
-class BuildFailed:
-    """The task's failure (terminal): a broken Dockerfile, a missing base image, a build past its bound."""
-
-    digest: str
-    message: str
-    log: bytes = b""
-
-
-@dataclass(frozen=True)
-class BuildOutage:
-    """Not the task's fault: the registry, the builder or the API failed; retrying may succeed."""
-
-    digest: str
-    kind: str
-    message: str
-    log: bytes = b""
-
-
-BuildOutcome = BuildReady | BuildFailed | BuildOutage
 JobVerdict = Literal["succeeded", "failed", "running"]
 
 
@@ -119,9 +96,17 @@ class BuildCoordinator:
         self.settings = settings
         self.clock = clock
         self._waits: dict[str, asyncio.Task[BuildOutcome]] = {}
+        # Who hears why a build's pod waits: every caller waiting for that digest.
+        self._listeners: dict[str, list[WaitingReport]] = {}
 
-    async def ensure_image(self, files: TaskFiles, source: BuildSource, *, timeout_sec: float) -> BuildOutcome:
-        """The image of ``source``'s context, built once per digest; never raises for a build's failure."""
+    async def ensure_image(
+        self, files: TaskFiles, source: BuildSource, *, timeout_sec: float, waiting: WaitingReport | None = None
+    ) -> BuildOutcome:
+        """The image of ``source``'s context, built once per digest; never raises for a build's failure.
+
+        ``waiting`` hears why the build's pod waits (unschedulable, its image not pulled…), and None
+        once it runs; the log of a build this call made comes back with :class:`BuildReady`.
+        """
         packed = pack_build_context(files, source, self.settings.mirrors)
         if len(packed.archive) > MAX_CONTEXT_BYTES:
             return BuildFailed(
@@ -144,8 +129,20 @@ class BuildCoordinator:
         if running is None or running.done():
             running = asyncio.ensure_future(self._ensure(spec, packed.digest, packed.archive))
             self._waits[packed.digest] = running
-        # Shielded: one caller giving up (its Episode deleted) must not cancel the others' wait.
-        return await asyncio.shield(running)
+        listeners = self._listeners.setdefault(packed.digest, [])
+        if waiting is not None:
+            listeners.append(waiting)
+        try:
+            # Shielded: one caller giving up (its Episode deleted) must not cancel the others' wait.
+            return await asyncio.shield(running)
+        finally:
+            if waiting is not None:
+                listeners.remove(waiting)
+
+    async def _tell(self, digest: str, report: Waiting | None) -> None:
+        for listener in list(self._listeners.get(digest, ())):
+            with contextlib.suppress(Exception):  # a listener's failure is its own Episode's, not the build's
+                await listener(report)
 
     async def _ensure(self, spec: BuildJobSpec, digest: str, archive: bytes) -> BuildOutcome:
         try:
@@ -160,9 +157,10 @@ class BuildCoordinator:
                 job = None
             if job is None:
                 built = await self._create(spec, archive)
-            job = await self._wait(spec)
+            job = await self._wait(spec, digest)
             if self._verdict(job) == "succeeded":
-                return BuildReady(self.settings.image(spec.digest_hex, pull=True), digest, built)
+                log = await self._log(spec) if built else b""
+                return BuildReady(self.settings.image(spec.digest_hex, pull=True), digest, built, log)
             return await self._classify(spec, digest, job)
         except KubeError as error:
             return BuildOutage(digest, "api", f"build {spec.name}: {error}")
@@ -188,15 +186,26 @@ class BuildCoordinator:
             await asyncio.sleep(pause)
             pause = min(pause * 2, self.settings.poll_max_sec)
 
-    async def _wait(self, spec: BuildJobSpec) -> dict[str, Any]:
-        """Poll the Job until it is done (it bounds itself with activeDeadlineSeconds)."""
+    async def _wait(self, spec: BuildJobSpec, digest: str) -> dict[str, Any]:
+        """Poll the Job until it is done (it bounds itself with activeDeadlineSeconds); say why its pod waits."""
         deadline = self.clock() + spec.timeout_sec + DEADLINE_MARGIN_SEC
         pause = self.settings.poll_first_sec
+        said: Waiting | None = None
         while True:
             job = await self.client.read_job(spec.namespace, spec.name)
             if self._verdict(job) != "running":
                 return job
             pod = await self._pod(spec)
+            if pod is not None:
+                verdict = pod_verdict(pod)
+                if verdict.reason is not None and (verdict.unscheduled or verdict.waiting):
+                    report = Waiting(pod["metadata"]["name"], "build", verdict.reason, verdict.message)
+                    if report != said:
+                        said = report
+                        await self._tell(digest, report)
+                elif said is not None and not verdict.lost:
+                    said = None
+                    await self._tell(digest, None)
             waiting = _waiting_reason(pod) if pod is not None else None
             if waiting in BUILDER_UNSTARTABLE or self.clock() > deadline:
                 return job
@@ -217,14 +226,21 @@ class BuildCoordinator:
         pods = await self.client.list_pods(spec.namespace, f"job-name={spec.name}")
         return pods[-1] if pods else None
 
+    async def _log(self, spec: BuildJobSpec, pod: dict[str, Any] | None = None) -> bytes:
+        """The build pod's log (best effort: a log is never worth failing a build for)."""
+        pod = pod or await self._pod(spec)
+        if pod is None:
+            return b""
+        with contextlib.suppress(KubeError):
+            return await self.client.read_pod_log(
+                spec.namespace, pod["metadata"]["name"], "build", limit_bytes=LOG_LIMIT
+            )
+        return b""
+
     async def _classify(self, spec: BuildJobSpec, digest: str, job: dict[str, Any]) -> BuildOutcome:
         """What a failed (or stuck) build means, from the Job's condition and the script's exit code."""
         pod = await self._pod(spec)
-        log = b""
-        if pod is not None:
-            with contextlib.suppress(KubeError):
-                name = pod["metadata"]["name"]
-                log = await self.client.read_pod_log(spec.namespace, name, "build", limit_bytes=LOG_LIMIT)
+        log = await self._log(spec, pod)
         waiting = _waiting_reason(pod) if pod is not None else None
         if waiting in BUILDER_UNSTARTABLE:
             message = f"build {spec.name}: the builder image cannot start ({waiting})"

@@ -460,6 +460,15 @@ class KubeClient:
         with _api_call("event"):
             await self.core.create_namespaced_event(namespace, event)
 
+    async def list_pod_events(self, namespace: str, pod: str) -> list[dict[str, Any]]:
+        """The Events of one pod (what the scheduler and the kubelet said of it), as the API's JSON."""
+        selector = f"involvedObject.kind=Pod,involvedObject.name={pod}"
+        with _api_call(f"events of pod {namespace}/{pod}"):
+            events = await _json(
+                await self.core.list_namespaced_event(namespace, field_selector=selector, _preload_content=False)
+            )
+        return list(events.get("items") or [])
+
     # Pods ---------------------------------------------------------------------------------
     async def create_pod(self, namespace: str, manifest: dict[str, Any]) -> None:
         with _api_call(f"pod {namespace}/{manifest['metadata']['name']}"):

@@ -30,6 +30,7 @@ from episode_operator.api.vocabulary import (
     is_terminal,
     timestamp,
 )
+from episode_operator.kube.builds import BuildCoordinator
 from episode_operator.kube.client import KubeClient, KubeError, NotFound
 from episode_operator.kube.objects.pods import AgentImages, OwnerRef, episode_selector
 from episode_operator.kube.replicas import Claim
@@ -41,9 +42,11 @@ from episode_operator.runtime.agents import agent_kind
 from episode_operator.runtime.agents.model import SandboxNeeds
 from episode_operator.runtime.episode import EpisodeConfig, EpisodeObserver, EpisodeRunner
 from episode_operator.runtime.fencing import FencedProvider
+from episode_operator.runtime.images import ImagePolicy
 from episode_operator.runtime.store import BlobStore
 from episode_operator.runtime.wakeups import Wakeups
 from episode_operator.taskfolder import TaskFiles
+from episode_operator.taskfolder.images import ImageMirrors
 
 
 @dataclass(frozen=True)
@@ -61,6 +64,17 @@ class DriverSettings:
     pod_wakeups: Wakeups | None = None
     # The images of harness toolchains and of the capture proxy (the operator's own image).
     agent_images: AgentImages = field(default_factory=AgentImages)
+    # Where images are pulled from (--image-mirror): every image an Episode names.
+    image_mirrors: ImageMirrors = field(default_factory=ImageMirrors)
+    # In-cluster builds (--build-registry); None: Dockerfiles replay cannot apply are refused.
+    builds: BuildCoordinator | None = None
+    # How long a pod the scheduler cannot place is waited for (--unschedulable-timeout).
+    unschedulable_timeout_sec: float = 3600.0
+
+    @property
+    def image_policy(self) -> ImagePolicy:
+        build_repository = self.builds.settings.pull_repository if self.builds is not None else None
+        return ImagePolicy(self.image_mirrors, build_repository)
 
 
 class TaskSourceError(Exception):
@@ -101,7 +115,7 @@ async def drive_episode(
         files = await read_task_files(client, episode.namespace, spec.task, settings.source_wait_sec)
     except TaskSourceError as error:
         return await _refuse(sink, status, Refusal(FAILURE_TASK_SOURCE, str(error)), generation)
-    admission = admit_task(spec, files)
+    admission = admit_task(spec, files, settings.image_policy)
     if isinstance(admission, Refusal):
         return await _refuse(sink, status, admission, generation)
     needs = agent_kind(spec.agent).sandbox_needs(spec.agent)
@@ -118,6 +132,7 @@ async def drive_episode(
         admission.main_env,
         extra_labels=labels,
         pull_grace_sec=settings.pull_grace_sec,
+        unschedulable_timeout_sec=settings.unschedulable_timeout_sec,
         wakeups=settings.pod_wakeups,
         needs=needs,
         images=settings.agent_images,
@@ -133,10 +148,12 @@ async def drive_episode(
         poll_interval_sec=settings.poll_interval_sec,
         backoff_base_sec=settings.backoff_base_sec,
         generation=generation,
+        images=admission.images,
     )
     store = settings.store.episode(episode.namespace, episode.name, episode.uid)
     fenced = provider if claim is None else FencedProvider(provider, claim)
-    return await EpisodeRunner(config, fenced, sink, store, observer=observer).run(status)
+    runner = EpisodeRunner(config, fenced, sink, store, observer=observer, builder=settings.builds)
+    return await runner.run(status)
 
 
 async def read_task_files(client: KubeClient, namespace: str, source: TaskSource, wait_sec: float) -> TaskFiles:

@@ -108,7 +108,13 @@ OPERATOR_PERMISSIONS: tuple[Permission, ...] = (
         "in-cluster image builds, one Job per build context digest (kube/builds.py)",
     ),
     Permission("", "pods/log", ("get",), "namespaced", "a failed build's log, kept and classified"),
-    Permission("", "events", ("create",), "namespaced", "turn and outage Events, and kopf's own"),
+    Permission(
+        "",
+        "events",
+        ("create", "list"),
+        "namespaced",
+        "turn and outage Events, and kopf's own; a waiting pod's Events say why it does not start",
+    ),
     Permission(
         "networking.k8s.io",
         "networkpolicies",

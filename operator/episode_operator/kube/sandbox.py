@@ -3,8 +3,13 @@
 :class:`KubeSandbox` turns each runtime operation into one exec of a supervisor verb
 (the command lines come from :mod:`episode_operator.runtime.supervisor`, so this module only
 ships them). :class:`KubeProvider` creates an episode's pods, waits until they can work —
-telling an image that cannot be pulled from one that is still coming — places the
-supervisor and removes the pods when the runtime lets them go.
+telling an image that cannot be pulled from one that is still coming, and saying why a pod
+waits (its state, else its latest Event) as soon as it says anything — places the supervisor
+and removes the pods when the runtime lets them go.
+
+A pod the scheduler cannot place waits up to the operator's ``--unschedulable-timeout``
+(capacity other Episodes hold comes free as they finish); once placed, it must run within
+``build_timeout_sec``. Past either bound the attempt is an outage that names the cause.
 """
 
 from __future__ import annotations
@@ -19,7 +24,7 @@ from episode_operator.api.models import EpisodeSpec
 from episode_operator.api.vocabulary import ATTEMPT_LABEL, EPISODE_LABEL, ROLE_LABEL, TURN_LABEL, OutageKind
 from episode_operator.kube.client import ExecTransportError, KubeClient, KubeError, NotFound
 from episode_operator.kube.objects.network import network_policy
-from episode_operator.kube.objects.pod_state import pod_verdict
+from episode_operator.kube.objects.pod_state import latest_event, pod_verdict
 from episode_operator.kube.objects.pods import (
     AgentImages,
     OwnerRef,
@@ -27,8 +32,10 @@ from episode_operator.kube.objects.pods import (
     agent_pod_name,
     episode_selector,
     label_value,
+    resources_of,
     sandbox_pod,
     verifier_pod_name,
+    verifier_reservation,
 )
 from episode_operator.runtime import supervisor
 from episode_operator.runtime.agents.model import CAPTURE_CONTAINER, SandboxNeeds
@@ -40,6 +47,8 @@ from episode_operator.runtime.sandbox import (
     JobState,
     SandboxError,
     Upload,
+    Waiting,
+    WaitingReport,
 )
 from episode_operator.runtime.wakeups import Wakeups, nap
 from episode_operator.taskfolder import EpisodePlan
@@ -181,6 +190,10 @@ class KubeProvider:
     needs: SandboxNeeds = field(default_factory=SandboxNeeds)
     images: AgentImages = field(default_factory=AgentImages)
     pull_grace_sec: float = 120.0
+    # How long a pod the scheduler cannot place is waited for (other Episodes' pods free capacity).
+    unschedulable_timeout_sec: float = 3600.0
+    # A pod that waits this long without saying why is asked for its Events (and again as often).
+    events_after_sec: float = 5.0
     # Woken when a pod of the episode changes (the operator's pod watch): a starting pod is
     # read then. Without them pod start is polled, quickly at first (most pods run within a
     # second), then less often; with them the poll only covers a missed event, so it starts
@@ -217,7 +230,7 @@ class KubeProvider:
             raise SandboxError(f"cannot set the network policy of {name}: {error}", kind="api") from error
         self._applied[name] = policy
 
-    async def agent(self, attempt: int) -> KubeSandbox:
+    async def agent(self, attempt: int, *, waiting: WaitingReport | None = None) -> KubeSandbox:
         pod = SandboxPod(
             role="agent",
             attempt=attempt,
@@ -227,11 +240,17 @@ class KubeProvider:
             sidecars=self.plan.sidecars,
             network=baseline_policy(self.plan.environment),
             needs=self.needs,
+            reservation=verifier_reservation(self.plan),
         )
-        return await self._ready(pod)
+        return await self._ready(pod, waiting)
 
-    async def verifier(self, attempt: int, turn: int, plan: VerifierPlan) -> KubeSandbox:
+    async def verifier(
+        self, attempt: int, turn: int, plan: VerifierPlan, *, waiting: WaitingReport | None = None
+    ) -> KubeSandbox:
         assert plan.environment is not None
+        node: str | None = None
+        if turn < len(self.plan.turns) - 1 and resources_of(plan.environment).get("requests"):
+            node = await self._agent_node(attempt)
         pod = SandboxPod(
             role="verifier",
             attempt=attempt,
@@ -240,8 +259,22 @@ class KubeProvider:
             env=plan.environment.env,
             turn=turn,
             network=plan.network,
+            node_name=node,
         )
-        return await self._ready(pod)
+        return await self._ready(pod, waiting)
+
+    async def _agent_node(self, attempt: int) -> str:
+        """The agent pod's node: a verifier beside it runs there, on the capacity it reserved."""
+        name = agent_pod_name(self.episode.name, attempt)
+        try:
+            node = (await self.client.read_pod(self.episode.namespace, name)).get("spec", {}).get("nodeName")
+        except NotFound:
+            raise SandboxError(f"pod {name} is gone: its verifier has no capacity to run on", kind="pod_lost") from None
+        except KubeError as error:
+            raise SandboxError(f"pod {name}: {error}", kind="api") from error
+        if not node:
+            raise SandboxError(f"pod {name} runs on no node", kind="pod_lost")
+        return str(node)
 
     async def release_verifier(self, attempt: int, turn: int) -> None:
         await self._delete(verifier_pod_name(self.episode.name, attempt, turn))
@@ -271,7 +304,7 @@ class KubeProvider:
         except KubeError as error:
             raise SandboxError(str(error), kind="api") from error
 
-    async def _ready(self, pod: SandboxPod) -> KubeSandbox:
+    async def _ready(self, pod: SandboxPod, waiting: WaitingReport | None) -> KubeSandbox:
         manifest = sandbox_pod(self.episode, self.spec, pod, extra_labels=self.extra_labels, images=self.images)
         name = manifest["metadata"]["name"]
         # The policy exists before the pod, so a restricted sandbox is never briefly open.
@@ -287,7 +320,7 @@ class KubeProvider:
                     await self.client.read_pod(self.episode.namespace, name)
                 except NotFound:
                     await self.client.create_pod(self.episode.namespace, manifest)
-                await self._wait_running(name, pod.environment.build_timeout_sec, changed)
+                await self._wait_running(name, pod.role, pod.environment.build_timeout_sec, changed, waiting)
             except KubeError as error:
                 raise SandboxError(f"pod {name}: {error}", kind="api") from error
         sandbox = KubeSandbox(self.client, self.episode.namespace, name)
@@ -300,13 +333,25 @@ class KubeProvider:
             raise SandboxError(f"cannot place the supervisor in {name}: {error}", kind="supervisor") from error
         return sandbox
 
-    async def _wait_running(self, name: str, start_timeout_sec: float, changed: asyncio.Event | None) -> None:
+    async def _wait_running(
+        self,
+        name: str,
+        role: str,
+        start_timeout_sec: float,
+        changed: asyncio.Event | None,
+        waiting: WaitingReport | None,
+    ) -> None:
         """Until every container runs and the sidecars are ready; outages are told apart by reason.
 
-        The pod is read when ``changed`` is set (by the pod watch) or the poll comes due.
+        The pod is read when ``changed`` is set (by the pod watch) or the poll comes due. Why it
+        waits goes to ``waiting`` when the pod says (unschedulable, an image pull failing…) or,
+        when it says nothing for ``events_after_sec``, from its latest Event; None once it runs.
         """
+        report = _Reporter(name, role, waiting)
         started = self.clock()
+        unscheduled_since: float | None = None
         pulling_since: float | None = None
+        events_due = started + self.events_after_sec
         pause, longest = (
             (self.poll_first_sec, self.poll_max_sec)
             if changed is None
@@ -321,12 +366,22 @@ class KubeProvider:
                 raise SandboxError(f"pod {name} was deleted while starting", kind="pod_lost") from None
             verdict = pod_verdict(pod)
             if verdict.ready:
+                await report.running()
                 return
             if verdict.lost:
                 raise SandboxError(f"pod {name}: {verdict.message}", kind="pod_lost")
             if verdict.waiting in HOPELESS_WAITING:
                 raise SandboxError(f"pod {name}: {verdict.message}", kind="image_pull")
             now = self.clock()
+            if verdict.unscheduled:
+                unscheduled_since = unscheduled_since if unscheduled_since is not None else now
+                started = now  # the start bound counts from the pod's placement
+                if now - unscheduled_since > self.unschedulable_timeout_sec:
+                    raise SandboxError(
+                        f"pod {name} could not be scheduled for {self.unschedulable_timeout_sec:.0f} s: "
+                        f"{verdict.message.removeprefix('not scheduled: ')}",
+                        kind="unschedulable",
+                    )
             if verdict.waiting in PULL_WAITING | CONFIG_WAITING:
                 pulling_since = pulling_since if pulling_since is not None else now
                 if now - pulling_since > self.pull_grace_sec:
@@ -334,9 +389,39 @@ class KubeProvider:
                     raise SandboxError(f"pod {name}: {verdict.message}", kind=waited)
             else:
                 pulling_since = None
+            if verdict.unscheduled or verdict.waiting:
+                assert verdict.reason is not None
+                await report.waits(verdict.reason, verdict.message)
+            elif now >= events_due:
+                # Nothing in the pod's state says why: its Events do (pulling, a failed mount…).
+                events_due = now + self.events_after_sec
+                with contextlib.suppress(KubeError):
+                    event = latest_event(await self.client.list_pod_events(self.episode.namespace, name))
+                    if event is not None:
+                        await report.waits(*event)
             if now - started > start_timeout_sec:
                 raise SandboxError(
                     f"pod {name} not ready after {start_timeout_sec:.0f} s: {verdict.message}", kind="start_timeout"
                 )
             await nap(changed, pause)
             pause = min(pause * 1.5, longest)
+
+
+@dataclass
+class _Reporter:
+    """Tells ``waiting`` why a pod waits, once per change, and that it runs (the listener keeps the
+    record of what it was told, so a restarted operator's first "runs" clears an old "waits")."""
+
+    pod: str
+    role: str
+    waiting: WaitingReport | None
+    said: tuple[str, str] | None = None
+
+    async def waits(self, reason: str, message: str) -> None:
+        if self.waiting is not None and (reason, message) != self.said:
+            self.said = (reason, message)
+            await self.waiting(Waiting(self.pod, self.role, reason, message))
+
+    async def running(self) -> None:
+        if self.waiting is not None:
+            await self.waiting(None)

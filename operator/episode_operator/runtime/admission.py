@@ -2,9 +2,12 @@
 
 Everything that can be refused is refused before any pod exists (ARCHITECTURE.md): a spec
 the models or the agent registry reject, a task folder the loader refuses, a seed-time
-refusal (no image, an oracle without solutions, an unresolvable ``${VAR}``, what the agent
-kind refuses). Each refusal carries the ``failureKind`` and a message naming the cause; the
-kube layer reads the task source and writes the verdict.
+refusal (no image, a Dockerfile neither replay nor the operator's builds can take — naming
+its line —, an oracle without solutions, an unresolvable ``${VAR}``, what the agent kind
+refuses). Admission also decides every sandbox's image (``runtime/images.py``): prebuilt,
+replayed at seed, or built in the cluster, the operator's mirrors applied. Each refusal
+carries the ``failureKind`` and a message naming the cause; the kube layer reads the task
+source and writes the verdict.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from episode_operator.api.vocabulary import (
     FailureKind,
 )
 from episode_operator.runtime.agents import AGENTS, spec_problems
+from episode_operator.runtime.images import ImagePlan, ImagePolicy, plan_images, with_images
 from episode_operator.taskfolder import EpisodePlan, Problem, TaskFiles, resolve_plan, seed_refusals, validate_task
 from episode_operator.taskfolder.envtemplates import UnresolvedTemplate, resolve_env_templates
 
@@ -41,7 +45,8 @@ class Refusal:
 
 @dataclass(frozen=True)
 class Admission:
-    """An Episode that can run: its spec, plan (templates resolved), the main container's env and image."""
+    """An Episode that can run: its spec, plan (templates resolved, images decided), the main container's
+    env and image, and how every sandbox's image is made."""
 
     spec: EpisodeSpec
     plan: EpisodePlan
@@ -49,6 +54,7 @@ class Admission:
     image: str
     digest: str
     task_name: str | None
+    images: ImagePlan
 
 
 def admit_spec(document: Mapping[str, Any]) -> EpisodeSpec | Refusal:
@@ -63,28 +69,32 @@ def admit_spec(document: Mapping[str, Any]) -> EpisodeSpec | Refusal:
     return spec
 
 
-def admit_task(spec: EpisodeSpec, files: TaskFiles) -> Admission | Refusal:
-    """Load, validate and plan the task for ``spec``, with every seed-time refusal."""
+def admit_task(spec: EpisodeSpec, files: TaskFiles, policy: ImagePolicy | None = None) -> Admission | Refusal:
+    """Load, validate and plan the task for ``spec`` under the operator's image ``policy``, with every
+    seed-time refusal."""
     digest = files.digest()
     validation = validate_task(files)
     if validation.task is None:
         return Refusal(FAILURE_INVALID_TASK, "task refused: " + render_problems(validation.problems), digest)
     agent = AGENTS[spec.agent.kind]
     plan = resolve_plan(validation.task, timeout_multiplier=spec.timeout_multiplier)
-    problems = seed_refusals(
-        plan, accepts_prior_trajectory=agent.accepts_prior_trajectory, image_override=spec.image
-    ) + agent.seed_refusals(plan, spec.agent)
+    images = plan_images(validation.task, plan, image_override=spec.image, policy=policy or ImagePolicy())
+    problems = [
+        *(images if isinstance(images, list) else []),
+        *seed_refusals(plan, accepts_prior_trajectory=agent.accepts_prior_trajectory),
+        *agent.seed_refusals(plan, spec.agent),
+    ]
     try:
         plan, main_env = resolve_plan_env(plan, spec)
     except UnresolvedTemplate as error:
         problems.append(Problem("task.toml", "env", str(error)))
         main_env = {}
-    if problems:
+    if problems or isinstance(images, list):
         return Refusal(FAILURE_SEED, "refused at seed: " + render_problems(problems), digest)
-    image = spec.image or plan.environment.docker_image
-    assert image is not None  # seed_refusals refuses a plan without one
     task = validation.task.config.task
-    return Admission(spec, plan, main_env, image, digest, task.name if task else None)
+    return Admission(
+        spec, with_images(plan, images), main_env, images.agent.image, digest, task.name if task else None, images
+    )
 
 
 def resolve_plan_env(plan: EpisodePlan, spec: EpisodeSpec) -> tuple[EpisodePlan, dict[str, str]]:

@@ -1,9 +1,10 @@
-"""The episode runner: attempts, seed, the turns (driven by the stage table), the endings.
+"""The episode runner: attempts, the seed and the turns (each driven by its table), the endings.
 
-A turn is the state machine of ``runtime/turn/table.py``; this module walks it, turn after
-turn, and owns what outlives a turn: the sandboxes, the job runner and its deadline, the
-status and when it is written, Events and metrics, outages and retries, the roll-up
-(TASK-FORMAT.md §3.7) and the episode's end.
+An attempt's seed is the sequence of ``runtime/seed.py`` and a turn the state machine of
+``runtime/turn/table.py``; this module walks them, and owns what outlives a stage: the
+sandboxes (a replayed image's settings over them, a waiting pod's condition), the job runner
+and its deadline, the status and when it is written, Events and metrics, outages and
+retries, the roll-up (TASK-FORMAT.md §3.7) and the episode's end.
 
 Failures keep Gym's classes apart (``runtime/turn/failures.py``): a *measured* 0 ends the
 episode with a reward; a *terminal* failure (preparation at step 1) ends it without one and
@@ -22,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import math
+import re
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, replace
@@ -29,10 +31,12 @@ from typing import Protocol
 
 from episode_operator.api.models import AgentSpec, AttemptStatus, EpisodeStatus, TaskStatus, TurnStatus
 from episode_operator.api.vocabulary import (
-    FAILURE_AGENT_SETUP,
     FAILURE_DEADLINE,
+    FAILURE_VERIFIER,
+    PODS_READY,
     ConditionStatus,
     Outcome,
+    SeedStage,
     Stage,
     is_terminal,
     outage_failure_kind,
@@ -40,7 +44,15 @@ from episode_operator.api.vocabulary import (
     set_condition,
     timestamp,
 )
-from episode_operator.runtime.agents import agent_kind
+from episode_operator.runtime.images import ImageBuilder, ImagePlan, SandboxImage
+from episode_operator.runtime.replay import (
+    ReplayConfig,
+    ReplayedSandbox,
+    ReplayReady,
+    ReplaySource,
+    entrypoint_job,
+    replayed_image,
+)
 from episode_operator.runtime.sandbox import (
     MAIN_CONTAINER,
     CommandFailed,
@@ -50,8 +62,10 @@ from episode_operator.runtime.sandbox import (
     SandboxError,
     SandboxProvider,
     Upload,
+    Waiting,
 )
-from episode_operator.runtime.store import EpisodeStore
+from episode_operator.runtime.seed import SEED, ReplayProblem, replay_in, seed_passed, seed_resumes_at
+from episode_operator.runtime.store import SEED_LOGS, EpisodeStore
 from episode_operator.runtime.turn.context import TurnRun
 from episode_operator.runtime.turn.failures import (
     Call,
@@ -59,19 +73,23 @@ from episode_operator.runtime.turn.failures import (
     Outage,
     PreparationFailed,
     check_started,
+    sandbox_call,
     sandbox_lost,
 )
-from episode_operator.runtime.turn.prepare import describe
 from episode_operator.runtime.turn.table import TURN, Network, is_published
 from episode_operator.runtime.turn.verify import record_score, stops_episode
 from episode_operator.taskfolder import EpisodePlan, TaskFiles
 from episode_operator.taskfolder.healthcheck import poll_healthcheck
-from episode_operator.taskfolder.models import Healthcheck
+from episode_operator.taskfolder.models import EnvironmentConfig, Healthcheck
 from episode_operator.taskfolder.plan import NetworkPolicy, baseline_policy
 from episode_operator.taskfolder.rewards import TurnScore, roll_up
 
 # Past a job's own bound the supervisor kills it; this margin only covers the kill itself.
 KILL_AFTER_SEC = 5.0
+# An episode whose config names no images runs a prebuilt image in every sandbox.
+PREBUILT = ImagePlan(SandboxImage("", "prebuilt"), ())
+# A condition reason is CamelCase letters, digits, '_', ',' and ':' (metav1.Condition).
+CONDITION_REASON_CHARS = re.compile(r"[^A-Za-z0-9_,:]")
 
 
 class EpisodeObserver(Protocol):
@@ -124,6 +142,8 @@ class EpisodeConfig:
     backoff_max_sec: float = 120.0
     log_limit: int = 1 << 20
     generation: int | None = None
+    # How each sandbox's image is made (runtime/images.py); None: prebuilt images only.
+    images: ImagePlan | None = None
 
 
 class EpisodeRunner:
@@ -143,8 +163,10 @@ class EpisodeRunner:
         monotonic: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
         observer: EpisodeObserver | None = None,
+        builder: ImageBuilder | None = None,
     ) -> None:
         self.config = config
+        self._builder = builder
         self.plan = config.plan
         self.provider = provider
         self.sink = sink
@@ -156,6 +178,8 @@ class EpisodeRunner:
         self._baseline = baseline_policy(self.plan.environment)
         self.status = EpisodeStatus()
         self._agent_sandbox: Sandbox | None = None
+        self._agent_replay: ReplayReady | None = None
+        self._verifier_sandboxes: dict[int, Sandbox] = {}
         # Healthcheck attempts of this runner never collide with a crashed runner's.
         self._incarnation = f"{int(clock() * 1000) % 10**9:x}"
 
@@ -201,7 +225,7 @@ class EpisodeRunner:
     async def _run_attempt(self) -> None:
         attempt = self._attempt
         if attempt.ready_at is None:
-            await self._seed(await self.agent_sandbox())
+            await self._seed()
             ready = self.clock()
             attempt.ready_at = timestamp(ready)
             attempt.deadline_at = timestamp(math.ceil(ready + self.plan.deadline_sec))
@@ -214,20 +238,18 @@ class EpisodeRunner:
         except TimeoutError:
             raise self._past_deadline() from None
 
-    async def _seed(self, sandbox: Sandbox) -> None:
-        """Seed-time work: the environment healthcheck, then the agent kind's own setup."""
-        check = self.plan.environment.healthcheck
-        if check is not None:
-            passed = await self.healthcheck(sandbox, check, "seed", self.plan.turns[0].agent.user)
-            if not passed:
-                raise Outage("environment_healthcheck", "[environment.healthcheck] never passed")
-        setup = agent_kind(self.config.agent).seed_job(TurnRun(self, 0))
-        if setup is not None:
-            state = await self.run_job(sandbox, setup)
-            await self.save_job_log(sandbox, "seed", "agent-setup", state)
-            check_started(Call.START_AGENT, state)
-            if not state.succeeded:
-                raise EpisodeEnds("Ungraded", FAILURE_AGENT_SETUP, f"the agent's setup {describe(state)}")
+    async def _seed(self) -> None:
+        """The seed table (``runtime/seed.py``), walked from where the attempt's status says it was."""
+        attempt = self._attempt
+        stage: SeedStage | None = seed_resumes_at(attempt.seed_stage)
+        while stage is not None:
+            row = SEED[stage]
+            attempt.seed_stage = stage
+            if row.published:
+                await self.publish()
+            async with self.timed(f"seed-{stage}"):
+                await row.step(self)
+            stage = row.next
 
     async def _run_turns(self) -> None:
         for index in range(self.status.current_turn or 0, len(self.plan.turns)):
@@ -331,7 +353,6 @@ class EpisodeRunner:
         self.observer.outage(outage.kind)
         attempt.finished_at = timestamp(self.clock())
         await self.event("Outage", f"attempt {attempt.number}: {attempt.reason}", warning=True)
-        self._agent_sandbox = None
         await self._release_all(keep=False)
         if attempt.number > self.config.outage_retries:
             await self._end(
@@ -368,7 +389,7 @@ class EpisodeRunner:
         )
 
     async def _release_all(self, *, keep: bool) -> None:
-        self._agent_sandbox = None
+        self._forget_sandboxes()
         try:
             await self.provider.release_all(keep=keep)
         except SandboxError as error:
@@ -394,23 +415,80 @@ class EpisodeRunner:
     def now(self) -> float:
         return self.clock()
 
+    def _forget_sandboxes(self) -> None:
+        self._agent_sandbox = None
+        self._agent_replay = None
+        self._verifier_sandboxes.clear()
+
     async def agent_sandbox(self) -> Sandbox:
         if self._agent_sandbox is None:
             try:
                 async with self.timed("pod_start"):
-                    self._agent_sandbox = await self.provider.agent(self._attempt.number)
+                    sandbox = await self.provider.agent(self._attempt.number, waiting=self.pod_waiting)
             except SandboxError as error:
                 raise sandbox_lost(error) from error
-            if self.status.pod_name != self._agent_sandbox.name:
-                self.status.pod_name = self._agent_sandbox.name
+            self._agent_sandbox = sandbox
+            if self.status.pod_name != sandbox.name:
+                self.status.pod_name = sandbox.name
                 await self.publish()
+            attempt = self._attempt
+            source = self.images.agent.replay
+            if source is not None and (
+                attempt.ready_at is not None or seed_passed(attempt.seed_stage, SeedStage.REPLAY)
+            ):
+                # A restarted runner: the replay is done, its settings are read back from the pod.
+                self.replayed(await self._recall_replay(sandbox, source))
         return self._agent_sandbox
 
-    async def verifier_sandbox(self, index: int) -> Sandbox:
+    async def _recall_replay(self, sandbox: Sandbox, source: ReplaySource) -> ReplayReady:
+        config = self.replay_config(
+            turn=SEED_LOGS, log_name="replay", budget_sec=self.plan.environment.build_timeout_sec
+        )
         try:
-            return await self.provider.verifier(self._attempt.number, index, self.plan.turns[index].verifier)
+            with sandbox_call(Call.REPLAY):
+                outcome = await replayed_image(sandbox, self.files, source, self.plan.environment, config)
         except SandboxError as error:
             raise sandbox_lost(error) from error
+        if not isinstance(outcome, ReplayReady):
+            raise Outage("pod_lost", f"the replayed sandbox {sandbox.name} cannot be read back: {outcome}")
+        return outcome
+
+    async def verifier_sandbox(self, index: int) -> Sandbox:
+        if index in self._verifier_sandboxes:
+            return self._verifier_sandboxes[index]
+        plan = self.plan.turns[index].verifier
+        try:
+            sandbox = await self.provider.verifier(self._attempt.number, index, plan, waiting=self.pod_waiting)
+        except SandboxError as error:
+            raise sandbox_lost(error) from error
+        image = self.images.verifier(index)
+        if image is not None and image.replay is not None:
+            assert plan.environment is not None
+            sandbox = await self._replay_verifier(sandbox, index, image.replay, plan.environment)
+        self._verifier_sandboxes[index] = sandbox
+        return sandbox
+
+    async def _replay_verifier(
+        self, sandbox: Sandbox, index: int, source: ReplaySource, environment: EnvironmentConfig
+    ) -> Sandbox:
+        """A separate verifier's environment from its Dockerfile, as the seed makes the agent's (idempotent)."""
+        turn = self.plan.turns[index]
+        outcome = await replay_in(self, sandbox, source, environment, turn=turn.name, log_name="verifier-replay")
+        if isinstance(outcome, ReplayProblem):
+            # The verifier's environment cannot be made: Gym masks a verifier that cannot start.
+            message = f"turn {turn.name}: the verifier's environment: {outcome.message}"
+            raise EpisodeEnds("Masked", FAILURE_VERIFIER, message)
+        config = self.replay_config(
+            turn=turn.name, log_name="verifier-replay", budget_sec=environment.build_timeout_sec
+        )
+        start = entrypoint_job(outcome, config)
+        if start is not None:
+            with sandbox_call(Call.START_ENTRYPOINT):
+                state = await sandbox.start_job(start, wait_sec=1.0)
+            if state.phase == "unstartable":
+                message = f"turn {turn.name}: the verifier's ENTRYPOINT could not start ({state.reason})"
+                raise EpisodeEnds("Masked", FAILURE_VERIFIER, message)
+        return ReplayedSandbox(sandbox, outcome.settings)
 
     async def release_agent(self) -> None:
         self._agent_sandbox = None
@@ -420,6 +498,7 @@ class EpisodeRunner:
             raise sandbox_lost(error) from error
 
     async def release_verifier(self, index: int) -> None:
+        self._verifier_sandboxes.pop(index, None)
         try:
             await self.provider.release_verifier(self._attempt.number, index)
         except SandboxError as error:
@@ -505,3 +584,59 @@ class EpisodeRunner:
 
     def turn_finished(self, result: str, failure_kind: str | None) -> None:
         self.observer.turn_finished(result, failure_kind)
+
+    # SeedServices: what the seed's steps use besides ---------------------------------------------
+    @property
+    def images(self) -> ImagePlan:
+        return self.config.images or PREBUILT
+
+    @property
+    def builder(self) -> ImageBuilder | None:
+        return self._builder
+
+    @property
+    def agent_replay(self) -> ReplayReady | None:
+        return self._agent_replay
+
+    def replay_config(self, *, turn: str, log_name: str, budget_sec: float) -> ReplayConfig:
+        return ReplayConfig(
+            attempt=self._attempt.number,
+            budget_sec=budget_sec,
+            turn=turn,
+            log_name=log_name,
+            poll_interval_sec=self.config.poll_interval_sec,
+        )
+
+    def replayed(self, ready: ReplayReady) -> None:
+        assert self._agent_sandbox is not None
+        self._agent_replay = ready
+        inner = self._agent_sandbox.inner if isinstance(self._agent_sandbox, ReplayedSandbox) else self._agent_sandbox
+        self._agent_sandbox = ReplayedSandbox(inner, ready.settings)
+
+    async def pod_waiting(self, report: Waiting | None) -> None:
+        """The ``PodsReady`` condition says why a pod the episode needs waits; one Event per pod and reason.
+
+        The condition is the record: a restarted runner told the same again neither writes the
+        status nor repeats the Event.
+        """
+        current = next((c for c in self.status.conditions if c.type == PODS_READY), None)
+        waiting = current is not None and current.status == "False"
+        if report is None:
+            if waiting:
+                assert current is not None
+                pod = current.message.split(":", 1)[0]
+                self._condition(PODS_READY, "True", "PodsRunning", f"{pod} runs")
+                self.status.message = None
+                await self.publish()
+            return
+        reason = CONDITION_REASON_CHARS.sub("", report.reason) or "Waiting"
+        subject = f"{report.role} pod {report.pod}"
+        message = f"{subject}: {report.message}"
+        if waiting and current is not None and (current.reason, current.message) == (reason, message):
+            return
+        repeated = waiting and current is not None and current.reason == reason and current.message.startswith(subject)
+        self._condition(PODS_READY, "False", reason, message)
+        self.status.message = f"waiting: {message}"
+        await self.publish()
+        if not repeated:
+            await self.event("PodWaiting", f"{message} ({reason})", warning=True)

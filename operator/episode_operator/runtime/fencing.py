@@ -30,6 +30,7 @@ from episode_operator.runtime.sandbox import (
     Sandbox,
     SandboxProvider,
     Upload,
+    WaitingReport,
 )
 from episode_operator.taskfolder.plan import NetworkPolicy, VerifierPlan
 
@@ -118,13 +119,15 @@ class FencedProvider:
     provider: SandboxProvider
     fence: Fence
 
-    async def agent(self, attempt: int) -> Sandbox:
+    async def agent(self, attempt: int, *, waiting: WaitingReport | None = None) -> Sandbox:
         self.fence.check()
-        return FencedSandbox(await self.provider.agent(attempt), self.fence)
+        return FencedSandbox(await self.provider.agent(attempt, waiting=waiting), self.fence)
 
-    async def verifier(self, attempt: int, turn: int, plan: VerifierPlan) -> Sandbox:
+    async def verifier(
+        self, attempt: int, turn: int, plan: VerifierPlan, *, waiting: WaitingReport | None = None
+    ) -> Sandbox:
         self.fence.check()
-        return FencedSandbox(await self.provider.verifier(attempt, turn, plan), self.fence)
+        return FencedSandbox(await self.provider.verifier(attempt, turn, plan, waiting=waiting), self.fence)
 
     async def apply_network(self, attempt: int, policy: NetworkPolicy) -> None:
         self.fence.check()

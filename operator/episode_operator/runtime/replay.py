@@ -17,12 +17,20 @@ job, so a restarted operator re-attaches to the step that was running and never 
 start (read back from the sandbox, so the bound survives a restart), and its output is kept
 as one log per sandbox, updated after every step.
 
-Finally ``ENTRYPOINT``/``CMD`` start as a long-running supervised job with the image's
-environment under ``[environment.env]``. They cannot be the container's own process: the
-sandbox pod was created before the Dockerfile was read, and its PID 1 is the operator's
-keep-alive (the base image's ENTRYPOINT, if any, runs with the keep-alive as its arguments).
-Started under the supervisor, the entrypoint's service runs for the life of the pod, and the
-environment health check that follows waits for it as it would for a container's.
+Then ``ENTRYPOINT`` starts (:func:`entrypoint_job`, a step of its own in the seed) as a
+long-running supervised job with the image's environment under ``[environment.env]`` and the
+sandbox's keep-alive as its arguments: ``CMD`` is replaced, as a prebuilt image's pod replaces it
+and as Harbor's compose does (``sleep infinity``), so an entrypoint that starts services and then
+``exec "$@"`` behaves as it would there. It cannot be the container's own process: the sandbox
+pod was created before the Dockerfile was read, and its PID 1 is the operator's keep-alive (the
+base image's ENTRYPOINT, if any, runs with the keep-alive as its arguments). Started under the
+supervisor, the entrypoint's services run for the life of the pod, and the environment health
+check that follows waits for them as it would for a container's.
+
+The Dockerfile's ``WORKDIR``, ``ENV`` and ``USER`` (``task.toml`` winning) become the defaults of
+every later job in the sandbox (:class:`ReplayedSandbox`). A restarted operator does not keep
+them: :func:`replayed_image` reads them back from the pod (the first job's record of the base
+image's environment) and plans again, one exec, deterministic.
 
 Results are typed: :class:`ReplayReady`; :class:`ReplayFailed` and :class:`ReplayTimedOut`
 (the task's failure: terminal); :class:`ReplayRefused` (the Dockerfile cannot be replayed with
@@ -36,12 +44,14 @@ import math
 import shlex
 import tarfile
 import time
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 
 from episode_operator.runtime.sandbox import (
+    KEEP_ALIVE,
     MAIN_CONTAINER,
     CommandFailed,
+    FileContent,
     JobSpec,
     JobState,
     Sandbox,
@@ -73,6 +83,8 @@ BASE_PROBE = "uname -m 2>/dev/null || echo unknown; cat /proc/self/environ"
 SHELL_VARIABLES = frozenset({"PWD", "OLDPWD", "SHLVL", "_"})
 BASE_PROBE_TIMEOUT_SEC = 60.0
 SCRIPT_NAME = "script"
+# How long a step found running past the bound (after a restart) is waited for: its own bound kills it.
+KILL_MARGIN_SEC = 10.0
 
 
 @dataclass(frozen=True)
@@ -108,8 +120,6 @@ class ReplayReady:
 
     plan: ReplayPlan
     settings: ImageSettings
-    start: JobSpec | None = None
-    start_state: JobState | None = None
 
 
 @dataclass(frozen=True)
@@ -141,6 +151,49 @@ class ReplayRefused:
 ReplayOutcome = ReplayReady | ReplayFailed | ReplayTimedOut | ReplayRefused
 
 
+def entrypoint_job(ready: ReplayReady, config: ReplayConfig) -> JobSpec | None:
+    """``ENTRYPOINT`` as a supervised job for the life of the pod, with the sandbox's keep-alive as its
+    arguments (CMD replaced, as for a prebuilt image's pod and in Harbor), as the image's USER, in its
+    WORKDIR, with ``[environment.env]`` over its ENV; None when the Dockerfile declares none."""
+    if ready.plan.entrypoint is None:
+        return None
+    settings = ready.settings
+    return JobSpec(
+        id=f"{config.job_prefix}.start",
+        command="exec " + shlex.join([*ready.plan.entrypoint, *KEEP_ALIVE]),
+        timeout_sec=math.inf,
+        user=settings.user,
+        cwd=settings.workdir,
+        env=settings.env,
+        shell="sh",
+        container=config.container,
+        tail=config.tail_bytes,
+    )
+
+
+async def replayed_image(
+    sandbox: Sandbox,
+    files: TaskFiles,
+    source: ReplaySource,
+    environment: EnvironmentConfig,
+    config: ReplayConfig,
+) -> ReplayReady | ReplayFailed | ReplayRefused:
+    """What a replay in ``sandbox`` left — its plan and settings — read back without running a step.
+
+    The base image's environment comes from the replay's first job (re-attached; started if the
+    pod never had it, which reads the same image's environment), so the plan is the one the
+    replay applied. For a restarted operator that resumes after the replay.
+    """
+    run = _Replay(sandbox, files, source, environment, None, config, time.time)
+    base = await run.base_image()
+    if isinstance(base, ReplayFailed):
+        return base
+    planning = plan_replay(files, source.dockerfile, source.context, base=base, build_args=source.build_args)
+    if planning.plan is None:
+        return ReplayRefused(planning.problems)
+    return ReplayReady(planning.plan, merged_settings(planning.plan, environment))
+
+
 async def replay_dockerfile(
     sandbox: Sandbox,
     files: TaskFiles,
@@ -151,7 +204,7 @@ async def replay_dockerfile(
     *,
     clock: Callable[[], float] = time.time,
 ) -> ReplayOutcome:
-    """Apply ``source``'s Dockerfile in ``sandbox`` and start its ENTRYPOINT/CMD; safe to call again after a crash.
+    """Apply ``source``'s Dockerfile in ``sandbox``; safe to call again after a crash (it re-attaches).
 
     ``clock`` is wall time, compared with the jobs' start times the sandbox reports.
     """
@@ -164,7 +217,7 @@ class _Replay:
     files: TaskFiles
     source: ReplaySource
     environment: EnvironmentConfig
-    store: EpisodeStore
+    store: EpisodeStore | None  # None: reading a replay back keeps no log (the replay kept its own)
     config: ReplayConfig
     clock: Callable[[], float]
     log: bytearray = field(default_factory=bytearray)
@@ -191,21 +244,7 @@ class _Replay:
             outcome = await self.step(index, step)
             if outcome is not None:
                 return outcome
-        settings = merged_settings(plan, self.environment)
-        if plan.start is None:
-            return ReplayReady(plan, settings)
-        start = JobSpec(
-            id=self.job_id("start"),
-            command="exec " + shlex.join(plan.start),
-            timeout_sec=math.inf,
-            user=settings.user,
-            cwd=settings.workdir,
-            env=settings.env,
-            shell="sh",
-            container=self.config.container,
-        )
-        state = await self.sandbox.start_job(start)
-        return ReplayReady(plan, settings, start, state)
+        return ReplayReady(plan, merged_settings(plan, self.environment))
 
     async def base_image(self) -> BaseImage | ReplayFailed:
         """The image's machine and environment, from one job; its start time starts the budget."""
@@ -237,13 +276,18 @@ class _Replay:
     ) -> ReplayFailed | ReplayTimedOut | None:
         remaining = self.remaining()
         where = f"{self.source.dockerfile}:{step.line}"
-        if remaining <= 0:
-            return ReplayTimedOut(
-                step.line,
-                step.instruction,
-                f"{where}: replay ran past build_timeout_sec ({self.config.budget_sec:g} s)",
-            )
         job_id = self.job_id(f"{index + 1:03d}.{step.kind}")
+        timed_out = ReplayTimedOut(
+            step.line, step.instruction, f"{where}: replay ran past build_timeout_sec ({self.config.budget_sec:g} s)"
+        )
+        if remaining <= 0:
+            # Past the bound nothing new starts; a step that ran in time (a restart after it) still counts.
+            seen = await self.sandbox.wait_job(
+                JobSpec(id=job_id, command="", timeout_sec=0, container=self.config.container), max_wait_sec=0
+            )
+            if seen.phase == "unknown":
+                return timed_out
+            remaining = KILL_MARGIN_SEC
         staging = f"{SUPERVISOR_DIR}/tmp/{job_id}"
         upload: Upload | None = None
         user: str | None = None
@@ -282,11 +326,7 @@ class _Replay:
         self.log += state.output or b""
         await self.save_log(f"[{_describe(state)}]\n")
         if state.timed_out:
-            return ReplayTimedOut(
-                step.line,
-                step.instruction,
-                f"{where}: replay ran past build_timeout_sec ({self.config.budget_sec:g} s)",
-            )
+            return timed_out
         if not state.succeeded:
             return ReplayFailed(
                 step.line, step.instruction, f"{where}: {step.instruction}: {_describe(state)}", state.output or b""
@@ -302,7 +342,8 @@ class _Replay:
 
     async def save_log(self, trailer: str) -> None:
         self.log += trailer.encode()
-        await self.store.save_log(self.config.attempt, self.config.turn, self.config.log_name, bytes(self.log))
+        if self.store is not None:
+            await self.store.save_log(self.config.attempt, self.config.turn, self.config.log_name, bytes(self.log))
 
 
 def _describe(state: JobState) -> str:
@@ -323,3 +364,62 @@ def _script_archive(script: str) -> bytes:
         info.size, info.mode = len(data), 0o755
         archive.addfile(info, io.BytesIO(data))
     return buffer.getvalue()
+
+
+@dataclass
+class ReplayedSandbox:
+    """A sandbox whose image was replayed: its main container's jobs default to the image's settings.
+
+    A job's ``user`` (None: the image's USER), ``cwd`` (None: its WORKDIR) and ``env`` (over the
+    image's ENV and ``[environment.env]``) as a container of the built image would give them;
+    ``workdir`` is the image's. Sidecar containers are not the replayed image and are untouched.
+    """
+
+    inner: Sandbox
+    settings: ImageSettings
+
+    @property
+    def name(self) -> str:
+        return self.inner.name
+
+    @property
+    def workdir(self) -> str:
+        return self.settings.workdir or self.inner.workdir
+
+    def _defaults(self, spec: JobSpec) -> JobSpec:
+        if spec.container != MAIN_CONTAINER:
+            return spec
+        return replace(
+            spec,
+            user=spec.user if spec.user is not None else self.settings.user,
+            cwd=spec.cwd if spec.cwd is not None else self.settings.workdir,
+            env={**self.settings.env, **spec.env},
+        )
+
+    async def start_job(self, spec: JobSpec, *, wait_sec: float = 0.0, upload: Upload | None = None) -> JobState:
+        return await self.inner.start_job(self._defaults(spec), wait_sec=wait_sec, upload=upload)
+
+    async def wait_job(self, spec: JobSpec, *, max_wait_sec: float) -> JobState:
+        return await self.inner.wait_job(self._defaults(spec), max_wait_sec=max_wait_sec)
+
+    async def job_output(self, job_id: str, *, container: str = MAIN_CONTAINER, limit: int) -> bytes:
+        return await self.inner.job_output(job_id, container=container, limit=limit)
+
+    async def upload(
+        self, archive: bytes, destination: str, *, container: str = MAIN_CONTAINER, clear: Sequence[str] = ()
+    ) -> None:
+        await self.inner.upload(archive, destination, container=container, clear=clear)
+
+    async def download(
+        self, paths: Sequence[str], *, container: str = MAIN_CONTAINER, exclude: Sequence[str] = ()
+    ) -> bytes:
+        return await self.inner.download(paths, container=container, exclude=exclude)
+
+    async def read_files(self, paths: Sequence[str], *, container: str = MAIN_CONTAINER) -> dict[str, FileContent]:
+        return await self.inner.read_files(paths, container=container)
+
+    async def clear(self, paths: Sequence[str], *, container: str = MAIN_CONTAINER) -> None:
+        await self.inner.clear(paths, container=container)
+
+    async def switch_user(self, user: str | int, workdir: str | None) -> None:
+        await self.inner.switch_user(user, workdir or self.workdir)

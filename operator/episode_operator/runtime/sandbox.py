@@ -9,7 +9,7 @@ restarted operator re-attaches instead of running a turn twice.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
@@ -17,6 +17,9 @@ from episode_operator.api.vocabulary import OutageKind
 from episode_operator.taskfolder.plan import NetworkPolicy, VerifierPlan
 
 MAIN_CONTAINER = "main"
+# The arguments of the main container's ENTRYPOINT (the image's CMD replaced, as Harbor's compose
+# replaces it with `sleep infinity`): waits for ever, and exits at once on TERM so pods go away promptly.
+KEEP_ALIVE = ("sh", "-c", "trap 'exit 0' TERM INT; while :; do sleep 3600 & wait $!; done")
 JobPhase = Literal["running", "exited", "unstartable", "unknown"]
 
 
@@ -75,6 +78,24 @@ class JobState:
         return self.phase == "exited" and self.exit_code == 0 and not self.timed_out
 
 
+@dataclass(frozen=True)
+class Waiting:
+    """Why a pod the episode needs does not run yet, from its state and its Events.
+
+    ``role`` is ``agent``, ``verifier`` or ``build``; ``reason`` is CamelCase (``Unschedulable``,
+    ``ErrImagePull``, ``ImagePullBackOff``, ``ContainerCreating``, an Event's reason…).
+    """
+
+    pod: str
+    role: str
+    reason: str
+    message: str
+
+
+# Told why a starting pod waits, again when the reason or message changes, and None once it runs.
+WaitingReport = Callable[[Waiting | None], Awaitable[None]]
+
+
 class SandboxError(Exception):
     """The sandbox failed under us (pod lost, image pull, exec transport…): an outage.
 
@@ -109,8 +130,13 @@ class CommandFailed(Exception):
 class Sandbox(Protocol):
     """One running sandbox (pod). Every method is safe to retry after an operator restart."""
 
-    name: str
-    workdir: str
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def workdir(self) -> str:
+        """The working directory jobs run in by default."""
+        ...
 
     async def start_job(self, spec: JobSpec, *, wait_sec: float = 0.0, upload: Upload | None = None) -> JobState:
         """Start ``spec`` unless a job with its id exists; its state, after up to ``wait_sec`` for it to end.
@@ -161,11 +187,16 @@ class Sandbox(Protocol):
 class SandboxProvider(Protocol):
     """Creates, re-attaches and removes the sandboxes of one episode."""
 
-    async def agent(self, attempt: int) -> Sandbox:
-        """The attempt's agent sandbox, created if needed, ready, with the supervisor in place."""
+    async def agent(self, attempt: int, *, waiting: WaitingReport | None = None) -> Sandbox:
+        """The attempt's agent sandbox, created if needed, ready, with the supervisor in place.
+
+        ``waiting`` hears why the pod does not run yet while it waits (and None once it runs).
+        """
         ...
 
-    async def verifier(self, attempt: int, turn: int, plan: VerifierPlan) -> Sandbox:
+    async def verifier(
+        self, attempt: int, turn: int, plan: VerifierPlan, *, waiting: WaitingReport | None = None
+    ) -> Sandbox:
         """A fresh verifier sandbox for a separate turn (re-attached if it exists)."""
         ...
 

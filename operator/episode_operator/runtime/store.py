@@ -104,6 +104,10 @@ class StoreSettings:
         return BlobStore(S3Store.from_url(self.url, config=config, client_options=client_options), self.url)
 
 
+# Where an attempt's seed keeps its logs (the replay, builds, the agent's setup), beside its turns'.
+SEED_LOGS = "seed"
+
+
 @dataclass(frozen=True)
 class Blob:
     key: str

@@ -1,11 +1,13 @@
 """Which Dockerfiles of a task folder give which sandbox its image (pure).
 
 A task's images come from ``docker_image`` where one is declared, else from a Dockerfile:
-``environment/Dockerfile`` for the agent's sandbox (context ``environment/``), the tests folder's
-``Dockerfile`` for a separate verifier whose environment declares no image (Harbor's way of
-baking the tests in; context the tests folder), and a compose sidecar's ``build:``. Each is
-replayed (:mod:`episode_operator.taskfolder.replay`) or built in the cluster; ``validate``
-warns of what replay would refuse, naming the line, since only a configured build can take it.
+``environment/Dockerfile`` for the agent's sandbox (context ``environment/``); for a separate
+verifier, Harbor's precedence (``verifier_mode.resolve_verifier_environment_definition``): the
+step's verifier environment's ``docker_image``, else a ``Dockerfile`` in the step's tests folder,
+then the same for the task's ``[verifier.environment]`` and ``tests/``, else the task's own image;
+and a compose sidecar's ``build:``. Each is replayed (:mod:`episode_operator.taskfolder.replay`)
+or built in the cluster; ``validate`` warns of what replay would refuse, naming the line, since
+only a configured build can take it.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from dataclasses import dataclass, field
 
 from episode_operator.taskfolder.compose import ComposeSpec
 from episode_operator.taskfolder.errors import Problem
-from episode_operator.taskfolder.models import TaskConfig
+from episode_operator.taskfolder.models import StepConfig, TaskConfig
 from episode_operator.taskfolder.replay import plan_replay
 from episode_operator.taskfolder.sources import TaskFiles
 
@@ -34,19 +36,45 @@ class DockerfileSource:
     target: str | None = None
 
 
+@dataclass(frozen=True)
+class VerifierImageSource:
+    """Where a separate verifier's image comes from: a declared ``image``, a ``dockerfile``, or
+    (both None) the task's own image, made as the agent sandbox's is."""
+
+    image: str | None = None
+    dockerfile: DockerfileSource | None = None
+
+
+def verifier_image_source(files: TaskFiles, config: TaskConfig, step: StepConfig | None) -> VerifierImageSource:
+    """A separate verifier's image, by Harbor's precedence: step, then task; a declared image, then a Dockerfile."""
+    candidates = []
+    if step is not None:
+        candidates.append((step.verifier.environment, f"steps/{step.name}/tests", f"verifier:{step.name}"))
+    candidates.append((config.verifier.environment, "tests", "verifier"))
+    for environment, folder, role in candidates:
+        if environment is not None and environment.docker_image:
+            return VerifierImageSource(image=environment.docker_image)
+        if files.has_file(f"{folder}/Dockerfile"):
+            return VerifierImageSource(dockerfile=DockerfileSource(role, f"{folder}/Dockerfile", folder))
+    return VerifierImageSource()
+
+
+def separate_steps(config: TaskConfig) -> list[StepConfig | None]:
+    """The turns that verify in a separate sandbox: their steps (None: a single-step task's turn)."""
+    if not config.steps:
+        return [None] if config.task_verifier_mode() == "separate" else []
+    return [step for step in config.steps if config.step_verifier_mode(step) == "separate"]
+
+
 def dockerfile_sources(files: TaskFiles, config: TaskConfig, compose: ComposeSpec) -> list[DockerfileSource]:
-    """Every image of the task that comes from a Dockerfile, agent sandbox first."""
+    """Every image of the task that comes from a Dockerfile, agent sandbox first, each once."""
     sources: list[DockerfileSource] = []
     if not config.environment.docker_image and files.has_file(ENVIRONMENT_DOCKERFILE):
         sources.append(DockerfileSource("environment", ENVIRONMENT_DOCKERFILE, "environment"))
-    task_verifier = config.verifier.environment
-    if task_verifier is not None and not task_verifier.docker_image and files.has_file("tests/Dockerfile"):
-        sources.append(DockerfileSource("verifier", "tests/Dockerfile", "tests"))
-    for step in config.steps or []:
-        declared = step.verifier.environment
-        folder = f"steps/{step.name}/tests"
-        if declared is not None and not declared.docker_image and files.has_file(f"{folder}/Dockerfile"):
-            sources.append(DockerfileSource(f"verifier:{step.name}", f"{folder}/Dockerfile", folder))
+    for step in separate_steps(config):
+        source = verifier_image_source(files, config, step).dockerfile
+        if source is not None and source.dockerfile not in {known.dockerfile for known in sources}:
+            sources.append(source)
     for sidecar in compose.sidecars:
         if sidecar.build is not None:
             build = sidecar.build
@@ -57,14 +85,16 @@ def dockerfile_sources(files: TaskFiles, config: TaskConfig, compose: ComposeSpe
 
 
 def replay_warnings(files: TaskFiles, config: TaskConfig, compose: ComposeSpec) -> list[Problem]:
-    """What replay would refuse in the agent sandbox's and the sidecars' Dockerfiles, as warnings.
+    """What replay would refuse in the task's Dockerfiles, as warnings.
 
-    Warnings, not problems: an operator configured for in-cluster builds takes them.
+    Warnings, not problems: an operator configured for in-cluster builds takes them. A sidecar
+    is always built, so only what no build would take either is worth a warning there, and the
+    Episode's admission says it.
     """
     warnings: list[Problem] = []
     for source in dockerfile_sources(files, config, compose):
-        if source.role.startswith("verifier") or source.target is not None:
-            continue  # verifier images are the task image's business (TASK-FORMAT §7); a target means a build
+        if source.role.startswith("sidecar:"):
+            continue
         planning = plan_replay(files, source.dockerfile, source.context, build_args=source.args)
         warnings += [
             Problem(problem.file, problem.key, f"{problem.message} (replay cannot apply it)", line=problem.line)

@@ -15,7 +15,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from episode_operator.taskfolder.compose import ComposeSpec, parse_compose
-from episode_operator.taskfolder.dockerfiles import replay_warnings
+from episode_operator.taskfolder.dockerfiles import ENVIRONMENT_DOCKERFILE, replay_warnings
 from episode_operator.taskfolder.errors import Problem, TaskRefused
 from episode_operator.taskfolder.models import (
     MAIN_SERVICE,
@@ -240,16 +240,9 @@ class _Checker:
             self.check_separate_image("[verifier.environment]", config.verifier.environment, context)
 
     def check_separate_image(self, table: str, environment: EnvironmentConfig | None, context: str) -> None:
-        """A separate verifier needs an image: its own, or (as a copy of [environment]) the task's."""
-        if environment is None or environment.docker_image:
-            return
-        if self.files.has_file(f"{context}/Dockerfile"):
-            self.warn(
-                f"{context}/Dockerfile",
-                None,
-                "verifier images are not built in-cluster: the task's image runs this verifier; "
-                f"set docker_image in {table} to choose another",
-            )
+        """A separate verifier needs an image: its own, its tests folder's Dockerfile (replayed or built,
+        runtime/images.py), or (as a copy of [environment]) the task's."""
+        if environment is None or environment.docker_image or self.files.has_file(f"{context}/Dockerfile"):
             return
         self.refuse(
             TASK_CONFIG,
@@ -284,11 +277,12 @@ class _Checker:
                 "environment.os",
                 "a Windows task is valid, but the operator runs Linux pods only",
             )
-        if not environment.docker_image:
+        if not environment.docker_image and not self.files.has_file(ENVIRONMENT_DOCKERFILE):
             self.warn(
                 TASK_CONFIG,
                 "environment.docker_image",
-                "not set: an Episode for this task must give an image (spec.image)",
+                f"not set, and no {ENVIRONMENT_DOCKERFILE} to make the image from: an Episode for this task "
+                "must give an image (spec.image)",
             )
         if environment.workdir is not None and not environment.workdir.startswith("/"):
             self.warn(TASK_CONFIG, "environment.workdir", f"{environment.workdir!r} is not an absolute path")

@@ -192,20 +192,17 @@ def episode_deadline(config: TaskConfig, turns: list[TurnPlan]) -> float:
     return total
 
 
-def seed_refusals(plan: EpisodePlan, *, accepts_prior_trajectory: bool, image_override: str | None) -> list[Problem]:
+def seed_refusals(plan: EpisodePlan, *, accepts_prior_trajectory: bool) -> list[Problem]:
     """What refuses an episode of this plan when it starts here (TASK-FORMAT.md §4, "Seed").
 
     These depend on the Episode, not on the folder, so ``validate`` only warns of them.
     ``accepts_prior_trajectory``: the agent may be given a first step's ``trajectory.json``
-    (Gym: the oracle alone, which ignores it).
+    (Gym: the oracle alone, which ignores it). Which images the sandboxes run, and whether a
+    Dockerfile can make them, depends on the operator too: ``runtime/images.py`` decides it.
     """
     problems: list[Problem] = []
     if plan.environment.os != "linux":
         problems.append(Problem(TASK_CONFIG, "environment.os", "the operator runs Linux pods only"))
-    if not plan.environment.docker_image and not image_override:
-        problems.append(
-            Problem(TASK_CONFIG, "environment.docker_image", "not set, and the Episode gives no spec.image")
-        )
     first = plan.turns[0]
     if plan.multi_step and first.trajectory and not accepts_prior_trajectory:
         problems.append(
@@ -215,16 +212,6 @@ def seed_refusals(plan: EpisodePlan, *, accepts_prior_trajectory: bool, image_ov
                 "a first step's trajectory.json is refused for every agent but the oracle",
             )
         )
-    for sidecar in plan.sidecars:
-        if sidecar.build is not None:
-            problems.append(
-                Problem(
-                    sidecar.build.dockerfile,
-                    None,
-                    f"sidecar {sidecar.name!r} needs its image replayed or built from this Dockerfile, which "
-                    "this operator does not do for sidecars yet; give the service a prebuilt `image`",
-                )
-            )
     users = {turn.agent.user for turn in plan.turns} | {turn.verifier.user for turn in plan.turns}
     for user in sorted(str(user) for user in users if isinstance(user, str) and ":" in user):
         problems.append(Problem(TASK_CONFIG, None, f"user {user!r}: a user with a group runs on Docker only"))

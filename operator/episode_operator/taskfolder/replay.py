@@ -5,7 +5,7 @@ the Dockerfile's ``FROM`` image and applying the rest of the Dockerfile in it at
 (TASK-FORMAT.md "Gym image rule"). This module turns a Dockerfile into a :class:`ReplayPlan`
 — the base image, the ordered steps (``RUN`` lines, copies of the build context's files,
 directories to create) each with the user, working directory and environment a build would
-give it, and the command ``ENTRYPOINT``/``CMD`` start — or refuses it, naming the instruction
+give it, and the ``ENTRYPOINT`` to start — or refuses it, naming the instruction
 and its line, when replay cannot mean what a build would (multi-stage builds, ``COPY --from``,
 ``ADD`` of a URL, ``RUN --mount``, paths leaving the build context…).
 
@@ -182,7 +182,10 @@ class ReplayPlan(ReplayModel):
     context: str
     from_image: str = Field(description="The FROM image, variables substituted (mirrors not applied).")
     steps: list[ReplayStep]
-    start: list[str] | None = Field(description="ENTRYPOINT + CMD as an argv; null when neither is declared.")
+    entrypoint: list[str] | None = Field(
+        description="ENTRYPOINT as an argv; null when none is declared. CMD is not kept: the sandbox replaces it "
+        "with its keep-alive, as Harbor's compose replaces it with `sleep infinity`."
+    )
     workdir: str | None = Field(description="The last WORKDIR; null when the Dockerfile sets none.")
     env: dict[str, str] = Field(description="Every ENV, variables substituted, in declaration order.")
     user: str | None = Field(description="The last USER (its user part); null when the Dockerfile sets none.")
@@ -208,11 +211,18 @@ def merged_settings(plan: ReplayPlan, environment: EnvironmentConfig) -> ImageSe
 
 @dataclass(frozen=True)
 class ReplayPlanning:
-    """A plan, or the problems that refuse replay (each naming a line); warnings either way."""
+    """A plan, or the problems that refuse replay (each naming a line); warnings either way.
+
+    ``needs_build`` says that every problem is one an image build would not have (a multi-stage
+    build, ``COPY --from``, ``ADD`` of a URL…): the Dockerfile is sound, only replay cannot apply
+    it. A syntax error, binary garbage, a path leaving the build context or an oversized file is
+    no Dockerfile a build would take either.
+    """
 
     plan: ReplayPlan | None
     problems: tuple[Problem, ...]
     warnings: tuple[Problem, ...]
+    needs_build: bool = False
 
 
 def plan_replay(
@@ -233,7 +243,8 @@ def plan_replay(
     text = planner.read(limits or DockerfileLimits())
     plan = planner.plan(text) if text is not None else None
     problems = tuple(planner.problems)
-    return ReplayPlanning(plan if not problems else None, problems, tuple(planner.warnings))
+    needs_build = bool(problems) and len(planner.build_only) == len(problems)
+    return ReplayPlanning(plan if not problems else None, problems, tuple(planner.warnings), needs_build)
 
 
 def replay_machine(uname: str) -> str:
@@ -251,7 +262,6 @@ class _Stage:
     env: dict[str, str] = field(default_factory=dict)
     args: dict[str, str | None] = field(default_factory=dict)
     entrypoint: list[str] | None = None
-    cmd: list[str] | None = None
 
 
 class _Planner:
@@ -262,6 +272,8 @@ class _Planner:
         self.base = base
         self.build_args = build_args
         self.problems: list[Problem] = []
+        # The problems an image build would not have (see ReplayPlanning.needs_build).
+        self.build_only: list[Problem] = []
         self.warnings: list[Problem] = []
         self.escape = "\\"
         self.stage = _Stage()
@@ -269,8 +281,12 @@ class _Planner:
         self.ignore_rules = self.read_dockerignore()
 
     # Reading ---------------------------------------------------------------------------
-    def refuse(self, message: str, line: int | None = None) -> None:
-        self.problems.append(Problem(self.path, None, message, line=line))
+    def refuse(self, message: str, line: int | None = None, *, a_build_can: bool = False) -> None:
+        """Refuse replay; ``a_build_can``: BuildKit builds this (replay alone cannot mean it)."""
+        problem = Problem(self.path, None, message, line=line)
+        self.problems.append(problem)
+        if a_build_can:
+            self.build_only.append(problem)
 
     def warn(self, message: str, line: int | None = None) -> None:
         self.warnings.append(Problem(self.path, None, message, line=line))
@@ -329,7 +345,9 @@ class _Planner:
             elif instruction == "FROM":
                 if from_image is not None:
                     self.refuse(
-                        f"{shown}: a second FROM (a multi-stage build) needs an image build", command.start_line
+                        f"{shown}: a second FROM (a multi-stage build) needs an image build",
+                        command.start_line,
+                        a_build_can=True,
                     )
                     break
                 from_image = self.from_line(command, shown, global_args) or ""
@@ -347,7 +365,7 @@ class _Planner:
             context=self.context,
             from_image=from_image,
             steps=self.steps,
-            start=self.start_command(),
+            entrypoint=self.stage.entrypoint or None,
             workdir=self.stage.workdir,
             env=dict(self.stage.env),
             user=self.stage.user,
@@ -390,16 +408,19 @@ class _Planner:
             name, _, value = flag.removeprefix("--").partition("=")
             if name in FLAGS_NEEDING_A_BUILD:
                 self.refuse(
-                    f"{shown}: --{name} {FLAGS_NEEDING_A_BUILD[name]}, which needs an image build", command.start_line
+                    f"{shown}: --{name} {FLAGS_NEEDING_A_BUILD[name]}, which needs an image build",
+                    command.start_line,
+                    a_build_can=True,
                 )
                 good = False
             elif name not in accepted:
-                self.refuse(f"{shown}: replay does not support the flag --{name}", command.start_line)
+                self.refuse(f"{shown}: replay does not support the flag --{name}", command.start_line, a_build_can=True)
                 good = False
             elif (allowed := accepted[name]) is not None and value not in allowed:
                 self.refuse(
                     f"{shown}: --{name}={value} is not supported by replay (only {', '.join(sorted(allowed))})",
                     command.start_line,
+                    a_build_can=True,
                 )
                 good = False
         return good
@@ -435,7 +456,11 @@ class _Planner:
             self.refuse(f"{shown}: {error}", line)
             return None
         if image == "scratch":
-            self.refuse(f"{shown}: an image FROM scratch has no shell to replay in; it needs an image build", line)
+            self.refuse(
+                f"{shown}: an image FROM scratch has no shell to replay in; it needs an image build",
+                line,
+                a_build_can=True,
+            )
             return None
         try:
             parse_image_reference(image)
@@ -576,18 +601,10 @@ class _Planner:
         self.stage.shell = tuple(command.value)
 
     def start_part(self, command: dockerfile.Command, shown: str) -> None:
+        """ENTRYPOINT is kept; CMD is read (its syntax checked) but replaced by the sandbox's keep-alive."""
         argv = list(command.value) if command.json else [*self.stage.shell, command.value[0] if command.value else ""]
         if (command.cmd or "").upper() == "ENTRYPOINT":
             self.stage.entrypoint = argv
-        else:
-            self.stage.cmd = argv
-
-    def start_command(self) -> list[str] | None:
-        """ENTRYPOINT followed by CMD, as ``docker run`` starts them; a shell-form ENTRYPOINT ignores CMD."""
-        entrypoint, cmd = self.stage.entrypoint, self.stage.cmd
-        if entrypoint is None:
-            return cmd or None
-        return [*entrypoint, *(cmd or [])] or None
 
     # COPY and ADD ----------------------------------------------------------------------
     def copy(self, command: dockerfile.Command, shown: str) -> None:
@@ -611,7 +628,9 @@ class _Planner:
             if raw.startswith("<<") and heredocs:
                 matched.append(("heredoc", raw))
             elif URL.search(source):
-                self.refuse(f"{shown}: ADD of a URL needs an image build (or download it in a RUN line)", line)
+                self.refuse(
+                    f"{shown}: ADD of a URL needs an image build (or download it in a RUN line)", line, a_build_can=True
+                )
                 return
             else:
                 found = self.context_sources(source, shown, line)

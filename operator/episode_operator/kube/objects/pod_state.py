@@ -2,19 +2,32 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from episode_operator.runtime.sandbox import MAIN_CONTAINER
 
+# Container waiting reasons that only say "not yet", without a cause.
+STARTING = (None, "ContainerCreating", "PodInitializing")
+# Normal Events that say why a pod is not running yet (warnings do, but for the ones below).
+EXPLAINING_EVENTS = frozenset({"Pulling"})
+# Warnings the kubelet posts for every pod of some clusters, which explain no wait.
+INFORMATIONAL_WARNINGS = frozenset({"MissingClusterDNS", "DNSConfigForming"})
+
 
 @dataclass(frozen=True)
 class PodVerdict:
+    """``waiting``: a container's waiting reason that names a cause (``ErrImagePull``…);
+    ``unscheduled``: the scheduler cannot place the pod; ``reason``: why it does not run yet, for
+    the Episode's status (None: nothing to say yet)."""
+
     ready: bool
     lost: bool
     waiting: str | None
     message: str
+    unscheduled: bool = False
+    reason: str | None = None
 
 
 def pod_verdict(pod: Mapping[str, Any]) -> PodVerdict:
@@ -39,12 +52,14 @@ def pod_verdict(pod: Mapping[str, Any]) -> PodVerdict:
             )
     for container in statuses:
         waiting = (container.get("state") or {}).get("waiting")
-        if waiting is not None and waiting.get("reason") not in (None, "ContainerCreating", "PodInitializing"):
+        if waiting is not None and waiting.get("reason") not in STARTING:
+            reason = waiting.get("reason")
             return PodVerdict(
                 False,
                 False,
-                waiting.get("reason"),
-                f"container {container.get('name')}: {waiting.get('reason')}: {waiting.get('message') or ''}",
+                reason,
+                f"container {container.get('name')}: {reason}: {waiting.get('message') or ''}",
+                reason=reason,
             )
     if (
         phase == "Running"
@@ -58,6 +73,29 @@ def pod_verdict(pod: Mapping[str, Any]) -> PodVerdict:
     for condition in status.get("conditions") or []:
         if condition.get("type") == "PodScheduled" and condition.get("status") == "False":
             return PodVerdict(
-                False, False, None, f"not scheduled: {condition.get('message') or condition.get('reason')}"
+                False,
+                False,
+                None,
+                f"not scheduled: {condition.get('message') or condition.get('reason')}",
+                unscheduled=True,
+                reason=condition.get("reason") or "Unschedulable",
             )
+    if any((c.get("state") or {}).get("waiting") is not None for c in statuses):
+        return PodVerdict(False, False, None, "containers are being created", reason="ContainerCreating")
     return PodVerdict(False, False, None, f"phase {phase}")
+
+
+def latest_event(events: Sequence[Mapping[str, Any]]) -> tuple[str, str] | None:
+    """Why a pod waits, from its latest Event: a warning (a failed mount, a failed pull…) or an image
+    still pulling; None when the latest Event is progress that explains nothing (Scheduled, Pulled…)."""
+
+    def when(event: Mapping[str, Any]) -> str:
+        return str(event.get("lastTimestamp") or event.get("eventTime") or event.get("firstTimestamp") or "")
+
+    telling = [event for event in events if event.get("reason") not in INFORMATIONAL_WARNINGS]
+    if not telling:
+        return None
+    latest = max(telling, key=when)
+    if latest.get("type") != "Warning" and latest.get("reason") not in EXPLAINING_EVENTS:
+        return None
+    return str(latest.get("reason") or "Waiting"), str(latest.get("message") or "").strip()

@@ -6,6 +6,14 @@ name (``hostAliases`` → 127.0.0.1), an ``emptyDir`` at ``/episode-operator`` s
 all containers for the supervisor and its jobs, no service-account token, resources from
 ``[environment]``. A verifier pod is the same shape with the verifier's image and
 environment and no sidecars. Both are owned by the Episode, so deleting it deletes them.
+
+**The verifier's capacity is the agent pod's** (docs/runtime.md, "Pods and capacity"): while a
+separate turn that is not the last verifies, both pods live, so the agent pod reserves the
+largest such verifier's requests (a ``verifier-reservation`` container that only sleeps) and
+that verifier pod runs on the agent pod's node with its requests released to it (zero requests,
+its own limits). A pod that holds capacity then never waits for more: separate verifiers can
+never deadlock with agent pods holding what they need. The last turn's verifier starts after the
+agent pod is gone (Gym) and asks for its own requests.
 """
 
 from __future__ import annotations
@@ -35,17 +43,17 @@ from episode_operator.runtime.agents.model import (
     SandboxNeeds,
     Toolchain,
 )
+from episode_operator.runtime.sandbox import KEEP_ALIVE
 from episode_operator.runtime.supervisor import SUPERVISOR_DIR
 from episode_operator.taskfolder.compose import Sidecar
 from episode_operator.taskfolder.models import EnvironmentConfig
-from episode_operator.taskfolder.plan import NetworkPolicy
+from episode_operator.taskfolder.plan import EpisodePlan, NetworkPolicy
 
 SUPERVISOR_VOLUME = "episode-operator"
 CAPTURE_VOLUME = "episode-operator-capture"
 CAPTURE_SUPERVISOR_VOLUME = "episode-operator-capture-jobs"
-# PID 1 of main: waits for ever, and exits at once on TERM so pods go away promptly.
-KEEP_ALIVE = ["sh", "-c", "trap 'exit 0' TERM INT; while :; do sleep 3600 & wait $!; done"]
 NAME_LIMIT = 63
+RESERVATION_CONTAINER = "verifier-reservation"
 
 
 @dataclass(frozen=True)
@@ -95,6 +103,10 @@ class SandboxPod:
     network: NetworkPolicy = field(default_factory=NetworkPolicy)
     # The agent kind's additions (agent pod only): harness toolchains, the capture proxy.
     needs: SandboxNeeds = field(default_factory=SandboxNeeds)
+    # The agent pod: what it reserves for its separate verifiers (verifier_reservation).
+    reservation: Mapping[str, str] = field(default_factory=dict)
+    # A verifier pod that uses the agent pod's reservation: on its node, its requests released.
+    node_name: str | None = None
 
 
 def short_name(base: str, suffix: str, limit: int = NAME_LIMIT) -> str:
@@ -142,6 +154,36 @@ def resources_of(environment: EnvironmentConfig) -> dict[str, Any]:
     if environment.gpus:
         resources.setdefault("limits", {})["nvidia.com/gpu"] = str(environment.gpus)
     return resources
+
+
+def verifier_reservation(plan: EpisodePlan) -> dict[str, str]:
+    """What the agent pod reserves for the separate verifiers that run beside it: per resource, the
+    largest request of a separate turn's verifier that is not the last (the last starts after the
+    agent pod is gone). GPUs are not reserved: an extended resource cannot be requested by one pod
+    and used by another."""
+    largest: dict[str, str] = {}
+    for turn in plan.turns[:-1]:
+        environment = turn.verifier.environment
+        if turn.verifier.mode != "separate" or environment is None:
+            continue
+        for name, quantity in (resources_of(environment).get("requests") or {}).items():
+            if name not in largest or _magnitude(quantity) > _magnitude(largest[name]):
+                largest[name] = quantity
+    return largest
+
+
+def released(resources: Mapping[str, Any]) -> dict[str, Any]:
+    """``resources`` with zero requests (limits kept): a pod using capacity another pod reserved.
+    Extended resources (GPUs) keep theirs: they cannot be overcommitted."""
+    limits = dict(resources.get("limits") or {})
+    requests = {name: "0" for name in (resources.get("requests") or {}) if "/" not in name}
+    requests.update({name: value for name, value in limits.items() if "/" in name})
+    return {"requests": requests, "limits": limits} if limits or requests else {}
+
+
+def _magnitude(quantity: str) -> float:
+    """A quantity as resources_of writes them (a CPU count, ``<n>Mi``) as a number to compare."""
+    return float(quantity.removesuffix("Mi"))
 
 
 def container_security(spec: EpisodeSpec) -> dict[str, Any]:
@@ -198,6 +240,18 @@ def _sidecar_container(sidecar: Sidecar, task_image: str, spec: EpisodeSpec) -> 
             "initialDelaySeconds": math.ceil(probe.start_period_sec),
         }
     return container
+
+
+def _reservation_container(pod: SandboxPod, spec: EpisodeSpec) -> dict[str, Any]:
+    """A container that only holds the capacity the agent pod reserves for its separate verifiers."""
+    return {
+        "name": RESERVATION_CONTAINER,
+        "image": pod.image,
+        "imagePullPolicy": "IfNotPresent",
+        "command": list(KEEP_ALIVE),
+        "resources": {"requests": dict(pod.reservation), "limits": dict(pod.reservation)},
+        "securityContext": container_security(spec),
+    }
 
 
 def _volume_name(compose_name: str) -> str:
@@ -286,7 +340,7 @@ def sandbox_pod(
         "name": "main",
         "image": pod.image,
         "imagePullPolicy": "IfNotPresent",
-        "args": KEEP_ALIVE,
+        "args": list(KEEP_ALIVE),
         "env": _env_list(pod.env),
         "volumeMounts": [{"name": SUPERVISOR_VOLUME, "mountPath": SUPERVISOR_DIR}],
         "securityContext": container_security(spec),
@@ -298,6 +352,8 @@ def sandbox_pod(
     if pod.environment.workdir:
         main["workingDir"] = pod.environment.workdir
     resources = spec.resources if spec.resources is not None and pod.role == "agent" else resources_of(pod.environment)
+    if pod.node_name is not None:
+        resources = released(resources)
     if resources:
         main["resources"] = resources
     volumes: list[dict[str, Any]] = [{"name": SUPERVISOR_VOLUME, "emptyDir": {}}]
@@ -324,6 +380,7 @@ def sandbox_pod(
             main,
             *(_sidecar_container(sidecar, pod.image, spec) for sidecar in pod.sidecars),
             *extra_containers,
+            *([_reservation_container(pod, spec)] if pod.reservation else []),
         ],
         "securityContext": {"seccompProfile": {"type": spec.security.seccomp_profile}},
         "volumes": volumes,
@@ -332,6 +389,8 @@ def sandbox_pod(
         pod_spec["initContainers"] = init_containers
     if pod.sidecars:
         pod_spec["hostAliases"] = [{"ip": "127.0.0.1", "hostnames": [sidecar.name for sidecar in pod.sidecars]}]
+    if pod.node_name is not None:
+        pod_spec["nodeName"] = pod.node_name
     if spec.node_selector:
         pod_spec["nodeSelector"] = spec.node_selector
     if spec.tolerations:

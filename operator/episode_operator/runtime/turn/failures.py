@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Final, Literal
 
 from episode_operator.api.vocabulary import (
+    FAILURE_ENVIRONMENT_BUILD,
     FAILURE_VERIFIER,
     FAILURE_WORKDIR,
     FailureKind,
@@ -66,15 +67,21 @@ class Call(enum.StrEnum):
     PLACE_VERIFIER_INPUTS = "place the artifacts in the verifier's sandbox"
     START_VERIFIER = "start test.sh"
     READ_REWARD = "read the reward files"
+    # At seed (runtime/seed.py).
+    REPLAY = "replay the Dockerfile"
+    PLACE_ENVIRONMENT_FILES = "copy environment/ into the working directory"
+    START_ENTRYPOINT = "start the ENTRYPOINT"
 
 
 @dataclass(frozen=True)
 class Becomes:
-    """What a failed command turns into: an outage of ``outage`` kind, a failed preparation, or a
-    masked episode; ``doing`` names the part that failed when it is not the whole call."""
+    """What a failed command turns into: an outage of ``outage`` kind, a failed preparation, a
+    terminal failure of the task (at seed) or a masked episode; ``doing`` names the part that
+    failed when it is not the whole call."""
 
     outage: OutageKind | None = None
     preparation: FailureKind | None = None
+    terminal: FailureKind | None = None
     masked: bool = False
     doing: str | None = None
 
@@ -113,6 +120,12 @@ COMMAND_FAILURES: Final[dict[Call, dict[str | None, Becomes]]] = {
         None: _CANNOT_RUN,
     },
     Call.READ_REWARD: {None: Becomes(outage="read_reward")},
+    # A replay step that fails is the task's (runtime/replay.py says which); a supervisor that
+    # cannot start one is not.
+    Call.REPLAY: {None: _CANNOT_RUN},
+    # environment/ that cannot unpack in the image, or an ENTRYPOINT that cannot start: the task's environment.
+    Call.PLACE_ENVIRONMENT_FILES: {None: Becomes(terminal=FAILURE_ENVIRONMENT_BUILD)},
+    Call.START_ENTRYPOINT: {UNSTARTABLE: Becomes(terminal=FAILURE_ENVIRONMENT_BUILD), None: _CANNOT_RUN},
 }
 
 
@@ -135,6 +148,8 @@ def _verdict(call: Call, step: str | None, detail: str) -> Outage | PreparationF
     message = f"cannot {verdict.doing or call}: {detail}"
     if verdict.masked:
         return EpisodeEnds("Masked", FAILURE_VERIFIER, message)
+    if verdict.terminal is not None:
+        return EpisodeEnds("TerminalFailure", verdict.terminal, message)
     if verdict.preparation is not None:
         return PreparationFailed(verdict.preparation, message)
     assert verdict.outage is not None

@@ -1,0 +1,201 @@
+"""Which image each sandbox runs and how it is made (runtime/images.py), decided at admission.
+
+Mirrors apply everywhere an image is named; a Dockerfile is replayed when replay means what a
+build means, built when it cannot be and the operator builds, refused naming its line otherwise;
+what no build would take either (syntax errors, binary garbage, paths leaving the context, 10 MB)
+is refused whatever the operator's settings.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from episode_operator.api.models import EpisodeSpec
+from episode_operator.runtime.admission import Admission, Refusal, admit_task
+from episode_operator.runtime.images import ImagePlan, ImagePolicy, plan_images
+from episode_operator.taskfolder import TaskFiles, load_task, resolve_plan
+from episode_operator.taskfolder.images import ImageMirrors
+
+MIRRORS = ImageMirrors.parse(
+    ["ubuntu:24.04=mirror.test/ubuntu:24.04", "python=mirror.test/python", "docker.io/library/=mirror.test/hub/"]
+)
+REPLAY_ONLY = ImagePolicy(MIRRORS)
+BUILDS = ImagePolicy(MIRRORS, "registry.test:5000/builds")
+MULTI_STAGE = "FROM ubuntu:24.04 AS build\nRUN make\nFROM ubuntu:24.04\nCOPY --from=build /out /out\n"
+
+
+def folder(toml: str = "", **files: str) -> dict[str, str]:
+    return {
+        "task.toml": f'schema_version = "1.4"\n{toml}',
+        "instruction.md": "Do it.\n",
+        "tests/test.sh": "exit 0\n",
+        "solution/solve.sh": "true\n",
+        **{path.replace("__", "/"): text for path, text in files.items()},
+    }
+
+
+def images(files: dict[str, str], policy: ImagePolicy = REPLAY_ONLY, override: str | None = None) -> Any:
+    task = load_task(TaskFiles.from_mapping(files))
+    return plan_images(task, resolve_plan(task), image_override=override, policy=policy)
+
+
+def problems(files: dict[str, str], policy: ImagePolicy = REPLAY_ONLY) -> list[str]:
+    found = images(files, policy)
+    assert isinstance(found, list), found
+    return [problem.render() for problem in found]
+
+
+def test_a_prebuilt_image_is_mirrored_and_spec_image_wins() -> None:
+    planned = images(folder('[environment]\ndocker_image = "python:3.12"\n'))
+    assert isinstance(planned, ImagePlan)
+    assert (planned.agent.image, planned.agent.replay, planned.agent.build) == ("mirror.test/python:3.12", None, None)
+    dockerfile = folder(environment__Dockerfile="FROM ubuntu:24.04\n")
+    overridden = images(dockerfile, override="ubuntu:24.04")
+    assert isinstance(overridden, ImagePlan)
+    assert (overridden.agent.image, overridden.agent.origin) == ("mirror.test/ubuntu:24.04", "spec.image")
+    assert overridden.agent.replay is None  # a prebuilt image of the task: the Dockerfile is not applied
+
+
+def test_a_replayable_dockerfile_runs_in_its_mirrored_from_image() -> None:
+    planned = images(folder(environment__Dockerfile="ARG BASE=ubuntu:24.04\nFROM ${BASE}\nRUN true\n"))
+    assert isinstance(planned, ImagePlan)
+    assert planned.agent.image == "mirror.test/ubuntu:24.04"
+    assert planned.agent.replay is not None and planned.agent.replay.dockerfile == "environment/Dockerfile"
+    assert planned.builds() == []
+
+
+def test_a_dockerfile_replay_cannot_apply_is_built_when_the_operator_builds_and_refused_else() -> None:
+    files = folder(environment__Dockerfile=MULTI_STAGE)
+    assert problems(files) == [
+        "environment/Dockerfile:3: FROM ubuntu:24.04: a second FROM (a multi-stage build) needs an image build",
+        "environment/Dockerfile: replay cannot apply this Dockerfile, and this operator builds no images: set "
+        "docker_image, or run the operator with --build-registry",
+    ]
+    planned = images(files, BUILDS)
+    assert isinstance(planned, ImagePlan) and planned.agent.build is not None and planned.agent.replay is None
+    assert planned.agent.image.startswith("registry.test:5000/builds:")
+    assert [(build.role, build.timeout_sec) for build in planned.builds()] == [("environment", 600.0)]
+    # The tag is the context's digest: the same task plans the same image; another context another.
+    again = images(folder(environment__Dockerfile=MULTI_STAGE), BUILDS)
+    other = images(folder(environment__Dockerfile=MULTI_STAGE, environment__x="x"), BUILDS)
+    assert again.agent.image == planned.agent.image != other.agent.image
+
+
+@pytest.mark.parametrize(
+    ("dockerfile", "expected"),
+    [
+        ("FROM ubuntu:24.04\nRUN <<EOF\necho unterminated\n", "environment/Dockerfile:2: syntax error: unterminated"),
+        ("FROM ubuntu:24.04\nCOPY ../../etc/passwd /x\n", "environment/Dockerfile:2: COPY ../../etc/passwd /x: "),
+        ("FROM ubuntu\x00\x01\x02\xff", "environment/Dockerfile:1: contains a NUL byte: this is not a Dockerfile"),
+        ("FROM ubuntu:24.04\n" + "RUN true\n" * 1_300_000, "environment/Dockerfile: 11700018 bytes: a replayed"),
+    ],
+    ids=["syntax-error", "leaves-the-context", "binary", "10-MB"],
+)
+def test_what_no_build_would_take_is_refused_whatever_the_operator(dockerfile: str, expected: str) -> None:
+    for policy in (REPLAY_ONLY, BUILDS):
+        found = problems(folder(environment__Dockerfile=dockerfile), policy)
+        assert len(found) == 1 and found[0].startswith(expected), found
+
+
+def test_no_image_at_all_is_refused() -> None:
+    assert problems(folder()) == [
+        "task.toml: environment.docker_image: not set, no environment/Dockerfile to make the image from, and the "
+        "Episode gives no spec.image"
+    ]
+
+
+def test_an_unmirrorable_reference_is_named() -> None:
+    found = problems(folder('[environment]\ndocker_image = "Not An Image"\n'))
+    assert len(found) == 1 and found[0].startswith("task.toml: environment.docker_image: 'Not An Image' is not")
+
+
+SEPARATE = '[verifier]\nenvironment_mode = "separate"\n'
+
+
+def test_a_separate_verifier_without_its_own_environment_runs_the_agents_image_made_alike() -> None:
+    planned = images(folder(SEPARATE, environment__Dockerfile="FROM ubuntu:24.04\n"))
+    assert isinstance(planned, ImagePlan)
+    assert planned.verifier(0) is planned.agent
+    overridden = images(folder(SEPARATE + '[environment]\ndocker_image = "python:3.12"\n'), override="ubuntu:24.04")
+    assert overridden.verifier(0).image == "mirror.test/ubuntu:24.04"  # the override, as the agent's
+
+
+def test_a_separate_verifier_environment_runs_its_image_or_its_tests_dockerfile() -> None:
+    declared = SEPARATE + '[verifier.environment]\ndocker_image = "python:3.12-slim"\n'
+    planned = images(folder(declared, environment__Dockerfile="FROM ubuntu:24.04\n"))
+    assert isinstance(planned, ImagePlan)
+    assert planned.verifier(0).image == "mirror.test/python:3.12-slim" and planned.verifier(0).replay is None
+    own = images(
+        folder(
+            SEPARATE + "[verifier.environment]\n",
+            environment__Dockerfile="FROM ubuntu:24.04\n",
+            tests__Dockerfile="FROM python:3.12\nRUN true\n",
+        )
+    )
+    assert isinstance(own, ImagePlan)
+    assert own.verifier(0).image == "mirror.test/python:3.12"
+    assert own.verifier(0).replay is not None and own.verifier(0).replay.context == "tests"
+    built = images(
+        folder(
+            SEPARATE + "[verifier.environment]\n",
+            environment__Dockerfile="FROM ubuntu:24.04\n",
+            tests__Dockerfile=MULTI_STAGE,
+        ),
+        BUILDS,
+    )
+    assert [build.role for build in built.builds()] == ["verifier"]
+
+
+def test_a_steps_tests_dockerfile_comes_before_the_tasks() -> None:
+    """Harbor's precedence; Gym refuses a step tests folder without an image (refusal 8), so the task has one."""
+    toml = (
+        '[[steps]]\nname = "one"\n[steps.verifier]\nenvironment_mode = "separate"\n'
+        '[[steps]]\nname = "two"\n[environment]\ndocker_image = "python:3.12"\n'
+    )
+    files = folder(
+        toml,
+        tests__Dockerfile="FROM python:3.12\n",
+        steps__one__instruction_md="One.\n",
+        steps__one__tests__Dockerfile="FROM python:3.12\n",
+        steps__two__instruction_md="Two.\n",
+    )
+    files = {path.replace("instruction_md", "instruction.md"): text for path, text in files.items()}
+    planned = images(files)
+    assert isinstance(planned, ImagePlan)
+    assert planned.verifier(0).replay.dockerfile == "steps/one/tests/Dockerfile"
+    assert planned.verifier(1) is None
+
+
+def test_sidecars_images_are_mirrored_and_built_sidecars_need_builds() -> None:
+    compose = "services:\n  db:\n    image: postgres:16\n  api:\n    build: ./api\n"
+    files = folder(
+        '[environment]\ndocker_image = "python:3.12"\n',
+        environment__docker_compose_yaml=compose,
+        environment__api__Dockerfile="FROM python:3.12\n",
+    )
+    files = {path.replace("docker_compose_yaml", "docker-compose.yaml"): text for path, text in files.items()}
+    planned = images(files, BUILDS)
+    assert isinstance(planned, ImagePlan)
+    assert planned.sidecars["db"].image == "mirror.test/hub/postgres:16"
+    assert planned.sidecars["api"].build is not None
+
+
+def test_admission_puts_every_decided_image_in_the_plan() -> None:
+    files = folder(
+        SEPARATE,
+        environment__Dockerfile="FROM ubuntu:24.04\n",
+        environment__docker_compose_yaml="services:\n  api:\n    build: ./api\n",
+        environment__api__Dockerfile=MULTI_STAGE,
+    )
+    files = {path.replace("docker_compose_yaml", "docker-compose.yaml"): text for path, text in files.items()}
+    spec = EpisodeSpec.model_validate({"task": {"inline": {"files": files}}, "agent": {"kind": "oracle"}})
+    admitted = admit_task(spec, TaskFiles.from_mapping(files), BUILDS)
+    assert isinstance(admitted, Admission)
+    assert admitted.image == "mirror.test/ubuntu:24.04"
+    assert admitted.plan.turns[0].verifier.image == "mirror.test/ubuntu:24.04"
+    assert admitted.plan.sidecars[0].image == admitted.images.sidecars["api"].image
+    refused = admit_task(spec, TaskFiles.from_mapping(files), REPLAY_ONLY)
+    assert isinstance(refused, Refusal) and refused.failure_kind == "harbor:seed_refused"
+    assert refused.message.startswith("refused at seed: environment/api/Dockerfile:3: FROM ubuntu:24.04: a second FROM")
