@@ -208,7 +208,11 @@ def test_the_operator_runs_as_installed_with_least_privilege(
 ) -> None:
     deployment = client.AppsV1Api(api_client).read_namespaced_deployment(RELEASE, installed.namespace)
     assert deployment.status.available_replicas == 1
-    assert deployment.spec.strategy.type == "Recreate"
+    # Without a ReadWriteOnce volume it rolls, the new pod first: the replicas' claims make the overlap safe.
+    assert (deployment.spec.strategy.type, deployment.spec.strategy.rolling_update.max_unavailable) == (
+        "RollingUpdate",
+        0,
+    )
     (pod,) = operator_pods(core, installed.namespace)
     container = pod.spec.containers[0]
     assert container.image == OPERATOR_IMAGE

@@ -319,7 +319,6 @@ def test_replicas_share_a_store_lease_in_the_release_namespace_and_keep_a_disrup
     (container,) = deployment["spec"]["template"]["spec"]["containers"]
     assert deployment["spec"]["replicas"] == 3
     assert {
-        "--lease-namespace=ops",
         "--replica-group=episode-operator",
         "--lease-duration=12",
         "--renew-deadline=8",
@@ -330,6 +329,8 @@ def test_replicas_share_a_store_lease_in_the_release_namespace_and_keep_a_disrup
     } <= set(container["args"])
     assert container["envFrom"] == [{"secretRef": {"name": "minio-credentials"}}]
     assert {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}} in container["env"]
+    lease_namespace = {"fieldRef": {"fieldPath": "metadata.namespace"}}  # the pod's: kustomize may move it
+    assert {"name": "EPISODE_OPERATOR_LEASE_NAMESPACE", "valueFrom": lease_namespace} in container["env"]
     (budget,) = find(objects, "PodDisruptionBudget")
     assert budget["spec"]["maxUnavailable"] == 1
     assert budget["spec"]["selector"]["matchLabels"] == deployment["spec"]["selector"]["matchLabels"]
