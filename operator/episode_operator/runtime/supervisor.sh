@@ -595,8 +595,20 @@ cmd_run() {
     _osz=$(wc -c <"$_out" 2>/dev/null) || unstartable "cannot read the output file $_out"
     write "$_d/output_offset" "$((_osz))"
 
-    # Job-control-less background shells ignore SIGINT/SIGQUIT; reset them where env can.
-    if [ "$_how" = bg ] && case $(env --help 2>&1) in *default-signal*) true ;; *) false ;; esac; then
+    # Job-control-less background shells ignore SIGINT/SIGQUIT, and so does a runner whose
+    # ancestors did (an exec's process need not start with default dispositions): reset them
+    # where env can. Read with builtins, so the usual case (nothing ignored) forks nothing.
+    _ign=0
+    if [ "$_how" != bg ]; then
+        while IFS=' 	' read -r _k _v; do
+            case $_k in SigIgn:) _ign=${_v#"${_v%?}"} && break ;; esac
+        done </proc/$$/status 2>/dev/null
+    fi
+    case $_how.$_ign in
+        bg.* | *.[2-7a-f]) _ignored=1 ;;
+        *) _ignored= ;;
+    esac
+    if [ -n "$_ignored" ] && case $(env --help 2>&1) in *default-signal*) true ;; *) false ;; esac; then
         set -- "$(command -v env)" --default-signal=INT,QUIT "$@"
     fi
     # The wrapper that records the job's pid (kept through exec); in its own session and
