@@ -332,7 +332,7 @@ MUTATIONS = [
     Mutation(
         "seed-not-published",
         EPISODE,
-        "            if row.published:\n                await self.publish()\n",
+        "            if work.publishes(row.published):\n                await self.publish()\n",
         "",
         "a restarted operator redoes the seed from its first stage, not where it was",
     ),

@@ -460,6 +460,8 @@ def test_kubectl_apply_k_installs_a_working_operator(
         "ClusterRoleBinding",
         "Deployment",
         "Namespace",
+        "Role",  # the replicas' Leases, in the operator's namespace (kustomize's)
+        "RoleBinding",
         "Service",
         "ServiceAccount",
     ]

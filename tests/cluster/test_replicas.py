@@ -129,7 +129,8 @@ def test_two_replicas_and_the_driver_killed_every_5_seconds(
     replicas = Replicas(kubeconfig, root, namespace, ("r0", "r1"))
     replicas.start_all()
     try:
-        create_episode(api_client, namespace, "battered", episode_spec(files=counting_task(4)))
+        # Each step's solve.sh sleeps 6 s: the episode outlives at least three kills however fast the takeovers.
+        create_episode(api_client, namespace, "battered", episode_spec(files=counting_task(4, solve="sleep 6")))
         kills: list[str] = []
         drove: set[str | None] = set()
         deadline = time.monotonic() + 300

@@ -24,7 +24,7 @@ from episode_operator.runtime.admission import Admission, admit_task
 from episode_operator.runtime.episode import EpisodeConfig, EpisodeRunner
 from episode_operator.runtime.images import BuildFailed, BuildOutage, BuildOutcome, BuildReady, ImagePolicy
 from episode_operator.runtime.sandbox import Waiting, WaitingReport
-from episode_operator.runtime.seed import SEED, SeedRow, render_table, seed_resumes_at
+from episode_operator.runtime.seed import SEED, SeedPublished, SeedRow, SeedWork, render_table, seed_resumes_at
 from episode_operator.taskfolder import TaskFiles
 from episode_operator.taskfolder.buildcontext import BuildSource
 from episode_operator.taskfolder.images import ImageMirrors
@@ -163,12 +163,48 @@ def test_every_seed_stage_has_one_row_and_the_rows_chain_to_ready() -> None:
         stage = SEED[stage].next
     assert chain == list(SeedStage)
     assert all(row.restart for row in SEED.values())
-    assert [stage for stage, row in SEED.items() if not row.published] == [
+    assert [stage for stage, row in SEED.items() if row.published is SeedPublished.NEVER] == [
         SeedStage.ENVIRONMENT_FILES,
         SeedStage.ENTRYPOINT,
     ]
-    assert seed_resumes_at(None) == SeedStage.IMAGES
-    assert seed_resumes_at(SeedStage.ENTRYPOINT) == SeedStage.REPLAY
+    everything = SeedWork(builds=True, replay=True, healthcheck=True, agent_setup=True)
+    assert seed_resumes_at(None, everything) == SeedStage.IMAGES
+    assert seed_resumes_at(SeedStage.ENTRYPOINT, everything) == SeedStage.REPLAY
+    # A prebuilt image, no health check, an agent without setup: nothing of the seed is published.
+    nothing = SeedWork(builds=False, replay=False, healthcheck=False, agent_setup=False)
+    assert seed_resumes_at(SeedStage.AGENT_SETUP, nothing) == SeedStage.IMAGES
+
+
+def work_of(folder: dict[str, str]) -> SeedWork:
+    admission, _ = admitted(folder)
+    return SeedWork(
+        builds=bool(admission.images.builds()),
+        replay=admission.images.agent.replay is not None,
+        healthcheck=admission.plan.environment.healthcheck is not None,
+        agent_setup=True,  # AGENT has a setup command
+    )
+
+
+def plain_task() -> dict[str, str]:
+    """A prebuilt image, no health check, a solution for the oracle: the seed has nothing to publish."""
+    files = {**prebuilt_task(), "solution/solve.sh": "write answer.txt 42"}
+    files["task.toml"] = files["task.toml"].split("[environment.healthcheck]")[0]
+    return files
+
+
+@pytest.mark.parametrize(
+    ("folder", "agent", "writes"),
+    [(plain_task, {"kind": "oracle"}, 0), (prebuilt_task, AGENT, 2), (replayed_task, AGENT, 5)],
+    ids=["prebuilt-oracle", "prebuilt-setup", "replayed-built"],
+)
+def test_only_seed_stages_with_work_write_the_status(folder: Any, agent: dict[str, Any], writes: int) -> None:
+    """Each published stage costs a status write (an API request per Episode): a stage with nothing to do
+    for this episode is not published."""
+    status, _, sink, _ = run(folder(), agent=agent)
+    assert (status.phase, status.reward) == ("Succeeded", 1.0), status.message
+    seeding = [s for s in sink.statuses if s.attempts and s.attempts[-1].ready_at is None]
+    # Besides the published stages: the attempt's start, and its pod's PodsReady condition.
+    assert len(seeding) == 2 + writes, [s.attempts[-1].seed_stage for s in seeding]
 
 
 def test_the_runtime_docs_show_the_seed_table_as_declared() -> None:
@@ -205,7 +241,8 @@ def test_a_restart_inside_any_seed_stage_resumes_where_the_table_says(
     monkeypatch.undo()
     last_written = dying.statuses[-1]
     assert last_written.attempts[-1].ready_at is None
-    assert seed_resumes_at(last_written.attempts[-1].seed_stage) == seed_resumes_at(stage)
+    work = work_of(folder())
+    assert seed_resumes_at(last_written.attempts[-1].seed_stage, work) == seed_resumes_at(stage, work)
     status = run(folder(), world=world, builder=builder, status=last_written, store=store)[0]
     assert (status.phase, status.reward, status.attempt) == ("Succeeded", 1.0, 1), status.message
     pod = world.sandboxes["pod-a1"]

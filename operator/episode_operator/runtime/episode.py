@@ -64,7 +64,7 @@ from episode_operator.runtime.sandbox import (
     Upload,
     Waiting,
 )
-from episode_operator.runtime.seed import SEED, ReplayProblem, replay_in, seed_passed, seed_resumes_at
+from episode_operator.runtime.seed import SEED, ReplayProblem, replay_in, seed_passed, seed_resumes_at, seed_work
 from episode_operator.runtime.store import SEED_LOGS, EpisodeStore
 from episode_operator.runtime.turn.context import TurnRun
 from episode_operator.runtime.turn.failures import (
@@ -241,11 +241,12 @@ class EpisodeRunner:
     async def _seed(self) -> None:
         """The seed table (``runtime/seed.py``), walked from where the attempt's status says it was."""
         attempt = self._attempt
-        stage: SeedStage | None = seed_resumes_at(attempt.seed_stage)
+        work = seed_work(self)
+        stage: SeedStage | None = seed_resumes_at(attempt.seed_stage, work)
         while stage is not None:
             row = SEED[stage]
             attempt.seed_stage = stage
-            if row.published:
+            if work.publishes(row.published):
                 await self.publish()
             async with self.timed(f"seed-{stage}"):
                 await row.step(self)

@@ -8,9 +8,11 @@ health check passes, and the agent kind sets itself up. For each stage the table
 - **step** — the function that does the stage's work (each a no-op when the task needs none of it);
 - **next** — the stage after it; a failure ends the attempt (an outage: registry, pod, exec…) or
   the episode (the task's failure: a failing ``RUN``, a broken build — terminal, not retried);
-- **published** — whether the stage is written to the attempt's status
+- **published** — when the stage is written to the attempt's status
   (``status.attempts[].seedStage``) before its step runs: where it can take long (a user sees
-  what the attempt waits for) or where redoing the stages before it would cost;
+  what the attempt waits for) or where redoing the stages before it would cost — and only when
+  the stage has work for the episode (a prebuilt image with nothing to build, replay or check
+  costs no status write per stage);
 - **restart** — what a restarted operator does when the status shows the stage. Every step is
   safe to redo; a restart resumes at the last published stage at or before the recorded one.
 
@@ -19,6 +21,7 @@ The attempt's ``readyAt`` marks the end of the seed: the episode's deadline star
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Final, Protocol
@@ -215,11 +218,49 @@ async def set_up_agent(seed: SeedServices) -> None:
         raise EpisodeEnds("Ungraded", FAILURE_AGENT_SETUP, f"the agent's setup {describe(state)}")
 
 
+class SeedPublished(enum.Enum):
+    """When a seed stage is written to the status before its step runs."""
+
+    NEVER = "never"
+    BUILDS = "when the episode builds an image in the cluster"
+    REPLAY = "when the agent's image is replayed from environment/Dockerfile"
+    HEALTHCHECK = "when [environment.healthcheck] is set"
+    AGENT_SETUP = "when the agent kind has a setup job"
+
+
+@dataclass(frozen=True)
+class SeedWork:
+    """What the seed has to do for one episode (from its plan): the stages without work are not published."""
+
+    builds: bool
+    replay: bool
+    healthcheck: bool
+    agent_setup: bool
+
+    def publishes(self, published: SeedPublished) -> bool:
+        return {
+            SeedPublished.NEVER: False,
+            SeedPublished.BUILDS: self.builds,
+            SeedPublished.REPLAY: self.replay,
+            SeedPublished.HEALTHCHECK: self.healthcheck,
+            SeedPublished.AGENT_SETUP: self.agent_setup,
+        }[published]
+
+
+def seed_work(seed: SeedServices) -> SeedWork:
+    return SeedWork(
+        builds=bool(seed.images.builds()),
+        replay=seed.images.agent.replay is not None,
+        healthcheck=seed.plan.environment.healthcheck is not None,
+        agent_setup=agent_kind(seed.agent_spec).seed_job(TurnRun(seed, 0)) is not None,
+    )
+
+
 @dataclass(frozen=True)
 class SeedRow:
     step: SeedStep
     next: SeedStage | None
-    published: bool
+    published: SeedPublished
     restart: str
 
 
@@ -227,62 +268,63 @@ SEED: Final[Mapping[SeedStage, SeedRow]] = {
     SeedStage.IMAGES: SeedRow(
         build_images,
         SeedStage.SANDBOX,
-        True,
+        SeedPublished.BUILDS,
         "Asks for every build again: a finished build's Job is found by its context digest and reused, a "
         "running one is waited for, a failed one answers with its cached verdict; nothing is built twice.",
     ),
     SeedStage.SANDBOX: SeedRow(
         start_sandbox,
         SeedStage.REPLAY,
-        True,
+        SeedPublished.BUILDS,  # after builds, the status moves on from images; else the attempt's start says it
         "Re-attaches to the attempt's agent pod (created if missing) and waits until it runs, saying why it "
         "waits in the status.",
     ),
     SeedStage.REPLAY: SeedRow(
         replay,
         SeedStage.ENVIRONMENT_FILES,
-        True,
+        SeedPublished.REPLAY,
         "Re-attaches to the replay's jobs by their ids: a RUN line that ran is never run again, the running "
         "one is waited for, the bound still counts from the first job's start (read back from the pod).",
     ),
     SeedStage.ENVIRONMENT_FILES: SeedRow(
         place_environment_files,
         SeedStage.ENTRYPOINT,
-        False,
+        SeedPublished.NEVER,
         "Not published: resumes at replay (a task with environment/ files has no Dockerfile, so nothing "
         "replays) and copies the files again, replacing the same names.",
     ),
     SeedStage.ENTRYPOINT: SeedRow(
         start_entrypoint,
         SeedStage.HEALTHCHECK,
-        False,
+        SeedPublished.NEVER,
         "Not published: resumes at replay, whose jobs all exist (re-attached, one exec each), then re-attaches "
         "to the ENTRYPOINT's job by its id: it is never started twice.",
     ),
     SeedStage.HEALTHCHECK: SeedRow(
         check_environment,
         SeedStage.AGENT_SETUP,
-        True,
+        SeedPublished.HEALTHCHECK,
         "Polls [environment.healthcheck] afresh (new job ids); the replayed image's settings are read back "
         "from the pod.",
     ),
     SeedStage.AGENT_SETUP: SeedRow(
         set_up_agent,
         None,
-        True,
+        SeedPublished.AGENT_SETUP,
         "Re-attaches to the agent kind's setup job by its id (or harvests its end); then readyAt is written "
         "and the first turn starts.",
     ),
 }
 
 
-def seed_resumes_at(stage: SeedStage | None) -> SeedStage:
-    """Where a restart resumes when the attempt was last seen in ``stage``: the last published stage at or before it."""
+def seed_resumes_at(stage: SeedStage | None, work: SeedWork) -> SeedStage:
+    """Where a restart resumes when the attempt was last seen in ``stage``: the last stage at or before
+    it that is published for this work (the stages between have nothing to redo, or redo safely)."""
     order = list(SEED)
     if stage is None:
         return order[0]
     for candidate in reversed(order[: order.index(stage) + 1]):
-        if SEED[candidate].published:
+        if work.publishes(SEED[candidate].published):
             return candidate
     return order[0]
 
@@ -298,7 +340,7 @@ def render_table() -> str:
     lines = ["| stage | step | next | published | after a restart |", "| --- | --- | --- | --- | --- |"]
     for stage, row in SEED.items():
         following = f"`{row.next}`" if row.next else "— (`readyAt`)"
-        published = "always" if row.published else "never"
+        published = row.published.value
         lines.append(f"| `{stage}` | `{row.step.__name__}` | {following} | {published} | {row.restart} |")
     return "\n".join(lines) + "\n"
 
