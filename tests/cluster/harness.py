@@ -9,6 +9,7 @@ operator to itself uses another prefix.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
 import signal
 import socket
@@ -44,18 +45,29 @@ def install_crd(api: client.ApiClient, timeout: float = 60) -> None:
         _install_crd_file(api, path, timeout)
 
 
+# The digest of the CRD file a test installed, on the CRD: the same file is not installed again.
+CRD_DIGEST_ANNOTATION = "tests.episode-operator.dev/crd-digest"
+
+
 def _install_crd_file(api: client.ApiClient, path: Path, timeout: float) -> None:
+    """Replacing a CRD, even with the same content, makes a running kopf rediscover its API group,
+    and a rediscovery while the API server re-registers the group can lose the resource: that
+    operator then never sees an Episode again. So a CRD already as this file says is left alone."""
     extensions = client.ApiextensionsV1Api(api)
-    manifest = yaml.safe_load(path.read_text())
+    text = path.read_text()
+    manifest = yaml.safe_load(text)
     name = manifest["metadata"]["name"]
+    digest = hashlib.sha256(text.encode()).hexdigest()
+    manifest["metadata"].setdefault("annotations", {})[CRD_DIGEST_ANNOTATION] = digest
     try:
         extensions.create_custom_resource_definition(manifest)
     except ApiException as error:
         if error.status != 409:
             raise
         current = extensions.read_custom_resource_definition(name)
-        manifest["metadata"]["resourceVersion"] = current.metadata.resource_version
-        extensions.replace_custom_resource_definition(name, manifest)
+        if (current.metadata.annotations or {}).get(CRD_DIGEST_ANNOTATION) != digest:
+            manifest["metadata"]["resourceVersion"] = current.metadata.resource_version
+            extensions.replace_custom_resource_definition(name, manifest)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         crd = extensions.read_custom_resource_definition(name)
