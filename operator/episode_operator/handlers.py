@@ -52,6 +52,10 @@ from episode_operator.runtime.store import StoreSettings
 from episode_operator.runtime.wakeups import Wakeups
 from episode_operator.taskfolder.images import ImageMirrors
 
+# How long startup waits for the API server to serve the CRDs' resources (wait_until_served), and how often it asks.
+SERVED_WAIT_SEC = 60.0
+SERVED_POLL_SEC = 0.25
+
 
 @dataclass(frozen=True)
 class OperatorOptions:
@@ -90,6 +94,30 @@ async def login(memo: kopf.Memo, settings: kopf.OperatorSettings, **_: Any) -> k
     return kopf.ConnectionInfo(**dataclasses.asdict(found), trust_env=settings.networking.trust_env)
 
 
+async def wait_until_served(client: KubeClient, logger: kopf.Logger) -> None:
+    """Until the API server's discovery lists Episodes and EpisodeSets, for a while at most.
+
+    kopf learns which resources exist from discovery once, as it starts, and again only when a CRD
+    changes while it watches CRDs (never with named namespaces: scanning is off). A CRD created or
+    updated a moment ago can be Established and still missing from discovery: an operator starting
+    then would never see an Episode (CI met it: the cluster tests' operator, started right after
+    they installed the CRDs). Startup activities run before kopf's observers, so waiting here
+    closes that window; past the bound the operator goes on (its liveness must not fail on a
+    cluster without the CRDs yet) and says why it may not see Episodes.
+    """
+    deadline = time.monotonic() + SERVED_WAIT_SEC
+    wanted = {PLURAL, SET_PLURAL}
+    while missing := wanted - await client.served_resources(GROUP, VERSION):
+        if time.monotonic() >= deadline:
+            logger.warning(
+                f"the API server does not serve {', '.join(sorted(missing))} of {GROUP}/{VERSION} after "
+                f"{SERVED_WAIT_SEC:.0f} s: install the CRDs (episode-operator install-crd); with named "
+                "namespaces, restart the operator once they are served"
+            )
+            return
+        await asyncio.sleep(SERVED_POLL_SEC)
+
+
 @kopf.on.startup()
 async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: kopf.Logger, **_: Any) -> None:
     options: OperatorOptions = memo.options
@@ -108,6 +136,7 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: ko
     memo.metrics = Metrics()
     memo.slots = FifoSlots(options.max_active_episodes)
     memo.client = await KubeClient.connect(options.kubeconfig, metrics=memo.metrics)
+    await wait_until_served(memo.client, logger)
     memo.replicas = Replicas(memo.client, memo.membership, logging.getLogger("episode_operator.replicas"))
     memo.store = options.store.open(options.data_dir)
     memo.server = None

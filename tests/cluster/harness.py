@@ -71,10 +71,23 @@ def _install_crd_file(api: client.ApiClient, path: Path, timeout: float) -> None
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         crd = extensions.read_custom_resource_definition(name)
-        if any(c.type == "Established" and c.status == "True" for c in crd.status.conditions or []):
+        if any(c.type == "Established" and c.status == "True" for c in crd.status.conditions or []) and served(
+            api, manifest["spec"]["group"], manifest["spec"]["versions"][0]["name"], manifest["spec"]["names"]["plural"]
+        ):
             return
         time.sleep(0.2)
-    raise TimeoutError(f"CRD {name} not established after {timeout} s")
+    raise TimeoutError(f"CRD {name} not established and served after {timeout} s")
+
+
+def served(api: client.ApiClient, group: str, version: str, plural: str) -> bool:
+    """Whether the API server's discovery lists the resource (it lags a CRD's Established condition)."""
+    try:
+        listing = client.CustomObjectsApi(api).get_api_resources(group, version)
+    except ApiException as error:
+        if error.status == 404:
+            return False
+        raise
+    return any(resource.name == plural for resource in listing.resources)
 
 
 def free_port() -> int:

@@ -111,6 +111,8 @@ def grants_of_raw_call(call: ast.Call) -> set[Grant]:
             assert isinstance(part, ast.FormattedValue) and isinstance(part.value, ast.Name), ast.unparse(call)
             template += str(getattr(client_module, part.value.id, "{}"))
     verb = {"GET": "get", "POST": "create", "PUT": "update", "PATCH": "patch", "DELETE": "delete"}[method.value]
+    if (template, verb) == ("/apis/{}/{}", "get"):
+        return set()  # discovery of a group version: granted to every authenticated client (system:discovery)
     data_api = f"/apis/{dataapi.DATA_GROUP}/{dataapi.DATA_VERSION}/namespaces/{{}}/{dataapi.RESOURCE}/{{}}/{{}}"
     assert template == data_api, f"{template}: no permission mapping; extend tests/unit/test_rbac.py"
     return {(dataapi.DATA_GROUP, f"{dataapi.RESOURCE}/{name}", verb) for name in dataapi.SUBRESOURCES}

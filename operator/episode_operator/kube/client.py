@@ -671,6 +671,23 @@ class KubeClient:
             )
             return await _body(response)
 
+    async def served_resources(self, group: str, version: str) -> set[str]:
+        """The resources the API server's discovery lists for ``group/version`` (none: an empty set).
+        Discovery is open to every authenticated client (the system:discovery role): no grant needed."""
+        try:
+            with _api_call(f"discovery of {group}/{version}"):
+                response = await self.api.call_api(
+                    f"/apis/{group}/{version}",
+                    "GET",
+                    auth_settings=["BearerToken"],
+                    _preload_content=False,
+                    _return_http_data_only=True,
+                )
+                document = await _json(response)
+        except NotFound:
+            return set()
+        return {str(resource["name"]) for resource in (document or {}).get("resources", [])}
+
     # Exec ---------------------------------------------------------------------------------
     async def exec(
         self,
