@@ -14,11 +14,14 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import obstore
 import pytest
 
 from episode_operator.runtime.archive import tar_bytes
 from episode_operator.runtime.store import BlobStore, EpisodeBlobs, StoreSettings, export_artifacts, kept_logs
 from tests.s3server import CREDENTIALS, S3Server, s3_server
+
+obstore_list = obstore.list
 
 MANIFEST = [
     {
@@ -119,6 +122,47 @@ def test_an_unreachable_bucket_is_an_error_naming_it(tmp_path: Path, s3_env: Non
             await asyncio.wait_for(store.get("a"), 60)
 
     asyncio.run(scenario())
+
+
+def test_the_store_never_hands_obstore_an_asyncio_future(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """obstore's ``*_async`` calls leave Python futures with tokio threads, which may drop them while
+    the interpreter finalizes: the process then aborts at exit (CI saw ``kubectl episode logs
+    --data-dir`` die of SIGABRT; about one run in fifty). The store uses the blocking calls in
+    worker threads; here the async ones fail, and every operation still works."""
+
+    def refused(*args: Any, **kwargs: Any) -> Any:
+        raise AssertionError("obstore's asyncio API was called")
+
+    for name in ("put_async", "get_async", "delete_async", "head_async"):
+        monkeypatch.setattr(obstore, name, refused)
+    monkeypatch.setattr(obstore, "list", lambda *args, **kwargs: _SyncOnlyListing(obstore_list(*args, **kwargs)))
+
+    async def scenario() -> None:
+        episode = BlobStore.local(tmp_path).episode("ns", "ep", "uid-1")
+        await episode.save_log(1, "one", "agent", b"hi\n")
+        assert [log.data for log in await kept_logs(episode)] == [b"hi\n"]
+        assert await episode.get(1, "one", "logs", "missing.txt") is None
+
+    asyncio.run(scenario())
+
+
+class _SyncOnlyListing:
+    """obstore's listing stream with its asyncio side refused."""
+
+    def __init__(self, stream: Any) -> None:
+        self.stream = stream
+
+    def __iter__(self) -> Any:
+        return iter(self.stream)
+
+    def collect(self) -> Any:
+        return self.stream.collect()
+
+    def __aiter__(self) -> Any:
+        raise AssertionError("obstore's asyncio listing was used")
+
+    async def collect_async(self) -> Any:
+        raise AssertionError("obstore's asyncio listing was used")
 
 
 def listing(root: Path, **filters: Any) -> list[tuple[int, str, str]]:

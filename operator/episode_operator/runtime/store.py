@@ -20,6 +20,7 @@ The local layout is the one the data directory always had, so existing data stay
 
 from __future__ import annotations
 
+import asyncio
 import io
 import json
 import re
@@ -131,23 +132,27 @@ class BlobStore:
     def memory(cls) -> BlobStore:
         return cls(MemoryStore(), "memory")
 
+    # obstore's blocking calls, each in a worker thread, not its ``*_async`` ones: those hand
+    # Python futures to tokio threads that may drop them while the interpreter finalizes, and the
+    # process then aborts at exit (SIGABRT, about one run in fifty of ``kubectl episode logs
+    # --data-dir``; pyo3-async-runtimes issue 40). The blocking calls release the GIL as they wait.
     async def put(self, key: str, data: bytes) -> None:
-        await obstore.put_async(self.store, key, data)
+        await asyncio.to_thread(obstore.put, self.store, key, data)
 
     async def get(self, key: str) -> bytes | None:
         """The blob's bytes; None when there is none."""
+        return await asyncio.to_thread(self._get, key)
+
+    def _get(self, key: str) -> bytes | None:
         try:
-            result = await obstore.get_async(self.store, key)
-            return bytes(await result.bytes_async())
+            return bytes(obstore.get(self.store, key).bytes())
         except FileNotFoundError:
             return None
 
     async def list(self, prefix: str) -> list[Blob]:
         """The blobs below ``prefix`` (a folder: whole path segments)."""
-        blobs = []
-        async for chunk in obstore.list(self.store, prefix):
-            blobs += [Blob(meta["path"], meta["last_modified"], meta["size"]) for meta in chunk]
-        return blobs
+        listed = await asyncio.to_thread(lambda: obstore.list(self.store, prefix).collect())
+        return [Blob(meta["path"], meta["last_modified"], meta["size"]) for meta in listed]
 
     def episode(self, namespace: str, name: str, uid: str) -> EpisodeBlobs:
         return EpisodeBlobs(self, f"{safe(namespace)}/{safe(name)}/{safe(uid)}")
