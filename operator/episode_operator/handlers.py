@@ -9,6 +9,7 @@ annotations, so kopf never writes into the status the driver owns.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import logging
 import os
@@ -24,7 +25,7 @@ from episode_operator.api.models import PLURAL
 from episode_operator.api.vocabulary import EPISODE_LABEL, GROUP, SET_LABEL, VERSION, is_terminal, parse_timestamp
 from episode_operator.kube.builds import BuildCoordinator, BuildSettings
 from episode_operator.kube.client import KubeClient, KubeError, login_for
-from episode_operator.kube.dataapi import start_data_api
+from episode_operator.kube.dataapi import nobody_else, start_data_api
 from episode_operator.kube.driver import (
     DriverSettings,
     announce_waiting,
@@ -38,6 +39,7 @@ from episode_operator.kube.replicas import (
     EPISODE_SETS,
     EPISODES,
     Claim,
+    Membership,
     Replicas,
     ReplicaSettings,
     join_replicas,
@@ -151,6 +153,7 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: ko
             options.data_api_service,
             options.data_api_owner,
             logger,
+            memo.membership.others_staying if memo.membership is not None else nobody_else,
         )
     memo.pod_wakeups = Wakeups()
     memo.settings = DriverSettings(
@@ -172,6 +175,10 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: ko
 
 @kopf.on.cleanup()
 async def close(memo: kopf.Memo, **_: Any) -> None:
+    membership: Membership | None = getattr(memo, "membership", None)
+    if membership is not None:  # before the data API asks who stays (kube/dataapi.py)
+        with contextlib.suppress(KubeError):
+            await membership.announce_leaving()
     for server in (getattr(memo, "data_api", None), getattr(memo, "server", None)):  # the data API unregisters
         if server is not None:
             await server.cleanup()

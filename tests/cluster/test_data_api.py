@@ -14,6 +14,7 @@ import base64
 import json
 import os
 import re
+import ssl
 import subprocess
 import sys
 import time
@@ -36,6 +37,8 @@ from tests.cluster.test_install import (
     release_values,
     run_examples,
 )
+from tests.cluster.test_replicas import POD_NETWORK_GATEWAY
+from tests.s3server import CREDENTIALS, s3_server
 
 API_SERVICE = "v1alpha1.data.episode-operator.dev"
 DATA_PATH = "/apis/data.episode-operator.dev/v1alpha1/namespaces/{namespace}/episodes/{name}/{subresource}"
@@ -374,6 +377,95 @@ def test_the_api_service_trusts_the_operators_own_certificate(
     spec = api_service.spec
     assert spec.ca_bundle and not spec.insecure_skip_tls_verify
     assert (spec.service.namespace, spec.service.name) == (data_release.namespace, RELEASE)
+
+
+def operator_pods(core: client.CoreV1Api, namespace: str) -> list[Any]:
+    selector = "app.kubernetes.io/name=episode-operator"
+    return list(core.list_namespaced_pod(namespace, label_selector=selector).items)
+
+
+def served_certificate(pod_ip: str) -> bytes:
+    """The certificate a replica's data API port presents (DER): a TLS handshake from this machine,
+    which routes the pod network (a client certificate is optional there)."""
+    return ssl.PEM_cert_to_DER_cert(ssl.get_server_certificate((pod_ip, 8443), timeout=10))
+
+
+def registered_certificate(api: client.ApiClient) -> bytes:
+    ca_bundle = client.ApiregistrationV1Api(api).read_api_service(API_SERVICE).spec.ca_bundle
+    return ssl.PEM_cert_to_DER_cert(base64.b64decode(ca_bundle).decode())
+
+
+def wait_for_replicas(core: client.CoreV1Api, namespace: str, count: int, *, not_named: set[str]) -> list[Any]:
+    """Exactly ``count`` operator pods, all ready, none of ``not_named``, nothing terminating."""
+    deadline = time.monotonic() + 240
+    while True:
+        pods = operator_pods(core, namespace)
+        ready = [
+            pod
+            for pod in pods
+            if pod.metadata.deletion_timestamp is None
+            and pod.metadata.name not in not_named
+            and all(status.ready for status in pod.status.container_statuses or [])
+            and pod.status.container_statuses
+        ]
+        if len(ready) == len(pods) == count:
+            return ready
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"operator pods: {[(p.metadata.name, p.status.phase) for p in pods]}")
+        time.sleep(1)
+
+
+def test_replicas_serve_one_certificate_and_a_rolling_update_keeps_the_registration(
+    data_release: Release, api_client: client.ApiClient, core: client.CoreV1Api, kubeconfig: Path, tmp_path: Path
+) -> None:
+    """Two replicas (a bucket every one reads: moto's server, where pods reach this machine) present
+    the certificate the APIService trusts, whichever the Service picks; a rolling restart — each old
+    pod stops while a new one runs — leaves the group registered, with the same certificate, and
+    the logs readable through the API server."""
+    values = data_release.values
+    core.create_namespaced_secret(
+        data_release.namespace,
+        client.V1Secret(metadata=client.V1ObjectMeta(name="s3-credentials"), string_data=CREDENTIALS),
+    )
+    with s3_server(tmp_path / "moto.log", host=POD_NETWORK_GATEWAY) as s3:
+        s3.create_bucket("kept")
+        bucket = {"url": "s3://kept/episodes", "endpoint": s3.endpoint, "allowHttp": True}
+        try:
+            data_release.upgrade(
+                values | {"replicas": 2, "objectStore": bucket | {"credentialsSecret": "s3-credentials"}}
+            )
+            pods = wait_for_replicas(core, data_release.namespace, 2, not_named=set())
+            wait_for_the_api_service_to_be_available(api_client, core, data_release.namespace)
+            trusted = registered_certificate(api_client)
+            assert [served_certificate(pod.status.pod_ip) for pod in pods] == [trusted, trusted]
+            secret = core.read_namespaced_secret(f"{RELEASE}-data-api-serving", data_release.namespace)
+            assert secret.type == "kubernetes.io/tls"
+            assert ssl.PEM_cert_to_DER_cert(base64.b64decode(secret.data["tls.crt"]).decode()) == trusted
+
+            restarted_at = {"kubectl.kubernetes.io/restartedAt": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+            client.AppsV1Api(api_client).patch_namespaced_deployment(
+                RELEASE, data_release.namespace, {"spec": {"template": {"metadata": {"annotations": restarted_at}}}}
+            )
+            old = {pod.metadata.name for pod in pods}
+            pods = wait_for_replicas(core, data_release.namespace, 2, not_named=old)
+            wait_for_the_api_service_to_be_available(api_client, core, data_release.namespace)
+            assert registered_certificate(api_client) == trusted
+            assert [served_certificate(pod.status.pod_ip) for pod in pods] == [trusted, trusted]
+            results = run_examples(api_client, core, data_release.watched, data_release.namespace, "hello")
+            logs = subprocess.run(
+                [str(KUBECTL_EPISODE), "logs", results["hello"]["name"], "-n", data_release.watched],
+                capture_output=True,
+                text=True,
+                timeout=120,
+                env={**os.environ, "KUBECONFIG": str(kubeconfig)},
+                check=False,
+            )
+            assert logs.returncode == 0, logs.stderr + operator_log(core, data_release.namespace)
+            assert "==> attempt 1 turn" in logs.stdout, logs.stdout
+        finally:
+            data_release.upgrade(values)
+    wait_for_replicas(core, data_release.namespace, 1, not_named=set())
+    wait_for_the_api_service_to_be_available(api_client, core, data_release.namespace)
 
 
 def test_uninstalling_removes_the_registration(data_release: Release, api_client: client.ApiClient) -> None:

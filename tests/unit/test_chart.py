@@ -47,8 +47,12 @@ def test_manifests_install_is_the_chart_with_its_defaults() -> None:
     assert on_disk == install_manifests(), "run: hack/generate"
 
 
-# The replicas' Leases: a Role in the operator's own namespace, whatever it watches.
+# The replicas' Leases: a Role in the operator's own namespace, whatever it watches; with the data
+# API, also its serving certificate's Secret there.
 LEASES = {"episode-operator-system": rbac.grants(rbac.OPERATOR_PERMISSIONS, "own-namespace")}
+OWN_NAMESPACE = {
+    "episode-operator-system": rbac.grants(rbac.OPERATOR_PERMISSIONS, "own-namespace", "data-api-own-namespace")
+}
 
 
 def test_all_namespaces_get_one_cluster_role() -> None:
@@ -88,7 +92,7 @@ def test_named_namespaces_get_a_role_each_and_nothing_cluster_wide_but_the_data_
 @pytest.mark.parametrize("pattern", ["eval-*", "team-?", "!kube-*", "a,b"])
 def test_namespace_globs_need_cluster_wide_rules_and_namespace_listing(pattern: str) -> None:
     objects = render({"watchNamespaces": ["named", pattern]})
-    assert rules_of(objects, "Role") == LEASES
+    assert rules_of(objects, "Role") == OWN_NAMESPACE
     assert rules_of(objects, "ClusterRole") == {
         None: rbac.grants(rbac.OPERATOR_PERMISSIONS, "namespaced", "scanning", "namespace-globs", "data-api")
     }
@@ -336,7 +340,12 @@ def test_replicas_share_a_store_lease_in_the_release_namespace_and_keep_a_disrup
     assert budget["spec"]["selector"]["matchLabels"] == deployment["spec"]["selector"]["matchLabels"]
     (role,) = [r for r in find(objects, "Role") if r["metadata"]["namespace"] == "ops"]
     assert role["rules"] == [
-        {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["create", "list", "update", "delete"]}
+        {
+            "apiGroups": ["coordination.k8s.io"],
+            "resources": ["leases"],
+            "verbs": ["create", "list", "update", "delete"],
+        },
+        {"apiGroups": [""], "resources": ["secrets"], "verbs": ["get", "create"]},  # the data API's certificate
     ]
     assert not find(render(), "PodDisruptionBudget")  # one replica: nothing to budget
 

@@ -259,7 +259,9 @@ def test_every_client_call_maps_to_a_permission() -> None:
 def test_the_operator_is_granted_exactly_what_its_code_and_kopf_use() -> None:
     operator_calls = called_client_methods(list(modules(cli=False)))
     needed = reachable_grants(operator_calls) | kopf_grants()
-    declared = rbac.grants(rbac.OPERATOR_PERMISSIONS, "namespaced", "data-api", "own-namespace")
+    declared = rbac.grants(
+        rbac.OPERATOR_PERMISSIONS, "namespaced", "data-api", "own-namespace", "data-api-own-namespace"
+    )
     assert sorted(needed - declared) == [], "used but not granted: add it to kube/rbac.py"
     assert sorted(declared - needed) == [], "granted but unused: remove it from kube/rbac.py"
 
@@ -267,7 +269,7 @@ def test_the_operator_is_granted_exactly_what_its_code_and_kopf_use() -> None:
 def test_the_data_api_rules_are_what_the_data_api_uses() -> None:
     """Granted apart (cluster-wide, and only with the chart's dataApi.enabled), so checked apart."""
     used = reachable_grants(called_client_methods([PACKAGE / "kube" / "dataapi.py"]))
-    assert used == rbac.grants(rbac.OPERATOR_PERMISSIONS, "data-api")
+    assert used == rbac.grants(rbac.OPERATOR_PERMISSIONS, "data-api", "data-api-own-namespace")
     named = [(p.resource, p.verbs, p.resource_names) for p in rbac.OPERATOR_PERMISSIONS if p.when == "data-api"]
     assert named == [
         ("subjectaccessreviews", ("create",), ()),
@@ -275,6 +277,10 @@ def test_the_data_api_rules_are_what_the_data_api_uses() -> None:
         ("apiservices", ("get", "update", "delete"), (dataapi.API_SERVICE,)),
         ("clusterroles", ("get",), (rbac.DATA_API_CLUSTER_ROLE,)),  # its own, named by the chart
         ("configmaps", ("get",), ("extension-apiserver-authentication",)),
+    ]
+    # The serving certificate's Secret: in the operator's own namespace only (a Role), not cluster-wide.
+    assert [(p.resource, p.verbs) for p in rbac.OPERATOR_PERMISSIONS if p.when == "data-api-own-namespace"] == [
+        ("secrets", ("get", "create"))
     ]
 
 

@@ -199,6 +199,48 @@ def test_a_replica_whose_lease_was_removed_joins_again_as_a_new_incarnation() ->
     asyncio.run(scenario())
 
 
+@pytest.mark.parametrize("order", ["a first", "b first"])
+def test_of_replicas_stopping_together_the_last_to_ask_finds_nobody_staying(order: str) -> None:
+    """Who removes the data API's registration as the operator stops: a replica stopping while
+    another stays leaves it (a rolling update); of several stopping together (a scale to zero),
+    the last to ask. Each marks its Lease before it asks, and the mark survives its renewals."""
+    api, clock = LeaseApi(), Clock()
+    a, b, c = member(api, clock, "a"), member(api, clock, "b"), member(api, clock, "c")
+
+    async def scenario() -> None:
+        for replica in (a, b, c):
+            await replica.join()
+        await a.announce_leaving()
+        await a.renew()  # a renewal keeps the mark
+        assert await a.others_staying() == sorted([b.identity, c.identity])
+        assert await b.others_staying() == [c.identity]  # b still counts itself out, a is leaving
+        await c.leave()
+        # Interleaved: the first asks before the second marked its Lease; the second then sees the mark.
+        first, second = (a, b) if order == "a first" else (b, a)
+        await first.announce_leaving()
+        assert await first.others_staying() == ([b.identity] if first is a else [])
+        await second.announce_leaving()
+        assert await second.others_staying() == []
+        assert a.fresh() and b.fresh()  # marked, still members: they drive until they leave
+
+    asyncio.run(scenario())
+
+
+def test_a_replica_that_rejoins_while_leaving_keeps_the_mark() -> None:
+    api, clock = LeaseApi(), Clock()
+    a, b = member(api, clock, "a"), member(api, clock, "b")
+
+    async def scenario() -> None:
+        await a.join()
+        await b.join()
+        await a.announce_leaving()
+        api.leases.pop(next(name for name, lease in api.leases.items() if lease["spec"]["holderIdentity"] == a.identity))
+        await a.renew()  # its Lease was gone: a new incarnation, still leaving
+        assert await b.others_staying() == []
+
+    asyncio.run(scenario())
+
+
 def test_the_settings_refuse_a_deadline_that_outlives_the_lease() -> None:
     assert ReplicaSettings(lease_duration_sec=10, renew_deadline_sec=7, retry_period_sec=2).problems() == []
     assert ReplicaSettings(lease_duration_sec=5, renew_deadline_sec=7, retry_period_sec=2).problems()

@@ -273,4 +273,7 @@ QUEUE_LABEL: Final = "kueue.x-k8s.io/queue-name"
 DRIVER_ANNOTATION: Final = f"{GROUP}/driver"
 # On the member Leases of one operator's replicas: which operator (its Helm release) they belong to.
 REPLICAS_LABEL: Final = f"{GROUP}/replicas"
+# On a member Lease: its replica is shutting down (so the others know who stays, e.g. to keep the
+# data API registered; kube/dataapi.py).
+LEAVING_ANNOTATION: Final = f"{GROUP}/leaving"
 MANAGED_BY: Final = {"app.kubernetes.io/managed-by": "episode-operator"}

@@ -451,6 +451,20 @@ class KubeClient:
             secret = await self.core.read_namespaced_secret(name, namespace)
         return set(secret.data or {}) | set(secret.string_data or {})
 
+    async def get_secret(self, namespace: str, name: str) -> dict[str, Any]:
+        """A Secret as the API's JSON (the data API's serving certificate; never a model key)."""
+        with _api_call(f"secret {namespace}/{name}"):
+            result: dict[str, Any] = await _json(
+                await self.core.read_namespaced_secret(name, namespace, _preload_content=False)
+            )
+        return result
+
+    async def create_secret(self, manifest: dict[str, Any]) -> None:
+        """Create a Secret; one that exists is :class:`Conflict`."""
+        namespace, name = manifest["metadata"]["namespace"], manifest["metadata"]["name"]
+        with _api_call(f"secret {namespace}/{name}"):
+            await _json(await self.core.create_namespaced_secret(namespace, manifest, _preload_content=False))
+
     async def list_config_maps(self, namespace: str, selector: str) -> list[Any]:
         with _api_call(f"configmaps {selector} in {namespace}"):
             result = await self.core.list_namespaced_config_map(namespace, label_selector=selector)

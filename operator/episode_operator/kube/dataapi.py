@@ -1,18 +1,22 @@
 """The data API in the cluster: its registration, its front proxy, its certificate, its authorizer.
 
-``start_data_api`` (called once at startup) issues a self-signed serving certificate for the
-operator's Service, starts ``runtime/dataapi.py`` over TLS and only then registers the APIService
-``v1alpha1.data.episode-operator.dev`` for that Service with the certificate as its ``caBundle``, so
-the API server verifies whom it talks to and a new certificate is trusted only once it is served.
-The operator, not the Helm chart, writes the APIService: its caBundle changes at every start, and a
-Kubernetes 1.20 API server panics on a server-side apply of an APIService (kubernetes#89264), which
-is how Helm 4 installs. An APIService left pointing at nothing keeps its group "unavailable", which
-holds up every namespace deletion of the cluster, so it never outlives the install: its owner is
-the ClusterRole that grants the data API's rights (``--data-api-owner``), and when an uninstall
-removes that, the garbage collector removes the APIService, whatever became of the operator. The
-operator also removes the registration at exit when it is still its own (the group is then
-absent, not unavailable, while it restarts). One operator per cluster serves the data API; another
-one finding it served by a live operator logs why and serves none.
+``start_data_api`` (called once at startup) takes the serving certificate of the operator's Service
+from a Secret beside it (``<service>-data-api-serving``; the first replica to start makes it, a
+self-signed one, and every replica serves that one), starts ``runtime/dataapi.py`` over TLS and
+only then registers the APIService ``v1alpha1.data.episode-operator.dev`` for that Service with the
+certificate as its ``caBundle``, so the API server verifies whom it talks to — whichever replica
+the Service sends it to — and a certificate is trusted only once it is served. Deleting the
+Secret and restarting the replicas makes a new certificate.
+The operator, not the Helm chart, writes the APIService: a Kubernetes 1.20 API server panics on a
+server-side apply of an APIService (kubernetes#89264), which is how Helm 4 installs, and the
+certificate is the operator's. An APIService left pointing at nothing keeps its group
+"unavailable", which holds up every namespace deletion of the cluster, so it never outlives the
+install: its owner (and the Secret's) is the ClusterRole that grants the data API's rights
+(``--data-api-owner``), and when an uninstall removes that, the garbage collector removes them,
+whatever became of the operator. The last replica to stop also removes the registration (the
+group is then absent, not unavailable, while it restarts); one stopping while another stays — a
+rolling update, a scale-down — leaves it to that one. One operator per cluster serves the data
+API; another one finding it served by a live operator logs why and serves none.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ import contextlib
 import datetime
 import json
 import logging
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -48,7 +53,9 @@ from episode_operator.runtime.store import BlobStore
 
 # Where the API server publishes its --requestheader-* settings for aggregated API servers.
 AUTHENTICATION_CONFIG_MAP = ("kube-system", "extension-apiserver-authentication")
-CERTIFICATE_DAYS = 3650  # pinned by caBundle and replaced at every start: expiry protects nothing here
+# Pinned by caBundle, so expiry protects nothing here; a new one is made by deleting its Secret.
+CERTIFICATE_DAYS = 3650
+SERVING_SECRET_SUFFIX = "-data-api-serving"  # the Secret of the serving certificate: <service><suffix>
 SERVICE_PORT = 443  # the Service's data-api port (the chart's)
 SERVICE_ACCOUNT_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
 
@@ -101,6 +108,74 @@ def self_signed_certificate(hostnames: list[str]) -> tuple[bytes, bytes]:
         serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
     )
     return certificate.public_bytes(serialization.Encoding.PEM), key_pem
+
+
+def serving_secret_manifest(
+    name: tuple[str, str], certificate: bytes, key: bytes, owner: tuple[str, str] | None
+) -> dict[str, Any]:
+    """The Secret (namespace, name) holding the serving certificate, owned like the APIService."""
+    metadata: dict[str, Any] = {
+        "name": name[1],
+        "namespace": name[0],
+        "labels": {"app.kubernetes.io/managed-by": "episode-operator"},
+    }
+    if owner is not None:
+        metadata["ownerReferences"] = [
+            {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole", "name": owner[0], "uid": owner[1]}
+        ]
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "type": "kubernetes.io/tls",
+        "metadata": metadata,
+        "data": {"tls.crt": base64.b64encode(certificate).decode(), "tls.key": base64.b64encode(key).decode()},
+    }
+
+
+def certificate_of(secret: dict[str, Any], hostnames: list[str]) -> tuple[bytes, bytes]:
+    """The serving certificate and key a Secret holds; :class:`DataApiUnavailable` naming the Secret
+    and what is wrong when it holds none for ``hostnames``."""
+    where = f"Secret {secret['metadata']['namespace']}/{secret['metadata']['name']}"
+    data = secret.get("data") or {}
+    try:
+        certificate, key = (base64.b64decode(data[field]) for field in ("tls.crt", "tls.key"))
+        parsed = x509.load_pem_x509_certificate(certificate)
+        private = serialization.load_pem_private_key(key, password=None)
+        names = parsed.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+        served = set(names.get_values_for_type(x509.DNSName))
+    except (KeyError, ValueError, TypeError, x509.ExtensionNotFound) as error:
+        raise DataApiUnavailable(
+            f"{where} holds no serving certificate (tls.crt, tls.key): {error!r}; delete it and restart the "
+            "operator to have a new one made"
+        ) from error
+    if private.public_key().public_bytes(
+        serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo
+    ) != parsed.public_key().public_bytes(serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo):
+        raise DataApiUnavailable(f"{where}: tls.key is not the key of tls.crt; delete it and restart the operator")
+    if missing := sorted(set(hostnames) - served):
+        raise DataApiUnavailable(
+            f"{where}: its certificate is not for {', '.join(missing)}; delete it and restart the operator"
+        )
+    return certificate, key
+
+
+async def shared_certificate(
+    client: KubeClient, service: tuple[str, str], hostnames: list[str], owner: tuple[str, str] | None
+) -> tuple[bytes, bytes]:
+    """The serving certificate every replica of ``service`` serves: read from its Secret, or made
+    and stored there by the first replica to look (another one creating it first wins)."""
+    name = (service[0], f"{service[1]}{SERVING_SECRET_SUFFIX}")
+    while True:
+        try:
+            return certificate_of(await client.get_secret(*name), hostnames)
+        except NotFound:
+            pass
+        certificate, key = self_signed_certificate(hostnames)
+        try:
+            await client.create_secret(serving_secret_manifest(name, certificate, key, owner))
+        except Conflict:
+            continue  # another replica stored one a moment ago: serve that one
+        return certificate, key
 
 
 @dataclass(frozen=True)
@@ -176,6 +251,10 @@ async def register(
             f"it is served by the operator of Service {other['namespace']}/{other['name']}: one operator per "
             "cluster serves it (the Helm chart's dataApi.enabled=false turns it off in the others)"
         )
+    if current.get("spec") == manifest["spec"] and current["metadata"].get("ownerReferences") == manifest[
+        "metadata"
+    ].get("ownerReferences"):
+        return  # another replica registered it as this one would (the certificate is shared)
     manifest["metadata"]["resourceVersion"] = current["metadata"]["resourceVersion"]
     await client.replace_api_service(manifest)
 
@@ -193,18 +272,29 @@ def pod_namespace() -> str:
     return SERVICE_ACCOUNT_NAMESPACE.read_text().strip()
 
 
+async def nobody_else() -> list[str]:
+    """A sole replica: no other replica serves the data API when this one stops."""
+    return []
+
+
 @dataclass
 class DataApi:
-    """The running data API: stop it with ``cleanup`` (unregister, then stop serving)."""
+    """The running data API: stop it with ``cleanup`` (unregister unless another replica stays,
+    then stop serving)."""
 
     runner: web.AppRunner
     client: KubeClient
     service: tuple[str, str]
+    others_staying: Callable[[], Awaitable[list[str]]]
+    logger: logging.Logger | logging.LoggerAdapter[Any]
 
     async def cleanup(self) -> None:
-        # On failure the registration stays; the next operator to start takes it over.
-        with contextlib.suppress(KubeError):
-            await unregister(self.client, self.service)
+        staying = await self.others_staying()
+        if staying:
+            self.logger.info("the data API stays registered: replicas %s serve it", ", ".join(staying))
+        else:  # on failure the registration stays; the next operator to start takes it over
+            with contextlib.suppress(KubeError):
+                await unregister(self.client, self.service)
         await self.runner.cleanup()
 
 
@@ -216,10 +306,12 @@ async def start_data_api(
     service_name: str,
     owner_name: str,
     logger: logging.Logger | logging.LoggerAdapter[Any],
+    others_staying: Callable[[], Awaitable[list[str]]] = nobody_else,
 ) -> DataApi | None:
     """Serve the data API and register it for the Service ``service_name`` (``NAMESPACE/NAME``, or
     ``NAME`` in this pod's namespace), owned by the ClusterRole ``owner_name`` ("": none); None (and an
-    error logged) when it cannot."""
+    error logged) when it cannot. ``others_staying`` names, as this one stops, the other replicas
+    that go on serving it."""
     try:
         namespace, _, name = service_name.rpartition("/")
         service = (namespace or pod_namespace(), name)
@@ -227,7 +319,7 @@ async def start_data_api(
         hostnames = [f"{service[1]}.{service[0]}.svc", f"{service[1]}.{service[0]}.svc.cluster.local"]
         authentication = await client.get_config_map(*AUTHENTICATION_CONFIG_MAP)
         front_proxy = front_proxy_from(authentication.data)
-        certificate, key = self_signed_certificate(hostnames)
+        certificate, key = await shared_certificate(client, service, hostnames, owner)
         context = server_context(certificate, key, front_proxy)
         runner = await serve(front_proxy, SubjectAccessReviewer(client), store, context, host, port)
         try:
@@ -241,4 +333,4 @@ async def start_data_api(
         )
         return None
     logger.info("serving the data API %s on port %d for Service %s/%s", API_SERVICE, port, *service)
-    return DataApi(runner, client, service)
+    return DataApi(runner, client, service, others_staying, logger)

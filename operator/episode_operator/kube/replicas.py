@@ -39,7 +39,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from episode_operator.api.vocabulary import DRIVER_ANNOTATION, REPLICAS_LABEL
+from episode_operator.api.vocabulary import DRIVER_ANNOTATION, LEAVING_ANNOTATION, REPLICAS_LABEL
 from episode_operator.kube.client import Conflict, Guard, KubeClient, KubeError, NotFound
 from episode_operator.runtime.fencing import Fenced, HandOver, NoFence
 from episode_operator.runtime.wakeups import Wakeups, nap
@@ -104,6 +104,7 @@ class _Seen:
     holder: str
     duration: float
     since: float  # monotonic time this replica first saw this resourceVersion
+    leaving: bool = False  # its replica said it is shutting down
 
 
 class Membership:
@@ -134,6 +135,8 @@ class Membership:
         self._seen: dict[str, _Seen] = {}
         self._listed_at = -math.inf
         self._listing = asyncio.Lock()
+        self._renewing = asyncio.Lock()  # a renewal and the leaving mark write the same Lease
+        self._leaving = False
         self._selector = f"{REPLICAS_LABEL}={settings.group}"
 
     # This replica ---------------------------------------------------------------------------
@@ -150,6 +153,7 @@ class Membership:
                 "name": _lease_name(self.settings.group, identity),
                 "namespace": self.namespace,
                 "labels": {REPLICAS_LABEL: self.settings.group},
+                **({"annotations": {LEAVING_ANNOTATION: "true"}} if self._leaving else {}),
             },
             "spec": {
                 "holderIdentity": identity,
@@ -179,8 +183,15 @@ class Membership:
                 self._changed()  # parked drivers fenced by a missed renewal may act again
 
     async def renew(self) -> None:
+        async with self._renewing:
+            await self._renew()
+
+    async def _renew(self) -> None:
         assert self._lease is not None
         lease = {**self._lease, "spec": {**self._lease["spec"], "renewTime": _micro_time(self.clock())}}
+        if self._leaving:
+            annotations = {**(self._lease["metadata"].get("annotations") or {}), LEAVING_ANNOTATION: "true"}
+            lease["metadata"] = {**self._lease["metadata"], "annotations": annotations}
         sent = self.monotonic()
         try:
             self._lease = await self.client.replace_lease(lease)
@@ -195,6 +206,23 @@ class Membership:
             self._changed()
         except KubeError as error:
             self.logger.warning("replica %s could not renew its Lease: %s", self.identity, error)
+
+    async def announce_leaving(self) -> None:
+        """Mark the Lease (at once, and in every renewal from now on): this replica is shutting
+        down. It still drives what it drives until :meth:`leave`; the mark only tells the others."""
+        self._leaving = True
+        if self._lease is not None:
+            await self.renew()
+
+    async def others_staying(self) -> list[str]:
+        """The other live replicas that have not announced they are leaving, from a fresh listing.
+
+        Every replica marks its Lease before it asks, so of replicas stopping together the last to
+        ask sees all the others' marks: exactly one finds nobody staying."""
+        with contextlib.suppress(KubeError):
+            await self.observe()
+        leaving = {lease.holder for lease in self._seen.values() if lease.leaving}
+        return sorted(identity for identity in self.members if identity != self.identity and identity not in leaving)
 
     async def leave(self) -> None:
         """Delete the Lease (after the drivers stopped): the others take over at their next listing."""
@@ -234,6 +262,7 @@ class Membership:
                     spec.get("holderIdentity") or "",
                     float(spec.get("leaseDurationSeconds") or self.settings.lease_duration_sec),
                     before.since if before is not None and before.resource_version == version else now,
+                    LEAVING_ANNOTATION in (metadata.get("annotations") or {}),
                 )
             self._seen = seen
             self._listed_at = sent
