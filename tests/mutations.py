@@ -434,6 +434,28 @@ MUTATIONS = [
         'latest.get("reason") not in EXPLAINING_EVENTS:\n        pass\n',
         "a pod that waits is said to wait because it was Scheduled",
     ),
+    # Replicas and the data API.
+    Mutation(
+        "store-asyncio-futures",
+        "runtime/store.py",
+        "        await asyncio.to_thread(obstore.put, self.store, key, data)\n",
+        "        await obstore.put_async(self.store, key, data)\n",
+        "the store hands obstore asyncio futures again: a CLI reading --data-dir may abort at exit",
+    ),
+    Mutation(
+        "leaving-mark-dropped",
+        "kube/replicas.py",
+        "        if self._leaving:\n            annotations",
+        "        if False:\n            annotations",
+        "a replica's renewal erases its leaving mark: replicas stopping together all leave the data API registered",
+    ),
+    Mutation(
+        "own-certificate-per-replica",
+        "kube/dataapi.py",
+        "            continue  # another replica stored one a moment ago: serve that one\n",
+        "            pass\n",
+        "a replica losing the race to store the certificate serves its own, which the APIService does not trust",
+    ),
 ]
 
 
