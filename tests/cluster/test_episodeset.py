@@ -20,6 +20,7 @@ from __future__ import annotations
 import itertools
 import json
 import math
+import re
 import subprocess
 import sys
 import threading
@@ -384,7 +385,7 @@ def test_dataset_of_20_tasks_times_2_attempts_at_parallelism_4(
 # --- the shared operator --------------------------------------------------------------------------------
 def without_resources(files: dict[str, str]) -> dict[str, str]:
     """A task folder without [environment] cpus and memory: the test node has two CPUs for every session."""
-    toml = files["task.toml"].replace("cpus = 1\n", "").replace("memory_mb = 512\n", "")
+    toml = re.sub(r"(?m)^(cpus|memory_mb) = .*\n", "", files["task.toml"])
     return {**files, "task.toml": toml}
 
 

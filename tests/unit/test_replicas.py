@@ -234,7 +234,8 @@ def test_a_replica_that_rejoins_while_leaving_keeps_the_mark() -> None:
         await a.join()
         await b.join()
         await a.announce_leaving()
-        api.leases.pop(next(name for name, lease in api.leases.items() if lease["spec"]["holderIdentity"] == a.identity))
+        (gone,) = [name for name, lease in api.leases.items() if lease["spec"]["holderIdentity"] == a.identity]
+        del api.leases[gone]
         await a.renew()  # its Lease was gone: a new incarnation, still leaving
         assert await b.others_staying() == []
 
