@@ -37,6 +37,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
+from episode_operator.api.vocabulary import MANAGED_BY
 from episode_operator.kube.client import Conflict, KubeClient, KubeError, NotFound
 from episode_operator.runtime.dataapi import (
     API_SERVICE,
@@ -110,24 +111,26 @@ def self_signed_certificate(hostnames: list[str]) -> tuple[bytes, bytes]:
     return certificate.public_bytes(serialization.Encoding.PEM), key_pem
 
 
-def serving_secret_manifest(
-    name: tuple[str, str], certificate: bytes, key: bytes, owner: tuple[str, str] | None
-) -> dict[str, Any]:
-    """The Secret (namespace, name) holding the serving certificate, owned like the APIService."""
-    metadata: dict[str, Any] = {
-        "name": name[1],
-        "namespace": name[0],
-        "labels": {"app.kubernetes.io/managed-by": "episode-operator"},
-    }
+def owned_metadata(owner: tuple[str, str] | None, **fields: str) -> dict[str, Any]:
+    """Metadata of what the data API writes: labelled as ours, owned by the ClusterRole ``owner``
+    (name, uid) when there is one, so that an uninstall removes it."""
+    metadata: dict[str, Any] = {**fields, "labels": dict(MANAGED_BY)}
     if owner is not None:
         metadata["ownerReferences"] = [
             {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole", "name": owner[0], "uid": owner[1]}
         ]
+    return metadata
+
+
+def serving_secret_manifest(
+    name: tuple[str, str], certificate: bytes, key: bytes, owner: tuple[str, str] | None
+) -> dict[str, Any]:
+    """The Secret (namespace, name) holding the serving certificate, owned like the APIService."""
     return {
         "apiVersion": "v1",
         "kind": "Secret",
         "type": "kubernetes.io/tls",
-        "metadata": metadata,
+        "metadata": owned_metadata(owner, name=name[1], namespace=name[0]),
         "data": {"tls.crt": base64.b64encode(certificate).decode(), "tls.key": base64.b64encode(key).decode()},
     }
 
@@ -205,15 +208,10 @@ class SubjectAccessReviewer:
 def api_service_manifest(service: tuple[str, str], ca_bundle: bytes, owner: tuple[str, str] | None) -> dict[str, Any]:
     """The APIService that sends the data API's group to ``service`` (namespace, name), port 443,
     owned by the ClusterRole ``owner`` (name, uid) when there is one."""
-    metadata: dict[str, Any] = {"name": API_SERVICE, "labels": {"app.kubernetes.io/managed-by": "episode-operator"}}
-    if owner is not None:
-        metadata["ownerReferences"] = [
-            {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole", "name": owner[0], "uid": owner[1]}
-        ]
     return {
         "apiVersion": "apiregistration.k8s.io/v1",
         "kind": "APIService",
-        "metadata": metadata,
+        "metadata": owned_metadata(owner, name=API_SERVICE),
         "spec": {
             "group": DATA_GROUP,
             "version": DATA_VERSION,
