@@ -151,9 +151,7 @@ def certificate_of(secret: dict[str, Any], hostnames: list[str]) -> tuple[bytes,
             f"{where} holds no serving certificate (tls.crt, tls.key): {error!r}; delete it and restart the "
             "operator to have a new one made"
         ) from error
-    if private.public_key().public_bytes(
-        serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo
-    ) != parsed.public_key().public_bytes(serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo):
+    if private.public_key() != parsed.public_key():
         raise DataApiUnavailable(f"{where}: tls.key is not the key of tls.crt; delete it and restart the operator")
     if missing := sorted(set(hostnames) - served):
         raise DataApiUnavailable(
@@ -249,9 +247,8 @@ async def register(
             f"it is served by the operator of Service {other['namespace']}/{other['name']}: one operator per "
             "cluster serves it (the Helm chart's dataApi.enabled=false turns it off in the others)"
         )
-    if current.get("spec") == manifest["spec"] and current["metadata"].get("ownerReferences") == manifest[
-        "metadata"
-    ].get("ownerReferences"):
+    owners = manifest["metadata"].get("ownerReferences")
+    if current.get("spec") == manifest["spec"] and current["metadata"].get("ownerReferences") == owners:
         return  # another replica registered it as this one would (the certificate is shared)
     manifest["metadata"]["resourceVersion"] = current["metadata"]["resourceVersion"]
     await client.replace_api_service(manifest)

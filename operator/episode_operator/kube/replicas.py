@@ -218,7 +218,8 @@ class Membership:
         """The other live replicas that have not announced they are leaving, from a fresh listing.
 
         Every replica marks its Lease before it asks, so of replicas stopping together the last to
-        ask sees all the others' marks: exactly one finds nobody staying."""
+        ask sees all the others' marks and finds nobody staying (others may too: each removal then
+        finds the registration gone or already removed, which is harmless)."""
         with contextlib.suppress(KubeError):
             await self.observe()
         leaving = {lease.holder for lease in self._seen.values() if lease.leaving}
