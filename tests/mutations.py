@@ -322,6 +322,13 @@ MUTATIONS = [
         "turn 2's kept oracle log repeats turn 1's output",
     ),
     Mutation(
+        "artifacts-before-hooks",
+        "runtime/turn/collect.py",
+        "    if any(hook.service == MAIN_SERVICE for hook in plan.collect):\n        return None\n",
+        "",
+        "the artifacts come with the agent's answer although a collect hook on main writes there after it",
+    ),
+    Mutation(
         "logs-in-run-order",
         "runtime/store.py",
         """known.get(f"{blob.turn}/{blob.name.removesuffix('.txt')}", len(known))""",

@@ -191,7 +191,8 @@ class FakeSandbox:
                 for path in spec.read_after
             }
         output = bytes(record.output[-spec.tail :]) if spec.tail > 0 else None
-        return replace(record.state, output=output, files=files)
+        archive = self._tar([spec.download_after], spec.container) if spec.download_after is not None else None
+        return replace(record.state, output=output, files=files, archive=archive)
 
     async def job_output(self, job_id: str, *, container: str = "main", limit: int) -> bytes:
         self.calls["job_output"] += 1
@@ -223,6 +224,10 @@ class FakeSandbox:
     async def download(self, paths: Sequence[str], *, container: str = "main", exclude: Sequence[str] = ()) -> bytes:
         self.calls["download"] += 1
         self._alive()
+        return self._tar(paths, container)
+
+    def _tar(self, paths: Sequence[str], container: str) -> bytes:
+        """A tar of ``paths`` as they are now, member names relative to ``/``."""
         files = self.files.setdefault(container, {})
         buffer = io.BytesIO()
         with tarfile.open(fileobj=buffer, mode="w") as tar:

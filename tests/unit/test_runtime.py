@@ -502,16 +502,34 @@ def test_a_short_job_costs_one_call() -> None:
     run(single_step(files={"tests/test.sh": "reward 1"}), world=world)
     pod = world.sandboxes["pod-a1"]
     assert pod.uploads == ["/solution", "/tests"]  # each with its clear, in its job's start
-    assert pod.calls == {"start_job": 2, "download": 1}  # solve.sh, test.sh; /logs/artifacts
+    assert pod.calls == {"start_job": 2}  # solve.sh (its answer brings /logs/artifacts), test.sh
+
+
+def test_the_agent_answer_brings_the_artifacts_unless_a_hook_runs_first() -> None:
+    """/logs/artifacts rides with the agent job's final answer; a collect hook on main runs
+    after the agent and may write there, so then collect downloads it after the hook."""
+    solve = {"solution/solve.sh": "write /logs/artifacts/by-agent.txt a", "tests/test.sh": "reward 1"}
+    world = World()
+    _, _, _, store = run(single_step(files=solve), world=world)
+    assert world.sandboxes["pod-a1"].calls == {"start_job": 2}
+    with tarfile.open(fileobj=io.BytesIO(store.artifacts[(1, "task")][0])) as tar:
+        assert tar.getnames() == ["logs/artifacts/by-agent.txt"]
+
+    hook = '[[verifier.collect]]\ncommand = "true"\n'
+    world = World(hooks={".collect.0": lambda pod, spec: pod._write("main", "/logs/artifacts/by-hook.txt", b"h")})
+    _, _, _, store = run(single_step(hook, solve), world=world)
+    assert world.sandboxes["pod-a1"].calls["download"] == 1
+    with tarfile.open(fileobj=io.BytesIO(store.artifacts[(1, "task")][0])) as tar:
+        assert sorted(tar.getnames()) == ["logs/artifacts/by-agent.txt", "logs/artifacts/by-hook.txt"]
 
 
 def test_a_shared_turn_costs_three_execs_and_two_status_writes() -> None:
-    """workdir/ + setup.sh, solution + solve.sh, /logs/artifacts, tests + test.sh; the cleanup
-    rides on the first upload. Writes: the turn's start (with the previous turn's end) and the
-    agent's stage."""
+    """workdir/ + setup.sh, solution + solve.sh (its answer brings /logs/artifacts), tests +
+    test.sh; the cleanup rides on the first upload. Writes: the turn's start (with the previous
+    turn's end) and the agent's stage."""
     world, sink = World(), FakeSink()
     run(ledger_steps(), world=world, sink=sink)
     pod = world.sandboxes["pod-a1"]
-    assert pod.calls == {"start_job": 9, "download": 3}
+    assert pod.calls == {"start_job": 9}
     turn_writes = [s for s in sink.statuses if s.phase == "Running" and any(turn.stage for turn in s.turns)]
     assert len(turn_writes) == 2 * 3

@@ -459,13 +459,18 @@ def test_a_job_whose_runner_is_killed_is_reported_lost(host_pod: Pod) -> None:
     wait_for(lambda: not _alive(job), "the lost job to be killed")
 
 
-def test_a_job_never_launched_is_reported_lost(host_pod: Pod) -> None:
-    """A start exec killed between creating the job and launching its runner."""
-    job = host_pod.base / "jobs" / "stillborn"
-    job.mkdir()
-    (job / "created").write_text(str(time.time() - 120))
-    state = host_pod.status("stillborn")
-    assert (state.phase, state.reason) == ("exited", "lost: the job was never launched")
+def test_a_job_never_launched_is_reported_lost(pod: Pod) -> None:
+    """A start exec killed between creating the job and launching its runner: lost once its
+    ``created`` marker is a minute old (its modification time; an older script wrote the time)."""
+    for name, content, age in (("stillborn", "", 120), ("recent", "", 10), ("older-script", str(time.time() - 120), 0)):
+        job = pod.base / "jobs" / name
+        job.mkdir()
+        (job / "created").write_text(content)
+        os.utime(job / "created", (time.time() - age, time.time() - age))
+    assert (pod.status("recent").phase, pod.status("recent").reason) == ("running", None)
+    for name in ("stillborn", "older-script"):
+        state = pod.status(name)
+        assert (state.phase, state.reason) == ("exited", "lost: the job was never launched")
 
 
 def _session_members(session: int) -> list[int]:
@@ -768,6 +773,74 @@ def test_final_answer_brings_the_output_tail_and_files(pod: Pod, tmp_path: Path)
     assert running.phase == "running" and running.output is None and running.files is None
     done = supervisor.parse_answer(slow, pod.run(supervisor.wait(slow, 10)).stdout)
     assert done.succeeded and done.output == b"" and done.files is not None
+
+
+def test_final_answer_brings_a_download(pod: Pod, tmp_path: Path) -> None:
+    """--then-download rides on the final answer as the download verb would answer, after the
+    tail and the read frames; a tar that fails (busybox cannot exclude) brings None."""
+    out = tmp_path / "artifacts"
+    rel = str(out).lstrip("/")
+    spec = JobSpec(
+        id="agent",
+        command=f"mkdir -p {out}/sub && echo x > {out}/x && echo y > {out}/sub/y.log && echo said",
+        timeout_sec=10,
+        shell="sh",
+        tail=100,
+        read_after=(str(out / "x"),),
+        download_after=str(out),
+    )
+    state = supervisor.parse_answer(spec, pod.run(supervisor.start(spec, wait_sec=5)).stdout)
+    assert state.succeeded and state.output == b"said\n" and state.files is not None
+    assert state.files[str(out / "x")].data == b"x\n"
+    assert state.archive is not None and _names(state.archive) == {rel, f"{rel}/x", f"{rel}/sub", f"{rel}/sub/y.log"}
+    assert state.archive == pod.run(supervisor.download([str(out)])).stdout
+    again = supervisor.parse_answer(spec, pod.run(supervisor.wait(spec, 1)).stdout)
+    assert again.archive == state.archive
+    missing = replace(spec, id="nothing", command="true", download_after=str(tmp_path / "missing"))
+    state = supervisor.parse_answer(missing, pod.run(supervisor.start(missing, wait_sec=5)).stdout)
+    assert state.archive is not None and _names(state.archive) == set()
+    excluding = replace(spec, id="excluding", command="true", download_exclude=("*.log",))
+    state = supervisor.parse_answer(excluding, pod.run(supervisor.start(excluding, wait_sec=5)).stdout)
+    if pod.flavour == "host":
+        assert state.archive is not None and _names(state.archive) == {rel, f"{rel}/x", f"{rel}/sub"}
+    else:
+        assert state.succeeded and state.archive is None
+    # While the job runs, only the state comes back.
+    slow = replace(spec, id="slow", command="sleep 2")
+    running = supervisor.parse_answer(slow, pod.run(supervisor.start(slow)).stdout)
+    assert running.phase == "running" and running.archive is None
+
+
+def test_the_job_environment_is_not_written_to_disk(pod: Pod) -> None:
+    """Its values reach the job through the runner's environment only (a verifier's secrets)."""
+    secret = "s3cr3t-value-for-the-verifier"
+    # The job checks the value without naming it (its command is on disk).
+    state = pod.start(pod.spec("secret", f'test "${{#TOKEN}}" -eq {len(secret)}', env={"TOKEN": secret}), wait_sec=10)
+    assert state.succeeded
+    for path in (pod.base / "jobs" / "secret").rglob("*"):
+        assert not path.is_dir() or path.name != "env"
+        assert path.is_dir() or secret.encode() not in path.read_bytes(), path
+
+
+def test_a_job_recorded_by_an_older_script_runs_from_its_files(host_pod: Pod, tmp_path: Path) -> None:
+    """A runner started by the previous script (replaced mid-start) reads the job's spec and
+    environment from the job's files."""
+    job = host_pod.base / "jobs" / "legacy"
+    (job / "env").mkdir(parents=True)
+    fields = {"command": 'printf "%s" "$GREETING" > out.txt', "shell": "bash", "cwd": str(tmp_path)}
+    fields |= {"output_path": str(job / "output"), "kill_after": "5", "timeout": "30"}
+    for name, value in fields.items():
+        (job / name).write_text(value)
+    (job / "env" / "GREETING").write_text("it's\nhere\n")
+    launched = subprocess.run(
+        ["sh", str(host_pod.base / "supervisor.sh"), "_run", "legacy", "bg"],
+        env={"PATH": host_pod.path},
+        capture_output=True,
+        timeout=30,
+    )
+    assert launched.returncode == 0, launched.stderr
+    assert host_pod.wait("legacy").succeeded
+    assert (tmp_path / "out.txt").read_text() == "it's\nhere\n"
 
 
 def test_upload_clears_first_in_the_same_exec(pod: Pod, tmp_path: Path) -> None:

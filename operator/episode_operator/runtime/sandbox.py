@@ -41,10 +41,14 @@ class JobSpec:
     output: str | None = None
     shell: Literal["bash", "sh"] = "bash"
     container: str = MAIN_CONTAINER
-    # Brought back with the final state, saving an exec each: the output's last ``tail`` bytes
-    # and the files at ``read_after`` (e.g. the reward files of test.sh).
+    # Brought back with the final state, saving an exec each: the output's last ``tail`` bytes,
+    # the files at ``read_after`` (e.g. the reward files of test.sh) and a tar of
+    # ``download_after`` without ``download_exclude``, as :meth:`Sandbox.download` makes it
+    # (e.g. the agent's /logs/artifacts).
     tail: int = 0
     read_after: tuple[str, ...] = ()
+    download_after: str | None = None
+    download_exclude: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -68,6 +72,8 @@ class JobState:
     finished_at: float | None = None
     output: bytes | None = None
     files: Mapping[str, FileContent] | None = None
+    # The tar of the spec's ``download_after``; None when not asked, not done yet, or tar failed.
+    archive: bytes | None = None
 
     @property
     def done(self) -> bool:

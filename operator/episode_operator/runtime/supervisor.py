@@ -162,13 +162,21 @@ def start(
 
 
 def _extras(spec: JobSpec) -> list[str]:
-    """The options that bring the output's tail and the ``read_after`` files back with a final state."""
+    """The options that bring the output's tail, the ``read_after`` files and the
+    ``download_after`` tar back with a final state."""
     args: list[str] = []
     if spec.tail > 0:
         args += ["--tail", str(int(spec.tail))]
     for path in spec.read_after:
         _check_arg(path, "read_after path")
         args += ["--then-read", path]
+    if spec.download_after is not None:
+        if not spec.download_after.startswith("/"):
+            raise ValueError(f"job {spec.id}: download_after must be absolute, got {spec.download_after!r}")
+        for pattern in spec.download_exclude:
+            _check_arg(pattern, "download_exclude pattern")
+            args += ["--then-exclude", pattern]
+        args += ["--then-download", spec.download_after]
     return args
 
 
@@ -371,24 +379,39 @@ def failed_step(stderr: bytes) -> str | None:
 
 def parse_answer(spec: JobSpec, stdout: bytes) -> JobState:
     """Read the answer of :func:`start` or :func:`wait` for ``spec``: the state line, then, once
-    the job is done, the output's tail (``tail <length>`` and its bytes) and the read frames
-    of ``spec.read_after``, as asked."""
+    the job is done, the output's tail (``tail <length>`` and its bytes), the read frames of
+    ``spec.read_after`` and the tar of ``spec.download_after`` (``download <length>`` and its
+    bytes, or ``download -1`` when tar failed), as asked."""
     end = stdout.find(b"\n")
     line, rest = (stdout, b"") if end < 0 else (stdout[: end + 1], stdout[end + 1 :])
     state = parse_state(spec.id, line)
-    if not state.done or (spec.tail <= 0 and not spec.read_after):
+    if not state.done or (spec.tail <= 0 and not spec.read_after and spec.download_after is None):
         return state
     output: bytes | None = None
     if spec.tail > 0:
-        end = rest.find(b"\n")
-        header = rest[:end].decode("ascii", errors="replace") if end >= 0 else ""
-        word, _, length_text = header.partition(" ")
-        if word != "tail" or not length_text.isdigit() or end + 1 + int(length_text) > len(rest):
-            raise ValueError(f"malformed output tail in the answer for {spec.id}: {_excerpt(rest)}")
-        output = rest[end + 1 : end + 1 + int(length_text)]
-        rest = rest[end + 1 + int(length_text) :]
-    files = parse_files(rest, spec.read_after) if spec.read_after else None
-    return replace(state, output=output, files=files)
+        output, rest = _length_frame(spec, "tail", rest)
+    files: dict[str, FileContent] | None = None
+    if spec.read_after:
+        files, rest = _files(rest, spec.read_after)
+    archive: bytes | None = None
+    if spec.download_after is not None:
+        archive, rest = _length_frame(spec, "download", rest)
+    if rest:
+        raise ValueError(f"{len(rest)} unexpected bytes after the answer for {spec.id}")
+    return replace(state, output=output, files=files, archive=archive)
+
+
+def _length_frame(spec: JobSpec, word: str, data: bytes) -> tuple[bytes | None, bytes]:
+    """``<word> <length>``, a newline and that many bytes (length -1: none), and what follows them."""
+    end = data.find(b"\n")
+    header = data[:end].decode("ascii", errors="replace") if end >= 0 else ""
+    found, _, length_text = header.partition(" ")
+    if found == word and length_text == "-1":
+        return None, data[end + 1 :]
+    if found != word or not length_text.isdigit() or end + 1 + int(length_text) > len(data):
+        raise ValueError(f"malformed {word} frame in the answer for {spec.id}: {_excerpt(data)}")
+    stop = end + 1 + int(length_text)
+    return data[end + 1 : stop], data[stop:]
 
 
 def parse_files(stdout: bytes, paths: Sequence[str]) -> dict[str, FileContent]:
@@ -397,6 +420,14 @@ def parse_files(stdout: bytes, paths: Sequence[str]) -> dict[str, FileContent]:
     Framing: for each requested path in order, a header line ``<length> <percent-encoded
     path> [<mtime>]`` (length -1: no such regular file), then exactly ``length`` raw bytes.
     """
+    result, rest = _files(stdout, paths)
+    if rest:
+        raise ValueError(f"{len(rest)} unexpected bytes after the read answer")
+    return result
+
+
+def _files(stdout: bytes, paths: Sequence[str]) -> tuple[dict[str, FileContent], bytes]:
+    """The read frames of ``paths`` at the start of ``stdout``, and what follows them."""
     result: dict[str, FileContent] = {}
     pos = 0
     for path in paths:
@@ -419,9 +450,7 @@ def parse_files(stdout: bytes, paths: Sequence[str]) -> dict[str, FileContent]:
             raise ValueError(f"read answer is short of the {length} bytes of {path!r}")
         result[path] = FileContent(stdout[pos : pos + length], _mtime(fields[2] if len(fields) > 2 else "-"))
         pos += length
-    if pos != len(stdout):
-        raise ValueError(f"{len(stdout) - pos} unexpected bytes after the read answer")
-    return result
+    return result, stdout[pos:]
 
 
 def _mtime(text: str) -> float | None:

@@ -31,6 +31,7 @@ JOBS=$BASE/jobs
 TMPD=$BASE/tmp
 NL='
 '
+SQ="'"
 
 # ---------------------------------------------------------------------------- helpers
 
@@ -90,9 +91,39 @@ get_line() {
 }
 
 # The exact content of file $1 (trailing newlines kept) into $_got; status 1 if unreadable.
+# Builtins only (no fork): for the small fields of a job and the supervisor's records.
 get() {
-    _got=$(cat "$1" 2>/dev/null && echo x) || { _got=; return 1; }
-    _got=${_got%x}
+    _got=
+    _gs=
+    _gl=
+    { while IFS= read -r _gl; do
+        _got=$_got$_gs$_gl
+        _gs=$NL
+    done; } 2>/dev/null <"$1" || return 1
+    _got=$_got$_gs$_gl
+}
+
+# The path of program $1 as `command -v` finds it on $PATH, into $_fp, without a fork; status
+# 1 when there is none. (Resolved before a job's environment, with its PATH, is applied.)
+find_prog() {
+    _fp=
+    case $1 in
+        */*)
+            [ -f "$1" ] && [ -x "$1" ] && _fp=$1
+            [ -n "$_fp" ]
+            return
+            ;;
+    esac
+    _fps=$PATH:
+    while [ -n "$_fps" ]; do
+        _fpd=${_fps%%:*}
+        _fps=${_fps#*:}
+        if [ -f "${_fpd:-.}/$1" ] && [ -x "${_fpd:-.}/$1" ]; then
+            _fp=${_fpd:-.}/$1
+            return 0
+        fi
+    done
+    return 1
 }
 
 # A non-negative decimal number: digits, optionally a dot and digits.
@@ -145,26 +176,39 @@ check_id() {
     [ ${#1} -le 200 ] || die "job id longer than 200 characters" 2
 }
 
-# This container's mount namespace as digits ("" if unknown): containers of a pod share this
-# directory, so placement records the working directory per container too.
-mnt_ns() {
-    _mn=$(readlink /proc/self/ns/mnt 2>/dev/null)
-    _mn=${_mn#*\[}
-    _mn=${_mn%]}
-    case $_mn in '' | *[!0-9]*) ;; *) printf '%s' "$_mn" ;; esac
+# This container as digits, into $_mn ("" if unknown): containers of a pod share this
+# directory, so placement records the working directory per container, and what a verb
+# learns of the container's tools is kept per container. The id of the first mount in
+# /proc/self/mountinfo, the container's root: mount ids are unique among the mounts that
+# exist, and each container (mount namespace) has its own root mount. Read with a builtin.
+container_key() {
+    _mn=
+    { IFS=' ' read -r _mn _ckr </proc/self/mountinfo; } 2>/dev/null
+    case $_mn in '' | *[!0-9]*) _mn= ;; esac
 }
 
-# The working directory recorded at placement in this container, else at the last
-# placement, else /.
+# This pid namespace, as far as a runner's record needs it, into $_pns: the container and the
+# start time of its pid 1 (a restarted container has a new one). Builtins only.
+pid_space() {
+    [ -n "${_mn-}" ] || container_key
+    _pns=
+    _p1=
+    { read -r _p1 </proc/1/stat; } 2>/dev/null
+    # shellcheck disable=SC2086 # fields after "pid (comm) ": state is 1st, starttime 20th
+    [ -n "$_p1" ] && set -- ${_p1##*) } && [ $# -ge 20 ] && _pns=$_mn:${20}
+}
+
+# The working directory recorded at placement in this container ($_mn), else at the last
+# placement, else /, into $_wdir.
 default_workdir() {
-    _mn=${1-$(mnt_ns)}
+    [ -n "${_mn-}" ] || container_key
     for _wf in ${_mn:+"$BASE/workdir.$_mn"} "$BASE/workdir"; do
         if [ -f "$_wf" ] && get "$_wf" && [ -n "$_got" ]; then
-            printf '%s' "$_got"
+            _wdir=$_got
             return 0
         fi
     done
-    printf '/'
+    _wdir=/
 }
 
 # Look a user up by name or uid: sets PW_NAME PW_UID PW_GID PW_HOME; status 1 if absent.
@@ -200,21 +244,39 @@ pw_lookup() {
     return 0
 }
 
-# util-linux setpriv (busybox's cannot change uids).
+# util-linux setpriv (busybox's cannot change uids). Asked once per container.
 setpriv_switches() {
     has setpriv || return 1
-    case $(setpriv --help 2>&1) in *--reuid*) return 0 ;; esac
-    return 1
+    [ -n "${_mn-}" ] || container_key
+    _spc=
+    [ -z "$_mn" ] || _spc=$BASE/setpriv.$_mn
+    if [ -n "$_spc" ] && get_line "$_spc" && [ -n "$_got" ]; then
+        [ "$_got" = 1 ]
+        return
+    fi
+    _spa=0
+    case $(setpriv --help 2>&1) in *--reuid*) _spa=1 ;; esac
+    [ -z "$_spc" ] || put "$_spc" "$_spa"
+    [ "$_spa" = 1 ]
 }
 
-# Which tar: gnu, busybox or other ("" when absent).
+# Which tar, into $_tf: gnu, busybox or other ("" when absent). Asked once per container.
 tar_flavor() {
+    _tf=
     has tar || return 0
+    [ -n "${_mn-}" ] || container_key
+    _tfc=
+    [ -z "$_mn" ] || _tfc=$BASE/tar.$_mn
+    if [ -n "$_tfc" ] && get_line "$_tfc" && [ -n "$_got" ]; then
+        _tf=$_got
+        return 0
+    fi
     case $(tar --version 2>&1) in
-        *'GNU tar'*) printf gnu ;;
-        *BusyBox*) printf busybox ;;
-        *) case $(tar --help 2>&1) in *BusyBox*) printf busybox ;; *) printf other ;; esac ;;
+        *'GNU tar'*) _tf=gnu ;;
+        *BusyBox*) _tf=busybox ;;
+        *) case $(tar --help 2>&1) in *BusyBox*) _tf=busybox ;; *) _tf=other ;; esac ;;
     esac
+    [ -z "$_tfc" ] || put "$_tfc" "$_tf"
 }
 
 # ------------------------------------------------------------------------- job state
@@ -243,9 +305,10 @@ runner_alive() {
     set -- $_got
     [ $# -ge 3 ] || return 0
     _rpid=$1 _rstart=$2 _rns=$3
-    _ns=$(readlink /proc/self/ns/pid 2>/dev/null) || return 0
-    [ "$_ns" = "$_rns" ] || return 0
-    _st=$(cat "/proc/$_rpid/stat" 2>/dev/null) || return 1
+    pid_space
+    [ -n "$_pns" ] && [ "$_pns" = "$_rns" ] || return 0
+    _st=
+    { read -r _st <"/proc/$_rpid/stat"; } 2>/dev/null || [ -n "$_st" ] || return 1
     # shellcheck disable=SC2086 # fields after "pid (comm) ": state is 1st, starttime 20th
     set -- ${_st##*) }
     [ $# -ge 20 ] || return 1
@@ -259,9 +322,14 @@ check_lost() {
     if [ -f "$1/runner" ]; then
         runner_alive "$1" && return 0
         _why='lost: the supervising process died without recording an exit code'
-    elif [ -f "$1/created" ] && get "$1/created"; then
-        _age=$(($(int_part "$(date +%s)") - $(int_part "$_got")))
-        [ "$_age" -gt 60 ] || return 0
+    elif [ -f "$1/created" ]; then
+        # Rare (a start exec killed before it launched the runner): forks are fine here.
+        if get_line "$1/created" && [ -n "$_got" ]; then # a record of an older script: the time
+            _age=$(($(int_part "$(date +%s)") - $(int_part "$_got")))
+            [ "$_age" -gt 60 ] || return 0
+        else
+            [ -n "$(find "$1/created" -mmin +1 2>/dev/null)" ] || return 0
+        fi
         _why='lost: the job was never launched'
     else
         return 0
@@ -336,9 +404,10 @@ wait_done() {
 
 # ------------------------------------------------------------------------------ verbs
 
-# Parse the options of `start` (all of "$@"); with $_write_env = 1, also write env/<NAME>.
+# Parse the options of `start` (all of "$@"); the job's environment into $_jobenv, as shell
+# text that exports it.
 start_opts() {
-    _user='' _timeout='' _kill_after=5 _cwd='' _output='' _shell=bash _wait=0 _cmd='' _upto='' _upbytes=''
+    _user='' _timeout='' _kill_after=5 _cwd='' _output='' _shell=bash _wait=0 _cmd='' _upto='' _upbytes='' _jobenv=''
     _opt=
     _ncmd=-1
     for _a in "$@"; do
@@ -351,7 +420,7 @@ start_opts() {
             case $_a in
                 --) _ncmd=0 ;;
                 --user | --timeout | --kill-after | --cwd | --output | --shell | --env | --wait | --tail | --then-read | \
-                    --clear | --upload-to | --upload-bytes)
+                    --then-exclude | --then-download | --clear | --upload-to | --upload-bytes)
                     _opt=$_a ;;
                 *) usage "start: unknown option: $_a" ;;
             esac
@@ -370,13 +439,12 @@ start_opts() {
             --env)
                 case $_a in *=*) ;; *) usage "start: --env wants NAME=VALUE: $_a" ;; esac
                 case ${_a%%=*} in '' | [0-9]* | *[!A-Za-z0-9_]* | _EO_*) usage "start: invalid variable name: ${_a%%=*}" ;; esac
-                if [ "$_write_env" = 1 ]; then
-                    put "$_d/env/${_a%%=*}" "${_a#*=}" || die "start: cannot record the environment in $_d"
-                fi
+                quote "${_a#*=}"
+                _jobenv="${_jobenv}export ${_a%%=*}=$_quoted$NL"
                 ;;
             --wait) is_num "$_a" || usage "start: --wait wants seconds: $_a"; _wait=$_a ;;
             --tail) case $_a in '' | *[!0-9]*) usage "start: --tail wants bytes: $_a" ;; esac ;;
-            --then-read | --clear) ;;
+            --then-read | --then-exclude | --then-download | --clear) ;;
             --upload-to) [ -n "$_a" ] || usage 'start: empty --upload-to'; _upto=$_a ;;
             --upload-bytes) case $_a in '' | *[!0-9]*) usage "start: --upload-bytes wants bytes: $_a" ;; esac; _upbytes=$_a ;;
         esac
@@ -407,7 +475,6 @@ cmd_start() {
     _id=$1
     shift
     check_id "$_id"
-    _write_env=0
     start_opts "$@"
     _d=$JOBS/$_id
     [ -d "$JOBS" ] || mkdir -p "$JOBS" 2>/dev/null
@@ -422,9 +489,10 @@ cmd_start() {
         fi
     fi
     if mkdir "$_d" 2>/dev/null; then
-        write "$_d/created" "$(now)" || die "start: cannot write in $_d"
-        _mn=$(mnt_ns)
-        _wdir=$(default_workdir "$_mn")
+        # Empty: its modification time is when the job was created (check_lost).
+        : >"$_d/created" || die "start: cannot write in $_d"
+        container_key
+        default_workdir
         case $_cwd in
             '') _cwd=$_wdir ;;
             /*) ;;
@@ -441,10 +509,7 @@ cmd_start() {
             write "$_d/output_path" "$_output" &&
             write "$_d/kill_after" "$_kill_after" &&
             { [ -z "$_timeout" ] || write "$_d/timeout" "$_timeout"; } &&
-            { [ -z "$_user" ] || write "$_d/user" "$_user"; } &&
-            (umask 077 && mkdir "$_d/env"); } || die "start: cannot record the job in $_d"
-        _write_env=1
-        start_opts "$@"
+            { [ -z "$_user" ] || write "$_d/user" "$_user"; }; } || die "start: cannot record the job in $_d"
         launch_runner "$_id"
     elif [ ! -d "$_d" ]; then
         die "start: cannot create $_d"
@@ -455,32 +520,61 @@ cmd_start() {
 }
 
 # Once job $1 is done, what the options in "$2..." ask for after its state line, in their
-# order: --tail N (the last N bytes of its output, as "tail <length>" and the bytes) and
-# --then-read PATH (a read frame). Saves the operator an exec for each.
+# order: --tail N (the last N bytes of its output, as "tail <length>" and the bytes),
+# --then-read PATH (a read frame) and --then-download PATH (a tar of PATH as `download`
+# writes it, excluding the --then-exclude patterns given since the previous download, as
+# "download <length>" and the bytes, or "download -1" when tar failed). Saves the operator
+# an exec for each.
 print_extras() {
     _xd=$JOBS/$1
     shift
     is_done "$_xd" || return 0
+    _xexs=
     _xopt=
     for _xa in "$@"; do
         [ "$_xa" = -- ] && break
         case $_xopt in
             --tail)
-                read_scratch
-                own_output "$_xd" "$_xa" >"$_tmp" 2>/dev/null || : >"$_tmp"
-                printf 'tail %s\n' "$(($(wc -c <"$_tmp")))"
-                cat "$_tmp"
+                if own_output_size "$_xd" "$_xa" && [ "$_own" -eq 0 ]; then
+                    printf 'tail 0\n' # nothing of its own (most short jobs): no copy to make
+                else
+                    read_scratch
+                    own_output "$_xd" "$_xa" >"$_tmp" 2>/dev/null || : >"$_tmp"
+                    printf 'tail %s\n' "$(($(wc -c <"$_tmp")))"
+                    cat "$_tmp"
+                fi
                 ;;
             --then-read) read_scratch; read_frame "$_xa" ;;
+            --then-exclude)
+                quote "$_xa"
+                _xexs="$_xexs --exclude $_quoted"
+                ;;
+            --then-download)
+                read_scratch
+                quote "$_xa"
+                # shellcheck disable=SC2086 # a subshell: download's failure exits it, not us
+                if (eval "cmd_download $_xexs -- $_quoted") >"$_tmp" 2>/dev/null; then
+                    printf 'download %s\n' "$(($(wc -c <"$_tmp")))"
+                    cat "$_tmp"
+                else
+                    printf 'download -1\n'
+                fi
+                _xexs=
+                ;;
         esac
-        case $_xa in --tail | --then-read) _xopt=$_xa ;; *) _xopt= ;; esac
+        case $_xa in --tail | --then-read | --then-exclude | --then-download) _xopt=$_xa ;; *) _xopt= ;; esac
     done
 }
 
 # Start the runner of job $1 detached: its own session, stdio away from the exec's streams
-# (an exec ends only when every holder of its stdout has closed it).
+# (an exec ends only when every holder of its stdout has closed it). The job's spec rides in
+# the runner's environment (_EO_*), so that the runner reads no file back; its environment
+# too, which is thus never written to disk (only root and the exec's user can read a
+# process's environment, as they could the files).
 launch_runner() {
     _log=$JOBS/$1/supervisor.log
+    export _EO_SPEC=1 _EO_CMD="$_cmd" _EO_SHELL="$_shell" _EO_CWD="$_cwd" _EO_OUT="$_output" _EO_KA="$_kill_after" \
+        _EO_TMO="$_timeout" _EO_USER="$_user" _EO_ENV="$_jobenv" _EO_MN="$_mn"
     if has setsid && setsid_forks; then
         # Not `&`: a non-interactive shell's background commands ignore SIGINT and SIGQUIT,
         # and a job must see them as docker exec would.
@@ -490,9 +584,28 @@ launch_runner() {
     else
         sh "$SELF" _run "$1" bg </dev/null >>"$_log" 2>&1 &
     fi
+    unset _EO_SPEC _EO_CMD _EO_SHELL _EO_CWD _EO_OUT _EO_KA _EO_TMO _EO_USER _EO_ENV _EO_MN
 }
 
-# Does this container's setsid take -f (--fork)? Asked once per container (mount namespace).
+# $1 quoted for the shell, into $_quoted: 'text', each ' as '\''. Builtins only.
+quote() {
+    _qs=$1
+    _quoted=
+    while :; do
+        case $_qs in
+            *"$SQ"*)
+                _quoted=$_quoted${_qs%%"$SQ"*}$SQ\\$SQ$SQ
+                _qs=${_qs#*"$SQ"}
+                ;;
+            *)
+                _quoted=$SQ$_quoted$_qs$SQ
+                return 0
+                ;;
+        esac
+    done
+}
+
+# Does this container's setsid take -f (--fork)? Asked once per container.
 setsid_forks() {
     _sfc=
     [ -z "${_mn-}" ] || _sfc=$BASE/setsid-fork.$_mn
@@ -512,28 +625,40 @@ cmd_run() {
     _how=${2:-fg}
     _d=$JOBS/$_id
     [ -d "$_d" ] || exit 1
+    if [ -n "${_EO_SPEC-}" ]; then # the spec, from the start exec (launch_runner)
+        _cmd=$_EO_CMD _shell=$_EO_SHELL _cwd=$_EO_CWD _out=$_EO_OUT _ka=$_EO_KA _timeout=$_EO_TMO _user=$_EO_USER
+        _jobenv=$_EO_ENV _mn=$_EO_MN
+        unset _EO_SPEC _EO_CMD _EO_SHELL _EO_CWD _EO_OUT _EO_KA _EO_TMO _EO_USER _EO_ENV _EO_MN
+    else # launched by an older script (replaced while it started this job): its files
+        get "$_d/command"; _cmd=$_got
+        get_line "$_d/shell"; _shell=$_got
+        get "$_d/cwd"; _cwd=$_got
+        get "$_d/output_path"; _out=$_got
+        get_line "$_d/kill_after"; _ka=$_got
+        _timeout=
+        [ -f "$_d/timeout" ] && get_line "$_d/timeout" && _timeout=$_got
+        _user=
+        [ -f "$_d/user" ] && get_line "$_d/user" && _user=$_got
+        _jobenv=
+        for _ef in "$_d"/env/*; do
+            [ -f "$_ef" ] && get "$_ef" || continue
+            quote "$_got"
+            _jobenv="${_jobenv}export ${_ef##*/}=$_quoted$NL"
+        done
+        container_key
+    fi
     _stat=
     { IFS= read -r _stat </proc/$$/stat; } 2>/dev/null
+    pid_space
     # shellcheck disable=SC2086
-    [ -n "$_stat" ] && set -- ${_stat##*) } && write "$_d/runner" "$$ ${20} $(readlink /proc/self/ns/pid 2>/dev/null)"
+    [ -n "$_stat" ] && set -- ${_stat##*) } && write "$_d/runner" "$$ ${20} $_pns"
     [ -f "$_d/runner" ] || write "$_d/runner" "$$"
-
-    get "$_d/command"; _cmd=$_got
-    get_line "$_d/shell"; _shell=$_got
-    get "$_d/cwd"; _cwd=$_got
-    get "$_d/output_path"; _out=$_got
-    get_line "$_d/kill_after"; _ka=$_got
-    _timeout=
-    [ -f "$_d/timeout" ] && get_line "$_d/timeout" && _timeout=$_got
-    _user=
-    [ -f "$_d/user" ] && get_line "$_d/user" && _user=$_got
 
     # Every program the job's launch runs is resolved now: the job's environment (its PATH,
     # IFS, ...) is applied only in the subshells that exec it, never in the runner.
-    _sp=$(command -v "$_shell" 2>/dev/null)
-    case $_sp in /*) ;; *) unstartable "shell not found: $_shell" ;; esac
-    _EO_CAT=$(command -v cat)
-    _shbin=$(command -v sh)
+    find_prog "$_shell" || unstartable "shell not found: $_shell"
+    _sp=$_fp
+    find_prog sh && _shbin=$_fp
 
     # How to become the user. Every tool here keeps the environment it is given.
     _tool=none
@@ -557,7 +682,7 @@ cmd_run() {
         else
             unstartable "cannot switch to user $_user: none of setpriv, runuser, su"
         fi
-        _toolbin=$(command -v "$_tool")
+        find_prog "$_tool" && _toolbin=$_fp
     fi
     case $_tool in
         none) set -- "$_sp" -c ;;
@@ -588,11 +713,14 @@ cmd_run() {
     fi
     cd "$_cwd" 2>/dev/null || unstartable "cannot enter $_cwd"
     _odir=${_out%/*}
-    [ -z "$_odir" ] || mkdir -p "$_odir" 2>/dev/null
+    [ -z "$_odir" ] || [ -d "$_odir" ] || mkdir -p "$_odir" 2>/dev/null
     { : >>"$_out"; } 2>/dev/null || unstartable "cannot open the output file $_out"
     [ -f "$_d/cancel" ] && unstartable "killed before it started"
     # Where this job's own output begins: `output` and --tail return only what follows.
-    _osz=$(wc -c <"$_out" 2>/dev/null) || unstartable "cannot read the output file $_out"
+    _osz=0
+    if [ -s "$_out" ]; then
+        _osz=$(wc -c <"$_out" 2>/dev/null) || unstartable "cannot read the output file $_out"
+    fi
     write "$_d/output_offset" "$((_osz))"
 
     # Job-control-less background shells ignore SIGINT/SIGQUIT, and so does a runner whose
@@ -609,14 +737,14 @@ cmd_run() {
         *) _ignored= ;;
     esac
     if [ -n "$_ignored" ] && case $(env --help 2>&1) in *default-signal*) true ;; *) false ;; esac; then
-        set -- "$(command -v env)" --default-signal=INT,QUIT "$@"
+        find_prog env && set -- "$_fp" --default-signal=INT,QUIT "$@"
     fi
     # The wrapper that records the job's pid (kept through exec); in its own session and
     # process group when setsid exists, so that TERM and KILL reach all of the job.
     # shellcheck disable=SC2016 # expanded by the wrapper shell
     set -- "$_shbin" -c 'printf "%s\n" "$$" >"$0" && exec "$@"' "$_d/jobpid" "$@" "$_cmd"
-    if has setsid; then
-        set -- "$(command -v setsid)" "$@"
+    if find_prog setsid; then
+        set -- "$_fp" "$@"
         write "$_d/grouped" 1
     fi
 
@@ -634,8 +762,8 @@ cmd_run() {
 }
 
 # In a subshell about to exec the job (or its preflight): export the job's environment, over
-# the runner's (the start exec's, the container's). Variables set from here on all start
-# with _EO_ (reserved), so that no job variable can clobber them.
+# the runner's (the start exec's, the container's). Its text only exports checked names
+# (start_opts), so no job variable can clobber the runner's (_EO_* are reserved).
 job_env() {
     if [ -n "$_user" ]; then
         export HOME="${PW_HOME:-/}"
@@ -645,12 +773,7 @@ job_env() {
             unset USER LOGNAME
         fi
     fi
-    for _EO_f in "$_d"/env/*; do
-        [ -f "$_EO_f" ] || continue
-        _EO_v=$("$_EO_CAT" "$_EO_f" && echo x) || return 1
-        export "${_EO_f##*/}=${_EO_v%x}"
-    done
-    return 0
+    eval "$_jobenv"
 }
 
 # The bound of a job (in the runner, as a background subshell): TERM its process group at
@@ -692,7 +815,7 @@ unstartable() {
 }
 
 cmd_wait() {
-    [ $# -ge 2 ] || usage 'wait ID SECONDS [--tail N] [--then-read PATH]...'
+    [ $# -ge 2 ] || usage 'wait ID SECONDS [--tail N] [--then-read PATH]... [[--then-exclude PATTERN]... --then-download PATH]...'
     check_id "$1"
     is_num "$2" || usage "wait: SECONDS must be a number: $2"
     wait_done "$1" "$2"
@@ -752,17 +875,24 @@ cmd_output() {
 # file (the oracle's /logs/agent/oracle.txt gets every turn's solve.sh). A file smaller than
 # that was truncated or replaced since the job started: all of it is the job's.
 own_output() {
+    own_output_size "$1" "$2" || return 1
+    [ "$_own" -gt 0 ] || return 0
+    tail -c "$_own" "$_of"
+}
+
+# How many bytes own_output "$1" "$2" writes, into $_own (and the file into $_of): forks
+# only when the output file is not empty.
+own_output_size() {
+    _own=0
     get "$1/output_path" || return 1
     _of=$_got
-    [ -f "$_of" ] && [ "$2" -gt 0 ] || return 0
+    [ -s "$_of" ] && [ "$2" -gt 0 ] || return 0
     _off=0
     if get_line "$1/output_offset"; then case $_got in '' | *[!0-9]*) ;; *) _off=$_got ;; esac; fi
     _osz=$(($(wc -c <"$_of"))) || return 1
     [ "$_osz" -ge "$_off" ] || _off=0
     _own=$((_osz - _off))
     [ "$_own" -le "$2" ] || _own=$2
-    [ "$_own" -gt 0 ] || return 0
-    tail -c "$_own" "$_of"
 }
 
 cmd_probe() {
@@ -779,7 +909,8 @@ cmd_probe() {
     for _t in bash timeout tar gzip find setsid runuser setpriv su head; do
         if has "$_t"; then printf 'has_%s=1\n' "$_t"; else printf 'has_%s=0\n' "$_t"; fi
     done
-    printf 'tar=%s\n' "$(tar_flavor)"
+    tar_flavor
+    printf 'tar=%s\n' "$_tf"
     # Which users jobs can become: named users (setpriv, runuser or su), bare uids (setpriv).
     _sw=0 _swu=0
     if setpriv_switches; then
@@ -794,7 +925,7 @@ cmd_probe() {
 cmd_place() {
     mkdir -p "$JOBS" "$TMPD" || die "place: cannot create $JOBS"
     put "$BASE/workdir" "$PWD" || die "place: cannot write $BASE/workdir"
-    _mn=$(mnt_ns)
+    container_key
     [ -z "$_mn" ] || put "$BASE/workdir.$_mn" "$PWD" || die "place: cannot write $BASE/workdir.$_mn"
     cmd_probe
 }
@@ -816,15 +947,16 @@ cmd_upload() {
 upload_archive() {
     _dest=$1
     has tar || die 'upload: no tar in this container'
-    mkdir -p "$_dest" 2>/dev/null || die "upload: cannot create $_dest"
-    mkdir -p "$TMPD" || die "upload: cannot create $TMPD"
+    [ -d "$_dest" ] || mkdir -p "$_dest" 2>/dev/null || die "upload: cannot create $_dest"
+    [ -d "$TMPD" ] || mkdir -p "$TMPD" || die "upload: cannot create $TMPD"
     _tmp=$TMPD/upload.$$
     trap 'rm -f "$_tmp" "$_tmp.dirs" "$_tmp.err"' EXIT
     # Exactly BYTES: stdin of an exec cannot be half-closed, so reading to EOF would hang.
     head -c "$2" >"$_tmp" || die 'upload: cannot read the archive from stdin'
     _got=$(($(wc -c <"$_tmp")))
     [ "$_got" -eq "$2" ] || die "upload: got $_got of $2 bytes"
-    if [ "$(tar_flavor)" = gnu ]; then
+    tar_flavor
+    if [ "$_tf" = gnu ]; then
         tar -x -p --no-same-owner --no-overwrite-dir -f "$_tmp" -C "$_dest" 2>"$_tmp.err" ||
             die "upload: tar failed: $(cat "$_tmp.err")"
         rm -f "$_tmp" "$_tmp.err"
@@ -857,7 +989,8 @@ cmd_download() {
     _mode=opt
     _nex=0
     _nfound=0
-    _flavor=$(tar_flavor)
+    tar_flavor
+    _flavor=$_tf
     [ -n "$_flavor" ] || die 'download: no tar in this container'
     for _a in "$@"; do
         case $_mode in
@@ -913,9 +1046,15 @@ read_frame() {
     _rp=$1
     # A copy, so the length in the header is that of the bytes that follow it.
     if [ -f "$_rp" ] && cat "$_rp" >"$_tmp" 2>/dev/null; then
-        # The modification time lets the operator refuse a reward file changed after test.sh.
-        _mt=$(stat -c %.9Y "$_rp" 2>/dev/null || stat -c %Y "$_rp" 2>/dev/null || echo -)
-        printf '%s %s %s\n' "$(($(wc -c <"$_tmp")))" "$(pct "$_rp")" "$_mt"
+        # The modification time lets the operator refuse a reward file changed after test.sh;
+        # the copy's size, in the same stat, is the length of the bytes that follow.
+        _rs=$(stat -c '%s %.9Y' "$_tmp" "$_rp" 2>/dev/null) || _rs=
+        _len=${_rs%% *} _mt=${_rs##* }
+        case $_rs in *"$NL"*) ;; *) _len= _mt= ;; esac
+        case $_len in '' | *[!0-9]*) _len=$(($(wc -c <"$_tmp"))) ;; esac
+        # busybox's stat has no %.9Y: whole seconds then
+        case $_mt in '' | *[!0-9.]*) _mt=$(stat -c %Y "$_rp" 2>/dev/null || echo -) ;; esac
+        printf '%s %s %s\n' "$_len" "$(pct "$_rp")" "$_mt"
         cat "$_tmp" || die "read: cannot copy $_rp"
     else
         printf '%s %s\n' -1 "$(pct "$_rp")"
@@ -976,7 +1115,10 @@ cmd_chown_workdir() {
     [ $# -eq 2 ] || usage 'chown-workdir USER DIR'
     _u=$1
     _dir=$2
-    [ -n "$_dir" ] || _dir=$(default_workdir)
+    if [ -z "$_dir" ]; then
+        default_workdir
+        _dir=$_wdir
+    fi
     case $_u in
         '') usage 'chown-workdir: empty USER' ;;
         *[!0-9]*) pw_lookup "$_u" || die "chown-workdir: no such user: $_u" ;;

@@ -28,6 +28,7 @@ from episode_operator.runtime.agents.model import CAPTURE_CONTAINER, CAPTURE_STO
 from episode_operator.runtime.archive import text_tar
 from episode_operator.runtime.sandbox import JobSpec, JobState, Sandbox, SandboxError
 from episode_operator.runtime.store import CALLS_FILE, INSTRUCTION_FILE, TRAJECTORY_FILE
+from episode_operator.runtime.turn.collect import carried_artifact
 from episode_operator.runtime.turn.context import TRAJECTORY, TurnRun
 from episode_operator.runtime.turn.failures import EpisodeEnds, Outage, check_started, sandbox_call, sandbox_lost
 from episode_operator.runtime.turn.prepare import carried_cleanup
@@ -52,8 +53,13 @@ async def run_agent(turn: TurnRun) -> None:
     cleanup = carried_cleanup(turn, "agent")
     if cleanup:
         inputs = replace(inputs, clear=(*inputs.clear, *cleanup))
+    spec = job.spec
+    artifact = carried_artifact(turn)
+    if artifact is not None and artifact.service == spec.container:
+        spec = replace(spec, download_after=artifact.source, download_exclude=tuple(artifact.exclude))
     with sandbox_call(job.placing):
-        state = await turn.services.run_job(sandbox, job.spec, upload=inputs)
+        state = await turn.services.run_job(sandbox, spec, upload=inputs)
+    turn.agent_archive = state.archive
     await turn.services.save_job_log(sandbox, turn.name, "agent", state)
     check_started(job.placing, state)
     record = turn.record

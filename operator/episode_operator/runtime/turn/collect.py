@@ -27,6 +27,19 @@ _SUMMARY_FIELD: Final[dict[ArtifactStatus, str]] = {
 }
 
 
+def carried_artifact(turn: TurnRun) -> ArtifactPlan | None:
+    """The artifact source the agent job's final answer can bring along, saving collect an exec.
+
+    The first one collected from ``main``, when no collect hook runs before it (hooks on
+    ``main`` run first and may write there): nothing acts in the sandbox between the agent's
+    end and its download but this runner's own trajectory, which goes to /logs/agent.
+    """
+    plan = turn.plan
+    if any(hook.service == MAIN_SERVICE for hook in plan.collect):
+        return None
+    return next((entry for entry in plan.artifacts if entry.service == MAIN_SERVICE), None)
+
+
 async def collect(turn: TurnRun) -> None:
     plan = turn.plan
     services = turn.services
@@ -76,8 +89,13 @@ async def _collect_artifact(
 ) -> tuple[ArtifactStatus, str]:
     if any(_overlaps(entry.destination, earlier) for earlier in claimed):
         return "skipped", "directory"
+    carried = turn.agent_archive if entry is carried_artifact(turn) else None
     try:
-        archive = await sandbox.download([entry.source], container=entry.service, exclude=entry.exclude)
+        archive = (
+            carried
+            if carried is not None
+            else await sandbox.download([entry.source], container=entry.service, exclude=entry.exclude)
+        )
     except CommandFailed:
         return "failed", "directory"
     except SandboxError as error:

@@ -105,6 +105,10 @@ class TurnRun:
 
     services: TurnServices
     index: int
+    # The tar of the agent's artifacts its job's final answer brought (collect.carried_artifact);
+    # None: collect downloads them. Not kept: a restart re-attaches to the agent's job, whose
+    # answer brings it again.
+    agent_archive: bytes | None = None
 
     @property
     def plan(self) -> TurnPlan:
