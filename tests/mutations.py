@@ -329,6 +329,21 @@ MUTATIONS = [
         "the artifacts come with the agent's answer although a collect hook on main writes there after it",
     ),
     Mutation(
+        "session-no-fallback",
+        "kube/sandbox.py",
+        "            with contextlib.suppress(SessionFailed):\n"
+        "                return ExecResult(*await session.call(command, timeout_sec))",
+        "            return ExecResult(*await session.call(command, timeout_sec))",
+        "a session whose shell died fails the call instead of making it by exec",
+    ),
+    Mutation(
+        "session-stdin-any-head",
+        "kube/session.py",
+        "        return not command.payload or ready is None or ready.exact_head",
+        "        return True",
+        "uploads go on sessions in containers whose head reads past a request",
+    ),
+    Mutation(
         "logs-in-run-order",
         "runtime/store.py",
         """known.get(f"{blob.turn}/{blob.name.removesuffix('.txt')}", len(known))""",

@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import random
 import signal
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -49,6 +50,7 @@ class LocalPods:
         self.bwrap = tool("bwrap")
         self.env: dict[str, dict[str, str]] = {}
         self.execs = 0
+        self.streams: list[LocalStream] = []
 
     def create(self, name: str, env: Mapping[str, str]) -> Path:
         """The pod's ``/`` (kept if it exists: a re-attaching provider gets the same pod)."""
@@ -104,6 +106,31 @@ class LocalPods:
         assert process.returncode is not None
         return ExecResult(process.returncode, stdout, stderr)
 
+    async def exec_stream(self, namespace: str, pod: str, container: str, argv: Sequence[str]) -> LocalStream:
+        """An exec kept open, as the API server's websocket gives it: stdin written as it comes,
+        stdout read back in pieces of any size (its messages do not follow the writes)."""
+        self.execs += 1
+        # The session's shell dies with its bwrap (the stream's process): killing one kills the session.
+        bwrap, *rest = self.argv(pod, argv)
+        process = await asyncio.create_subprocess_exec(
+            bwrap,
+            "--die-with-parent",
+            *rest,
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.DEVNULL,
+        )
+        stream = LocalStream(process)
+        self.streams.append(stream)
+        return stream
+
+    def end_streams(self) -> None:
+        """KILL the shells of sessions still open (a test that failed before releasing its pods)."""
+        for stream in self.streams:
+            if stream.process.returncode is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(stream.process.pid, signal.SIGKILL)
+
     async def read_pod(self, namespace: str, name: str) -> dict[str, Any]:
         """Asked when an exec fails: the pod is there and running (a pod lost is not modelled here)."""
         main = {"name": "main", "ready": True, "state": {"running": {}}}
@@ -122,6 +149,38 @@ class LocalPods:
         return self.root / "pods" / pod / inside.lstrip("/")
 
 
+class LocalStream:
+    """A session's exec into a local pod (kube/session.py's ExecStream)."""
+
+    def __init__(self, process: asyncio.subprocess.Process) -> None:
+        self.process = process
+        self.pieces = random.Random(process.pid)
+
+    async def send(self, data: bytes) -> None:
+        assert self.process.stdin is not None
+        self.process.stdin.write(data)
+        await self.process.stdin.drain()
+
+    async def receive(self) -> tuple[int, bytes] | None:
+        assert self.process.stdout is not None
+        data = await self.process.stdout.read(self.pieces.choice((1, 7, 64, 4096)))
+        return (1, data) if data else None
+
+    async def close(self) -> None:
+        """The end of its stdin ends the session's shell, as closing the websocket does."""
+        assert self.process.stdin is not None
+        self.process.stdin.close()
+        with contextlib.suppress(ProcessLookupError, TimeoutError):
+            await asyncio.wait_for(self.process.wait(), 10)
+        if self.process.returncode is None:
+            self.process.kill()
+            await self.process.wait()
+
+    @property
+    def closed(self) -> bool:
+        return self.process.returncode is not None
+
+
 class LocalProvider:
     """A :class:`SandboxProvider` of local pods, named as the fake's are (``pod-a1``, ``pod-a1-v2``)."""
 
@@ -130,10 +189,12 @@ class LocalProvider:
         self.main_env = dict(main_env or {})
         self.released: list[str] = []
         self.networks: list[str] = []
+        self.sandboxes: dict[str, KubeSandbox] = {}
 
     async def _ready(self, name: str, env: Mapping[str, str], waiting: WaitingReport | None) -> KubeSandbox:
         self.pods.create(name, env)
-        sandbox = KubeSandbox(self.pods, "local", name)  # type: ignore[arg-type]  # the exec half of a KubeClient
+        sandbox = self.sandboxes.get(name) or KubeSandbox(self.pods, "local", name)  # type: ignore[arg-type]
+        self.sandboxes[name] = sandbox
         await sandbox.place_supervisor()
         if waiting is not None:  # a local pod never waits: it runs, as the kube provider says of one that does
             await waiting(None)
@@ -153,18 +214,21 @@ class LocalProvider:
             self.networks.append(policy.mode)
 
     async def release_verifier(self, attempt: int, turn: int) -> None:
-        self._release(f"pod-a{attempt}-v{turn + 1}")
+        await self._release(f"pod-a{attempt}-v{turn + 1}")
 
     async def release_agent(self, attempt: int) -> None:
-        self._release(f"pod-a{attempt}")
+        await self._release(f"pod-a{attempt}")
 
     async def release_all(self, *, keep: bool) -> None:
         if not keep:
             for name in self.pods.names():
-                self._release(name)
+                await self._release(name)
 
-    def _release(self, name: str) -> None:
+    async def _release(self, name: str) -> None:
         """Its processes die, as a deleted pod's do; its files stay for the test to read."""
+        sandbox = self.sandboxes.pop(name, None)
+        if sandbox is not None:
+            await sandbox.close()
         self.pods.kill(name)
         if name not in self.released:
             self.released.append(name)

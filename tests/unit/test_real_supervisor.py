@@ -37,6 +37,7 @@ def pods(tmp_path: Path) -> Iterator[LocalPods]:
     finally:
         for name in local.names():
             local.kill(name)
+        local.end_streams()
 
 
 def run(

@@ -914,3 +914,101 @@ def test_long_arguments_and_job_inputs_share_stdin(pod: Pod, tmp_path: Path) -> 
     assert pod.start(spec, wait_sec=10, upload=inputs).succeeded
     assert (tmp_path / "big").read_text() == big + "+input"
     assert not list((pod.base / "tmp").iterdir())  # no scratch files left behind
+
+
+# -------------------------------------------------------------------------------- sessions
+
+
+class Served:
+    """``serve`` as a session runs it: requests written to its stdin, answers read back in
+    pieces of any size (as an exec's websocket messages come)."""
+
+    def __init__(self, pod: Pod) -> None:
+        self.pod = pod
+        self.process = pod.popen(Command(["sh", SUPERVISOR_PATH, "serve"], stdin=b""))  # a pipe, kept open
+        self.answers = supervisor.SessionAnswers()
+        self.pieces = iter([1, 3, 64, 5, 4096] * 10_000)
+        while self.answers.ready is None:
+            self._read()
+
+    def _read(self) -> None:
+        assert self.process.stdout is not None
+        data = os.read(self.process.stdout.fileno(), next(self.pieces))
+        assert data, "the session ended"
+        self.answers.feed(data)
+
+    def call(self, command: Command) -> supervisor.SessionAnswer:
+        call = supervisor.session_call(command)
+        assert call is not None and self.process.stdin is not None
+        self.process.stdin.write(call.request)
+        self.process.stdin.flush()
+        while (answer := self.answers.take(call.nonce)) is None:
+            self._read()
+        return answer
+
+    def end(self) -> int:
+        assert self.process.stdin is not None
+        self.process.stdin.close()
+        return self.process.wait(timeout=30)
+
+
+@pytest.fixture
+def served(pod: Pod) -> Iterator[Served]:
+    session = Served(pod)
+    try:
+        yield session
+    finally:
+        if session.process.poll() is None:
+            session.process.kill()
+            session.process.wait()
+
+
+def test_a_session_answers_every_call_as_its_exec_would(served: Served, tmp_path: Path) -> None:
+    """Awkward words, a failing verb, one that exits (die), long arguments, an empty stdout:
+    each answer is the exec's stdout, exit status and stderr; the session goes on."""
+    pod = served.pod
+    assert served.answers.ready == supervisor.SessionReady("1", exact_head=pod.flavour == "host")
+    spec = pod.spec("awk", 'printf \'%s|\' "$1" "$AWKWARD" > out.txt', env={"AWKWARD": 'it\'s\n"$HOME" `x` ✓\\'})
+    commands = [
+        supervisor.start(spec, wait_sec=10),
+        supervisor.status("nothing-here"),
+        Command(["sh", SUPERVISOR_PATH, "bogus-verb"], words=("bogus-verb",)),
+        supervisor.read_files([str(tmp_path / "missing")]),
+        supervisor.start(pod.spec("big", f"printf '%s' \"$BIG\" > '{tmp_path / 'big'}'", env={"BIG": "y\n" * 20_000})),
+        supervisor.clear([str(tmp_path / "made") + "/"]),
+    ]
+    answers = [served.call(command) for command in commands]
+    direct = [pod.run(command, ok=False) for command in commands[1:4]]  # the same calls by exec
+    assert [(a.status, a.stdout, a.stderr) for a in answers[1:4]] == [
+        (d.returncode, d.stdout, d.stderr) for d in direct
+    ]
+    assert answers[0].status == 0 and supervisor.parse_state("awk", answers[0].stdout).succeeded
+    assert (pod.workdir / "out.txt").read_text() == '|it\'s\n"$HOME" `x` ✓\\|'
+    assert answers[2].status == 2 and b"unknown verb: bogus-verb" in answers[2].stderr
+    assert answers[4].status == 0 and pod.wait("big").succeeded and (tmp_path / "big").read_text() == "y\n" * 20_000
+    assert answers[5] == supervisor.SessionAnswer(0, b"", b"") and (tmp_path / "made").is_dir()
+    assert served.end() == 0
+
+
+def test_a_session_carries_stdin_where_head_reads_exactly(served: Served, tmp_path: Path) -> None:
+    archive = io.BytesIO()
+    with tarfile.open(fileobj=archive, mode="w") as tar:
+        data = b"\x00binary\nbytes\xff" * 100
+        info = tarfile.TarInfo("blob")
+        info.size = len(data)
+        tar.addfile(info, io.BytesIO(data))
+    if served.pod.flavour != "host":  # busybox head reads ahead: the operator sends it no stdin
+        assert served.answers.ready is not None and not served.answers.ready.exact_head
+        return
+    for number in range(3):
+        answer = served.call(supervisor.upload(archive.getvalue(), str(tmp_path / f"up{number}")))
+        assert answer == supervisor.SessionAnswer(0, b"", b"")
+        assert (tmp_path / f"up{number}" / "blob").read_bytes() == data
+    assert served.call(supervisor.status("still-served")).status == 0
+
+
+def test_a_malformed_request_ends_the_session(served: Served) -> None:
+    assert served.process.stdin is not None
+    served.process.stdin.write(b"not-a-nonce! 1 0\nstatus x\n")
+    served.process.stdin.flush()
+    assert served.process.wait(timeout=30) == 2

@@ -45,6 +45,8 @@ FRAME = 256 * 1024
 # Connections to the API server: for requests, and for execs (each held for its whole run).
 REQUEST_CONNECTIONS = 16
 EXEC_CONNECTIONS = 100
+# How long opening an exec stream may take (its calls have their own bounds).
+EXEC_CONNECT_TIMEOUT_SEC = 30.0
 # At exit, how long Events still queued (held back by the rate limit) may take to post.
 EVENTS_CLOSE_TIMEOUT_SEC = 5.0
 
@@ -731,6 +733,28 @@ class KubeClient:
                 return await self._exec_once(namespace, pod, container, argv, stdin, timeout_sec)
         raise AssertionError("unreachable")
 
+    async def exec_stream(self, namespace: str, pod: str, container: str, argv: Sequence[str]) -> WebsocketExec:
+        """Start ``argv`` in a container and keep its exec open, stdin included (a session).
+
+        A missing pod is :class:`NotFound`; any other failure :class:`ExecTransportError`. Not
+        retried: a caller of a stream falls back to :meth:`exec`.
+        """
+        with _exec_errors(namespace, pod, container, EXEC_CONNECT_TIMEOUT_SEC):
+            async with asyncio.timeout(EXEC_CONNECT_TIMEOUT_SEC):
+                connection = await self.core_ws.connect_get_namespaced_pod_exec(
+                    pod,
+                    namespace,
+                    command=list(argv),
+                    container=container,
+                    stdin=True,
+                    stdout=True,
+                    stderr=True,
+                    tty=False,
+                    _preload_content=False,
+                )
+                websocket = await connection
+        return WebsocketExec(websocket, f"{pod}/{container}")
+
     def _count_retry(self, state: RetryCallState) -> None:
         if self.metrics is not None:
             error = state.outcome.exception() if state.outcome else None
@@ -742,7 +766,7 @@ class KubeClient:
     ) -> ExecResult:
         stdout, stderr = bytearray(), bytearray()
         status: dict[str, Any] | None = None
-        try:
+        with _exec_errors(namespace, pod, container, timeout_sec):
             async with asyncio.timeout(timeout_sec):
                 connection = await self.core_ws.connect_get_namespaced_pod_exec(
                     pod,
@@ -774,25 +798,62 @@ class KubeClient:
                             stderr += payload
                         elif channel == ERROR and payload:
                             status = json.loads(payload)
-        except aiohttp.WSServerHandshakeError as error:
-            if error.status == 404:
-                raise NotFound(f"pod {namespace}/{pod} not found", status=404) from error
-            raise ExecTransportError(
-                f"exec in {pod}/{container}: {error.status} {error.message}", status=error.status
-            ) from error
-        except ApiException as error:
-            if error.status == 404:
-                raise NotFound(f"pod {namespace}/{pod} not found", status=404) from error
-            raise ExecTransportError(
-                f"exec in {pod}/{container}: {error.status} {error.reason}", status=error.status or 0
-            ) from error
-        except (aiohttp.ClientError, OSError) as error:
-            raise ExecTransportError(f"exec in {pod}/{container}: {type(error).__name__}: {error}") from error
-        except TimeoutError:
-            raise ExecTransportError(f"exec in {pod}/{container}: no answer within {timeout_sec:.0f} s") from None
         if status is None:
             raise ExecTransportError(f"exec in {pod}/{container}: the connection closed without an exit status")
         return ExecResult(_exit_code(status, pod, container), bytes(stdout), bytes(stderr))
+
+
+@contextlib.contextmanager
+def _exec_errors(namespace: str, pod: str, container: str, timeout_sec: float) -> Iterator[None]:
+    """An exec's failures as this module's errors: a missing pod is :class:`NotFound`, the rest transport."""
+    where = f"{pod}/{container}"
+    try:
+        yield
+    except aiohttp.WSServerHandshakeError as error:
+        if error.status == 404:
+            raise NotFound(f"pod {namespace}/{pod} not found", status=404) from error
+        raise ExecTransportError(f"exec in {where}: {error.status} {error.message}", status=error.status) from error
+    except ApiException as error:
+        if error.status == 404:
+            raise NotFound(f"pod {namespace}/{pod} not found", status=404) from error
+        raise ExecTransportError(f"exec in {where}: {error.status} {error.reason}", status=error.status or 0) from error
+    except (aiohttp.ClientError, OSError) as error:
+        raise ExecTransportError(f"exec in {where}: {type(error).__name__}: {error}") from error
+    except TimeoutError:
+        raise ExecTransportError(f"exec in {where}: no answer within {timeout_sec:.0f} s") from None
+
+
+@dataclass
+class WebsocketExec:
+    """An exec held open (a supervisor session, kube/session.py): stdin sent as it comes, its
+    channels' messages read one at a time."""
+
+    websocket: aiohttp.ClientWebSocketResponse
+    where: str
+
+    async def send(self, data: bytes) -> None:
+        try:
+            for start in range(0, len(data), FRAME):
+                await self.websocket.send_bytes(bytes([STDIN]) + data[start : start + FRAME])
+        except (aiohttp.ClientError, OSError, RuntimeError) as error:  # RuntimeError: sent after it closed
+            raise ExecTransportError(f"exec in {self.where}: {type(error).__name__}: {error}") from error
+
+    async def receive(self) -> tuple[int, bytes] | None:
+        while True:
+            try:
+                message = await self.websocket.receive()
+            except (aiohttp.ClientError, OSError) as error:
+                raise ExecTransportError(f"exec in {self.where}: {type(error).__name__}: {error}") from error
+            if message.type in (aiohttp.WSMsgType.CLOSE, aiohttp.WSMsgType.CLOSING, aiohttp.WSMsgType.CLOSED):
+                return None
+            if message.type == aiohttp.WSMsgType.ERROR:
+                raise ExecTransportError(f"exec in {self.where}: websocket error {message.data!r}")
+            data = message.data if isinstance(message.data, bytes) else str(message.data).encode()
+            if data:
+                return data[0], data[1:]
+
+    async def close(self) -> None:
+        await self.websocket.close()
 
 
 @dataclass(frozen=True)

@@ -1,8 +1,10 @@
 """The Kubernetes implementation of the runtime's sandbox: pods, exec and the supervisor.
 
-:class:`KubeSandbox` turns each runtime operation into one exec of a supervisor verb
-(the command lines come from :mod:`episode_operator.runtime.supervisor`, so this module only
-ships them). :class:`KubeProvider` creates an episode's pods, waits until they can work —
+:class:`KubeSandbox` turns each runtime operation into one call of a supervisor verb (the
+command lines come from :mod:`episode_operator.runtime.supervisor`, so this module only ships
+them): on the container's open session when it can take it (``kube/session.py``: a round trip
+instead of an exec), else by an exec of its own. :class:`KubeProvider` creates an episode's
+pods, waits until they can work —
 telling an image that cannot be pulled from one that is still coming, and saying why a pod
 waits (its state, else its latest Event) as soon as it says anything — places the supervisor
 and removes the pods when the runtime lets them go.
@@ -22,7 +24,7 @@ from dataclasses import dataclass, field
 
 from episode_operator.api.models import EpisodeSpec
 from episode_operator.api.vocabulary import ATTEMPT_LABEL, EPISODE_LABEL, ROLE_LABEL, TURN_LABEL, OutageKind
-from episode_operator.kube.client import ExecTransportError, KubeClient, KubeError, NotFound
+from episode_operator.kube.client import ExecResult, ExecTransportError, KubeClient, KubeError, NotFound
 from episode_operator.kube.objects.network import network_policy
 from episode_operator.kube.objects.pod_state import latest_event, pod_verdict
 from episode_operator.kube.objects.pods import (
@@ -37,6 +39,7 @@ from episode_operator.kube.objects.pods import (
     verifier_pod_name,
     verifier_reservation,
 )
+from episode_operator.kube.session import ExecStream, Session, SessionFailed
 from episode_operator.runtime import supervisor
 from episode_operator.runtime.agents.model import CAPTURE_CONTAINER, SandboxNeeds
 from episode_operator.runtime.sandbox import (
@@ -75,14 +78,39 @@ class KubeSandbox:
     name: str
     workdir: str = "/"
     facts: dict[str, str] = field(default_factory=dict)
+    # Per container, the session its calls go on when they can (kube/session.py).
+    sessions: dict[str, Session] = field(default_factory=dict)
+
+    def _session(self, container: str) -> Session:
+        session = self.sessions.get(container)
+        if session is None:
+
+            async def opener() -> ExecStream:
+                return await self.client.exec_stream(self.namespace, self.name, container, supervisor.serve().argv)
+
+            session = self.sessions[container] = Session(opener)
+        return session
+
+    async def _call(self, command: supervisor.Command, container: str, timeout_sec: float) -> ExecResult:
+        """On the container's session if it takes the call, else (or when the session fails) by exec."""
+        session = self._session(container)
+        if session.takes(command):
+            with contextlib.suppress(SessionFailed):
+                return ExecResult(*await session.call(command, timeout_sec))
+        return await self.client.exec(
+            self.namespace, self.name, container, command.argv, stdin=command.stdin, timeout_sec=timeout_sec
+        )
+
+    async def close(self) -> None:
+        """Close the sessions (the pod is going away, or this sandbox is no longer used)."""
+        for session in self.sessions.values():
+            await session.close()
 
     async def _run(
         self, command: supervisor.Command, *, container: str = MAIN_CONTAINER, timeout_sec: float = 60.0
     ) -> bytes:
         try:
-            result = await self.client.exec(
-                self.namespace, self.name, container, command.argv, stdin=command.stdin, timeout_sec=timeout_sec
-            )
+            result = await self._call(command, container, timeout_sec)
         except NotFound as error:
             raise SandboxError(f"pod {self.name} is gone", kind="pod_lost") from error
         except ExecTransportError as error:
@@ -206,6 +234,8 @@ class KubeProvider:
     clock: Callable[[], float] = time.monotonic
 
     _applied: dict[str, NetworkPolicy] = field(default_factory=dict)
+    # The sandboxes handed out, by pod: their sessions are closed before their pod is deleted.
+    _sandboxes: dict[str, KubeSandbox] = field(default_factory=dict)
 
     async def apply_network(self, attempt: int, policy: NetworkPolicy) -> None:
         await self._network(agent_pod_name(self.episode.name, attempt), self._selector(attempt, "agent", None), policy)
@@ -299,6 +329,9 @@ class KubeProvider:
             self._applied.clear()
 
     async def _delete(self, name: str) -> None:
+        sandbox = self._sandboxes.pop(name, None)
+        if sandbox is not None:
+            await sandbox.close()
         try:
             await self.client.delete_pod(self.episode.namespace, name)
         except KubeError as error:
@@ -323,7 +356,8 @@ class KubeProvider:
                 await self._wait_running(name, pod.role, pod.environment.build_timeout_sec, changed, waiting)
             except KubeError as error:
                 raise SandboxError(f"pod {name}: {error}", kind="api") from error
-        sandbox = KubeSandbox(self.client, self.episode.namespace, name)
+        sandbox = self._sandboxes.get(name) or KubeSandbox(self.client, self.episode.namespace, name)
+        self._sandboxes[name] = sandbox
         try:
             await sandbox.place_supervisor(
                 [sidecar.name for sidecar in pod.sidecars]

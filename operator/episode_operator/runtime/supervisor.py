@@ -55,6 +55,8 @@ follow them; :func:`_command` decides).
 from __future__ import annotations
 
 import math
+import secrets
+import shlex
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from importlib import resources
@@ -94,10 +96,16 @@ exec sh "$d/supervisor.sh" place
 
 @dataclass(frozen=True)
 class Command:
-    """One exec: the argv to run and the bytes to send on its stdin (None: no stdin)."""
+    """One exec: the argv to run and the bytes to send on its stdin (None: no stdin).
+
+    A supervisor verb also keeps its own words and stdin (``words``, ``payload``), from which a
+    session call is made (:func:`session_call`); other commands (placement) have no words.
+    """
 
     argv: list[str]
     stdin: bytes | None = None
+    words: tuple[str, ...] | None = None
+    payload: bytes | None = None
 
 
 def script_text() -> str:
@@ -470,13 +478,108 @@ def _command(args: list[str], *, stdin: bytes | None = None) -> Command:
     for arg in args:
         _check_arg(arg, "argument")
     encoded = [arg.encode("utf-8") for arg in args]
+    words = tuple(args)
     if sum(len(arg) for arg in encoded) <= ARGV_STDIN_THRESHOLD:
-        return Command(["sh", SUPERVISOR_PATH, *args], stdin=stdin)
+        return Command(["sh", SUPERVISOR_PATH, *args], stdin=stdin, words=words, payload=stdin)
     payload = b" ".join(str(len(arg)).encode() for arg in encoded) + b"\n" + b"".join(encoded)
     argv = ["sh", SUPERVISOR_PATH, "--argv-stdin", str(len(payload))]
     if stdin:
         argv.append(str(len(stdin)))
-    return Command(argv, stdin=payload + (stdin or b""))
+    return Command(argv, stdin=payload + (stdin or b""), words=words, payload=stdin)
+
+
+# --- sessions: many calls over one exec ----------------------------------------------------------
+#
+# An exec costs a connection, the API server's and the kubelet's work and a process started in the
+# container (~70 ms on the project's cluster); a call on an open stream, a few milliseconds. A
+# session is one exec of ``serve`` that runs verbs as they come (supervisor.sh's cmd_serve): a
+# request is a header ``NONCE LINES BYTES``, the verb's words shell-quoted on LINES lines, then BYTES
+# bytes of its stdin; the answer is the verb's stdout, ``\n@@EO NONCE STATUS ERRBYTES\n`` and its
+# stderr. The session first says ``@@EO ready VERSION HEAD``: HEAD ``exact`` when its ``head -c``
+# reads no further than asked (GNU), so requests may carry stdin; otherwise they may not.
+
+_MARK = b"@@EO "
+
+
+def serve() -> Command:
+    """The exec that holds a session (see :class:`SessionAnswers`)."""
+    return Command(["sh", SUPERVISOR_PATH, "serve"])
+
+
+@dataclass(frozen=True)
+class SessionCall:
+    """One request of a session and the nonce its answer carries."""
+
+    nonce: str
+    request: bytes
+
+
+def session_call(command: Command) -> SessionCall | None:
+    """``command`` as a request of a session; None for a command that is not a supervisor verb."""
+    if command.words is None:
+        return None
+    nonce = secrets.token_hex(16)
+    text = " ".join(shlex.quote(word) for word in command.words)
+    payload = command.payload or b""
+    header = f"{nonce} {text.count(chr(10)) + 1} {len(payload)}\n".encode()
+    return SessionCall(nonce, header + text.encode("utf-8") + b"\n" + payload)
+
+
+@dataclass(frozen=True)
+class SessionReady:
+    """What a session says as it starts."""
+
+    version: str
+    exact_head: bool
+
+
+@dataclass(frozen=True)
+class SessionAnswer:
+    status: int
+    stdout: bytes
+    stderr: bytes
+
+
+class SessionAnswers:
+    """A session's stdout as it arrives, in pieces of any size: its ready line, then answers."""
+
+    def __init__(self) -> None:
+        self._buffer = bytearray()
+        self.ready: SessionReady | None = None
+
+    def feed(self, data: bytes) -> None:
+        self._buffer += data
+        if self.ready is None:
+            end = self._buffer.find(b"\n")
+            if end < 0:
+                if len(self._buffer) > 200 or not _MARK.startswith(bytes(self._buffer[: len(_MARK)])):
+                    raise ValueError(f"not a supervisor session: {_excerpt(bytes(self._buffer))}")
+                return
+            fields = bytes(self._buffer[:end]).decode("ascii", "replace").split()
+            if fields[:2] != ["@@EO", "ready"] or len(fields) < 4:
+                raise ValueError(f"not a supervisor session: {_excerpt(bytes(self._buffer))}")
+            self.ready = SessionReady(fields[2], fields[3] == "exact")
+            del self._buffer[: end + 1]
+
+    def take(self, nonce: str) -> SessionAnswer | None:
+        """The answer to the call ``nonce`` once all of it arrived (None before). Calls are one at
+        a time, and a session whose call was abandoned is closed: nothing else is in the stream."""
+        mark = b"\n" + _MARK + nonce.encode() + b" "
+        start = self._buffer.find(mark)
+        if start < 0:
+            return None
+        end = self._buffer.find(b"\n", start + len(mark))
+        if end < 0:
+            return None
+        fields = bytes(self._buffer[start + len(mark) : end]).decode("ascii", "replace").split()
+        if len(fields) != 2 or not all(field.isdigit() for field in fields):
+            raise ValueError(f"malformed session answer for {nonce}: {_excerpt(bytes(self._buffer[start:end]))}")
+        status, errbytes = int(fields[0]), int(fields[1])
+        if len(self._buffer) < end + 1 + errbytes:
+            return None
+        answer = SessionAnswer(status, bytes(self._buffer[:start]), bytes(self._buffer[end + 1 : end + 1 + errbytes]))
+        del self._buffer[: end + 1 + errbytes]
+        return answer
 
 
 def _check_id(job_id: str) -> None:
@@ -527,6 +630,8 @@ __all__ = [
     "probe",
     "read_files",
     "script_text",
+    "serve",
+    "session_call",
     "start",
     "status",
     "upload",

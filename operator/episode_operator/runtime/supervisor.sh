@@ -1159,6 +1159,49 @@ argv_from_stdin() {
     main "$@"
 }
 
+# One exec, many calls (supervisor.py's session): requests on stdin, answers on stdout, so that a
+# call costs a round trip on an open stream instead of an exec. A request is a header line
+# "NONCE LINES BYTES", LINES lines of shell words (the verb and its arguments, quoted), and BYTES
+# bytes for the verb's stdin; its answer is the verb's stdout, then "\n@@EO NONCE STATUS ERRBYTES\n"
+# and the verb's stderr. Each verb runs in a subshell (its exit ends it, not the session), its
+# stdin from a copy of the bytes read here with `head -c` (GNU head reads no further; the ready
+# line says whether this container's does, and the operator sends bytes only where it does).
+# Ends at the end of its stdin.
+cmd_serve() {
+    [ -d "$TMPD" ] || mkdir -p "$TMPD" || die "serve: cannot create $TMPD"
+    _sv_in=$TMPD/serve.$$.in
+    _sv_err=$TMPD/serve.$$.err
+    trap 'rm -f "$_sv_in" "$_sv_err"' EXIT
+    _sv_head=other
+    case $(head --version 2>&1) in *'GNU coreutils'*) _sv_head=exact ;; esac
+    printf '@@EO ready %s %s\n' "$SUPERVISOR_VERSION" "$_sv_head"
+    while IFS=' ' read -r _sv_nonce _sv_lines _sv_bytes _sv_rest; do
+        case $_sv_nonce in '' | *[!A-Za-z0-9]*) die "serve: malformed request header" 2 ;; esac
+        case $_sv_lines$_sv_rest in '' | *[!0-9]*) die "serve: malformed request header" 2 ;; esac
+        case $_sv_bytes in '' | *[!0-9]*) die "serve: malformed request header" 2 ;; esac
+        _sv_text=
+        _sv_sep=
+        while [ "$_sv_lines" -gt 0 ]; do
+            IFS= read -r _sv_line || die "serve: the request of $_sv_nonce ends early"
+            _sv_text=$_sv_text$_sv_sep$_sv_line
+            _sv_sep=$NL
+            _sv_lines=$((_sv_lines - 1))
+        done
+        _sv_src=/dev/null
+        if [ "$_sv_bytes" -gt 0 ]; then
+            head -c "$_sv_bytes" >"$_sv_in" || die "serve: cannot read the stdin of $_sv_nonce"
+            _sv_src=$_sv_in
+        fi
+        # shellcheck disable=SC2086 # the words are quoted by the operator (supervisor.py)
+        (eval "set -- $_sv_text" && main "$@") <"$_sv_src" 2>"$_sv_err"
+        _sv_status=$?
+        _sv_errbytes=0
+        [ -s "$_sv_err" ] && _sv_errbytes=$(($(wc -c <"$_sv_err")))
+        printf '\n@@EO %s %s %s\n' "$_sv_nonce" "$_sv_status" "$_sv_errbytes"
+        [ "$_sv_errbytes" -eq 0 ] || cat "$_sv_err"
+    done
+}
+
 main() {
     [ $# -ge 1 ] || usage 'supervisor.sh VERB ...'
     _verb=$1
@@ -1178,6 +1221,7 @@ main() {
         chown-workdir) cmd_chown_workdir "$@" ;;
         _run) cmd_run "$@" ;;
         --argv-stdin) argv_from_stdin "$@" ;;
+        serve) cmd_serve "$@" ;;
         *) usage "unknown verb: $_verb" ;;
     esac
 }
