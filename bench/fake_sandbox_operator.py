@@ -53,7 +53,10 @@ class FakeSandbox:
         if time.time() < ends:
             return JobState(spec.id, "running", started_at=started)
         files = {path: FileContent(b"1\n" if path == REWARD_TXT else None, ends - 0.5) for path in spec.read_after}
-        return JobState(spec.id, "exited", 0, started_at=started, finished_at=ends, output=b"", files=files)
+        archive = EMPTY_TAR.getvalue() if spec.download_after is not None else None
+        return JobState(
+            spec.id, "exited", 0, started_at=started, finished_at=ends, output=b"", files=files, archive=archive
+        )
 
     async def start_job(self, spec: JobSpec, *, wait_sec: float = 0.0, upload: Upload | None = None) -> JobState:
         if spec.id not in self.jobs:

@@ -13,11 +13,17 @@ turns — and waits until all finished; all N are driven at once. The measure is
 operator's whole work for a turn: collect, verify, the reward, status writes, Events, the next
 turn's preparation and start). A configuration *sustains* N while that latency's p95 stays below
 twice the p95 of one replica at the smallest level. Prints a table, writes bench/out/replicas-*.json.
+
+``--cpu-quota C`` gives each replica process C cores at most (a CPU cgroup of its own: cgroup v2's
+``cpu.max``, else v1's CFS quota), as a replica's ``resources.limits.cpu`` does in a cluster. On a
+machine whose cores the API server shares, that is what lets the replicas' own capacity, rather
+than the machine's, be what runs out.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import itertools
 import json
 import os
@@ -53,11 +59,48 @@ def task(turns: int) -> dict[str, str]:
     return files
 
 
+class CpuGroup:
+    """A CPU cgroup of its own for one process, with a quota of ``cores``; removed by :meth:`remove`."""
+
+    PERIOD_US = 10_000  # a short period: throttling comes in small slices, not in 100 ms stalls
+
+    def __init__(self, name: str, cores: float) -> None:
+        quota = max(1000, int(cores * self.PERIOD_US))
+        unified = Path("/sys/fs/cgroup/cgroup.controllers")
+        if unified.exists() and "cpu" in unified.read_text().split():
+            self.path = Path("/sys/fs/cgroup") / name
+            self.path.mkdir(exist_ok=True)
+            (self.path / "cpu.max").write_text(f"{quota} {self.PERIOD_US}\n")
+        else:
+            self.path = Path("/sys/fs/cgroup/cpu") / name
+            self.path.mkdir(exist_ok=True)
+            (self.path / "cpu.cfs_period_us").write_text(f"{self.PERIOD_US}\n")
+            (self.path / "cpu.cfs_quota_us").write_text(f"{quota}\n")
+
+    def add(self, pid: int) -> None:
+        (self.path / "cgroup.procs").write_text(f"{pid}\n")
+
+    def remove(self) -> None:
+        with contextlib.suppress(OSError):  # still busy: a process in it has not exited yet
+            self.path.rmdir()
+
+
 class Replica:
     """One fake-sandbox operator process."""
 
-    def __init__(self, kubeconfig: Path, namespace: str, name: str, folder: Path, timeline: Path, turn_sec: float):
+    def __init__(
+        self,
+        kubeconfig: Path,
+        namespace: str,
+        name: str,
+        folder: Path,
+        timeline: Path,
+        turn_sec: float,
+        cpu_quota: float | None = None,
+    ):
         self.name, self.log = name, folder / f"{name}.log"
+        self.cpu_quota = cpu_quota
+        self.group: CpuGroup | None = None
         self.health = free_port()
         self.command = [
             sys.executable, str(FAKE), "run", "--namespace", namespace, "--kubeconfig", str(kubeconfig),
@@ -71,6 +114,9 @@ class Replica:
     def start(self) -> None:
         with self.log.open("ab") as log:
             self.process = subprocess.Popen(self.command, stdout=log, stderr=subprocess.STDOUT, env=self.env)
+        if self.cpu_quota:
+            self.group = CpuGroup(f"episode-operator-bench-{os.getpid()}-{self.name}", self.cpu_quota)
+            self.group.add(self.process.pid)
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
             assert self.process.poll() is None, self.log.read_text()[-3000:]
@@ -94,6 +140,8 @@ class Replica:
             except subprocess.TimeoutExpired:
                 os.kill(self.process.pid, signal.SIGKILL)
                 self.process.wait()
+        if self.group is not None:
+            self.group.remove()
 
 
 def finished(api: Any, namespace: str) -> int:
@@ -108,7 +156,8 @@ def level(options: argparse.Namespace, api: Any, namespaces: Namespaces, replica
     folder = Path(tempfile.mkdtemp(prefix=f"replicas-r{replicas}-n{count}-", dir=options.out))
     timeline = folder / "timeline.jsonl"
     group = [
-        Replica(options.kubeconfig, namespace, f"r{i}", folder, timeline, options.turn_sec) for i in range(replicas)
+        Replica(options.kubeconfig, namespace, f"r{i}", folder, timeline, options.turn_sec, options.cpu_quota)
+        for i in range(replicas)
     ]
     try:
         for replica in group:
@@ -170,6 +219,7 @@ def main() -> int:
     parser.add_argument("--turn-sec", type=float, default=60.0, help="each agent turn's duration (issue 14: 60)")
     parser.add_argument("--turns", type=int, default=3)
     parser.add_argument("--retry-settle", type=float, default=5.0)
+    parser.add_argument("--cpu-quota", type=float, default=None, help="cores per replica (a CPU cgroup each)")
     parser.add_argument(
         "--no-stagger", dest="stagger", action="store_false", help="create all Episodes at once (a burst)"
     )

@@ -331,9 +331,8 @@ MUTATIONS = [
     Mutation(
         "session-no-fallback",
         "kube/sandbox.py",
-        "            with contextlib.suppress(SessionFailed):\n"
-        "                return ExecResult(*await session.call(command, timeout_sec))",
-        "            return ExecResult(*await session.call(command, timeout_sec))",
+        "            with contextlib.suppress(SessionFailed):\n                result = ExecResult(",
+        "            if True:\n                result = ExecResult(",
         "a session whose shell died fails the call instead of making it by exec",
     ),
     Mutation(
@@ -342,6 +341,13 @@ MUTATIONS = [
         "        return not command.payload or ready is None or ready.exact_head",
         "        return True",
         "uploads go on sessions in containers whose head reads past a request",
+    ),
+    Mutation(
+        "stale-body-drives",
+        "kube/replicas.py",
+        '        self._check_route(claimable, body)\n        if not membership.owns(metadata["uid"]):\n',
+        '        if not membership.owns(metadata["uid"]):\n',
+        "a daemon whose object left this replica's watch claims it with the body kopf stopped updating",
     ),
     Mutation(
         "logs-in-run-order",

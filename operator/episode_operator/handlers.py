@@ -16,13 +16,22 @@ import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import kopf
+from kopf._cogs.structs.references import NamespaceName, match_namespace  # kopf's --namespace patterns
 
 from episode_operator.api.episodeset import SET_PLURAL
 from episode_operator.api.models import PLURAL
-from episode_operator.api.vocabulary import EPISODE_LABEL, GROUP, SET_LABEL, VERSION, is_terminal, parse_timestamp
+from episode_operator.api.vocabulary import (
+    EPISODE_LABEL,
+    GROUP,
+    ROUTE_LABEL,
+    SET_LABEL,
+    VERSION,
+    is_terminal,
+    parse_timestamp,
+)
 from episode_operator.kube.builds import BuildCoordinator, BuildSettings
 from episode_operator.kube.client import KubeClient, KubeError, login_for
 from episode_operator.kube.dataapi import nobody_else, start_data_api
@@ -42,8 +51,11 @@ from episode_operator.kube.replicas import (
     Membership,
     Replicas,
     ReplicaSettings,
+    RoutedAway,
     join_replicas,
+    owner_of,
 )
+from episode_operator.kube.routing import Router, Scope
 from episode_operator.kube.status import EpisodeGone
 from episode_operator.kube.tombstones import expire_episode
 from episode_operator.runtime.fencing import Fence, Fenced, HandOver
@@ -89,6 +101,19 @@ class OperatorOptions:
     toolchain_repository: str = "episode-operator.local"
 
 
+class LeanDiffBase(kopf.AnnotationsDiffBaseStorage):
+    """kopf's diff base built from what it keeps: it deep-copies the whole body for every event and
+    then drops the status and most metadata, which for an Episode is most of the object."""
+
+    def build(self, *, body: kopf.Body, extra_fields: Any = None) -> kopf.BodyEssence:
+        if extra_fields:
+            return super().build(body=body, extra_fields=extra_fields)
+        metadata = body.get("metadata", {})
+        kept = {key: value for key, value in body.items() if key not in ("metadata", "status")}
+        kept["metadata"] = {key: metadata[key] for key in ("labels", "annotations") if key in metadata}
+        return super().build(body=kopf.Body(cast(kopf.RawBody, kept)), extra_fields=None)
+
+
 @kopf.on.login()
 async def login(memo: kopf.Memo, settings: kopf.OperatorSettings, **_: Any) -> kopf.ConnectionInfo:
     """kopf logs in where our client does: ``--kubeconfig`` when given (its own logins read only $KUBECONFIG)."""
@@ -124,7 +149,7 @@ async def wait_until_served(client: KubeClient, logger: kopf.Logger) -> None:
 async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: kopf.Logger, **_: Any) -> None:
     options: OperatorOptions = memo.options
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=GROUP)
-    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(prefix=GROUP)
+    settings.persistence.diffbase_storage = LeanDiffBase(prefix=GROUP)
     settings.persistence.finalizer = f"{GROUP}/finalizer"
     # Explicit watch timeouts: a silently stalled watch is kopf's best-known failure mode.
     settings.watching.server_timeout = 120
@@ -139,7 +164,18 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: ko
     memo.slots = FifoSlots(options.max_active_episodes)
     memo.client = await KubeClient.connect(options.kubeconfig, metrics=memo.metrics)
     await wait_until_served(memo.client, logger)
-    memo.replicas = Replicas(memo.client, memo.membership, logging.getLogger("episode_operator.replicas"))
+    memo.replicas = Replicas(memo.client, memo.membership, logging.getLogger("episode_operator.replicas"), routing=True)
+    route_watches(settings, memo.replicas.route)
+    memo.router = None
+    if memo.membership is not None:
+        router = Router(
+            memo.client,
+            memo.membership,
+            owner_of,
+            serving(options.namespaces),
+            logging.getLogger("episode_operator.routing"),
+        )
+        memo.router = asyncio.create_task(router.run(), name="router")
     memo.store = options.store.open(options.data_dir)
     memo.server = None
     if options.metrics_port is not None:
@@ -160,7 +196,10 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: ko
         store=memo.store,
         pull_grace_sec=options.pull_grace_sec,
         poll_interval_sec=options.poll_interval_sec,
-        extra_pod_labels=options.extra_pod_labels,
+        extra_pod_labels={
+            **options.extra_pod_labels,
+            **({ROUTE_LABEL: memo.replicas.route} if memo.replicas.route is not None else {}),
+        },
         agent_images=AgentImages(options.capture_image, options.toolchain_repository),
         pod_wakeups=memo.pod_wakeups,
         image_mirrors=options.image_mirrors,
@@ -173,8 +212,35 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: ko
     )
 
 
+def route_watches(settings: kopf.OperatorSettings, route: str | None) -> None:
+    """Watch only what is routed to this replica (kube/routing.py), and only sandbox pods.
+
+    kopf passes these to the API server as label selectors, so events for other replicas' objects
+    (and for pods that are not the operator's) never reach this process."""
+    settings.watching.label_selectors["v1", "pods"] = EPISODE_LABEL + (f",{ROUTE_LABEL}={route}" if route else "")
+    if route is not None:
+        for plural in (PLURAL, SET_PLURAL):
+            settings.watching.label_selectors[GROUP, plural] = f"{ROUTE_LABEL}={route}"
+
+
+def serving(patterns: tuple[str, ...]) -> Scope:
+    """The namespaces ``--namespace`` names (kopf's patterns), for the router's lists and watches."""
+    if patterns and not any(set(pattern) & set("*?!,") for pattern in patterns):
+        return Scope(names=patterns)
+    if not patterns:
+        return Scope()
+    return Scope(
+        includes=lambda namespace: any(match_namespace(NamespaceName(namespace), pattern) for pattern in patterns)
+    )
+
+
 @kopf.on.cleanup()
 async def close(memo: kopf.Memo, **_: Any) -> None:
+    router: asyncio.Task[None] | None = getattr(memo, "router", None)
+    if router is not None:
+        router.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await router
     membership: Membership | None = getattr(memo, "membership", None)
     if membership is not None:  # before the data API asks who stays (kube/dataapi.py)
         with contextlib.suppress(KubeError):
@@ -198,13 +264,18 @@ def is_suspended(status: kopf.Status, spec: kopf.Spec, **_: Any) -> bool:
     return not is_terminal(phase) and bool(spec.get("suspend"))
 
 
-@kopf.on.resume(GROUP, VERSION, PLURAL, when=is_suspended)
-@kopf.on.create(GROUP, VERSION, PLURAL, when=is_suspended)
-@kopf.on.update(GROUP, VERSION, PLURAL, when=is_suspended)
-async def hold(body: kopf.Body, memo: Any, **_: Any) -> None:
-    """A suspended Episode waits Pending (e.g. for Kueue to admit it); it starts when unsuspended."""
-    if memo.replicas.owns(body["metadata"]["uid"]):
-        await suspend_episode(memo.client, body)
+@kopf.daemon(GROUP, VERSION, PLURAL, when=is_suspended, cancellation_timeout=5.0, backoff=5.0)
+async def hold(body: kopf.Body, memo: Any, stopped: kopf.DaemonStopped, **_: Any) -> None:
+    """A suspended Episode waits Pending (e.g. for Kueue to admit it); it starts when unsuspended.
+
+    A daemon rather than change handlers: with none of those kopf computes no change causes, keeps
+    no last-handled state and prematches no filters for every event of every Episode."""
+    try:
+        await memo.replicas.until_owner(body)
+    except RoutedAway:
+        return
+    await suspend_episode(memo.client, body)
+    await stopped.wait()
 
 
 @kopf.daemon(
@@ -272,6 +343,8 @@ async def _drive_when_claimed(body: kopf.Body, memo: Any, logger: Any) -> None:
                 return
         except Fenced as error:
             logger.warning("%s; stopped driving it", error)
+        except RoutedAway:
+            return  # the replica it is routed to drives it
 
 
 async def _drive_in_a_slot(body: kopf.Body, memo: Any, logger: Any, fence: Fence) -> None:
@@ -310,7 +383,10 @@ async def expire(body: kopf.Body, memo: Any, **_: Any) -> None:
     remaining = parse_timestamp(status["finishedAt"]) + float(spec["ttlSecondsAfterFinished"]) - time.time()
     if remaining > 0:
         await asyncio.sleep(remaining)
-    await memo.replicas.until_owner(body)
+    try:
+        await memo.replicas.until_owner(body)
+    except RoutedAway:
+        return
     await expire_episode(memo.client, body)  # a run-once Episode leaves its tombstone (kube/tombstones.py)
 
 
@@ -398,6 +474,8 @@ async def run_set(body: kopf.Body, memo: Any, logger: Any, stopped: kopf.DaemonS
                 return
         except Fenced as error:
             logger.warning("%s; stopped running it", error)
+        except RoutedAway:
+            return
 
 
 @kopf.on.event(GROUP, VERSION, SET_PLURAL)
@@ -407,14 +485,14 @@ async def wake_set(body: kopf.Body, memo: Any, **_: Any) -> None:
 
 
 @kopf.on.event(GROUP, VERSION, PLURAL)
-async def wake_claim_waiter(body: kopf.Body, memo: Any, **_: Any) -> None:
-    """An Episode changed: if this replica waits to drive it (e.g. its claim was released), it looks now."""
-    memo.replicas.wake(EPISODES, body["metadata"]["namespace"], body["metadata"]["name"])
-
-
-@kopf.on.event(GROUP, VERSION, PLURAL, labels={SET_LABEL: kopf.PRESENT})
-async def wake_set_of_episode(body: kopf.Body, memo: Any, **_: Any) -> None:
-    memo.set_wakeups.wake(body["metadata"]["namespace"], body["metadata"]["labels"][SET_LABEL])
+async def wake_for_episode(body: kopf.Body, memo: Any, **_: Any) -> None:
+    """An Episode changed: if this replica waits to drive it (e.g. its claim was released), it looks
+    now, and so does the loop of the set it belongs to. One handler: kopf's cost is per handler."""
+    metadata = body["metadata"]
+    memo.replicas.wake(EPISODES, metadata["namespace"], metadata["name"])
+    set_name = (metadata.get("labels") or {}).get(SET_LABEL)
+    if set_name:
+        memo.set_wakeups.wake(metadata["namespace"], set_name)
 
 
 @kopf.on.event("v1", "pods", labels={EPISODE_LABEL: kopf.PRESENT})

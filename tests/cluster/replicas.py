@@ -20,6 +20,7 @@ from kubernetes import client
 from tests.cluster.harness import GROUP, VERSION, OperatorProcess
 
 DRIVER = "episode-operator.dev/driver"
+ROUTE = "episode-operator.dev/replica"
 # Short leases: a SIGKILLed driver's Episodes are taken over within ~5 s, so a chaos run stays short.
 FAST_LEASES = ("--lease-duration", "4", "--renew-deadline", "3", "--retry-period", "1")
 
@@ -66,6 +67,11 @@ class Replicas:
 
     def logs(self, lines: int = 40) -> str:
         return "\n".join(f"--- {name} ---\n{process.log_tail(lines)}" for name, process in self.processes.items())
+
+
+def route_of(body: dict[str, Any]) -> str | None:
+    """The replica whose watch sees an object (its route label), if any."""
+    return (body["metadata"].get("labels") or {}).get(ROUTE) or None
 
 
 def driver_of(body: dict[str, Any]) -> str | None:

@@ -100,6 +100,18 @@ def test_hostile_agent_cannot_forge_a_reward(
     assert (status["turns"][0]["rewardValid"], status["turns"][0]["verifierRewards"]) == (True, {"reward": 0.0})
 
 
+def test_an_agent_that_kills_every_process_it_can_still_gets_verified(
+    api_client: client.ApiClient, namespace: str, operator: OperatorProcess
+) -> None:
+    """``kill -9 -1`` as root takes the agent's own runner and the supervisor session the operator
+    was calling on: the agent's job reads as lost, the next call goes by exec (a new session), and
+    the verifier decides the turn as it would any agent's."""
+    command = "echo 'Hello, world!' > /app/hello.txt; kill -9 -1; sleep 1"
+    status = run_episode(api_client, namespace, "killer", hello_with("shared", command), operator)
+    assert (status["phase"], status["reward"], status["attempt"]) == ("Succeeded", 1.0, 1), status
+    assert status["turns"][0].get("agentExitCode") is None, status["turns"][0]
+
+
 def test_agent_pod_deleted_mid_turn_starts_a_new_attempt(
     api_client: client.ApiClient, core: client.CoreV1Api, namespace: str, operator: OperatorProcess
 ) -> None:
@@ -211,9 +223,11 @@ def test_api_server_restart_mid_run(api_client: client.ApiClient, namespace: str
         episode_spec(EXAMPLES / "hello", agent={"kind": "command", "command": command}),
     )
     wait_until(lambda: stage_of(api_client, namespace, "weathered") == (0, "agent"), "agent turn", operator)
-    # The operator meets the dead API server (its long poll of the agent's job breaks) before it comes back.
-    # Counted from before the kill: the first retries can come while the API server is still shutting down.
-    broken = "episode_operator_exec_errors_total"
+    # The operator meets the dead API server before it comes back: a request that gets no answer, or an
+    # exec that breaks. (The sandbox's open session may carry the turn on through the API server's
+    # graceful shutdown: it is the status write after it that finds the API server gone.) Counted from
+    # before the kill: the first retries can come while the API server is still shutting down.
+    broken = ("episode_operator_exec_errors_total", "episode_operator_api_errors_total")
     errors_before = sum(value for name, value in operator.metrics().items() if name.startswith(broken))
     pid = _apiserver_pid()
     os.kill(pid, signal.SIGTERM)

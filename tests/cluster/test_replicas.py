@@ -41,6 +41,7 @@ from tests.cluster.replicas import (
     driver_of,
     duplicated_events,
     objects,
+    route_of,
     wait_for,
 )
 from tests.s3server import CREDENTIALS, s3_server
@@ -301,8 +302,13 @@ def test_three_sharded_replicas_share_the_episodes_and_a_dead_ones_continue_on_t
         def drivers() -> dict[str, str | None]:
             return {item["metadata"]["name"]: driver_of(item) for item in objects(api_client, namespace, "episodes")}
 
+        def routes() -> dict[str, str | None]:
+            return {item["metadata"]["name"]: route_of(item) for item in objects(api_client, namespace, "episodes")}
+
         claimed = wait_for(lambda: (d := drivers()) and all(d.values()) and d, "every Episode claimed", replicas)
         assert len(set(claimed.values())) >= 2, f"one replica drives everything: {claimed}"
+        # Each is routed to (watched by) the replica that drives it, and by no other.
+        assert routes() == claimed
         victim = max(set(claimed.values()), key=list(claimed.values()).count)
         orphans = [name for name, driver in claimed.items() if driver == victim]
         replicas.kill(victim)
@@ -316,6 +322,7 @@ def test_three_sharded_replicas_share_the_episodes_and_a_dead_ones_continue_on_t
             timeout=30,
         )
         assert time.monotonic() - killed <= 30
+        assert victim not in {routes()[name] for name in orphans}
         wait_for(lambda: all(finished(api_client, namespace, name) for name in names), "the end", replicas, 300)
         for name in names:
             assert_counted_once(status_of(api_client, namespace, name), 2)

@@ -2,9 +2,17 @@
 
 from __future__ import annotations
 
-import pytest
+import asyncio
+import socket
+from pathlib import Path
+from typing import Any
 
-from episode_operator.kube.client import request_kind
+import aiohttp
+import pytest
+import yaml
+
+from episode_operator.kube.client import KubeClient, request_kind
+from episode_operator.runtime.metrics import Metrics
 
 HOST = "https://198.18.255.1:6443"
 
@@ -40,3 +48,40 @@ def test_a_request_is_named_by_verb_and_resource(
     method: str, path: str, query: list[tuple[str, object]] | None, expected: tuple[str, str]
 ) -> None:
     assert request_kind(method, HOST + path, query) == expected
+
+
+def test_a_request_that_gets_no_answer_is_counted_as_an_api_error(tmp_path: Path) -> None:
+    """An API server that is down: the request is counted, and counted again as failed."""
+    with socket.socket() as probe:  # a port nothing listens on
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(
+        yaml.safe_dump(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "clusters": [{"name": "c", "cluster": {"server": f"https://127.0.0.1:{port}"}}],
+                "users": [{"name": "u", "user": {"token": "t"}}],
+                "contexts": [{"name": "x", "context": {"cluster": "c", "user": "u"}}],
+                "current-context": "x",
+            }
+        )
+    )
+    metrics = Metrics()
+
+    async def scenario() -> None:
+        client = await KubeClient.connect(str(kubeconfig), metrics=metrics)
+        try:
+            with pytest.raises(aiohttp.ClientConnectionError):  # as kopf's daemons see it, and retry
+                await client.get_episode("ns", "e")
+        finally:
+            await client.close()
+
+    asyncio.run(scenario())
+
+    def counted(counter: Any) -> dict[tuple[str, str], float]:
+        samples = next(iter(counter.collect())).samples
+        return {(s.labels["verb"], s.labels["resource"]): s.value for s in samples if s.name.endswith("_total")}
+
+    assert counted(metrics.api_errors) == {("GET", "episodes"): counted(metrics.api_requests)[("GET", "episodes")]}

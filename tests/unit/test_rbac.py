@@ -19,6 +19,7 @@ import pytest
 
 import episode_operator
 import episode_operator.kube.client as client_module
+from episode_operator.api.episodeset import SET_PLURAL
 from episode_operator.api.models import PLURAL
 from episode_operator.api.vocabulary import GROUP
 from episode_operator.kube import rbac
@@ -82,20 +83,30 @@ def grants_of_api_method(name: str, custom: tuple[str, str] | None = None) -> se
     return {(group, resource, verb) for verb in VERB_PREFIXES[match["verb"]]}
 
 
-def custom_object_of(call: ast.Call) -> tuple[str, str] | None:
-    """The (group, plural) arguments of a CustomObjectsApi call, their names resolved in client.py."""
+# A method's ``plural`` parameter (list_objects_at, watch_objects) stands for what its callers
+# pass: a module constant resolves it (list_episodes_at passes PLURAL); a caller outside the client
+# that passes a variable may mean any of the operator's own kinds.
+PLURAL_PARAMETER = "{plural}"
+OWN_PLURALS = (client_module.PLURAL, client_module.SET_PLURAL)
+
+
+def custom_objects_of(call: ast.Call) -> list[tuple[str, str] | None]:
+    """The (group, plural) arguments of a CustomObjectsApi call, their names resolved in client.py
+    (a ``plural`` parameter: each of the operator's own plurals); [None] for other calls."""
     name = call.func.attr if isinstance(call.func, ast.Attribute) else ""
     if "custom_object" not in name:
-        return None
+        return [None]
     plural_index = 2 if "_cluster_" in name else 3
-    values = []
-    for argument in (call.args[0], call.args[plural_index]):
-        if isinstance(argument, ast.Constant):
-            values.append(str(argument.value))
-        else:
-            assert isinstance(argument, ast.Name), ast.unparse(call)
-            values.append(str(getattr(client_module, argument.id)))
-    return values[0], values[1]
+    group_argument, plural_argument = call.args[0], call.args[plural_index]
+    group = str(getattr(client_module, group_argument.id) if isinstance(group_argument, ast.Name) else "")
+    if isinstance(group_argument, ast.Constant):
+        group = str(group_argument.value)
+    if isinstance(plural_argument, ast.Name) and plural_argument.id == "plural":
+        return [(group, PLURAL_PARAMETER)]
+    if isinstance(plural_argument, ast.Constant):
+        return [(group, str(plural_argument.value))]
+    assert isinstance(plural_argument, ast.Name), ast.unparse(call)
+    return [(group, str(getattr(client_module, plural_argument.id)))]
 
 
 def grants_of_raw_call(call: ast.Call) -> set[Grant]:
@@ -131,25 +142,28 @@ def api_objects(node: ast.AST) -> set[str]:
     return found
 
 
-def client_methods() -> dict[str, tuple[set[Grant], set[str]]]:
-    """KubeClient method -> (the permissions its own API calls need, the KubeClient methods it calls)."""
+def client_methods() -> dict[str, tuple[set[Grant], set[tuple[str, str | None]]]]:
+    """KubeClient method -> (the permissions its own API calls need, the KubeClient methods it calls,
+    each with the plural it passes for a ``plural`` parameter, if a constant)."""
     tree = ast.parse(CLIENT.read_text())
     (kube_client,) = [n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "KubeClient"]
     members = api_objects(next(f for f in kube_client.body if isinstance(f, ast.FunctionDef) and f.name == "__init__"))
     assert {"self.core", "self.custom", "self.core_ws"} <= members, members
-    methods: dict[str, tuple[set[Grant], set[str]]] = {}
+    methods: dict[str, tuple[set[Grant], set[tuple[str, str | None]]]] = {}
     for function in kube_client.body:
         if not isinstance(function, ast.FunctionDef | ast.AsyncFunctionDef):
             continue
         objects = members | api_objects(function)
         grants: set[Grant] = set()
-        calls: set[str] = set()
+        calls: set[tuple[str, str | None]] = set()
         for node in ast.walk(function):
             if not isinstance(node, ast.Call) or not isinstance(node.func, ast.Attribute):
                 continue
             target, name = ast.unparse(node.func.value), node.func.attr
             if target in objects:
-                method_grants = grants_of_api_method(name, custom_object_of(node))
+                method_grants = {
+                    grant for custom in custom_objects_of(node) for grant in grants_of_api_method(name, custom)
+                }
                 if any(k.arg == "watch" and ast.unparse(k.value) == "True" for k in node.keywords):
                     # A list call with watch=True is a watch (RBAC's own verb).
                     method_grants = {(group, resource, "watch") for group, resource, _ in method_grants}
@@ -157,7 +171,9 @@ def client_methods() -> dict[str, tuple[set[Grant], set[str]]]:
             elif target == "self.api" and name == "call_api":
                 grants |= grants_of_raw_call(node)
             elif target == "self":
-                calls.add(name)
+                first = node.args[0] if node.args else None
+                passed = getattr(client_module, first.id, None) if isinstance(first, ast.Name) else None
+                calls.add((name, passed if passed in OWN_PLURALS else None))
         methods[function.name] = (grants, calls)
     return methods
 
@@ -165,16 +181,20 @@ def client_methods() -> dict[str, tuple[set[Grant], set[str]]]:
 def reachable_grants(entry_points: set[str]) -> set[Grant]:
     """The permissions of these KubeClient methods and of every KubeClient method they call."""
     methods = client_methods()
-    seen: set[str] = set()
-    todo = list(entry_points)
+    seen: set[tuple[str, str | None]] = set()
+    todo: list[tuple[str, str | None]] = [(name, None) for name in entry_points]
     grants: set[Grant] = set()
     while todo:
-        name = todo.pop()
-        if name in seen or name not in methods:
+        name, plural = todo.pop()
+        if (name, plural) in seen or name not in methods:
             continue
-        seen.add(name)
-        grants |= methods[name][0]
-        todo += methods[name][1]
+        seen.add((name, plural))
+        for group, resource, verb in methods[name][0]:
+            if resource == PLURAL_PARAMETER:
+                grants |= {(group, each, verb) for each in ((plural,) if plural else OWN_PLURALS)}
+            else:
+                grants.add((group, resource, verb))
+        todo += [(called, passed or plural) for called, passed in methods[name][1]]
     return grants
 
 
@@ -243,7 +263,7 @@ def kopf_grants() -> set[Grant]:
 def test_every_client_call_maps_to_a_permission() -> None:
     methods = client_methods()
     assert methods["create_pod"][0] == {("", "pods", "create")}
-    assert methods["_exec_once"][0] == {("", "pods/exec", "get"), ("", "pods/exec", "create")}
+    assert methods["_exec_connection"][0] == {("", "pods/exec", "get"), ("", "pods/exec", "create")}
     assert methods["get_episode_data"][0] == {
         ("data.episode-operator.dev", "episodes/log", "get"),
         ("data.episode-operator.dev", "episodes/artifacts", "get"),
@@ -252,8 +272,9 @@ def test_every_client_call_maps_to_a_permission() -> None:
     assert methods["review_access"][0] == {("authorization.k8s.io", "subjectaccessreviews", "create")}
     assert methods["replace_api_service"][0] == {("apiregistration.k8s.io", "apiservices", "update")}
     assert methods["replace_episode_status"][0] == {(GROUP, f"{PLURAL}/status", "patch")}
-    assert methods["watch_episodes"][0] == {(GROUP, PLURAL, "watch")}
-    assert reachable_grants({"exec"}) == methods["_exec_once"][0]
+    assert reachable_grants({"watch_episodes"}) == {(GROUP, PLURAL, "watch")}  # it passes PLURAL on
+    assert reachable_grants({"list_objects_at"}) == {(GROUP, PLURAL, "list"), (GROUP, SET_PLURAL, "list")}
+    assert reachable_grants({"exec"}) == reachable_grants({"exec_stream"}) == methods["_exec_connection"][0]
 
 
 def test_the_operator_is_granted_exactly_what_its_code_and_kopf_use() -> None:
@@ -342,7 +363,8 @@ def test_custom_object_calls_map_to_their_group_and_plural(call: str, expected: 
     node = ast.parse(call).body[0]
     assert isinstance(node, ast.Expr) and isinstance(node.value, ast.Call)
     assert isinstance(node.value.func, ast.Attribute)
-    assert grants_of_api_method(node.value.func.attr, custom_object_of(node.value)) == expected
+    (custom,) = custom_objects_of(node.value)
+    assert grants_of_api_method(node.value.func.attr, custom) == expected
 
 
 def test_an_unknown_api_method_fails_the_mapping() -> None:

@@ -271,6 +271,8 @@ QUEUE_LABEL: Final = "kueue.x-k8s.io/queue-name"
 # On an Episode or EpisodeSet: the operator replica (its incarnation) that drives it; a claim that
 # counts while that replica's member Lease lives (kube/replicas.py, docs/replicas.md).
 DRIVER_ANNOTATION: Final = f"{GROUP}/driver"
+# On an Episode, an EpisodeSet or a sandbox pod: the replica whose watch sees it (kube/routing.py).
+ROUTE_LABEL: Final = f"{GROUP}/replica"
 # On the member Leases of one operator's replicas: which operator (its Helm release) they belong to.
 REPLICAS_LABEL: Final = f"{GROUP}/replicas"
 # On a member Lease: its replica is shutting down (so the others know who stays, e.g. to keep the

@@ -196,15 +196,27 @@ def request_kind(method: str, url: str, query: Sequence[tuple[str, Any]] | None 
 
 
 class _Counted(k8s.ApiClient):
-    """The generated client, each request counted where it leaves for the network (retries included)."""
+    """The generated client, each request counted where it leaves for the network (retries included),
+    and each that got no answer counted again as a failure."""
 
-    def __init__(self, configuration: k8s.Configuration, count: Callable[[str, str], None]) -> None:
+    def __init__(
+        self,
+        configuration: k8s.Configuration,
+        count: Callable[[str, str], None],
+        failed: Callable[[str, str], None] = lambda _verb, _resource: None,
+    ) -> None:
         super().__init__(configuration)
         self._count = count
+        self._failed = failed
 
-    def request(self, method: str, url: str, query_params: Any = None, *args: Any, **kwargs: Any) -> Any:
-        self._count(*request_kind(method, url, query_params))
-        return super().request(method, url, query_params, *args, **kwargs)
+    async def request(self, method: str, url: str, query_params: Any = None, *args: Any, **kwargs: Any) -> Any:
+        kind = request_kind(method, url, query_params)
+        self._count(*kind)
+        try:
+            return await super().request(method, url, query_params, *args, **kwargs)
+        except (aiohttp.ClientConnectionError, TimeoutError, OSError):
+            self._failed(*kind)
+            raise
 
 
 class _CountedWs(WsApiClient):
@@ -248,11 +260,15 @@ class KubeClient:
             if metrics is not None:
                 metrics.api_requests.labels(verb, resource).inc()
 
+        def failed(verb: str, resource: str) -> None:
+            if metrics is not None:
+                metrics.api_errors.labels(verb, resource).inc()
+
         # Each connection costs a 256 KiB TLS read buffer: a burst of Episodes opened the whole pool
         # of 100. Requests are short, so a few connections carry them (queueing, never failing);
         # an exec holds its websocket connection for a whole long poll, so those keep the default.
         configuration.connection_pool_maxsize = REQUEST_CONNECTIONS
-        api = _Counted(configuration, count)
+        api = _Counted(configuration, count, failed)
         configuration.connection_pool_maxsize = EXEC_CONNECTIONS
         return cls(api, _CountedWs(configuration, count), metrics=metrics)
 
@@ -310,31 +326,43 @@ class KubeClient:
         self, namespace: str | None, selector: str | None = None
     ) -> tuple[list[dict[str, Any]], str]:
         """The Episodes (every namespace for None) and the list's resourceVersion, where a watch starts."""
-        with _api_call("episodes"):
+        return await self.list_objects_at(PLURAL, namespace, selector)
+
+    async def list_objects_at(
+        self, plural: str, namespace: str | None, selector: str | None = None
+    ) -> tuple[list[dict[str, Any]], str]:
+        """Objects of one of the operator's kinds (``episodes``, ``episodesets``; every namespace for
+        None) and the list's resourceVersion, where a watch starts."""
+        with _api_call(plural):
             if namespace is None:
-                result = await self.custom.list_cluster_custom_object(GROUP, VERSION, PLURAL, label_selector=selector)
+                result = await self.custom.list_cluster_custom_object(GROUP, VERSION, plural, label_selector=selector)
             else:
                 result = await self.custom.list_namespaced_custom_object(
-                    GROUP, VERSION, namespace, PLURAL, label_selector=selector
+                    GROUP, VERSION, namespace, plural, label_selector=selector
                 )
         return list(result.get("items", [])), str((result.get("metadata") or {}).get("resourceVersion", ""))
 
-    async def watch_episodes(
+    def watch_episodes(
         self, namespace: str | None, selector: str | None, resource_version: str
     ) -> AsyncIterator[tuple[str, dict[str, Any]]]:
-        """The changes after ``resource_version`` as (ADDED|MODIFIED|DELETED, Episode), until the API
+        return self.watch_objects(PLURAL, namespace, selector, resource_version)
+
+    async def watch_objects(
+        self, plural: str, namespace: str | None, selector: str | None, resource_version: str
+    ) -> AsyncIterator[tuple[str, dict[str, Any]]]:
+        """The changes after ``resource_version`` as (ADDED|MODIFIED|DELETED, object), until the API
         server ends the watch; a resourceVersion too old to watch from is :class:`Gone`.
 
         Events are read as whole lines of any length (an inline task makes an Episode large)."""
-        with _api_call("episodes"):
+        with _api_call(plural):
             if namespace is None:
                 response = await self.custom.list_cluster_custom_object(
-                    GROUP, VERSION, PLURAL, label_selector=selector, watch=True,
+                    GROUP, VERSION, plural, label_selector=selector, watch=True,
                     resource_version=resource_version, _preload_content=False,
                 )  # fmt: skip
             else:
                 response = await self.custom.list_namespaced_custom_object(
-                    GROUP, VERSION, namespace, PLURAL, label_selector=selector, watch=True,
+                    GROUP, VERSION, namespace, plural, label_selector=selector, watch=True,
                     resource_version=resource_version, _preload_content=False,
                 )  # fmt: skip
             if response.status != 200:
@@ -349,12 +377,12 @@ class KubeClient:
                     event = json.loads(line)
                     if event.get("type") == "ERROR":
                         status = event.get("object") or {}
-                        message = f"watch of episodes: {status.get('message') or status}"
+                        message = f"watch of {plural}: {status.get('message') or status}"
                         raise (Gone if status.get("code") == 410 else KubeError)(message, status=status.get("code", 0))
                     if event.get("type") in ("ADDED", "MODIFIED", "DELETED"):
                         yield event["type"], event["object"]
         except aiohttp.ClientError as error:
-            raise KubeError(f"watch of episodes: {type(error).__name__}: {error}") from error
+            raise KubeError(f"watch of {plural}: {type(error).__name__}: {error}") from error
         finally:
             response.release()
 
@@ -741,19 +769,24 @@ class KubeClient:
         """
         with _exec_errors(namespace, pod, container, EXEC_CONNECT_TIMEOUT_SEC):
             async with asyncio.timeout(EXEC_CONNECT_TIMEOUT_SEC):
-                connection = await self.core_ws.connect_get_namespaced_pod_exec(
-                    pod,
-                    namespace,
-                    command=list(argv),
-                    container=container,
-                    stdin=True,
-                    stdout=True,
-                    stderr=True,
-                    tty=False,
-                    _preload_content=False,
-                )
-                websocket = await connection
+                websocket = await (await self._exec_connection(namespace, pod, container, argv, stdin=True))
         return WebsocketExec(websocket, f"{pod}/{container}")
+
+    async def _exec_connection(
+        self, namespace: str, pod: str, container: str, argv: Sequence[str], *, stdin: bool
+    ) -> Any:
+        """The exec's websocket, to be entered (``async with``) or awaited."""
+        return await self.core_ws.connect_get_namespaced_pod_exec(
+            pod,
+            namespace,
+            command=list(argv),
+            container=container,
+            stdin=stdin,
+            stdout=True,
+            stderr=True,
+            tty=False,
+            _preload_content=False,
+        )
 
     def _count_retry(self, state: RetryCallState) -> None:
         if self.metrics is not None:
@@ -768,17 +801,7 @@ class KubeClient:
         status: dict[str, Any] | None = None
         with _exec_errors(namespace, pod, container, timeout_sec):
             async with asyncio.timeout(timeout_sec):
-                connection = await self.core_ws.connect_get_namespaced_pod_exec(
-                    pod,
-                    namespace,
-                    command=list(argv),
-                    container=container,
-                    stdin=stdin is not None,
-                    stdout=True,
-                    stderr=True,
-                    tty=False,
-                    _preload_content=False,
-                )
+                connection = await self._exec_connection(namespace, pod, container, argv, stdin=stdin is not None)
                 async with connection as websocket:
                     if stdin:
                         for start in range(0, len(stdin), FRAME):

@@ -39,8 +39,9 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from episode_operator.api.vocabulary import DRIVER_ANNOTATION, LEAVING_ANNOTATION, REPLICAS_LABEL
+from episode_operator.api.vocabulary import DRIVER_ANNOTATION, LEAVING_ANNOTATION, REPLICAS_LABEL, ROUTE_LABEL
 from episode_operator.kube.client import Conflict, Guard, KubeClient, KubeError, NotFound
+from episode_operator.kube.routing import route_in, route_of, route_patch
 from episode_operator.runtime.fencing import Fenced, HandOver, NoFence
 from episode_operator.runtime.wakeups import Wakeups, nap
 
@@ -303,9 +304,13 @@ class Membership:
             return self.fresh()
         return identity in self.members
 
+    def live_names(self) -> set[str]:
+        """The live replicas' names, this one included while it may act."""
+        return set(self.members.values()) | ({self.name} if self.fresh() else set())
+
     def owns(self, key: str) -> bool:
         """Whether ``key`` (a uid) belongs to this replica by the hash over the live members."""
-        return self.fresh() and owner_of(key, set(self.members.values()) | {self.name}) == self.name
+        return self.fresh() and owner_of(key, self.live_names()) == self.name
 
 
 # --- claims ---------------------------------------------------------------------------------------
@@ -363,6 +368,11 @@ class Claim:
             raise Fenced(f"{self._what} is claimed by {holder or 'nobody'}, not {self.identity}")
         if not membership.owns(self.uid):
             raise HandOver(f"{self._what} belongs to another replica now")
+        route = self.replicas.route
+        if route is not None and route_in(self.body) not in (None, route):
+            # Routed away from under this driver (a router that took this replica for dead): let the
+            # claim go, so that the replica whose watch sees it now can drive it.
+            raise HandOver(f"{self._what} is routed to {route_in(self.body)} now")
 
     @property
     def _what(self) -> str:
@@ -379,13 +389,25 @@ class Claim:
             raise Fenced(f"{what} is claimed by {_holder(current)}, not {self.identity}")
 
 
-class Replicas:
-    """This process among the operator's replicas: whether and when it drives an object."""
+class RoutedAway(Exception):
+    """The object is routed to another replica now (kube/routing.py): this one's daemons for it end."""
 
-    def __init__(self, client: KubeClient, membership: Membership | None, logger: logging.Logger) -> None:
+
+class Replicas:
+    """This process among the operator's replicas: whether and when it drives an object.
+
+    With ``routing``, this replica's watches see only the objects routed to it (kube/routing.py):
+    one it does not own by the hash and holds no claim on is routed on to its owner, and a daemon
+    of an object routed elsewhere ends (:class:`RoutedAway`).
+    """
+
+    def __init__(
+        self, client: KubeClient, membership: Membership | None, logger: logging.Logger, *, routing: bool = False
+    ) -> None:
         self.client = client
         self.membership = membership
         self.logger = logger
+        self.route = route_of(membership.name) if membership is not None and routing else None
         # Parked drivers, woken when their object changes (handlers.py) or the members change.
         self.wakeups = Wakeups()
         self.held: dict[str, Claim | NoFence] = {}
@@ -396,11 +418,42 @@ class Replicas:
         """Whether an object belongs to this replica (for work that needs no claim: TTLs, holds)."""
         return self.membership is None or self.membership.owns(uid)
 
-    async def until_owner(self, body: Mapping[str, Any]) -> None:
-        """Wait until the object belongs to this replica."""
+    def _check_route(self, claimable: Claimable, body: Mapping[str, Any]) -> None:
+        """:class:`RoutedAway` when the object is routed to another replica."""
+        if self.route is not None and route_in(body) not in (None, self.route):
+            metadata = body["metadata"]
+            raise RoutedAway(
+                f"{claimable.kind} {metadata['namespace']}/{metadata['name']} is routed to {route_in(body)}"
+            )
+
+    async def _route_to_owner(self, claimable: Claimable, body: Mapping[str, Any]) -> None:
+        """Route an object this replica watches but does not own to its owner (a replica joined).
+
+        Only an object this replica holds no claim on: a driven one goes after its hand-over."""
+        membership = self.membership
+        if self.route is None or membership is None or _holder(body) == membership.identity:
+            return
+        owner = owner_of(body["metadata"]["uid"], membership.live_names())
+        if owner is None or owner == membership.name:
+            return
+        metadata = body["metadata"]
+        try:
+            await claimable.patch(
+                self.client, metadata["namespace"], metadata["name"], route_patch(body, route_of(owner))
+            )
+        except KubeError as error:  # Conflict: it changed; its watch event wakes the daemon to try again
+            self.logger.debug("routing %s %s to %s: %s", claimable.kind, metadata["name"], owner, error)
+
+    async def until_owner(self, body: Mapping[str, Any], claimable: Claimable | None = None) -> None:
+        """Wait until the object belongs to this replica (:class:`RoutedAway` if it goes elsewhere)."""
+        claimable = claimable or EPISODES
         metadata = body["metadata"]
         with self.wakeups.registered(metadata["namespace"], f"owner/{metadata['name']}") as wakeup:
-            while not self.owns(metadata["uid"]):
+            while True:
+                self._check_route(claimable, body)
+                if self.owns(metadata["uid"]):
+                    return
+                await self._route_to_owner(claimable, body)
                 await nap(wakeup, RECHECK_SEC)
                 wakeup.clear()
 
@@ -414,6 +467,7 @@ class Replicas:
         metadata = body["metadata"]
         with self.wakeups.registered(metadata["namespace"], f"{claimable.kind}/{metadata['name']}") as wakeup:
             while (fence := await self._acquire(claimable, body)) is None:
+                self._check_route(claimable, body)
                 await nap(wakeup, RECHECK_SEC)
                 wakeup.clear()
         self.held[metadata["uid"]] = fence
@@ -429,13 +483,18 @@ class Replicas:
     def wake(self, claimable: Claimable, namespace: str, name: str) -> None:
         """The object changed (kopf's watch): a parked driver looks at its claim again."""
         self.wakeups.wake(namespace, f"{claimable.kind}/{name}")
+        self.wakeups.wake(namespace, f"owner/{name}")
 
     async def _acquire(self, claimable: Claimable, body: Mapping[str, Any]) -> Claim | NoFence | None:
         membership = self.membership
         if membership is None:
             return NoFence()
         metadata = body["metadata"]
+        # Before ownership: a body routed elsewhere is one kopf stopped updating (the object left
+        # this replica's watch); a daemon holding it must not act on it, whoever owns the object.
+        self._check_route(claimable, body)
         if not membership.owns(metadata["uid"]):
+            await self._route_to_owner(claimable, body)
             return None
         holder = _holder(body)
         if holder is not None and holder != membership.identity and membership.is_live(holder):
@@ -471,18 +530,22 @@ class Replicas:
         return Claim(self, claimable, body, replaced=holder)
 
     async def _release(self, claim: Claim) -> None:
-        """Clear the claim if it is still ours (a resourceVersion precondition; retried on conflicts)."""
+        """Clear the claim if it is still ours (a resourceVersion precondition; retried on conflicts),
+        routing the object to its owner in the same write when routes are on."""
         for _ in range(5):
             try:
                 current = await claim.claimable.get(self.client, claim.namespace, claim.name)
                 if _holder(current) != claim.identity:
                     return
-                patch = {
+                patch: dict[str, Any] = {
                     "metadata": {
                         "resourceVersion": current["metadata"]["resourceVersion"],
                         "annotations": {DRIVER_ANNOTATION: None},
                     }
                 }
+                owner = owner_of(claim.uid, claim.membership.live_names())
+                if self.route is not None and owner is not None and owner != claim.membership.name:
+                    patch["metadata"]["labels"] = {ROUTE_LABEL: route_of(owner)}
                 await claim.claimable.patch(self.client, claim.namespace, claim.name, patch)
                 return
             except NotFound:

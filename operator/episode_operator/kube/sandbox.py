@@ -94,9 +94,15 @@ class KubeSandbox:
     async def _call(self, command: supervisor.Command, container: str, timeout_sec: float) -> ExecResult:
         """On the container's session if it takes the call, else (or when the session fails) by exec."""
         session = self._session(container)
+        metrics = getattr(self.client, "metrics", None)
         if session.takes(command):
             with contextlib.suppress(SessionFailed):
-                return ExecResult(*await session.call(command, timeout_sec))
+                result = ExecResult(*await session.call(command, timeout_sec))
+                if metrics is not None:
+                    metrics.sandbox_calls.labels("session").inc()
+                return result
+        if metrics is not None:
+            metrics.sandbox_calls.labels("exec").inc()
         return await self.client.exec(
             self.namespace, self.name, container, command.argv, stdin=command.stdin, timeout_sec=timeout_sec
         )

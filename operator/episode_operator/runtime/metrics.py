@@ -76,6 +76,20 @@ class Metrics:
             ["verb", "resource"],
             registry=self.registry,
         )
+        self.api_errors = Counter(
+            "episode_operator_api_errors",
+            "Requests of the operator's own client that got no answer (connection refused or reset, timed out), "
+            "by verb and resource: what an API server outage looks like from here.",
+            ["verb", "resource"],
+            registry=self.registry,
+        )
+        self.sandbox_calls = Counter(
+            "episode_operator_sandbox_calls",
+            "Supervisor calls into sandbox pods, by how they went: on the container's open session, or by an "
+            "exec of their own (placement, one while the session is busy, one after the session failed).",
+            ["transport"],
+            registry=self.registry,
+        )
         self.events = Counter(
             "episode_operator_events",
             "Kubernetes Events recorded, by what became of them: posted; combined into one of the same object "
