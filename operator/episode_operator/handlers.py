@@ -69,6 +69,8 @@ from episode_operator.taskfolder.images import ImageMirrors
 # How long startup waits for the API server to serve the CRDs' resources (wait_until_served), and how often it asks.
 SERVED_WAIT_SEC = 60.0
 SERVED_POLL_SEC = 0.25
+# How long kopf waits for a stopped daemon to exit before it polls again (apply_kopf_settings).
+DAEMON_EXIT_WAIT_SEC = 10.0
 
 
 @dataclass(frozen=True)
@@ -145,9 +147,8 @@ async def wait_until_served(client: KubeClient, logger: kopf.Logger) -> None:
         await asyncio.sleep(SERVED_POLL_SEC)
 
 
-@kopf.on.startup()
-async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: kopf.Logger, **_: Any) -> None:
-    options: OperatorOptions = memo.options
+def apply_kopf_settings(settings: kopf.OperatorSettings, options: OperatorOptions) -> None:
+    """kopf's settings for this operator (no I/O)."""
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=GROUP)
     settings.persistence.diffbase_storage = LeanDiffBase(prefix=GROUP)
     settings.persistence.finalizer = f"{GROUP}/finalizer"
@@ -156,10 +157,21 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: ko
     settings.watching.client_timeout = 150
     settings.watching.connect_timeout = 30
     settings.posting.level = logging.WARNING
+    # A deleted Episode keeps kopf's finalizer until its driver's daemon has exited, and kopf looks
+    # again only after the daemon's cancellation backoff (60 s) unless the daemon exits within
+    # this wait: the driver's cleanup (its work cancelled, its pods deleted) takes API calls, so a
+    # wait of kopf's default ten event-loop cycles left deleted Episodes for a minute (a CI run).
+    settings.background.instant_exit_timeout = DAEMON_EXIT_WAIT_SEC
     if options.namespaces and not any(set(pattern) & set("*?!,") for pattern in options.namespaces):
         # Named namespaces only: kopf needs no cluster-wide view of namespaces and CRDs, and the
         # chart grants none (kube/rbac.py); scanning would retry forbidden listings at startup.
         settings.scanning.disabled = True
+
+
+@kopf.on.startup()
+async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: kopf.Logger, **_: Any) -> None:
+    options: OperatorOptions = memo.options
+    apply_kopf_settings(settings, options)
     memo.metrics = Metrics()
     memo.slots = FifoSlots(options.max_active_episodes)
     memo.client = await KubeClient.connect(options.kubeconfig, metrics=memo.metrics)

@@ -3,6 +3,8 @@ watches, so its fixed costs are kept small (handlers.py)."""
 
 from __future__ import annotations
 
+import asyncio
+import logging
 from typing import Any, cast
 
 import kopf
@@ -53,3 +55,34 @@ def test_episodes_have_no_change_handlers() -> None:
     assert [handler.id for handler in registry._watching.get_all_handlers() if handler.selector.check(resource)] == [
         "wake_for_episode"
     ]
+
+
+def test_a_deleted_episodes_driver_that_cleans_up_for_a_while_is_waited_for_not_polled_a_minute_later() -> None:
+    """kopf removes a deleted Episode's finalizer once its daemons exited; one still exiting after kopf's
+    instant-exit wait is looked at again only after its cancellation backoff (60 s for the driver)."""
+    from kopf._cogs.aiokits import aioenums
+    from kopf._core.engines import daemons
+    from kopf._core.intents import stoppers
+
+    settings = kopf.OperatorSettings()
+    handlers.apply_kopf_settings(settings, handlers.OperatorOptions())
+    [drive] = [
+        handler
+        for handler in kopf.get_default_registry()._spawning.get_all_handlers()
+        if getattr(handler, "fn", None) is handlers.drive
+    ]
+
+    async def scenario() -> tuple[bool, list[float]]:
+        stopper = stoppers.DaemonStopper()
+        stopped = aioenums.AsyncFlagWaiter(stopper)
+
+        async def cleaning_up() -> None:  # the driver's cleanup: its work cancelled, then its pods deleted
+            await stopped.wait()
+            await asyncio.sleep(0.5)
+
+        task = asyncio.create_task(cleaning_up())
+        daemon = daemons.Daemon(task=task, logger=logging.getLogger("test"), handler=drive, stopper=stopper)
+        delays = await daemons.stop_daemons(settings=settings, daemons={drive.id: daemon})
+        return task.done(), list(delays)
+
+    assert asyncio.run(scenario()) == (True, [])
