@@ -11,7 +11,7 @@ import aiohttp
 import pytest
 import yaml
 
-from episode_operator.kube.client import KubeClient, request_kind
+from episode_operator.kube.client import KubeClient, KubeError, request_kind
 from episode_operator.runtime.metrics import Metrics
 
 HOST = "https://198.18.255.1:6443"
@@ -50,13 +50,8 @@ def test_a_request_is_named_by_verb_and_resource(
     assert request_kind(method, HOST + path, query) == expected
 
 
-def test_a_request_that_gets_no_answer_is_counted_as_an_api_error(tmp_path: Path) -> None:
-    """An API server that is down: the request is counted, and counted again as failed."""
-    with socket.socket() as probe:  # a port nothing listens on
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    kubeconfig = tmp_path / "kubeconfig"
-    kubeconfig.write_text(
+def _kubeconfig(path: Path, port: int) -> Path:
+    path.write_text(
         yaml.safe_dump(
             {
                 "apiVersion": "v1",
@@ -68,6 +63,15 @@ def test_a_request_that_gets_no_answer_is_counted_as_an_api_error(tmp_path: Path
             }
         )
     )
+    return path
+
+
+def test_a_request_that_gets_no_answer_is_counted_as_an_api_error(tmp_path: Path) -> None:
+    """An API server that is down: the request is counted, and counted again as failed."""
+    with socket.socket() as probe:  # a port nothing listens on
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    kubeconfig = _kubeconfig(tmp_path / "kubeconfig", port)
     metrics = Metrics()
 
     async def scenario() -> None:
@@ -85,3 +89,31 @@ def test_a_request_that_gets_no_answer_is_counted_as_an_api_error(tmp_path: Path
         return {(s.labels["verb"], s.labels["resource"]): s.value for s in samples if s.name.endswith("_total")}
 
     assert counted(metrics.api_errors) == {("GET", "episodes"): counted(metrics.api_requests)[("GET", "episodes")]}
+
+
+def test_a_client_with_a_request_timeout_ends_a_request_the_api_server_never_answers(tmp_path: Path) -> None:
+    """The replicas' membership client: a listing left waiting would stop its renewals for good."""
+    metrics = Metrics()
+
+    async def scenario() -> str:
+        accepted: list[asyncio.StreamWriter] = []
+
+        async def silent(_reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            accepted.append(writer)  # holds the connection open and never answers (not even TLS)
+
+        server = await asyncio.start_server(silent, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        client = await KubeClient.connect(
+            str(_kubeconfig(tmp_path / "kubeconfig", port)), metrics=metrics, request_timeout_sec=0.5
+        )
+        try:
+            with pytest.raises(KubeError) as raised:
+                await asyncio.wait_for(client.list_leases("ns", "a=b"), 30)
+            return str(raised.value)
+        finally:
+            await client.close()
+            server.close()
+            for writer in accepted:
+                writer.close()
+
+    assert asyncio.run(scenario()) == "LIST leases: no answer within 0.5 s"

@@ -204,17 +204,26 @@ class _Counted(k8s.ApiClient):
         configuration: k8s.Configuration,
         count: Callable[[str, str], None],
         failed: Callable[[str, str], None] = lambda _verb, _resource: None,
+        timeout_sec: float | None = None,
     ) -> None:
         super().__init__(configuration)
         self._count = count
         self._failed = failed
+        self._timeout_sec = timeout_sec
 
     async def request(self, method: str, url: str, query_params: Any = None, *args: Any, **kwargs: Any) -> Any:
         kind = request_kind(method, url, query_params)
         self._count(*kind)
+        if self._timeout_sec is not None and kwargs.get("_request_timeout") is None:
+            kwargs["_request_timeout"] = self._timeout_sec
         try:
             return await super().request(method, url, query_params, *args, **kwargs)
-        except (aiohttp.ClientConnectionError, TimeoutError, OSError):
+        except TimeoutError:
+            self._failed(*kind)
+            if self._timeout_sec is None:
+                raise
+            raise KubeError(f"{kind[0]} {kind[1]}: no answer within {self._timeout_sec:g} s") from None
+        except (aiohttp.ClientConnectionError, OSError):
             self._failed(*kind)
             raise
 
@@ -250,10 +259,16 @@ class KubeClient:
 
     @classmethod
     async def connect(
-        cls, kubeconfig: str | None = None, *, context: str | None = None, metrics: Metrics | None = None
+        cls,
+        kubeconfig: str | None = None,
+        *,
+        context: str | None = None,
+        metrics: Metrics | None = None,
+        request_timeout_sec: float | None = None,
     ) -> KubeClient:
         """Connect as kubectl would (see :func:`_configuration`); every request is counted in ``metrics``
-        (``episode_operator_api_requests_total``)."""
+        (``episode_operator_api_requests_total``). ``request_timeout_sec`` bounds each request (not the
+        execs) with a :class:`KubeError`; without it a request waits as long as the API server does."""
         configuration = await _configuration(kubeconfig, context)
 
         def count(verb: str, resource: str) -> None:
@@ -268,7 +283,7 @@ class KubeClient:
         # of 100. Requests are short, so a few connections carry them (queueing, never failing);
         # an exec holds its websocket connection for a whole long poll, so those keep the default.
         configuration.connection_pool_maxsize = REQUEST_CONNECTIONS
-        api = _Counted(configuration, count, failed)
+        api = _Counted(configuration, count, failed, request_timeout_sec)
         configuration.connection_pool_maxsize = EXEC_CONNECTIONS
         return cls(api, _CountedWs(configuration, count), metrics=metrics)
 

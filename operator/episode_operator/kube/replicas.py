@@ -563,11 +563,13 @@ async def join_replicas(
 ) -> AsyncIterator[Membership | None]:
     """Be a member for the block (renewing in the background), then leave; None: a sole replica.
 
-    The membership has its own API connection, so its renewals never queue behind the drivers'."""
+    The membership has its own API connection, so its renewals never queue behind the drivers', and
+    each of its requests ends by the renew deadline: one left waiting would stop the renewals and the
+    listings for good, unlogged (no replica would learn who joined or left)."""
     if settings.namespace is None:
         yield None
         return
-    client = await KubeClient.connect(kubeconfig)
+    client = await KubeClient.connect(kubeconfig, request_timeout_sec=settings.renew_deadline_sec)
     try:
         membership = Membership(client, settings, logger)
         try:
