@@ -53,6 +53,7 @@ from episode_operator.kube.replicas import (
     ReplicaSettings,
     RoutedAway,
     join_replicas,
+    name_of,
     owner_of,
 )
 from episode_operator.kube.routing import Router, Scope
@@ -178,16 +179,16 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: ko
     await wait_until_served(memo.client, logger)
     memo.replicas = Replicas(memo.client, memo.membership, logging.getLogger("episode_operator.replicas"), routing=True)
     route_watches(settings, memo.replicas.route)
-    memo.router = None
+    memo.router = memo.routing = None
     if memo.membership is not None:
-        router = Router(
+        memo.router = Router(
             memo.client,
             memo.membership,
             owner_of,
             serving(options.namespaces),
             logging.getLogger("episode_operator.routing"),
         )
-        memo.router = asyncio.create_task(router.run(), name="router")
+        memo.routing = asyncio.create_task(memo.router.run(), name="router")
     memo.store = options.store.open(options.data_dir)
     memo.server = None
     if options.metrics_port is not None:
@@ -248,15 +249,19 @@ def serving(patterns: tuple[str, ...]) -> Scope:
 
 @kopf.on.cleanup()
 async def close(memo: kopf.Memo, **_: Any) -> None:
-    router: asyncio.Task[None] | None = getattr(memo, "router", None)
-    if router is not None:
-        router.cancel()
+    routing: asyncio.Task[None] | None = getattr(memo, "routing", None)
+    if routing is not None:
+        routing.cancel()
         with contextlib.suppress(asyncio.CancelledError):
-            await router
+            await routing
     membership: Membership | None = getattr(memo, "membership", None)
     if membership is not None:  # before the data API asks who stays (kube/dataapi.py)
         with contextlib.suppress(KubeError):
             await membership.announce_leaving()
+        router: Router | None = getattr(memo, "router", None)
+        if router is not None:  # kopf stopped the drivers before its cleanup: hand their objects on
+            with contextlib.suppress(KubeError):
+                await router.hand_over({name_of(identity) for identity in await membership.others_staying()})
     for server in (getattr(memo, "data_api", None), getattr(memo, "server", None)):  # the data API unregisters
         if server is not None:
             await server.cleanup()

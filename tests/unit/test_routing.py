@@ -96,6 +96,9 @@ def matches(selector: str, labels: dict[str, str]) -> bool:
         return True
     if selector.startswith("!"):
         return selector[1:] not in labels
+    if re.fullmatch(r"[^\s=!]+=[^\s=]+", selector):
+        key, value = selector.split("=")
+        return labels.get(key) == value
     found = re.fullmatch(r"(\S+) notin \((.*)\)", selector)
     assert found, f"unexpected selector {selector!r}"
     return labels.get(found[1]) not in found[2].split(",")
@@ -127,6 +130,30 @@ def test_a_route_is_the_replicas_name_where_that_is_a_label_value() -> None:
     long = route_of("a" * 70)
     assert long.startswith("r-") and len(long) <= 63 and long == route_of("a" * 70)
     assert route_of("host_name-1234.") != "host_name-1234."  # ends with a dot: not a label value
+
+
+def test_a_leaving_replica_routes_its_objects_to_their_owners_among_those_staying() -> None:
+    """A replica that joined and left between two of the others' listings is a change of the members
+    nobody saw: what was routed to it must not wait for their next sweep."""
+
+    async def scenario() -> None:
+        api, clock = RoutedApi(), Clock()
+        _a, b, _c = await joined(api, clock, "a", "b", "c")
+        for index in range(30):
+            api.add(f"mine-{index}", f"uid-mine-{index}", route="b")
+            api.add(f"theirs-{index}", f"uid-theirs-{index}", route="a")
+        router = Router(api, b, owner_of, Scope(), LOG)  # type: ignore[arg-type]
+        assert await router.hand_over(set()) == 0  # nobody stays: the routes stay for b's next incarnation
+        assert all(api.route(f"mine-{index}") == "b" for index in range(30))
+        assert await router.hand_over({"a", "c"}) == 30
+        for name, episode in api.episodes.items():
+            if name.startswith("mine"):
+                assert api.route(name) == owner_of(episode["metadata"]["uid"], {"a", "c"}), name
+            else:
+                assert api.route(name) == "a", name
+        assert {api.route(f"mine-{index}") for index in range(30)} == {"a", "c"}
+
+    asyncio.run(scenario())
 
 
 def test_new_and_orphaned_objects_are_routed_to_their_owner_by_its_own_router() -> None:

@@ -94,7 +94,7 @@ def _micro_time(seconds: float) -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(seconds)) + f".{int(seconds % 1 * 1e6):06d}Z"
 
 
-def _name_of(identity: str) -> str:
+def name_of(identity: str) -> str:
     """A replica's name from its identity (``<name>.<incarnation>``)."""
     return identity.rsplit(".", 1)[0]
 
@@ -269,7 +269,7 @@ class Membership:
             self._seen = seen
             self._listed_at = sent
             members = {
-                lease.holder: _name_of(lease.holder)
+                lease.holder: name_of(lease.holder)
                 for lease in seen.values()
                 if lease.holder and (lease.holder == self.identity or now - lease.since < lease.duration)
             }

@@ -164,6 +164,43 @@ class Router:
                 for item in items:
                     await self.consider(plural, item)
 
+    async def hand_over(self, staying: set[str]) -> int:
+        """As this replica leaves (its drivers stopped): route what is routed to it to each object's
+        owner among ``staying`` (the names of the replicas that stay); how many it routed.
+
+        The others would find these objects by themselves only at a change of the members they saw,
+        or at their next sweep: a replica that joined and left between two of their listings is a
+        change nobody saw, and its objects would wait for the sweep. A conflict (the object changed)
+        leaves it to the sweep."""
+        routed = 0
+        if not staying:
+            return routed
+        for plural in ROUTED:
+            for namespace in self.scope.namespaces():
+                try:
+                    items, _ = await self.client.list_objects_at(plural, namespace, f"{ROUTE_LABEL}={self.route}")
+                except KubeError as error:
+                    self.logger.warning("router %s: listing what to hand over: %s", self.route, error)
+                    continue
+                for item in items:
+                    metadata = item["metadata"]
+                    owner = self.owner_of(metadata["uid"], staying)
+                    if owner is None or not self.scope.includes(metadata["namespace"]):
+                        continue
+                    try:
+                        await self._patch(
+                            plural, metadata["namespace"], metadata["name"], route_patch(item, route_of(owner))
+                        )
+                    except KubeError as error:  # Conflict, NotFound, or worse: the others' sweep decides
+                        self.logger.debug(
+                            "router %s: handing over %s %s: %s", self.route, plural, metadata["name"], error
+                        )
+                        continue
+                    routed += 1
+        if routed:
+            self.logger.info("router %s: handed over %d objects to %s", self.route, routed, sorted(staying))
+        return routed
+
     async def consider(self, plural: str, body: Mapping[str, Any]) -> bool:
         """Route ``body`` here if it is routed to no live replica and belongs here; whether it did."""
         metadata = body["metadata"]
