@@ -322,7 +322,11 @@ async def drive(body: kopf.Body, memo: Any, logger: Any, stopped: kopf.DaemonSto
         if not work.done():
             driving = metadata["uid"] in memo.replicas.held  # another replica's driver stops its pods
             reason = stopped.reason or kopf.DaemonStoppingReason(0)
-            deleted = bool(reason & kopf.DaemonStoppingReason.RESOURCE_DELETED)
+            # kopf says "deleted" also of an object that left this replica's watch (routed to another
+            # replica: the watch's DELETED event); only a deletionTimestamp is a deletion, whose pods go.
+            deleted = bool(reason & kopf.DaemonStoppingReason.RESOURCE_DELETED) and bool(
+                metadata.get("deletionTimestamp")
+            )
             suspended = bool(reason & kopf.DaemonStoppingReason.FILTERS_MISMATCH) and bool(
                 body.get("spec", {}).get("suspend")
             )

@@ -4,6 +4,7 @@ watches, so its fixed costs are kept small (handlers.py)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from typing import Any, cast
 
@@ -86,3 +87,49 @@ def test_a_deleted_episodes_driver_that_cleans_up_for_a_while_is_waited_for_not_
         return task.done(), list(delays)
 
     assert asyncio.run(scenario()) == (True, [])
+
+
+@pytest.mark.parametrize(
+    ("deletion_timestamp", "pods_released"),
+    [("2026-12-02T01:35:45Z", True), (None, False)],
+    ids=["deleted", "routed-to-another-replica"],
+)
+def test_a_driver_stopped_as_deleted_stops_its_pods_only_if_the_episode_is_being_deleted(
+    monkeypatch: pytest.MonkeyPatch, deletion_timestamp: str | None, pods_released: bool
+) -> None:
+    """kopf stops a daemon as "deleted" also when its object leaves the replica's watch: a hand-over
+    routes the Episode to its new owner, whose driver resumes with the pods (a chaos run saw the old
+    owner delete them: the new one found its pod being deleted and started attempt 2)."""
+    from kopf._cogs.aiokits import aioenums
+    from kopf._core.intents import stoppers
+
+    released: list[str] = []
+
+    async def release(_client: Any, namespace: str, name: str) -> None:
+        released.append(f"{namespace}/{name}")
+
+    async def driving_for_ever(*_args: Any) -> None:
+        await asyncio.sleep(3600)
+
+    monkeypatch.setattr(handlers, "release_episode_pods", release)
+    monkeypatch.setattr(handlers, "_drive_when_claimed", driving_for_ever)
+    metadata: dict[str, Any] = {"namespace": "ns", "name": "e", "uid": "u1"}
+    if deletion_timestamp:
+        metadata["deletionTimestamp"] = deletion_timestamp
+    memo = kopf.Memo(replicas=kopf.Memo(held={"u1": object()}), client=None)
+
+    async def scenario() -> None:
+        stopper = stoppers.DaemonStopper()
+        stopped = aioenums.AsyncFlagWaiter(stopper)
+        running = asyncio.create_task(
+            handlers.drive(
+                body=cast(Any, {"metadata": metadata}), memo=memo, logger=logging.getLogger("t"), stopped=stopped
+            )  # type: ignore[call-arg]
+        )
+        await asyncio.sleep(0.05)
+        stopper.set(reason=stoppers.DaemonStoppingReason.RESOURCE_DELETED)
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.wait_for(running, 5)
+
+    asyncio.run(scenario())
+    assert released == (["ns/e"] if pods_released else [])
