@@ -260,8 +260,8 @@ async def close(memo: kopf.Memo, **_: Any) -> None:
             await membership.announce_leaving()
         router: Router | None = getattr(memo, "router", None)
         if router is not None:  # kopf stopped the drivers before its cleanup: hand their objects on
-            with contextlib.suppress(KubeError):
-                await router.hand_over({name_of(identity) for identity in await membership.others_staying()})
+            # Neither raises: others_staying lists from its last view on errors, hand_over logs and skips.
+            await router.hand_over({name_of(identity) for identity in await membership.others_staying()})
     for server in (getattr(memo, "data_api", None), getattr(memo, "server", None)):  # the data API unregisters
         if server is not None:
             await server.cleanup()

@@ -32,7 +32,7 @@ import contextlib
 import hashlib
 import logging
 import re
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -154,15 +154,21 @@ class Router:
         if not routes:
             return  # this replica is not live itself: nothing is its to route
         selector = f"{ROUTE_LABEL} notin ({','.join(routes)})"  # no route, or a route nobody watches
+        async for plural, item in self._listed(selector, "orphaned"):
+            await self.consider(plural, item)
+
+    async def _listed(self, selector: str, what: str) -> AsyncIterator[tuple[str, dict[str, Any]]]:
+        """Each routed object the selector picks, in every namespace served; a failed listing is logged
+        (as ``what`` the objects are) and skipped."""
         for plural in ROUTED:
             for namespace in self.scope.namespaces():
                 try:
                     items, _ = await self.client.list_objects_at(plural, namespace, selector)
                 except KubeError as error:
-                    self.logger.warning("router %s: listing orphaned %s: %s", self.route, plural, error)
+                    self.logger.warning("router %s: listing %s %s: %s", self.route, what, plural, error)
                     continue
                 for item in items:
-                    await self.consider(plural, item)
+                    yield plural, item
 
     async def hand_over(self, staying: set[str]) -> int:
         """As this replica leaves (its drivers stopped): route what is routed to it to each object's
@@ -175,28 +181,17 @@ class Router:
         routed = 0
         if not staying:
             return routed
-        for plural in ROUTED:
-            for namespace in self.scope.namespaces():
-                try:
-                    items, _ = await self.client.list_objects_at(plural, namespace, f"{ROUTE_LABEL}={self.route}")
-                except KubeError as error:
-                    self.logger.warning("router %s: listing what to hand over: %s", self.route, error)
-                    continue
-                for item in items:
-                    metadata = item["metadata"]
-                    owner = self.owner_of(metadata["uid"], staying)
-                    if owner is None or not self.scope.includes(metadata["namespace"]):
-                        continue
-                    try:
-                        await self._patch(
-                            plural, metadata["namespace"], metadata["name"], route_patch(item, route_of(owner))
-                        )
-                    except KubeError as error:  # Conflict, NotFound, or worse: the others' sweep decides
-                        self.logger.debug(
-                            "router %s: handing over %s %s: %s", self.route, plural, metadata["name"], error
-                        )
-                        continue
-                    routed += 1
+        async for plural, item in self._listed(f"{ROUTE_LABEL}={self.route}", "to hand over"):
+            metadata = item["metadata"]
+            owner = self.owner_of(metadata["uid"], staying)
+            if owner is None or not self.scope.includes(metadata["namespace"]):
+                continue
+            try:
+                await self._patch(plural, metadata["namespace"], metadata["name"], route_patch(item, route_of(owner)))
+            except KubeError as error:  # Conflict, NotFound, or worse: the others' sweep decides
+                self.logger.debug("router %s: handing over %s %s: %s", self.route, plural, metadata["name"], error)
+                continue
+            routed += 1
         if routed:
             self.logger.info("router %s: handed over %d objects to %s", self.route, routed, sorted(staying))
         return routed
