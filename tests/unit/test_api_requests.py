@@ -10,6 +10,7 @@ from typing import Any
 import aiohttp
 import pytest
 import yaml
+from aiohttp import web
 
 from episode_operator.kube.client import KubeClient, KubeError, request_kind
 from episode_operator.runtime.metrics import Metrics
@@ -117,3 +118,35 @@ def test_a_client_with_a_request_timeout_ends_a_request_the_api_server_never_ans
                 writer.close()
 
     assert asyncio.run(scenario()) == "LIST leases: no answer within 0.5 s"
+
+
+def test_a_replicas_requests_name_it_in_their_user_agent(tmp_path: Path) -> None:
+    """The API server's audit log tells the replicas (and their incarnations) apart by it."""
+    seen: list[str] = []
+
+    async def episode(request: web.Request) -> web.Response:
+        seen.append(request.headers.get("User-Agent", ""))
+        return web.json_response({"metadata": {"name": "e", "namespace": "ns"}})
+
+    async def scenario() -> None:
+        app = web.Application()
+        app.router.add_get("/apis/episode-operator.dev/v1alpha1/namespaces/ns/episodes/e", episode)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        kubeconfig = _kubeconfig(tmp_path / "kubeconfig", port)
+        kubeconfig.write_text(kubeconfig.read_text().replace("https://", "http://"))
+        try:
+            for replica in ("r1.ab12cd", None):
+                client = await KubeClient.connect(str(kubeconfig), replica=replica)
+                try:
+                    await client.get_episode("ns", "e")
+                finally:
+                    await client.close()
+        finally:
+            await runner.cleanup()
+
+    asyncio.run(scenario())
+    assert seen == ["episode-operator/0.1.0 (replica r1.ab12cd)", "episode-operator/0.1.0"]

@@ -30,6 +30,7 @@ from kubernetes_asyncio.config import ConfigException
 from kubernetes_asyncio.stream import WsApiClient
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, stop_after_attempt, wait_exponential
 
+from episode_operator import __version__
 from episode_operator.api.episodeset import SET_PLURAL
 from episode_operator.api.models import PLURAL
 from episode_operator.api.vocabulary import GROUP, VERSION
@@ -178,6 +179,11 @@ async def login_for(kubeconfig: str | None = None) -> Login:
     )
 
 
+def user_agent(replica: str | None = None) -> str:
+    """The User-Agent of the operator's requests, as kubectl's names the program and its version."""
+    return f"episode-operator/{__version__}" + (f" (replica {replica})" if replica else "")
+
+
 def request_kind(method: str, url: str, query: Sequence[tuple[str, Any]] | None = None) -> tuple[str, str]:
     """A request as the API server's ``apiserver_request_total`` names it: the verb (GET, LIST, WATCH,
     POST, PUT, PATCH, DELETE, DELETECOLLECTION) and the resource with its subresource (``pods/exec``)."""
@@ -265,11 +271,14 @@ class KubeClient:
         context: str | None = None,
         metrics: Metrics | None = None,
         request_timeout_sec: float | None = None,
+        replica: str | None = None,
     ) -> KubeClient:
         """Connect as kubectl would (see :func:`_configuration`); every request is counted in ``metrics``
         (``episode_operator_api_requests_total``). ``request_timeout_sec`` bounds each request (not the
-        execs) with a :class:`KubeError`; without it a request waits as long as the API server does."""
+        execs) with a :class:`KubeError`; without it a request waits as long as the API server does.
+        ``replica`` names the replica in the User-Agent, so the API server's audit log tells replicas apart."""
         configuration = await _configuration(kubeconfig, context)
+        agent = user_agent(replica)
 
         def count(verb: str, resource: str) -> None:
             if metrics is not None:
@@ -285,7 +294,9 @@ class KubeClient:
         configuration.connection_pool_maxsize = REQUEST_CONNECTIONS
         api = _Counted(configuration, count, failed, request_timeout_sec)
         configuration.connection_pool_maxsize = EXEC_CONNECTIONS
-        return cls(api, _CountedWs(configuration, count), metrics=metrics)
+        ws_api = _CountedWs(configuration, count)
+        api.user_agent = ws_api.user_agent = agent
+        return cls(api, ws_api, metrics=metrics)
 
     async def close(self) -> None:
         await self.event_recorder.close(EVENTS_CLOSE_TIMEOUT_SEC)
