@@ -9,6 +9,8 @@ drives an Episode is read from the Episode's ``episode-operator.dev/driver`` ann
 from __future__ import annotations
 
 import contextlib
+import json
+import os
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -21,6 +23,8 @@ from tests.cluster.harness import GROUP, VERSION, OperatorProcess
 
 DRIVER = "episode-operator.dev/driver"
 ROUTE = "episode-operator.dev/replica"
+# hack/cluster's API server audits pod deletions and Episode writes here (the User-Agent names the replica).
+AUDIT_LOG = Path(os.environ.get("EPISODE_CLUSTER_DIR") or "/var/lib/episode-operator/cluster") / "logs" / "audit.log"
 # Short leases: a SIGKILLed driver's Episodes are taken over within ~5 s, so a chaos run stays short.
 FAST_LEASES = ("--lease-duration", "4", "--renew-deadline", "3", "--retry-period", "1")
 
@@ -99,6 +103,23 @@ def duplicated_events(core: client.CoreV1Api, namespace: str, name: str) -> list
     for reason, message, count in events_of(core, namespace, name):
         seen[(reason, message)] = seen.get((reason, message), 0) + count
     return [key for key, count in seen.items() if count > 1]
+
+
+def audit_trail(namespace: str, prefixes: list[str]) -> list[str]:
+    """Who deleted a pod or wrote an Episode named with one of ``prefixes``, and when (the API
+    server's audit log): what a failing test says about who acted on what."""
+    found = []
+    with contextlib.suppress(FileNotFoundError), AUDIT_LOG.open() as lines:
+        for line in lines:
+            entry = json.loads(line)
+            ref = entry.get("objectRef", {})
+            if ref.get("namespace") == namespace and any(ref.get("name", "").startswith(p) for p in prefixes):
+                what = "/".join(filter(None, (ref.get("resource"), ref.get("subresource"))))
+                found.append(
+                    f"{entry['requestReceivedTimestamp']} {entry['verb']} {what} {ref['name']}"
+                    f" by {entry.get('userAgent')}: {entry.get('responseStatus', {}).get('code')}"
+                )
+    return found
 
 
 def wait_for(predicate: Callable[[], Any], what: str, replicas: Replicas, timeout: float = 120) -> Any:

@@ -38,6 +38,7 @@ from tests.cluster.harness import (
 )
 from tests.cluster.replicas import (
     Replicas,
+    audit_trail,
     driver_of,
     duplicated_events,
     objects,
@@ -378,7 +379,8 @@ def test_an_episodeset_of_40_across_3_replicas_killed_at_random(
             for child in children
             if (child["status"]["attempt"], child["status"]["reward"]) != (1, 1.0)
         }
-        assert wrong == {}, f"{wrong}\n{replicas.logs(80)}"
+        trail = audit_trail(namespace, list(wrong))
+        assert wrong == {}, f"{wrong}\n" + "\n".join(trail) + f"\n{replicas.logs(80)}"
         assert (status["total"], status["created"], status["finished"], status["active"]) == (40, 40, 40, 0)
         assert status["phases"]["succeeded"] == 40 and status["outcomes"]["graded"] == 40
         assert status["meanReward"] == 1.0
