@@ -175,7 +175,8 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: ko
     apply_kopf_settings(settings, options)
     memo.metrics = Metrics()
     memo.slots = FifoSlots(options.max_active_episodes)
-    memo.client = await KubeClient.connect(options.kubeconfig, metrics=memo.metrics)
+    replica = memo.membership.identity if memo.membership is not None else None  # this incarnation
+    memo.client = await KubeClient.connect(options.kubeconfig, metrics=memo.metrics, replica=replica)
     await wait_until_served(memo.client, logger)
     memo.replicas = Replicas(memo.client, memo.membership, logging.getLogger("episode_operator.replicas"), routing=True)
     route_watches(settings, memo.replicas.route)
@@ -371,9 +372,12 @@ async def _drive_when_claimed(body: kopf.Body, memo: Any, logger: Any) -> None:
 async def _drive_in_a_slot(body: kopf.Body, memo: Any, logger: Any, fence: Fence) -> None:
     """The driver, once one of the operator's maxActiveEpisodes slots is free (oldest first)."""
     metadata = body["metadata"]
+    claim = fence if isinstance(fence, Claim) else None
+    # With a claim, the Episode as read when it was claimed: kopf's body may be older.
+    current = claim.current if claim is not None else body
     slots: FifoSlots = memo.slots
     if slots.would_wait() or slots.waiting:
-        await announce_waiting(memo.client, body, slots.active)
+        await announce_waiting(memo.client, current, slots.active, guard=claim.guard if claim is not None else None)
     metrics: Metrics = memo.metrics
     waiting = True
     metrics.pending.inc()
@@ -383,8 +387,7 @@ async def _drive_in_a_slot(body: kopf.Body, memo: Any, logger: Any, fence: Fence
             metrics.pending.dec()
             metrics.active.inc()
             try:
-                claim = fence if isinstance(fence, Claim) else None
-                await drive_episode(memo.client, body, memo.settings, logger, observer=metrics, claim=claim)
+                await drive_episode(memo.client, current, memo.settings, logger, observer=metrics, claim=claim)
             finally:
                 metrics.active.dec()
     finally:
@@ -473,7 +476,7 @@ async def run_set(body: kopf.Body, memo: Any, logger: Any, stopped: kopf.DaemonS
 
     Only the replica holding the set's claim runs its loop; the loop ends at the next pass once the
     set belongs to another replica, and the claim is handed over."""
-    namespace, name, uid = body["metadata"]["namespace"], body["metadata"]["name"], body["metadata"]["uid"]
+    namespace, name = body["metadata"]["namespace"], body["metadata"]["name"]
     wakeups: Wakeups = memo.set_wakeups
     replicas: Replicas = memo.replicas
     while not stopped:
@@ -486,11 +489,11 @@ async def run_set(body: kopf.Body, memo: Any, logger: Any, stopped: kopf.DaemonS
                         namespace,
                         name,
                         wakeup,
-                        lambda: bool(stopped) or not replicas.owns(uid),
+                        lambda: bool(stopped) or not replicas.belongs_here(body),
                         logger,
                         claim=claim,
                     )
-                if not stopped and not replicas.owns(uid):
+                if not stopped and not replicas.belongs_here(body):
                     raise HandOver(f"episodeset {namespace}/{name} belongs to another replica now")
                 return
         except Fenced as error:
@@ -500,16 +503,21 @@ async def run_set(body: kopf.Body, memo: Any, logger: Any, stopped: kopf.DaemonS
 
 
 @kopf.on.event(GROUP, VERSION, SET_PLURAL)
-async def wake_set(body: kopf.Body, memo: Any, **_: Any) -> None:
+async def wake_set(body: kopf.Body, memo: Any, type: str | None, **_: Any) -> None:
+    if type == "DELETED":  # deleted, or routed to another replica: kopf updates this body no more
+        memo.replicas.left_watch(EPISODE_SETS, body)
     memo.set_wakeups.wake(body["metadata"]["namespace"], label_value(body["metadata"]["name"]))
     memo.replicas.wake(EPISODE_SETS, body["metadata"]["namespace"], body["metadata"]["name"])
 
 
 @kopf.on.event(GROUP, VERSION, PLURAL)
-async def wake_for_episode(body: kopf.Body, memo: Any, **_: Any) -> None:
+async def wake_for_episode(body: kopf.Body, memo: Any, type: str | None, **_: Any) -> None:
     """An Episode changed: if this replica waits to drive it (e.g. its claim was released), it looks
-    now, and so does the loop of the set it belongs to. One handler: kopf's cost is per handler."""
+    now, and so does the loop of the set it belongs to. One handler: kopf's cost is per handler.
+    A DELETED event (deleted, or routed to another replica) ends this replica's daemons for it."""
     metadata = body["metadata"]
+    if type == "DELETED":
+        memo.replicas.left_watch(EPISODES, body)
     memo.replicas.wake(EPISODES, metadata["namespace"], metadata["name"])
     set_name = (metadata.get("labels") or {}).get(SET_LABEL)
     if set_name:

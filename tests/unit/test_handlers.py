@@ -14,6 +14,8 @@ import pytest
 from episode_operator import handlers
 from episode_operator.api.models import PLURAL
 from episode_operator.api.vocabulary import GROUP, VERSION
+from episode_operator.kube.replicas import Replicas
+from episode_operator.runtime.wakeups import Wakeups
 
 EPISODE: dict[str, Any] = {
     "apiVersion": f"{GROUP}/{VERSION}",
@@ -133,3 +135,18 @@ def test_a_driver_stopped_as_deleted_stops_its_pods_only_if_the_episode_is_being
 
     asyncio.run(scenario())
     assert released == (["ns/e"] if pods_released else [])
+
+
+@pytest.mark.parametrize(("event", "departs"), [("DELETED", True), ("MODIFIED", False), (None, False)])
+def test_a_deleted_event_ends_the_daemons_of_the_body_it_froze(event: str | None, departs: bool) -> None:
+    """A label-selector watch's DELETED event (the object was routed away) carries the old object,
+    and kopf stops no daemon for it: the handler marks that body departed (kube/replicas.Departed)."""
+    replicas = Replicas(cast(Any, None), None, logging.getLogger("t"))
+    memo = kopf.Memo(replicas=replicas, set_wakeups=Wakeups())
+    body = kopf.Body(cast(kopf.RawBody, EPISODE))
+    asyncio.run(handlers.wake_for_episode(body=body, memo=memo, type=event))
+    assert (body in replicas.departed) is departs
+    assert kopf.Body(cast(kopf.RawBody, EPISODE)) not in replicas.departed  # another stay in the watch
+    sets = kopf.Body(cast(kopf.RawBody, {**EPISODE, "kind": "EpisodeSet"}))
+    asyncio.run(handlers.wake_set(body=sets, memo=memo, type=event))
+    assert (sets in replicas.departed) is departs

@@ -9,22 +9,26 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import gc
 import logging
 from collections import Counter
 from typing import Any
 
 import pytest
+from kopf._cogs.structs.bodies import Body
 
 from episode_operator.api.models import AgentSpec, EpisodeStatus
-from episode_operator.api.vocabulary import DRIVER_ANNOTATION, Stage
+from episode_operator.api.vocabulary import DRIVER_ANNOTATION, ROUTE_LABEL, Stage
 from episode_operator.kube.client import Conflict, KubeError, NotFound
 from episode_operator.kube.replicas import (
     EPISODES,
     Claim,
     Claimable,
+    Departed,
     Membership,
     Replicas,
     ReplicaSettings,
+    RoutedAway,
     owner_of,
 )
 from episode_operator.runtime.episode import EpisodeConfig, EpisodeRunner
@@ -318,6 +322,57 @@ def test_a_claim_fences_once_another_holds_it_and_hands_over_when_the_owner_chan
             claim.check()
 
     asyncio.run(scenario())
+
+
+def test_a_body_that_left_the_watch_is_driven_no_more_and_a_claim_starts_from_the_newest_status() -> None:
+    """kopf's DELETED event for an object routed away carries it as it was before (its old route and
+    claim) and kopf updates that body no more: its daemons must end, not wake later and drive from
+    its old status over what the next driver wrote (a finished Episode ran again: the chaos test)."""
+    api, clock = LeaseApi(), Clock()
+    a = member(api, clock, "a")
+
+    async def scenario() -> None:
+        await a.join()
+        await a.observe()
+        replicas = Replicas(api, a, LOG, routing=True)  # type: ignore[arg-type]
+        api.add_episode("e", "u")
+        api.episodes["e"]["status"] = {"phase": "Succeeded"}  # what the next driver wrote since
+        raw = {"metadata": {**copy.deepcopy(api.episodes["e"]["metadata"]), "labels": {ROUTE_LABEL: "a"}}}
+        raw["metadata"]["annotations"][DRIVER_ANNOTATION] = a.identity
+        raw["status"] = {"phase": "Running"}
+        frozen = Body(raw)  # type: ignore[arg-type]  # kopf's body of the daemons
+        held = Claim(replicas, FAKE_EPISODES, frozen, replaced=None)
+        held.check()
+        assert replicas.belongs_here(frozen)
+        replicas.left_watch(FAKE_EPISODES, frozen)
+        with pytest.raises(HandOver, match="left this replica's watch"):
+            held.check()
+        assert not replicas.belongs_here(frozen)
+        with pytest.raises(RoutedAway, match="left the watch"):
+            await replicas._acquire(FAKE_EPISODES, frozen)
+        # The object back in the watch is a new body: driven again, from the status read for the claim.
+        again = Body(copy.deepcopy(raw))  # type: ignore[arg-type]
+        claim = await replicas._acquire(FAKE_EPISODES, again)
+        assert isinstance(claim, Claim) and claim.current["status"] == {"phase": "Succeeded"}
+        # A body whose own route is stale still claims nothing the API server routes elsewhere.
+        await replicas._release(claim)
+        api.episodes["e"]["metadata"]["labels"] = {ROUTE_LABEL: "b"}
+        with pytest.raises(RoutedAway, match="routed to b"):
+            await replicas._acquire(FAKE_EPISODES, Body(copy.deepcopy(raw)))  # type: ignore[arg-type]
+        assert DRIVER_ANNOTATION not in api.episodes["e"]["metadata"]["annotations"]
+
+    asyncio.run(scenario())
+
+
+def test_departed_bodies_are_held_by_identity_and_weakly() -> None:
+    departed = Departed()
+    body = Body({"metadata": {"name": "e"}})  # kopf's bodies are mappings: unhashable, equal by value
+    twin = Body({"metadata": {"name": "e"}})
+    departed.add(body)
+    assert body in departed and twin not in departed
+    del body
+    gc.collect()
+    assert len(departed) == 0
 
 
 def test_a_sole_replica_drives_everything_unfenced() -> None:

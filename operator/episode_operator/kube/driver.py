@@ -31,7 +31,7 @@ from episode_operator.api.vocabulary import (
     timestamp,
 )
 from episode_operator.kube.builds import BuildCoordinator
-from episode_operator.kube.client import KubeClient, KubeError, NotFound
+from episode_operator.kube.client import Guard, KubeClient, KubeError, NotFound
 from episode_operator.kube.objects.pods import AgentImages, OwnerRef, episode_selector
 from episode_operator.kube.replicas import Claim
 from episode_operator.kube.sandbox import KubeProvider
@@ -261,8 +261,11 @@ async def release_episode_pods(client: KubeClient, namespace: str, name: str) ->
         await client.delete_pod(namespace, pod["metadata"]["name"], grace_seconds=0)
 
 
-async def announce_waiting(client: KubeClient, body: Mapping[str, Any], active: int) -> None:
-    """Mark a not-yet-started Episode Pending while it waits for a free slot (best effort)."""
+async def announce_waiting(
+    client: KubeClient, body: Mapping[str, Any], active: int, *, guard: Guard | None = None
+) -> None:
+    """Mark a not-yet-started Episode Pending while it waits for a free slot (best effort; with a
+    replica's claim, only while the claim stands)."""
     status = EpisodeStatus.model_validate(body.get("status") or {})
     if status.phase not in (None, "Pending"):
         return
@@ -270,7 +273,7 @@ async def announce_waiting(client: KubeClient, body: Mapping[str, Any], active: 
     status.message = f"waiting: {active} episode(s) running, the operator's maxActiveEpisodes"
     metadata = body["metadata"]
     with contextlib.suppress(KubeError):
-        await client.replace_episode_status(metadata["namespace"], metadata["name"], status.to_api())
+        await client.replace_episode_status(metadata["namespace"], metadata["name"], status.to_api(), guard=guard)
 
 
 async def suspend_episode(client: KubeClient, body: Mapping[str, Any]) -> None:

@@ -35,6 +35,7 @@ import re
 import secrets
 import socket
 import time
+import weakref
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -340,7 +341,14 @@ class Claim:
     this replica's own write, the holder it replaced is still what the body says.
     """
 
-    def __init__(self, replicas: Replicas, claimable: Claimable, body: Mapping[str, Any], replaced: str | None) -> None:
+    def __init__(
+        self,
+        replicas: Replicas,
+        claimable: Claimable,
+        body: Mapping[str, Any],
+        replaced: str | None,
+        current: Mapping[str, Any] | None = None,
+    ) -> None:
         assert replicas.membership is not None
         self.replicas = replicas
         self.membership: Membership = replicas.membership
@@ -348,6 +356,9 @@ class Claim:
         self.body = body
         self.identity = self.membership.identity
         self.replaced = replaced
+        # The object as read just before the claim was written: what the driver starts from. kopf's
+        # body may lag it (the watch), and the status a driver resumes must be the newest there is.
+        self.current = current if current is not None else body
         self._seen_own = False
         metadata = body["metadata"]
         self.namespace, self.name, self.uid = metadata["namespace"], metadata["name"], metadata["uid"]
@@ -368,6 +379,8 @@ class Claim:
             raise Fenced(f"{self._what} is claimed by {holder or 'nobody'}, not {self.identity}")
         if not membership.owns(self.uid):
             raise HandOver(f"{self._what} belongs to another replica now")
+        if self.body in self.replicas.departed:
+            raise HandOver(f"{self._what} left this replica's watch")
         route = self.replicas.route
         if route is not None and route_in(self.body) not in (None, route):
             # Routed away from under this driver (a router that took this replica for dead): let the
@@ -393,6 +406,34 @@ class RoutedAway(Exception):
     """The object is routed to another replica now (kube/routing.py): this one's daemons for it end."""
 
 
+class Departed:
+    """kopf's bodies of objects that left this replica's watch: kopf stops updating them, and keeps
+    their daemons running.
+
+    A label-selector watch tells of an object routed away with a DELETED event that carries the
+    object as it was *before* the change (its old route, its old claim), and kopf forgets the
+    object but stops no daemon: a daemon's body is then frozen at that old version for good. Left
+    alone, a parked driver would wake with it at the next change of the members and drive from
+    its old status, over whatever the Episode's new driver wrote since (a finished Episode ran
+    again). kopf gives each stay in the watch a new body, so a departed body is one stay ended:
+    its daemons end, and an object routed back gets new daemons with a new body. Held weakly: a
+    body goes with its daemons."""
+
+    def __init__(self) -> None:
+        self._bodies: dict[int, weakref.ref[Any]] = {}
+
+    def add(self, body: Mapping[str, Any]) -> None:
+        key = id(body)  # kopf's bodies are mappings, which hash by value: by identity here
+        self._bodies[key] = weakref.ref(body, lambda _gone: self._bodies.pop(key, None))
+
+    def __contains__(self, body: Mapping[str, Any]) -> bool:
+        held = self._bodies.get(id(body))
+        return held is not None and held() is body
+
+    def __len__(self) -> int:
+        return len(self._bodies)
+
+
 class Replicas:
     """This process among the operator's replicas: whether and when it drives an object.
 
@@ -411,6 +452,7 @@ class Replicas:
         # Parked drivers, woken when their object changes (handlers.py) or the members change.
         self.wakeups = Wakeups()
         self.held: dict[str, Claim | NoFence] = {}
+        self.departed = Departed()
         if membership is not None:
             membership.listeners.append(self.wakeups.wake_all)
 
@@ -419,12 +461,23 @@ class Replicas:
         return self.membership is None or self.membership.owns(uid)
 
     def _check_route(self, claimable: Claimable, body: Mapping[str, Any]) -> None:
-        """:class:`RoutedAway` when the object is routed to another replica."""
+        """:class:`RoutedAway` when the object is routed to another replica, or left this one's watch."""
+        metadata = body["metadata"]
+        what = f"{claimable.kind} {metadata['namespace']}/{metadata['name']}"
+        if body in self.departed:
+            raise RoutedAway(f"{what} left the watch of replica {self.route}")
         if self.route is not None and route_in(body) not in (None, self.route):
-            metadata = body["metadata"]
-            raise RoutedAway(
-                f"{claimable.kind} {metadata['namespace']}/{metadata['name']} is routed to {route_in(body)}"
-            )
+            raise RoutedAway(f"{what} is routed to {route_in(body)}")
+
+    def belongs_here(self, body: Mapping[str, Any]) -> bool:
+        """Whether this replica owns the object and its watch still shows it (a loop's test to go on)."""
+        return self.owns(body["metadata"]["uid"]) and body not in self.departed
+
+    def left_watch(self, claimable: Claimable, body: Mapping[str, Any]) -> None:
+        """kopf's watch had a DELETED event for ``body``: its daemons end (see :class:`Departed`)."""
+        self.departed.add(body)
+        metadata = body["metadata"]
+        self.wake(claimable, metadata["namespace"], metadata["name"])
 
     async def _route_to_owner(self, claimable: Claimable, body: Mapping[str, Any]) -> None:
         """Route an object this replica watches but does not own to its owner (a replica joined).
@@ -505,6 +558,7 @@ class Replicas:
         except KubeError as error:
             self.logger.warning("cannot read %s %s: %s", claimable.kind, metadata["name"], error)
             return None
+        self._check_route(claimable, current)  # this replica's watch may not have shown the route yet
         holder = _holder(current)
         if holder is not None and holder != membership.identity:
             # A holder this replica does not know may have joined after its last listing.
@@ -527,7 +581,7 @@ class Replicas:
                 self.logger.info(
                     "%s %s/%s taken over from %s", claimable.kind, metadata["namespace"], metadata["name"], holder
                 )
-        return Claim(self, claimable, body, replaced=holder)
+        return Claim(self, claimable, body, replaced=holder, current=current)
 
     async def _release(self, claim: Claim) -> None:
         """Clear the claim if it is still ours (a resourceVersion precondition; retried on conflicts),
@@ -569,7 +623,9 @@ async def join_replicas(
     if settings.namespace is None:
         yield None
         return
-    client = await KubeClient.connect(kubeconfig, request_timeout_sec=settings.renew_deadline_sec)
+    client = await KubeClient.connect(
+        kubeconfig, request_timeout_sec=settings.renew_deadline_sec, replica=settings.name
+    )
     try:
         membership = Membership(client, settings, logger)
         try:
