@@ -20,6 +20,7 @@ from typing import Any, cast
 
 import kopf
 from kopf._cogs.structs.references import NamespaceName, match_namespace  # kopf's --namespace patterns
+from kopf._core.reactor import observation  # kopf's namespace observer (see _namespace_event_listed_too)
 
 from episode_operator.api.episodeset import SET_PLURAL
 from episode_operator.api.models import PLURAL
@@ -414,9 +415,35 @@ async def expire(body: kopf.Body, memo: Any, **_: Any) -> None:
     await expire_episode(memo.client, body)  # a run-once Episode leaves its tombstone (kube/tombstones.py)
 
 
+KOPFS_NAMESPACE_EVENT = observation.process_discovered_namespace_event
+
+
+async def _namespace_event_listed_too(*, raw_event: Any, namespaces: Any, insights: Any, **rest: Any) -> None:
+    """kopf's handler of its namespace watch, which also takes in the namespaces the watch lists.
+
+    kopf lists the namespaces at startup, then starts a watch, which lists them *again* and watches
+    from that second listing; kopf drops the second listing's items (events of type None) as
+    already known. A namespace created between the two listings (an operator started just before a
+    test or a pipeline creates its namespace, or a watch relisted after "410 Gone") is then in
+    neither: its Episodes were not watched until the namespace itself changed — 15 minutes of a CI
+    run, until the test deleted it. Taking in a listed namespace again is idempotent."""
+    if raw_event["type"] is None:
+        async with insights.revised:
+            observation.revise_namespaces(raw_bodies=[raw_event["object"]], insights=insights, namespaces=namespaces)
+            insights.revised.notify_all()
+        return
+    await KOPFS_NAMESPACE_EVENT(raw_event=raw_event, namespaces=namespaces, insights=insights, **rest)
+
+
+def see_listed_namespaces() -> None:
+    """Install :func:`_namespace_event_listed_too` (kopf's observer looks the handler up when it starts)."""
+    observation.process_discovered_namespace_event = _namespace_event_listed_too
+
+
 def run_operator(options: OperatorOptions) -> None:
     """Run the operator until interrupted (``episode-operator run``)."""
     kopf.configure(verbose=os.environ.get("EPISODE_OPERATOR_VERBOSE") == "1")
+    see_listed_namespaces()
     try:
         asyncio.run(_operate(options))
     except KubeError as error:  # e.g. no such Lease namespace, or no right to its Leases

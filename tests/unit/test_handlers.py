@@ -150,3 +150,33 @@ def test_a_deleted_event_ends_the_daemons_of_the_body_it_froze(event: str | None
     sets = kopf.Body(cast(kopf.RawBody, {**EPISODE, "kind": "EpisodeSet"}))
     asyncio.run(handlers.wake_set(body=sets, memo=memo, type=event))
     assert (sets in replicas.departed) is departs
+
+
+def test_a_namespace_in_the_watchs_own_listing_is_watched() -> None:
+    """kopf's namespace watch lists again before it watches, and kopf drops that listing: a namespace
+    created between its first listing and the watch's was never watched (a CI run lost 15 minutes)."""
+    from kopf._cogs.structs.references import Insights
+    from kopf._core.reactor import observation
+
+    listed = {"type": None, "object": {"metadata": {"name": "team-a"}}}
+
+    def seen(handler: Any) -> set[Any]:
+        insights = Insights()
+        asyncio.run(handler(raw_event=listed, namespaces=["team-*"], insights=insights))
+        return set(insights.namespaces)
+
+    original = observation.process_discovered_namespace_event
+    assert seen(original) == set()  # kopf's own handler: still needed
+    handlers.see_listed_namespaces()
+    try:
+        assert observation.process_discovered_namespace_event is not original
+        assert seen(observation.process_discovered_namespace_event) == {"team-a"}
+        gone = {"type": "DELETED", "object": {"metadata": {"name": "team-a"}}}
+        insights = Insights()
+        insights.namespaces.add("team-a")
+        asyncio.run(
+            observation.process_discovered_namespace_event(raw_event=gone, namespaces=["team-*"], insights=insights)
+        )
+        assert insights.namespaces == set()  # the watch's events still go to kopf's handler
+    finally:
+        observation.process_discovered_namespace_event = original
