@@ -104,11 +104,11 @@ class FakeProvider:
     def __init__(self, client: Any, episode: Any, *_: Any, **__: Any) -> None:
         self.episode = episode
 
-    async def agent(self, attempt: int) -> FakeSandbox:
+    async def agent(self, attempt: int, *, waiting: Any = None) -> FakeSandbox:
         name = f"{self.episode.namespace}/{self.episode.name}-a{attempt}"
         return PODS.setdefault(name, FakeSandbox(name, self.episode.uid))
 
-    async def verifier(self, attempt: int, turn: int, plan: Any) -> FakeSandbox:
+    async def verifier(self, attempt: int, turn: int, plan: Any, *, waiting: Any = None) -> FakeSandbox:
         return await self.agent(attempt)
 
     async def apply_network(self, attempt: int, policy: Any) -> None:
