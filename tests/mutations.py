@@ -350,6 +350,13 @@ MUTATIONS = [
         "a daemon whose object left this replica's watch claims it with the body kopf stopped updating",
     ),
     Mutation(
+        "generated-client-eager",
+        "cli/operator_main.py",
+        "    from episode_operator.kube.generated import install\n\n    install()  # before kopf: see above\n",
+        "",
+        "kopf imports the whole generated Kubernetes client before the kube layer makes it lazy (+32 MiB)",
+    ),
+    Mutation(
         "logs-in-run-order",
         "runtime/store.py",
         """known.get(f"{blob.turn}/{blob.name.removesuffix('.txt')}", len(known))""",

@@ -6,6 +6,7 @@ import asyncio
 import os
 import sys
 from pathlib import Path
+from types import ModuleType
 
 import click
 
@@ -25,6 +26,26 @@ def parse_image_mirrors(_context: click.Context, _parameter: click.Parameter, va
         return ImageMirrors.parse(values)
     except InvalidImageReference as error:
         raise click.BadParameter(str(error)) from error
+
+
+def import_handlers() -> ModuleType:
+    """The operator's kopf handlers, imported — with kopf — as the operator wants them.
+
+    Imported on demand, not at the top: the capture container runs this program too, and needs
+    neither kopf nor Kubernetes. kopf imports a Kubernetes client whenever one is installed, as its
+    registry is made (to offer a login through it):
+    - the synchronous one only to recognise its model objects, which the operator never hands it —
+      the operator does not depend on it, but a development environment has it for the tests: hidden;
+    - kubernetes_asyncio, which the kube layer uses: the kube layer's lazy stand-in for its generated
+      classes must be in place first (kube/generated.py: 32 MiB of an idle operator).
+    """
+    sys.modules.setdefault("kubernetes", None)  # type: ignore[arg-type]
+    from episode_operator.kube.generated import install
+
+    install()  # before kopf: see above
+    import episode_operator.handlers
+
+    return episode_operator.handlers
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -240,12 +261,7 @@ def run(
     unschedulable_timeout_sec: float,
 ) -> None:
     """Run the operator until interrupted."""
-    # Imported here: the capture container runs this program too, and needs neither kopf nor Kubernetes.
-    # kopf imports the synchronous Kubernetes client whenever it is installed (only to recognise its
-    # model objects, which the operator never hands it), a few MiB of an idle operator; the operator
-    # does not depend on it, but a development environment has it for the tests: hidden from kopf.
-    sys.modules.setdefault("kubernetes", None)  # type: ignore[arg-type]
-    from episode_operator.handlers import OperatorOptions, run_operator
+    handlers = import_handlers()
     from episode_operator.kube.builds import BuildSettings
     from episode_operator.kube.replicas import ReplicaSettings
     from episode_operator.runtime.store import StoreSettings
@@ -281,8 +297,8 @@ def run(
     # What a burst of Episodes took is given back once it is over (runtime/allocator.py).
     tune_allocator()
     release_free_memory_every(RELEASE_INTERVAL_SEC)
-    run_operator(
-        OperatorOptions(
+    handlers.run_operator(
+        handlers.OperatorOptions(
             namespaces=namespaces,
             data_dir=data_dir,
             kubeconfig=kubeconfig,
