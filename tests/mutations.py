@@ -357,6 +357,13 @@ MUTATIONS = [
         "kopf imports the whole generated Kubernetes client before the kube layer makes it lazy (+32 MiB)",
     ),
     Mutation(
+        "event-backlog-unbounded",
+        "kube/events.py",
+        "        if self._pending >= self._max_pending:\n",
+        "        if False:\n",
+        "Events from many objects queue without bound behind the rate limit (the operator's memory grows with them)",
+    ),
+    Mutation(
         "logs-in-run-order",
         "runtime/store.py",
         """known.get(f"{blob.turn}/{blob.name.removesuffix('.txt')}", len(known))""",

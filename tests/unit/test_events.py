@@ -193,3 +193,38 @@ def test_close_drops_what_the_rate_limit_still_holds() -> None:
     posted, waiting = asyncio.run(scenario())
     assert posted <= 1
     assert waiting == 0
+
+
+def test_the_backlog_is_bounded_and_what_finds_it_full_is_dropped_and_said(caplog: Any) -> None:
+    """Many objects each posting faster than the rate: without a bound the backlog (and the operator's
+    memory) would grow for as long as the storm lasts."""
+    metrics = Metrics()
+
+    async def scenario() -> tuple[int, int, int, list[str]]:
+        api, gate = Api(), Gate(tokens=0)
+        recorder = EventRecorder(api.create_event, limiter=gate, metrics=metrics, max_pending=50)
+        episodes = owners(100)
+        for episode in episodes:
+            recorder.record(episode, "TurnStarted", "started", warning=False, logger=LOGGER)
+        full = recorder.pending
+        # An Event the backlog holds already still takes in its repeats: combined, not dropped.
+        recorder.record(episodes[0], "TurnStarted", "started again", warning=False, logger=LOGGER)
+        await gate.add(1000)
+        await until(lambda: recorder.pending == 0 and len(api.posted) == 50)
+        # Room again: nothing is dropped.
+        recorder.record(episodes[99], "TurnFinished", "finished", warning=False, logger=LOGGER)
+        await recorder.flush(episodes[99], 5.0)
+        posted = sorted(event["involvedObject"]["uid"] for event in api.posted)
+        return full, len(api.posted), sum(event["count"] for event in api.posted), posted[-1:]
+
+    with caplog.at_level(logging.WARNING, logger="test"):
+        full, posted, counted, last = asyncio.run(scenario())
+    assert (full, posted, counted, last) == (50, 51, 52, ["uid-99"])
+    assert metrics.registry.get_sample_value("episode_operator_events_total", {"result": "dropped"}) == 50
+    assert metrics.registry.get_sample_value("episode_operator_events_total", {"result": "combined"}) == 1
+    # Said once (a minute has not passed), with how many were dropped until then.
+    warnings = [record.getMessage() for record in caplog.records if "dropped" in record.getMessage()]
+    assert warnings == [
+        "dropped 1 Event(s) (this one: TurnStarted): 50 wait for the operator's Event rate limit already; "
+        "the status keeps every transition"
+    ]

@@ -94,7 +94,8 @@ class Metrics:
             "episode_operator_events",
             "Kubernetes Events recorded, by what became of them: posted; combined into one of the same object "
             "and reason still waiting (the operator's Event rate limit was reached); duplicate (the Event of that "
-            "occasion was posted already, by another replica or before a restart); failed.",
+            "occasion was posted already, by another replica or before a restart); failed; dropped (the backlog "
+            "waiting for the rate limit was full).",
             ["result"],
             registry=self.registry,
         )
