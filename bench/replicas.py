@@ -1,18 +1,22 @@
 #!/usr/bin/env python3
 """Issue 14: how many concurrently driven Episodes 1, 2 and 3 operator replicas sustain.
 
-    .venv/bin/python bench/replicas.py [--replicas 1,2,3] [--levels 25,50,100,200] [--turn-sec 60] [--turns 3]
+    .venv/bin/python bench/replicas.py [--replicas 1,2,3] [--levels 10,20,40,80] [--turn-sec 60] [--turns 3]
+                                       [--window-sec 60] [--resolution 0.1] [--cpu-quota CORES]
 
 The replicas are the real operator (``bench/fake_sandbox_operator.py``: only the pods and their
 execs are faked in process, so the operator's and the API server's own cost is what is measured,
 at a scale this 2-core machine could never hold as pods), local processes with pids recorded,
-stopped by pid. Each level creates N Episodes, spread over one turn's duration (a steady load:
-turns end evenly) — a command agent whose every turn takes ``--turn-sec`` seconds, ``--turns``
-turns — and waits until all finished; all N are driven at once. The measure is the
+stopped by pid. A *level* keeps N Episodes in flight — a command agent whose every turn takes
+``--turn-sec`` seconds, ``--turns`` turns; the first N created spread over one turn, then a new one
+for each that ends — and measures ``--window-sec`` seconds of that steady state. The measure is the
 **per-turn latency**: from one turn's agent job ending to the next turn's agent job starting (the
 operator's whole work for a turn: collect, verify, the reward, status writes, Events, the next
 turn's preparation and start). A configuration *sustains* N while that latency's p95 stays below
-twice the p95 of one replica at the smallest level. Prints a table, writes bench/out/replicas-*.json.
+twice the p95 of one replica at the smallest level. For each replica count the levels are tried in
+order until one is not sustained, then the gap between the last that was and the first that was not
+is halved until it is within ``--resolution``; more replicas start at what fewer sustained. Prints a
+table, writes bench/out/replicas-*.json.
 
 ``--cpu-quota C`` gives each replica process C cores at most (a CPU cgroup of its own: cgroup v2's
 ``cpu.max``, else v1's CFS quota), as a replica's ``resources.limits.cpu`` does in a cluster. On a
@@ -34,15 +38,16 @@ import sys
 import tempfile
 import time
 import urllib.request
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.suite.cluster import DEFAULT_KUBECONFIG, Namespaces, connect, create_episode, machine
+from bench.suite.cluster import DEFAULT_KUBECONFIG, Namespaces, Recorder, connect, create_episode, machine
 from bench.suite.stats import table
-from tests.cluster.harness import GROUP, PLURAL, VERSION, free_port, install_crd
+from tests.cluster.harness import free_port, install_crd
 
 OUT = Path(__file__).resolve().parent / "out"
 FAKE = Path(__file__).resolve().parent / "fake_sandbox_operator.py"
@@ -144,14 +149,8 @@ class Replica:
             self.group.remove()
 
 
-def finished(api: Any, namespace: str) -> int:
-    from kubernetes import client
-
-    listed = client.CustomObjectsApi(api).list_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL)
-    return sum(1 for item in listed["items"] if (item.get("status") or {}).get("phase") in ("Succeeded", "Failed"))
-
-
 def level(options: argparse.Namespace, api: Any, namespaces: Namespaces, replicas: int, count: int) -> dict[str, Any]:
+    """``count`` Episodes in flight at once, kept so for ``--window-sec``: a new one for each that ends."""
     namespace = namespaces.create(f"r{replicas}-n{count}")
     folder = Path(tempfile.mkdtemp(prefix=f"replicas-r{replicas}-n{count}-", dir=options.out))
     timeline = folder / "timeline.jsonl"
@@ -159,32 +158,42 @@ def level(options: argparse.Namespace, api: Any, namespaces: Namespaces, replica
         Replica(options.kubeconfig, namespace, f"r{i}", folder, timeline, options.turn_sec, options.cpu_quota)
         for i in range(replicas)
     ]
+    spec = {"task": {"inline": {"files": task(options.turns)}}, "agent": {"kind": "command", "command": "sleep"}}
     try:
         for replica in group:
             replica.start()
         time.sleep(options.retry_settle)  # every replica has seen the others before the Episodes arrive
-        cpu_before = sum(replica.cpu_sec() for replica in group)
-        spec = {"task": {"inline": {"files": task(options.turns)}}, "agent": {"kind": "command", "command": "sleep"}}
-        started = time.time()
-        # Spread over one turn, as Episodes of a steady load are: the turns end evenly, not all at once.
-        spread = options.turn_sec if options.stagger else 0.0
+        with Recorder.episodes(api, namespace) as episodes:
+            started = time.time()
+            # The first ones spread over one turn, as a steady load's are (their turns end evenly, not all at
+            # once); from then on `count` are in flight, and the window measures that steady state.
+            window = (started + options.turn_sec, started + options.turn_sec + options.window_sec)
 
-        def create(index: int) -> None:
-            time.sleep(max(0.0, started + spread * index / count - time.time()))
-            create_episode(api, namespace, f"e{index}", spec)
+            def create(index: int) -> None:
+                time.sleep(max(0.0, started + options.turn_sec * index / count - time.time()))
+                create_episode(api, namespace, f"e{index}", spec)
 
-        with ThreadPoolExecutor(8) as pool:
-            list(pool.map(create, range(count)))
-        created = time.time() - started
-        deadline = time.monotonic() + options.turns * options.turn_sec * 4 + 300
-        while finished(api, namespace) < count:
-            assert time.monotonic() < deadline, f"{finished(api, namespace)}/{count} finished"
-            time.sleep(2)
-        wall = time.time() - started
-        cpu = sum(replica.cpu_sec() for replica in group) - cpu_before
+            with ThreadPoolExecutor(8) as pool:
+                list(pool.map(create, range(count)))
+            cpu_at, created, ended, cursor = {}, count, set(), 0
+            while time.time() < window[1]:
+                if "start" not in cpu_at and time.time() >= window[0]:
+                    cpu_at["start"] = sum(replica.cpu_sec() for replica in group)
+                try:
+                    views, cursor = episodes.since(cursor, timeout=1.0)
+                except TimeoutError:
+                    continue
+                for view in views:
+                    if view.terminal and view.name not in ended:
+                        ended.add(view.name)
+                        create_episode(api, namespace, f"e{created}", spec)
+                        created += 1
+            cpu_at["end"] = sum(replica.cpu_sec() for replica in group)
+            names = [f"e{index}" for index in range(created)]
+            episodes.wait_all(names, lambda view: view.terminal, timeout=options.turns * options.turn_sec * 4 + 300)
     finally:
         try:
-            namespaces.delete(namespace, timeout=300)  # while a replica runs: the finalizers need one
+            namespaces.delete(namespace, timeout=600)  # while a replica runs: the finalizers need one
         finally:
             for replica in group:
                 replica.stop()
@@ -192,24 +201,59 @@ def level(options: argparse.Namespace, api: Any, namespaces: Namespaces, replica
     for line in timeline.read_text().splitlines():
         entry = json.loads(line)
         jobs.setdefault(entry["uid"], []).append(entry)
-    gaps = []
+    gaps, starts_in_window = [], 0
     for entries in jobs.values():
         entries.sort(key=lambda entry: entry["started"])
-        gaps += [after["started"] - before["ends"] for before, after in itertools.pairwise(entries)]
-    assert len(jobs) == count and len(gaps) == count * (options.turns - 1), (len(jobs), len(gaps))
+        starts_in_window += sum(1 for entry in entries if window[0] <= entry["started"] < window[1])
+        gaps += [
+            after["started"] - before["ends"]
+            for before, after in itertools.pairwise(entries)
+            if window[0] <= before["ends"] < window[1]
+        ]
+    assert len(jobs) == created, (len(jobs), created)
+    assert len(gaps) >= 10, f"{len(gaps)} turns in the window: make --window-sec longer"
     quantiles = statistics.quantiles(gaps, n=100)
+    cpu = cpu_at["end"] - cpu_at["start"]
     return {
         "replicas": replicas,
         "episodes": count,
+        "created": created,
+        "turns_measured": len(gaps),
         "turn_latency_p50_sec": statistics.median(gaps),
         "turn_latency_p95_sec": quantiles[94],
         "turn_latency_max_sec": max(gaps),
-        "create_sec": created,
-        "wall_sec": wall,
         "operator_cpu_sec": cpu,
-        "cpu_per_turn_ms": cpu / (count * options.turns) * 1000,
+        "cpu_per_turn_ms": cpu / max(1, starts_in_window) * 1000,
         "load_average": os.getloadavg()[0],
     }
+
+
+def sustained_level(
+    measure: Callable[[int], dict[str, Any]],
+    levels: list[int],
+    bound: Callable[[dict[str, Any]], bool],
+    resolution: float,
+) -> tuple[int | None, bool]:
+    """The largest level within ``bound``: the ``levels`` in order until one is not, then halving the gap
+    between the last that was and the first that was not until it is within ``resolution`` (a fraction);
+    and whether the levels ran out first (the largest one was within: there may be more)."""
+    good: int | None = None
+    bad: int | None = None
+    for count in levels:
+        if bound(measure(count)):
+            good = count
+        else:
+            bad = count
+            break
+    if good is None or bad is None:
+        return good, bad is None
+    while bad - good > max(1, round(good * resolution)):
+        middle = (good + bad) // 2
+        if bound(measure(middle)):
+            good = middle
+        else:
+            bad = middle
+    return good, False
 
 
 def main() -> int:
@@ -218,11 +262,14 @@ def main() -> int:
     parser.add_argument("--levels", default="25,50,100,200", help="Episodes at once, ascending")
     parser.add_argument("--turn-sec", type=float, default=60.0, help="each agent turn's duration (issue 14: 60)")
     parser.add_argument("--turns", type=int, default=3)
+    parser.add_argument(
+        "--window-sec", type=float, default=60.0, help="how long each level is measured in steady state"
+    )
+    parser.add_argument(
+        "--resolution", type=float, default=0.1, help="bisect until the bounds are this close (a fraction)"
+    )
     parser.add_argument("--retry-settle", type=float, default=5.0)
     parser.add_argument("--cpu-quota", type=float, default=None, help="cores per replica (a CPU cgroup each)")
-    parser.add_argument(
-        "--no-stagger", dest="stagger", action="store_false", help="create all Episodes at once (a burst)"
-    )
     parser.add_argument("--kubeconfig", type=Path, default=Path(os.environ.get("KUBECONFIG") or DEFAULT_KUBECONFIG))
     options = parser.parse_args()
     options.out = OUT
@@ -234,23 +281,37 @@ def main() -> int:
     results: list[dict[str, Any]] = []
     baseline: float | None = None
     sustained: dict[int, int] = {}
+    at_least: set[int] = set()  # the largest level was sustained: the search stopped there
     try:
         for replicas in [int(r) for r in options.replicas.split(",")]:
-            for count in levels:
+
+            def measure(count: int, replicas: int = replicas) -> dict[str, Any]:
+                nonlocal baseline
                 result = level(options, api, namespaces, replicas, count)
                 results.append(result)
                 baseline = baseline or result["turn_latency_p95_sec"]
-                within = result["turn_latency_p95_sec"] < 2 * baseline
                 print(
                     f"[{time.strftime('%H:%M:%S')}] {replicas} replica(s), {count} Episodes: per-turn p95 "
-                    f"{result['turn_latency_p95_sec'] * 1000:.0f} ms (baseline {baseline * 1000:.0f} ms), "
-                    f"CPU {result['cpu_per_turn_ms']:.0f} ms/turn, load {result['load_average']:.1f}",
+                    f"{result['turn_latency_p95_sec'] * 1000:.0f} ms (baseline {baseline * 1000:.0f} ms) of "
+                    f"{result['turns_measured']} turns, CPU {result['cpu_per_turn_ms']:.0f} ms/turn, "
+                    f"load {result['load_average']:.1f}",
                     file=sys.stderr,
                     flush=True,
                 )
-                if not within:
-                    break
-                sustained[replicas] = count
+                return result
+
+            def within(result: dict[str, Any]) -> bool:
+                assert baseline is not None
+                return bool(result["turn_latency_p95_sec"] < 2 * baseline)
+
+            # More replicas start at what fewer sustained: below it they sustain at least as much.
+            fewer = max(sustained.values(), default=0)
+            start = ([fewer] if fewer else []) + [n for n in levels if n > fewer]
+            found, capped = sustained_level(measure, start, within, options.resolution)
+            if found is not None:
+                sustained[replicas] = found
+            if capped:
+                at_least.add(replicas)
     finally:
         for namespace in list(namespaces.created):
             namespaces.delete(namespace, timeout=60)
@@ -264,25 +325,43 @@ def main() -> int:
             f"{r['turn_latency_p95_sec'] * 1000:.0f} ms",
             f"{r['turn_latency_p95_sec'] / baseline:.2f}",
             f"{r['cpu_per_turn_ms']:.0f} ms",
-            f"{r['create_sec']:.1f} s",
+            str(r["turns_measured"]),
             f"{r['load_average']:.1f}",
         ]
         for r in results
     ]
-    summary = [[str(r), str(n), f"{n / one:.2f}" if one else "—"] for r, n in sorted(sustained.items())]
+    summary = [
+        [str(r), f"≥ {n}" if r in at_least else str(n), f"{n / one:.2f}" if one else "—"]
+        for r, n in sorted(sustained.items())
+    ]
     print(
         table(
             f"Per-turn latency (agent job end → next agent job start), {options.turns} turns of {options.turn_sec:g} s",
-            ["replicas", "Episodes at once", "p50", "p95", "p95 / baseline", "operator CPU per turn", "create", "load"],
+            [
+                "replicas",
+                "Episodes in flight",
+                "p50",
+                "p95",
+                "p95 / baseline",
+                "CPU per turn (all replicas)",
+                "turns",
+                "load",
+            ],
             rows,
             note=f"Baseline: p95 of 1 replica at {levels[0]} Episodes, {baseline * 1000:.0f} ms; a level is "
-            "sustained while its p95 stays below twice that.",
+            f"sustained while its p95 stays below twice that. Each level: {options.window_sec:g} s of steady state.",
         )
     )
     print(table("Sustained Episodes", ["replicas", "Episodes (largest level sustained)", "× one replica"], summary))
     path = OUT / f"replicas-{time.strftime('%Y%m%d-%H%M%S')}.json"
-    path.write_text(json.dumps({"machine": machine(api), "options": vars(options), "levels": results,
-                                "sustained": sustained}, indent=2, default=str) + "\n")  # fmt: skip
+    record = {
+        "machine": machine(api),
+        "options": vars(options),
+        "levels": results,
+        "sustained": sustained,
+        "at_least": sorted(at_least),
+    }
+    path.write_text(json.dumps(record, indent=2, default=str) + "\n")
     print(f"JSON: {path}")
     return 0
 
