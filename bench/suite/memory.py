@@ -12,7 +12,10 @@ server. That is what this group measures: the operator's RSS (``/proc/<pid>/stat
 CPU, its requests (its own counter, ``episode_operator_api_requests_total``, and every
 client's, ``apiserver_request_total``), and the API server's and etcd's CPU per 1,000 turns
 (``/proc`` of the pids hack/cluster records). Memory is read ``SETTLE_SEC`` after the last
-Episode of a checkpoint is gone, longer than aiohttp keeps an idle connection (15 s).
+Episode of a checkpoint is gone, longer than aiohttp keeps an idle connection (15 s), and once
+the operator has posted the Events of the Episodes processed: at 8–9 Episodes a second they come
+faster than its Event rate limit (20 a second) and up to 1,000 wait (``episode_operator_events_waiting``),
+a backlog that drains in up to 50 s; a reading during the drain would count work still being done.
 """
 
 from __future__ import annotations
@@ -156,6 +159,24 @@ def wait_quiet(operator: Operator, *, window: float = 5.0, share: float = 0.05, 
     raise TimeoutError(f"the operator was still busy after {timeout:.0f} s")
 
 
+def events_waiting(operator: Operator) -> float:
+    """The operator's Events waiting for its rate limit (``episode_operator_events_waiting``)."""
+    for line in operator.metrics().splitlines():
+        if line.startswith("episode_operator_events_waiting "):
+            return float(line.split()[1])
+    raise LookupError("the operator exports no episode_operator_events_waiting")
+
+
+def wait_events_posted(operator: Operator, timeout: float = 300.0) -> float:
+    """Until the operator has no Event waiting; the seconds that took."""
+    started = time.monotonic()
+    while events_waiting(operator) > 0:
+        if time.monotonic() - started > timeout:
+            raise TimeoutError(f"the operator's Events still waiting after {timeout:.0f} s")
+        time.sleep(1.0)
+    return time.monotonic() - started
+
+
 def memory(sample: ProcSample) -> dict[str, float]:
     return {"rss_mib": sample.rss_kib / 1024, "hwm_mib": sample.hwm_kib / 1024}
 
@@ -197,11 +218,13 @@ def run(
             segment_started, segment_cpu = time.time(), operator.sample().cpu_sec
             pipeline.process_until(checkpoint, window)
             elapsed = time.time() - segment_started
+            drained = wait_events_posted(operator)
             time.sleep(SETTLE_SEC)
             sample = operator.sample()
             figures["checkpoints"].append(
                 {
                     "processed": checkpoint,
+                    "events_drained_sec": drained,
                     **memory(sample),
                     "episodes_per_sec": (checkpoint - previous) / elapsed,
                     "operator_cpu_sec": sample.cpu_sec - segment_cpu,
@@ -210,7 +233,7 @@ def run(
             previous = checkpoint
             ctx.say(
                 f"memory: {checkpoint} processed: RSS {sample.rss_kib / 1024:.1f} MiB "
-                f"(peak {sample.hwm_kib / 1024:.1f}), {dict(pipeline.outcomes)}"
+                f"(peak {sample.hwm_kib / 1024:.1f}), {dict(pipeline.outcomes)}, Events posted {drained:.0f} s after"
             )
         duration = time.time() - started
         cpu_after, requests_after = daemons_cpu(), api_requests(ctx.api)
@@ -287,6 +310,7 @@ def report(ctx: Context, figures: dict[str, Any]) -> None:
         rows.append([label, f"{sample['rss_mib']:.1f} MiB", f"{sample['hwm_mib']:.1f} MiB", "", ""])
     growth = ratio(last["rss_mib"], first["rss_mib"])
     processed = figures["processed"]
+    drains = ", ".join(f"{point.get('events_drained_sec', 0):.0f} s" for point in figures["checkpoints"])
     ctx.show(
         table(
             f"5. Operator memory — Episodes processed ({figures['steps']}-step, in-memory sandbox, "
@@ -302,7 +326,9 @@ def report(ctx: Context, figures: dict[str, Any]) -> None:
                 f"created at once: {'MET' if burst['rss_mib'] <= TARGET_PRESENT_MIB else 'NOT MET'} "
                 f"({burst['rss_mib']:.1f} MiB, {ratio(burst['rss_mib'], fresh['rss_mib']):.2f}×). "
                 f"Outcomes: {processed['outcomes']}. Memory read {SETTLE_SEC:.0f} s after each checkpoint's last "
-                f"Episode was gone. Operator environment: {figures['env'] or 'as is'}."
+                f"Episode was gone and the operator's Events were posted (waited for: "
+                f"{drains}). "
+                f"Operator environment: {figures['env'] or 'as is'}."
             ),
         )
     )

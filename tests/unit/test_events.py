@@ -207,6 +207,7 @@ def test_the_backlog_is_bounded_and_what_finds_it_full_is_dropped_and_said(caplo
         for episode in episodes:
             recorder.record(episode, "TurnStarted", "started", warning=False, logger=LOGGER)
         full = recorder.pending
+        assert metrics.registry.get_sample_value("episode_operator_events_waiting") == full
         # An Event the backlog holds already still takes in its repeats: combined, not dropped.
         recorder.record(episodes[0], "TurnStarted", "started again", warning=False, logger=LOGGER)
         await gate.add(1000)
@@ -221,6 +222,7 @@ def test_the_backlog_is_bounded_and_what_finds_it_full_is_dropped_and_said(caplo
         full, posted, counted, last = asyncio.run(scenario())
     assert (full, posted, counted, last) == (50, 51, 52, ["uid-99"])
     assert metrics.registry.get_sample_value("episode_operator_events_total", {"result": "dropped"}) == 50
+    assert metrics.registry.get_sample_value("episode_operator_events_waiting") == 0
     assert metrics.registry.get_sample_value("episode_operator_events_total", {"result": "combined"}) == 1
     # Said once (a minute has not passed), with how many were dropped until then.
     warnings = [record.getMessage() for record in caplog.records if "dropped" in record.getMessage()]

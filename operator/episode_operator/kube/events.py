@@ -136,7 +136,7 @@ class EventRecorder:
         self._queues.setdefault(owner.uid, deque()).append(
             _Pending(owner, reason, message, warning, logger, now, now, name=name)
         )
-        self._pending += 1
+        self._waiting(+1)
         if owner.uid not in self._posters:
             self._posters[owner.uid] = asyncio.create_task(self._post_queue(owner.uid))
 
@@ -164,7 +164,7 @@ class EventRecorder:
             while queue:
                 await self._limiter.acquire()
                 pending = queue.popleft()  # from now on nothing is combined into it
-                self._pending -= 1
+                self._waiting(-1)
                 await self._post_one(pending)
         finally:
             del self._posters[uid]
@@ -201,6 +201,11 @@ class EventRecorder:
             last_at=pending.last_at,
             count=pending.count,
         )
+
+    def _waiting(self, change: int) -> None:
+        self._pending += change
+        if self._metrics is not None:
+            self._metrics.events_waiting.inc(change)
 
     def _drop(self, reason: str, logger: logging.Logger, now: float) -> None:
         """An Event that found the backlog full: counted, and said once a minute at most."""

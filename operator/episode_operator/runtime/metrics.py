@@ -99,6 +99,11 @@ class Metrics:
             ["result"],
             registry=self.registry,
         )
+        self.events_waiting = Gauge(
+            "episode_operator_events_waiting",
+            "Kubernetes Events recorded and waiting for the operator's Event rate limit (at most 1,000).",
+            registry=self.registry,
+        )
         self.active = Gauge("episode_operator_active_episodes", "Episodes being driven now.", registry=self.registry)
         self.pending = Gauge(
             "episode_operator_pending_episodes",
