@@ -19,7 +19,8 @@ from typing import Any
 
 from kubernetes import client
 
-from tests.cluster.harness import GROUP, VERSION, OperatorProcess
+from tests.cluster.conftest import SANDBOX_IMAGE
+from tests.cluster.harness import GROUP, TERMINAL, VERSION, OperatorProcess, read_episode
 
 DRIVER = "episode-operator.dev/driver"
 ROUTE = "episode-operator.dev/replica"
@@ -137,3 +138,51 @@ def running(replicas: Replicas) -> Iterator[Replicas]:
         yield replicas
     finally:
         replicas.stop()
+
+
+# --- a task that counts its jobs ------------------------------------------------------------------
+def counting_task(steps: int, *, solve: str = "sleep 3", setup: str | None = None) -> dict[str, str]:
+    """``steps`` steps; step k's solve.sh appends ``k`` to /app/turns.txt (after ``solve``); its verifier
+    gives 1 only if the file then holds exactly 1…k, one line each: a job run twice or skipped gives 0."""
+    lines = [
+        'schema_version = "1.4"',
+        'multi_step_reward_strategy = "mean"',
+        "[environment]",
+        f'docker_image = "{SANDBOX_IMAGE}"',
+        'workdir = "/app"',
+    ]
+    files = {"instruction.md": "Count the steps.\n"}
+    for step in range(1, steps + 1):
+        lines += ["[[steps]]", f'name = "s{step}"']
+        files[f"steps/s{step}/instruction.md"] = f"Step {step}.\n"
+        files[f"steps/s{step}/solution/solve.sh"] = f"{solve}\necho {step} >> /app/turns.txt\n"
+        expected = "\\n".join(str(k) for k in range(1, step + 1))
+        files[f"steps/s{step}/tests/test.sh"] = (
+            f'if [ "$(cat /app/turns.txt)" = "$(printf \'{expected}\')" ]; then echo 1; else echo 0; fi '
+            "> /logs/verifier/reward.txt\n"
+        )
+        if setup is not None:
+            files[f"steps/s{step}/workdir/setup.sh"] = f"{setup}\necho {step} >> /app/setups.txt\n"
+    files["task.toml"] = "\n".join(lines) + "\n"
+    return files
+
+
+def status_of(api: client.ApiClient, namespace: str, name: str) -> dict[str, Any]:
+    return read_episode(api, namespace, name).get("status") or {}
+
+
+def finished(api: client.ApiClient, namespace: str, name: str) -> bool:
+    return status_of(api, namespace, name).get("phase") in TERMINAL
+
+
+def agent_pod_uid(core: client.CoreV1Api, namespace: str, episode: str) -> str | None:
+    pods = core.list_namespaced_pod(namespace, label_selector=f"episode-operator.dev/episode={episode}").items
+    agents = [pod for pod in pods if (pod.metadata.labels or {}).get("episode-operator.dev/role") == "agent"]
+    return agents[0].metadata.uid if agents else None
+
+
+def assert_counted_once(status: dict[str, Any], steps: int) -> None:
+    """Succeeded, attempt 1, every turn's verifier saw exactly its jobs."""
+    assert (status["phase"], status["attempt"]) == ("Succeeded", 1), status
+    assert [turn["reward"] for turn in status["turns"]] == [1.0] * steps, status["turns"]
+    assert status["reward"] == 1.0

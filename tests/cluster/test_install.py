@@ -31,6 +31,14 @@ from episode_operator.api.vocabulary import is_terminal
 from tests.chart import CHART, CRDS, INSTALL, hack_chart
 from tests.cluster.conftest import HACK_CLUSTER, in_ci, unavailable, wait_for_default_service_account
 from tests.cluster.harness import EXAMPLES, OPERATOR_IMAGE, create_episode, episode_spec, install_crd, read_episode
+from tests.cluster.replicas import (
+    agent_pod_uid,
+    assert_counted_once,
+    counting_task,
+    duplicated_events,
+    finished,
+    status_of,
+)
 
 DATA_ROLE = "episode-operator-system-episode-operator-data-api"  # manifests/install's
 RELEASE = "episode-operator"
@@ -287,12 +295,25 @@ def test_the_examples_reach_their_rewards_in_cluster(
     assert "forbidden" not in log.lower(), log[-4000:]
 
 
-def test_an_upgrade_replaces_the_operator_and_episodes_still_run(
+def test_an_upgrade_with_an_episode_running_hands_it_over_and_episodes_still_run(
     installed: Release, api_client: client.ApiClient, core: client.CoreV1Api
 ) -> None:
+    """``helm upgrade`` while a 6-step Episode runs: the Deployment's rolling update starts a new
+    operator pod and stops the old one (SIGTERM), which hands the Episode over at a safe point. Each
+    job ran once, on the sandbox pod it started on, each Event was posted once, the reward is right;
+    and the new pod runs the examples."""
     apps = client.AppsV1Api(api_client)
     before = apps.read_namespaced_deployment(RELEASE, installed.namespace)
     (old_pod,) = operator_pods(core, installed.namespace)
+    running = f"upgraded-{uuid.uuid4().hex[:5]}"
+    create_episode(api_client, installed.watched, running, episode_spec(files=counting_task(6, solve="sleep 6")))
+    deadline = time.monotonic() + 180
+    while not (sandbox := agent_pod_uid(core, installed.watched, running)) or not status_of(
+        api_client, installed.watched, running
+    ).get("turns"):
+        assert time.monotonic() < deadline, f"no turn began:\n{operator_log(core, installed.namespace)}"
+        time.sleep(1)
+
     values = release_values(
         installed.watched, maxActiveEpisodes=1, logLevel="verbose", podLabels={"episode-operator.dev/upgraded": "yes"}
     )
@@ -306,15 +327,25 @@ def test_an_upgrade_replaces_the_operator_and_episodes_still_run(
     assert {env.name: env.value for env in container.env}["EPISODE_OPERATOR_VERBOSE"] == "1"
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
-        pods = operator_pods(core, installed.namespace)
+        pods = core.list_namespaced_pod(installed.namespace, label_selector=f"app.kubernetes.io/name={RELEASE}").items
         if [p.metadata.labels.get("episode-operator.dev/upgraded") for p in pods] == ["yes"] and all(
             s.ready for s in pods[0].status.container_statuses or []
         ):
-            break
+            break  # the old pod is gone, not only terminating
         time.sleep(1)
     (new_pod,) = operator_pods(core, installed.namespace)
     assert new_pod.metadata.name != old_pod.metadata.name
     assert new_pod.metadata.labels["episode-operator.dev/upgraded"] == "yes"
+    # The old operator stopped with the Episode still running: the new one finishes it.
+    assert not finished(api_client, installed.watched, running), "the Episode ended before the old operator did"
+
+    deadline = time.monotonic() + 240
+    while not finished(api_client, installed.watched, running):
+        assert time.monotonic() < deadline, f"{running} not finished:\n{operator_log(core, installed.namespace)}"
+        time.sleep(1)
+    assert_counted_once(status_of(api_client, installed.watched, running), 6)
+    assert agent_pod_uid(core, installed.watched, running) in (None, sandbox)
+    assert duplicated_events(core, installed.watched, running) == []
 
     status = run_examples(api_client, core, installed.watched, installed.namespace, "hello")["hello"]
     assert (status["phase"], status.get("reward")) == ("Succeeded", 1.0), status
