@@ -28,7 +28,8 @@ from tests.cluster.harness import OperatorProcess, install_crd, running_operator
 HERE = Path(__file__).resolve().parent
 REPO_ROOT = HERE.parents[1]
 HACK_CLUSTER = REPO_ROOT / "hack" / "cluster"
-DEFAULT_STATE_DIR = "/var/lib/episode-operator/cluster"
+# hack/cluster's state: its kubeconfig, PKI, logs (EPISODE_CLUSTER_DIR moves it, as it moves hack/cluster's).
+CLUSTER_DIR = Path(os.environ.get("EPISODE_CLUSTER_DIR") or "/var/lib/episode-operator/cluster")
 START_COMMAND = "sudo hack/cluster up && sudo hack/cluster images"
 
 SANDBOX_IMAGE = "episode-operator.local/sandbox:bookworm"
@@ -72,7 +73,6 @@ def kubeconfig() -> Path:
         if not Path(explicit).is_file():
             unavailable(f"KUBECONFIG_EPISODE={explicit} is not a file")
         return Path(explicit)
-    state_dir = Path(os.environ.get("EPISODE_CLUSTER_DIR") or DEFAULT_STATE_DIR)
     status = hack_cluster("status", timeout=60)
     if status.returncode != 0 and not in_ci():
         unavailable(last_line(status.stderr + status.stdout).removeprefix("hack/cluster status: error: "))
@@ -83,7 +83,7 @@ def kubeconfig() -> Path:
             result = hack_cluster(verb, timeout=3600)
             if result.returncode != 0:
                 unavailable(f"`hack/cluster {verb}` failed:\n{result.stderr[-4000:]}")
-    return state_dir / "kubeconfig"
+    return CLUSTER_DIR / "kubeconfig"
 
 
 @pytest.fixture(scope="session")

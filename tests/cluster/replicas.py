@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -19,13 +18,13 @@ from typing import Any
 
 from kubernetes import client
 
-from tests.cluster.conftest import SANDBOX_IMAGE
+from tests.cluster.conftest import CLUSTER_DIR, SANDBOX_IMAGE
 from tests.cluster.harness import GROUP, TERMINAL, VERSION, OperatorProcess, read_episode
 
 DRIVER = "episode-operator.dev/driver"
 ROUTE = "episode-operator.dev/replica"
 # hack/cluster's API server audits pod deletions and Episode writes here (the User-Agent names the replica).
-AUDIT_LOG = Path(os.environ.get("EPISODE_CLUSTER_DIR") or "/var/lib/episode-operator/cluster") / "logs" / "audit.log"
+AUDIT_LOG = CLUSTER_DIR / "logs" / "audit.log"
 # Short leases: a SIGKILLed driver's Episodes are taken over within ~5 s, so a chaos run stays short.
 FAST_LEASES = ("--lease-duration", "4", "--renew-deadline", "3", "--retry-period", "1")
 
@@ -175,10 +174,15 @@ def finished(api: client.ApiClient, namespace: str, name: str) -> bool:
     return status_of(api, namespace, name).get("phase") in TERMINAL
 
 
-def agent_pod_uid(core: client.CoreV1Api, namespace: str, episode: str) -> str | None:
+def agent_pod(core: client.CoreV1Api, namespace: str, episode: str) -> client.V1Pod | None:
     pods = core.list_namespaced_pod(namespace, label_selector=f"episode-operator.dev/episode={episode}").items
     agents = [pod for pod in pods if (pod.metadata.labels or {}).get("episode-operator.dev/role") == "agent"]
-    return agents[0].metadata.uid if agents else None
+    return agents[0] if agents else None
+
+
+def agent_pod_uid(core: client.CoreV1Api, namespace: str, episode: str) -> str | None:
+    pod = agent_pod(core, namespace, episode)
+    return pod.metadata.uid if pod else None
 
 
 def assert_counted_once(status: dict[str, Any], steps: int) -> None:

@@ -11,6 +11,7 @@ gives gets the logs and artifacts with ``kubectl episode``, and one without it i
 from __future__ import annotations
 
 import base64
+import http.client
 import json
 import os
 import re
@@ -24,9 +25,11 @@ from typing import Any
 
 import pytest
 import yaml
+from cryptography import x509
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
+from tests.cluster.conftest import CLUSTER_DIR
 from tests.cluster.harness import EXAMPLES, create_episode, episode_spec, install_crd
 from tests.cluster.test_install import (
     RELEASE,
@@ -41,7 +44,8 @@ from tests.cluster.test_replicas import POD_NETWORK_GATEWAY
 from tests.s3server import CREDENTIALS, s3_server
 
 API_SERVICE = "v1alpha1.data.episode-operator.dev"
-DATA_PATH = "/apis/data.episode-operator.dev/v1alpha1/namespaces/{namespace}/episodes/{name}/{subresource}"
+DISCOVERY_PATH = "/apis/data.episode-operator.dev/v1alpha1"
+DATA_PATH = DISCOVERY_PATH + "/namespaces/{namespace}/episodes/{name}/{subresource}"
 KUBECTL_EPISODE = Path(sys.executable).parent / "kubectl-episode"
 HACK_IMAGES = Path(__file__).resolve().parents[2] / "hack" / "images"
 
@@ -72,8 +76,45 @@ def wait_for_the_api_service_to_be_available(api: client.ApiClient, core: client
         if any(c.type == "Available" and c.status == "True" for c in conditions):
             return
         if time.monotonic() > deadline:
-            raise TimeoutError(f"{API_SERVICE} not Available: {conditions}\n{operator_log(core, namespace)}")
+            raise TimeoutError(
+                f"{API_SERVICE} not Available: {conditions}\n"
+                f"{who_answers_discovery(core, namespace)}\n{operator_log(core, namespace)}"
+            )
         time.sleep(1)
+
+
+def who_answers_discovery(core: client.CoreV1Api, namespace: str) -> str:
+    """What answers the API server's availability check (``GET /apis/GROUP/VERSION`` with the front
+    proxy's client certificate, the server's certificate not verified, as the API server asks it) at
+    the Service's address and at each of its endpoints, with the certificate each presents: a check
+    that fails says whether the operator, or something else at that address, refused it."""
+    context = ssl.create_default_context()
+    context.check_hostname, context.verify_mode = False, ssl.CERT_NONE
+    pki = CLUSTER_DIR / "pki"  # hack/cluster's: the API server's front-proxy client certificate
+    context.load_cert_chain(pki / "front-proxy-client.crt", pki / "front-proxy-client.key")
+    service = core.read_namespaced_service(RELEASE, namespace)
+    endpoints = core.read_namespaced_endpoints(RELEASE, namespace)
+    addresses = [(service.spec.cluster_ip, 443)] + [
+        (address.ip, port.port)
+        for subset in endpoints.subsets or []
+        for address in subset.addresses or []
+        for port in subset.ports or []
+        if port.name == "data-api"
+    ]
+    lines = [f"endpoints of Service {namespace}/{RELEASE}: {endpoints.subsets}"]
+    for host, port in addresses:
+        connection = http.client.HTTPSConnection(host, port, context=context, timeout=10)
+        try:
+            connection.request("GET", DISCOVERY_PATH, headers={"X-Remote-User": "system:kube-aggregator"})
+            response = connection.getresponse()
+            presented = connection.sock.getpeercert(binary_form=True) if connection.sock else None
+            subject = x509.load_der_x509_certificate(presented).subject.rfc4514_string() if presented else "?"
+            lines.append(f"{host}:{port} ({subject}): {response.status} {response.read()[:300]!r}")
+        except OSError as error:
+            lines.append(f"{host}:{port}: {error!r}")
+        finally:
+            connection.close()
+    return "\n".join(lines)
 
 
 @pytest.fixture(scope="module")

@@ -32,6 +32,7 @@ from tests.chart import CHART, CRDS, INSTALL, hack_chart
 from tests.cluster.conftest import HACK_CLUSTER, in_ci, unavailable, wait_for_default_service_account
 from tests.cluster.harness import EXAMPLES, OPERATOR_IMAGE, create_episode, episode_spec, install_crd, read_episode
 from tests.cluster.replicas import (
+    agent_pod,
     agent_pod_uid,
     assert_counted_once,
     counting_task,
@@ -301,12 +302,18 @@ def test_an_upgrade_with_an_episode_running_hands_it_over_and_episodes_still_run
     """``helm upgrade`` while a 6-step Episode runs: the Deployment's rolling update starts a new
     operator pod and stops the old one (SIGTERM), which hands the Episode over at a safe point. Each
     job ran once, on the sandbox pod it started on, each Event was posted once, the reward is right;
-    and the new pod runs the examples."""
+    and the new pod runs the examples.
+
+    Every step's solve waits for a file the test writes into the sandbox once the old operator pod
+    is gone: how long a rolling update takes (a pod scheduled, started, ready; the old one stopped)
+    is the machine's, and an Episode that merely sleeps could end first (it did, in CI)."""
     apps = client.AppsV1Api(api_client)
     before = apps.read_namespaced_deployment(RELEASE, installed.namespace)
     (old_pod,) = operator_pods(core, installed.namespace)
     running = f"upgraded-{uuid.uuid4().hex[:5]}"
-    create_episode(api_client, installed.watched, running, episode_spec(files=counting_task(6, solve="sleep 6")))
+    released = "/app/upgraded"  # what the test writes once the upgrade is done
+    gate = f"until [ -e {released} ]; do sleep 0.2; done"
+    create_episode(api_client, installed.watched, running, episode_spec(files=counting_task(6, solve=gate)))
     deadline = time.monotonic() + 180
     while not (sandbox := agent_pod_uid(core, installed.watched, running)) or not status_of(
         api_client, installed.watched, running
@@ -336,8 +343,15 @@ def test_an_upgrade_with_an_episode_running_hands_it_over_and_episodes_still_run
     (new_pod,) = operator_pods(core, installed.namespace)
     assert new_pod.metadata.name != old_pod.metadata.name
     assert new_pod.metadata.labels["episode-operator.dev/upgraded"] == "yes"
-    # The old operator stopped with the Episode still running: the new one finishes it.
-    assert not finished(api_client, installed.watched, running), "the Episode ended before the old operator did"
+    # The old operator stopped with the Episode still running (its first job waits for the test):
+    # the new one finishes it.
+    assert not finished(api_client, installed.watched, running), status_of(api_client, installed.watched, running)
+    agent = agent_pod(core, installed.watched, running)
+    assert agent is not None and agent.metadata.uid == sandbox, agent
+    stream(
+        core.connect_get_namespaced_pod_exec, agent.metadata.name, installed.watched, container="main",
+        command=["touch", released], stderr=True, stdout=True, stdin=False, tty=False,
+    )  # fmt: skip
 
     deadline = time.monotonic() + 240
     while not finished(api_client, installed.watched, running):

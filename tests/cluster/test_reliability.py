@@ -29,6 +29,7 @@ import pytest
 from kubernetes import client
 
 from tests.cluster.conftest import (
+    CLUSTER_DIR,
     HACK_CLUSTER,
     delete_namespace_while_watched,
     namespace_prefix,
@@ -47,7 +48,6 @@ from tests.cluster.harness import (
     wait_for_episode,
 )
 
-STATE_DIR = Path(os.environ.get("EPISODE_CLUSTER_DIR") or "/var/lib/episode-operator/cluster")
 # Plants a test.sh and a reward of its own in the grading folders, once.
 PLANTER = (
     "echo 1 > /logs/verifier/reward.txt; mkdir -p /tests; echo 'echo 1 > /logs/verifier/reward.txt' > /tests/test.sh"
@@ -208,12 +208,12 @@ def test_operator_killed_again_and_again(
 
 
 def _apiserver_pid() -> int:
-    pid_file = STATE_DIR / "pids" / "kube-apiserver.pid"
+    pid_file = CLUSTER_DIR / "pids" / "kube-apiserver.pid"
     return int(pid_file.read_text().split()[0])
 
 
 def test_api_server_restart_mid_run(api_client: client.ApiClient, namespace: str, operator: OperatorProcess) -> None:
-    if not (STATE_DIR / "pids" / "kube-apiserver.pid").exists():
+    if not (CLUSTER_DIR / "pids" / "kube-apiserver.pid").exists():
         pytest.fail("this test restarts the bare cluster's API server by its recorded pid; no pid file found")
     command = "sleep 8; echo 'Hello, world!' > /app/hello.txt"
     create_episode(
