@@ -94,12 +94,13 @@ def who_answers_discovery(core: client.CoreV1Api, namespace: str) -> str:
     context.load_cert_chain(pki / "front-proxy-client.crt", pki / "front-proxy-client.key")
     service = core.read_namespaced_service(RELEASE, namespace)
     endpoints = core.read_namespaced_endpoints(RELEASE, namespace)
-    addresses = [(service.spec.cluster_ip, 443)] + [
+    port_name = "data-api"  # the chart's name of the data API's port, on the Service and its endpoints
+    addresses = [(service.spec.cluster_ip, port.port) for port in service.spec.ports if port.name == port_name] + [
         (address.ip, port.port)
         for subset in endpoints.subsets or []
         for address in subset.addresses or []
         for port in subset.ports or []
-        if port.name == "data-api"
+        if port.name == port_name
     ]
     lines = [f"endpoints of Service {namespace}/{RELEASE}: {endpoints.subsets}"]
     for host, port in addresses:
