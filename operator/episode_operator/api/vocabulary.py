@@ -87,6 +87,11 @@ FailureKind = Literal[
     "agent:setup_failed",
     "agent:model_auth",
     "agent:model_not_found",
+    # what the agent's sandbox sent back passed the operator's bound for it (a job's answer, an
+    # artifact, a log: runtime/limits.py), or its model calls outgrew the capture journal's: the
+    # turn fails with a measured 0 (the agent's doing; a retry would do the same)
+    "agent:output_limit",
+    "agent:capture_limit",
     # the task's environment could not be made: a Dockerfile step (replayed or built) failed or ran
     # past build_timeout_sec, its ENTRYPOINT could not start, or environment/ could not be placed
     "environment:build_failed",
@@ -105,6 +110,8 @@ FAILURE_DEADLINE: Final = "harbor:task_deadline"
 FAILURE_AGENT_SETUP: Final[FailureKind] = "agent:setup_failed"
 FAILURE_MODEL_AUTH: Final[FailureKind] = "agent:model_auth"
 FAILURE_MODEL_NOT_FOUND: Final[FailureKind] = "agent:model_not_found"
+FAILURE_OUTPUT_LIMIT: Final[FailureKind] = "agent:output_limit"
+FAILURE_CAPTURE_LIMIT: Final[FailureKind] = "agent:capture_limit"
 FAILURE_ENVIRONMENT_BUILD: Final[FailureKind] = "environment:build_failed"
 FAILURE_INVALID_SPEC: Final[FailureKind] = "episode:invalid_spec"
 FAILURE_TASK_SOURCE: Final[FailureKind] = "episode:task_source"

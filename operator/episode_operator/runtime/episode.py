@@ -72,6 +72,7 @@ from episode_operator.runtime.turn.failures import (
     EpisodeEnds,
     Outage,
     PreparationFailed,
+    TurnFailed,
     check_started,
     sandbox_call,
     sandbox_lost,
@@ -287,6 +288,9 @@ class EpisodeRunner:
                     record.message = str(failure)
                     raise EpisodeEnds("TerminalFailure", failure.failure_kind, f"turn {turn.name}: {failure}") from None
                 # From step 2 on it is a measured 0 that ends the episode.
+                await record_score(turn, TurnScore(valid=False), failure.failure_kind, str(failure))
+                following = Stage.DONE
+            except TurnFailed as failure:
                 await record_score(turn, TurnScore(valid=False), failure.failure_kind, str(failure))
                 following = Stage.DONE
             if following is None:

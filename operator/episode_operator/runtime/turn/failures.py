@@ -41,6 +41,16 @@ class PreparationFailed(Exception):
         self.failure_kind: FailureKind = failure_kind
 
 
+class TurnFailed(Exception):
+    """The turn fails with a measured 0 at any step, its verifier not run: the agent's own doing
+    (what its sandbox sent back passed a bound, runtime/limits.py). Not an outage: a retry would
+    do the same."""
+
+    def __init__(self, failure_kind: FailureKind, message: str) -> None:
+        super().__init__(message)
+        self.failure_kind: FailureKind = failure_kind
+
+
 EndingOutcome = Literal["TerminalFailure", "Masked", "Ungraded"]
 
 
