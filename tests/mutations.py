@@ -470,6 +470,20 @@ MUTATIONS = [
         "a verifier on the agent's node asks again for the capacity reserved for it",
     ),
     Mutation(
+        "cpu-fraction-limits",
+        "kube/objects/pods.py",
+        '        resources = {"requests": asked, "limits": dict(limits)}\n',
+        '        resources = {"requests": asked, "limits": dict(asked)}\n',
+        "a CPU request fraction cuts the sandbox's CPU limit too: tasks lose the CPUs they ask for",
+    ),
+    Mutation(
+        "cpu-fraction-ignored",
+        "kube/objects/pods.py",
+        '            asked["cpu"] = requests.cpu(environment.cpus)\n',
+        "",
+        "--cpu-request-fraction is ignored: sandbox pods request their whole CPU limit",
+    ),
+    Mutation(
         "progress-as-a-reason",
         "kube/objects/pod_state.py",
         'latest.get("reason") not in EXPLAINING_EVENTS:\n        return None\n',

@@ -44,7 +44,7 @@ from episode_operator.kube.driver import (
     suspend_episode,
 )
 from episode_operator.kube.episodeset import run_episode_set
-from episode_operator.kube.objects.pods import AgentImages, label_value
+from episode_operator.kube.objects.pods import AgentImages, SandboxRequests, label_value
 from episode_operator.kube.replicas import (
     EPISODE_SETS,
     EPISODES,
@@ -101,6 +101,8 @@ class OperatorOptions:
     # In-cluster builds (--build-registry …); None: a Dockerfile replay cannot apply is refused.
     builds: BuildSettings | None = None
     unschedulable_timeout_sec: float = 3600.0
+    # How much of [environment]'s limits sandbox pods request (--cpu-request-fraction).
+    sandbox_requests: SandboxRequests = field(default_factory=SandboxRequests)
     capture_image: str | None = None
     toolchain_repository: str = "episode-operator.local"
 
@@ -216,6 +218,7 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: ko
             **({ROUTE_LABEL: memo.replicas.route} if memo.replicas.route is not None else {}),
         },
         agent_images=AgentImages(options.capture_image, options.toolchain_repository),
+        sandbox_requests=options.sandbox_requests,
         pod_wakeups=memo.pod_wakeups,
         image_mirrors=options.image_mirrors,
         builds=(

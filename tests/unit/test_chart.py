@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import importlib.util
 import re
+import subprocess
 import sys
 from importlib.machinery import SourceFileLoader
+from pathlib import Path
 from typing import Any
 
 import helm_python as helm
@@ -15,6 +17,7 @@ import yaml
 
 from episode_operator.kube import dataapi as kube_dataapi
 from episode_operator.kube import rbac
+from episode_operator.kube.objects.pods import SandboxRequests
 from tests.chart import CHART, CRDS, INSTALL, chart_crds, find, hack_chart, install_manifests, lint, notes, render
 from tests.conftest import REPO
 
@@ -391,6 +394,45 @@ def test_builds_become_flags_the_operator_accepts_and_their_namespace_gets_a_rol
     (deployment,) = find(plain, "Deployment")
     assert not [arg for arg in deployment["spec"]["template"]["spec"]["containers"][0]["args"] if "--build" in arg]
     assert sorted(role["metadata"]["namespace"] for role in find(plain, "Role")) == [release, "team-a"]
+
+
+def cpu_request_flags(values: dict[str, Any]) -> list[str]:
+    (deployment,) = find(render(values), "Deployment")
+    return [arg for arg in deployment["spec"]["template"]["spec"]["containers"][0]["args"] if "--cpu-request" in arg]
+
+
+def test_a_cpu_request_fraction_becomes_the_flag_and_null_leaves_the_operators_default() -> None:
+    flags = cpu_request_flags({"cpuRequestFraction": 0.25})
+    assert flags == ["--cpu-request-fraction=0.25"]
+    assert main_command_params(flags)["cpu_request_fraction"] == 0.25
+    assert cpu_request_flags({}) == cpu_request_flags({"cpuRequestFraction": None}) == []
+
+
+@pytest.mark.parametrize("fraction", [0, -0.5, 1.5, 1, 0.05])
+def test_the_schema_takes_the_cpu_request_fractions_the_operator_takes(fraction: float) -> None:
+    """One rule, two places it is checked: at install (the values schema) and by the operator (SandboxRequests)."""
+    try:
+        SandboxRequests(cpu_fraction=fraction)
+    except ValueError:
+        with pytest.raises(helm.HelmValuesError, match="at '/cpuRequestFraction'"):
+            render({"cpuRequestFraction": fraction})
+    else:
+        assert cpu_request_flags({"cpuRequestFraction": fraction}) == [f"--cpu-request-fraction={fraction}"]
+
+
+def test_the_operator_refuses_a_cpu_request_fraction_out_of_range_as_a_usage_error(tmp_path: Path) -> None:
+    script = Path(sys.executable).parent / "episode-operator"
+    result = subprocess.run(
+        [str(script), "run", "--cpu-request-fraction=1.5", "--metrics-port=0", "--data-dir", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 2, result.stderr
+    assert "Invalid value for --cpu-request-fraction: a CPU request fraction is above 0 and at most 1, not 1.5" in (
+        result.stderr
+    )
+    assert "Traceback" not in result.stderr
 
 
 def main_command_params(flags: list[str]) -> dict[str, Any]:

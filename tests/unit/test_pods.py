@@ -10,6 +10,7 @@ from episode_operator.kube.objects.pods import (
     RESERVATION_CONTAINER,
     OwnerRef,
     SandboxPod,
+    SandboxRequests,
     agent_pod_name,
     released,
     resources_of,
@@ -23,6 +24,7 @@ from episode_operator.taskfolder.plan import NetworkPolicy
 from tests.conftest import EXAMPLE_TASKS
 
 EPISODE = OwnerRef("ledger", "evals", "uid-1")
+FULL = SandboxRequests()  # the operator's default: requests = limits
 SPEC = EpisodeSpec.model_validate(
     {
         "task": {"inline": {"files": {}}},
@@ -124,7 +126,7 @@ def test_the_agent_pod_reserves_what_its_separate_verifiers_use_and_they_run_on_
     handoff = resolve_plan(load_task(TaskFiles.from_directory(EXAMPLE_TASKS / "separate-verifier-handoff")))
     # Its last turn verifies separately (cpus = 1, 256 MB): that pod starts after the agent pod is gone.
     assert [turn.verifier.mode for turn in handoff.turns] == ["shared", "separate"]
-    assert verifier_reservation(handoff) == {}
+    assert verifier_reservation(handoff, FULL) == {}
     # Both turns separate: turn 1's verifier lives beside the agent pod.
     separate = handoff.turns[1].verifier
     plan = handoff.model_copy(
@@ -132,25 +134,25 @@ def test_the_agent_pod_reserves_what_its_separate_verifiers_use_and_they_run_on_
     )
     first = plan.turns[0].verifier.environment
     assert first is not None
-    assert verifier_reservation(plan) == {"cpu": "1", "memory": "256Mi"} == resources_of(first)["requests"]
+    assert verifier_reservation(plan, FULL) == {"cpu": "1", "memory": "256Mi"} == resources_of(first, FULL)["requests"]
     agent = sandbox_pod(
         EPISODE,
         SPEC,
-        SandboxPod("agent", 1, "img:1", plan.environment, reservation=verifier_reservation(plan)),
+        SandboxPod("agent", 1, "img:1", plan.environment, reservation=verifier_reservation(plan, FULL)),
         extra_labels={},
     )
     main, reservation = agent["spec"]["containers"]
     assert "nodeName" not in agent["spec"] and "resources" not in main  # the agent's own requests are its own
     assert reservation["name"] == RESERVATION_CONTAINER and reservation["image"] == "img:1"
     assert reservation["command"] == list(KEEP_ALIVE)
-    assert reservation["resources"] == {"requests": dict(verifier_reservation(plan))} | {
-        "limits": dict(verifier_reservation(plan))
+    assert reservation["resources"] == {"requests": dict(verifier_reservation(plan, FULL))} | {
+        "limits": dict(verifier_reservation(plan, FULL))
     }
     pinned = sandbox_pod(
         EPISODE, SPEC, SandboxPod("verifier", 1, "img:1", first, turn=0, node_name="node-a"), extra_labels={}
     )
     assert pinned["spec"]["nodeName"] == "node-a"
-    requests = resources_of(first)["requests"]
+    requests = resources_of(first, FULL)["requests"]
     assert pinned["spec"]["containers"][0]["resources"] == {
         "requests": {name: "0" for name in requests},
         "limits": requests,
@@ -162,4 +164,68 @@ def test_a_released_pod_keeps_its_gpus_and_a_single_turn_reserves_nothing() -> N
         "requests": {"cpu": "0", "nvidia.com/gpu": "1"},
         "limits": {"cpu": "1", "nvidia.com/gpu": "1"},
     }
-    assert verifier_reservation(sidecar_plan()) == {}
+    assert verifier_reservation(sidecar_plan(), FULL) == {}
+
+
+def two_separate_verifiers():  # type: ignore[no-untyped-def]
+    """separate-verifier-handoff with turn 1 verifying separately too (cpus = 1, 256 MB), beside the agent pod."""
+    handoff = resolve_plan(load_task(TaskFiles.from_directory(EXAMPLE_TASKS / "separate-verifier-handoff")))
+    separate = handoff.turns[1].verifier
+    return handoff.model_copy(
+        update={"turns": [handoff.turns[0].model_copy(update={"verifier": separate}), handoff.turns[1]]}
+    )
+
+
+def test_a_cpu_request_fraction_asks_for_a_share_of_the_cpus_and_keeps_every_limit() -> None:
+    """--cpu-request-fraction: Harbor's cpus stays the CPU limit (a quota, as Docker's --cpus); the
+    scheduler is asked for the fraction of it, in millicores; memory is requested in full."""
+    plan = two_separate_verifiers()
+    verifier = plan.turns[0].verifier.environment
+    assert verifier is not None
+    tenth = SandboxRequests(cpu_fraction=0.1)
+    assert resources_of(verifier, tenth) == {
+        "requests": {"cpu": "100m", "memory": "256Mi"},
+        "limits": {"cpu": "1", "memory": "256Mi"},
+    }
+    assert SandboxRequests(cpu_fraction=0.25).cpu(6) == "1500m"
+    assert SandboxRequests(cpu_fraction=0.0001).cpu(1) == "1m"  # never a request of nothing
+    # A pod limited so (here the agent's) requests the share; what it reserves for its verifier is the
+    # share that verifier would have requested: the rule that keeps them from deadlocking holds at any fraction.
+    agent = sandbox_pod(
+        EPISODE,
+        SPEC,
+        SandboxPod("agent", 1, "img:1", verifier, reservation=verifier_reservation(plan, tenth), requests=tenth),
+        extra_labels={},
+    )
+    main, reservation = agent["spec"]["containers"]
+    assert main["resources"] == {
+        "requests": {"cpu": "100m", "memory": "256Mi"},
+        "limits": {"cpu": "1", "memory": "256Mi"},
+    }
+    assert reservation["resources"]["requests"] == {"cpu": "100m", "memory": "256Mi"}
+
+
+def test_the_largest_reservation_is_compared_in_the_units_requests_are_written_in() -> None:
+    """A fraction writes millicores: 2 CPUs' share (200m) is larger than 1 CPU's (100m), whatever the strings say."""
+    plan = two_separate_verifiers()
+    first = plan.turns[0].verifier
+    assert first.environment is not None
+    small = first.model_copy(update={"environment": first.environment.model_copy(update={"cpus": 1})})
+    large = first.model_copy(update={"environment": first.environment.model_copy(update={"cpus": 2})})
+    three = plan.model_copy(
+        update={
+            "turns": [
+                plan.turns[0].model_copy(update={"verifier": large}),
+                plan.turns[0].model_copy(update={"verifier": small}),
+                plan.turns[1],
+            ]
+        }
+    )
+    assert verifier_reservation(three, SandboxRequests(cpu_fraction=0.1))["cpu"] == "200m"
+    assert verifier_reservation(three, FULL)["cpu"] == "2"
+
+
+@pytest.mark.parametrize("fraction", [0, -0.5, 1.01, 2])
+def test_a_cpu_request_fraction_outside_0_to_1_is_refused(fraction: float) -> None:
+    with pytest.raises(ValueError, match="above 0 and at most 1"):
+        SandboxRequests(cpu_fraction=fraction)

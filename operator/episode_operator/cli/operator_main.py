@@ -228,6 +228,15 @@ def main() -> None:
     show_default=True,
     help="Seconds a sandbox pod the scheduler cannot place is waited for before the attempt counts as an outage.",
 )
+@click.option(
+    "--cpu-request-fraction",
+    type=float,
+    default=None,
+    metavar="F",
+    help="Sandbox pods request this fraction (above 0, at most 1) of the CPUs [environment] cpus limits them to, "
+    "and keep that limit: tasks that mostly wait fit a node side by side. Memory is requested in full. "
+    "Default: requests = limits.",
+)
 def run(
     namespaces: tuple[str, ...],
     data_dir: Path,
@@ -259,10 +268,12 @@ def run(
     builder_image: str,
     build_registry_insecure: bool,
     unschedulable_timeout_sec: float,
+    cpu_request_fraction: float | None,
 ) -> None:
     """Run the operator until interrupted."""
     handlers = import_handlers()
     from episode_operator.kube.builds import BuildSettings
+    from episode_operator.kube.objects.pods import SandboxRequests
     from episode_operator.kube.replicas import ReplicaSettings
     from episode_operator.runtime.store import StoreSettings
 
@@ -279,6 +290,11 @@ def run(
         raise click.UsageError(
             "--build-pull-registry, --build-namespace and --build-registry-insecure need --build-registry"
         )
+
+    try:
+        sandbox_requests = SandboxRequests() if cpu_request_fraction is None else SandboxRequests(cpu_request_fraction)
+    except ValueError as error:
+        raise click.BadParameter(str(error), param_hint="--cpu-request-fraction") from error
 
     if store_url is not None and not store_url.startswith(("s3://", "s3a://")):
         raise click.BadParameter(f"{store_url!r} is not an s3://BUCKET[/PREFIX] URL", param_hint="--store-url")
@@ -317,6 +333,7 @@ def run(
             toolchain_repository=toolchain_repository,
             builds=builds,
             unschedulable_timeout_sec=unschedulable_timeout_sec,
+            sandbox_requests=sandbox_requests,
         )
     )
 

@@ -32,7 +32,7 @@ from episode_operator.api.vocabulary import (
 )
 from episode_operator.kube.builds import BuildCoordinator
 from episode_operator.kube.client import Guard, KubeClient, KubeError, NotFound
-from episode_operator.kube.objects.pods import AgentImages, OwnerRef, episode_selector
+from episode_operator.kube.objects.pods import AgentImages, OwnerRef, SandboxRequests, episode_selector
 from episode_operator.kube.replicas import Claim
 from episode_operator.kube.sandbox import KubeProvider
 from episode_operator.kube.status import KubeStatusSink
@@ -64,6 +64,8 @@ class DriverSettings:
     pod_wakeups: Wakeups | None = None
     # The images of harness toolchains and of the capture proxy (the operator's own image).
     agent_images: AgentImages = field(default_factory=AgentImages)
+    # How much of [environment]'s limits sandbox pods request (--cpu-request-fraction).
+    sandbox_requests: SandboxRequests = field(default_factory=SandboxRequests)
     # Where images are pulled from (--image-mirror): every image an Episode names.
     image_mirrors: ImageMirrors = field(default_factory=ImageMirrors)
     # In-cluster builds (--build-registry); None: Dockerfiles replay cannot apply are refused.
@@ -136,6 +138,7 @@ async def drive_episode(
         wakeups=settings.pod_wakeups,
         needs=needs,
         images=settings.agent_images,
+        sandbox_requests=settings.sandbox_requests,
     )
     config = EpisodeConfig(
         plan=admission.plan,

@@ -31,6 +31,7 @@ from episode_operator.kube.objects.pods import (
     AgentImages,
     OwnerRef,
     SandboxPod,
+    SandboxRequests,
     agent_pod_name,
     episode_selector,
     label_value,
@@ -223,6 +224,8 @@ class KubeProvider:
     # What the agent kind adds to the agent pod (toolchains, the capture proxy), and from which images.
     needs: SandboxNeeds = field(default_factory=SandboxNeeds)
     images: AgentImages = field(default_factory=AgentImages)
+    # How much of [environment]'s limits its pods request (--cpu-request-fraction).
+    sandbox_requests: SandboxRequests = field(default_factory=SandboxRequests)
     pull_grace_sec: float = 120.0
     # How long a pod the scheduler cannot place is waited for (other Episodes' pods free capacity).
     unschedulable_timeout_sec: float = 3600.0
@@ -276,7 +279,8 @@ class KubeProvider:
             sidecars=self.plan.sidecars,
             network=baseline_policy(self.plan.environment),
             needs=self.needs,
-            reservation=verifier_reservation(self.plan),
+            reservation=verifier_reservation(self.plan, self.sandbox_requests),
+            requests=self.sandbox_requests,
         )
         return await self._ready(pod, waiting)
 
@@ -285,7 +289,7 @@ class KubeProvider:
     ) -> KubeSandbox:
         assert plan.environment is not None
         node: str | None = None
-        if turn < len(self.plan.turns) - 1 and resources_of(plan.environment).get("requests"):
+        if turn < len(self.plan.turns) - 1 and resources_of(plan.environment, self.sandbox_requests).get("requests"):
             node = await self._agent_node(attempt)
         pod = SandboxPod(
             role="verifier",
@@ -296,6 +300,7 @@ class KubeProvider:
             turn=turn,
             network=plan.network,
             node_name=node,
+            requests=self.sandbox_requests,
         )
         return await self._ready(pod, waiting)
 

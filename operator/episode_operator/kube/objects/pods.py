@@ -4,8 +4,9 @@ The agent pod: the task image as ``main`` with its own ENTRYPOINT kept and a kee
 as its arguments, every compose sidecar as another container reachable by its service
 name (``hostAliases`` → 127.0.0.1), an ``emptyDir`` at ``/episode-operator`` shared by
 all containers for the supervisor and its jobs, no service-account token, resources from
-``[environment]``. A verifier pod is the same shape with the verifier's image and
-environment and no sidecars. Both are owned by the Episode, so deleting it deletes them.
+``[environment]`` (its CPUs requested as the operator's ``SandboxRequests`` say). A verifier pod
+is the same shape with the verifier's image and environment and no sidecars. Both are owned by
+the Episode, so deleting it deletes them.
 
 **The verifier's capacity is the agent pod's** (docs/runtime.md, "Pods and capacity"): while a
 separate turn that is not the last verifies, both pods live, so the agent pod reserves the
@@ -90,6 +91,32 @@ class AgentImages:
 
 
 @dataclass(frozen=True)
+class SandboxRequests:
+    """How much of what ``[environment]`` limits a sandbox pod asks the scheduler for
+    (``episode-operator run --cpu-request-fraction``, Helm ``cpuRequestFraction``).
+
+    Harbor's ``cpus`` is Docker's ``--cpus``: a CFS quota that caps a container and reserves
+    nothing. By default a pod requests what it is limited to, so a node holds as many ``cpus = 1``
+    sandboxes as it has CPUs, however idle they are; sandboxes that mostly wait (on a model, a
+    download) fit many times over when each requests a fraction of its CPUs, each still capped at
+    all of them. Memory, storage and GPUs are requested in full: a pod using more memory than it
+    requested is the first the kubelet evicts, and extended resources cannot be overcommitted.
+    """
+
+    cpu_fraction: float = 1.0
+
+    def __post_init__(self) -> None:
+        if not 0 < self.cpu_fraction <= 1:
+            raise ValueError(f"a CPU request fraction is above 0 and at most 1, not {self.cpu_fraction}")
+
+    def cpu(self, cpus: int) -> str:
+        """The CPU request of a pod limited to ``cpus``: whole CPUs as written, a share in millicores (1m at least)."""
+        if self.cpu_fraction == 1:
+            return str(cpus)
+        return f"{max(1, round(cpus * self.cpu_fraction * 1000))}m"
+
+
+@dataclass(frozen=True)
 class SandboxPod:
     """What differs between the agent pod and a verifier pod."""
 
@@ -107,6 +134,8 @@ class SandboxPod:
     reservation: Mapping[str, str] = field(default_factory=dict)
     # A verifier pod that uses the agent pod's reservation: on its node, its requests released.
     node_name: str | None = None
+    # How much of its limits the pod requests (an operator setting).
+    requests: SandboxRequests = field(default_factory=SandboxRequests)
 
 
 def short_name(base: str, suffix: str, limit: int = NAME_LIMIT) -> str:
@@ -139,34 +168,37 @@ def episode_selector(episode: str) -> str:
     return f"{EPISODE_LABEL}={label_value(episode)}"
 
 
-def resources_of(environment: EnvironmentConfig) -> dict[str, Any]:
-    """Requests and limits from ``[environment]``: cpus, memory_mb, storage_mb, gpus."""
-    quantities: dict[str, str] = {}
+def resources_of(environment: EnvironmentConfig, requests: SandboxRequests) -> dict[str, Any]:
+    """Limits from ``[environment]`` (cpus, memory_mb, storage_mb, gpus) and what ``requests`` asks of them."""
+    limits: dict[str, str] = {}
     if environment.cpus:
-        quantities["cpu"] = str(environment.cpus)
+        limits["cpu"] = str(environment.cpus)
     if environment.memory_mb:
-        quantities["memory"] = f"{environment.memory_mb}Mi"
+        limits["memory"] = f"{environment.memory_mb}Mi"
     if environment.storage_mb:
-        quantities["ephemeral-storage"] = f"{environment.storage_mb}Mi"
+        limits["ephemeral-storage"] = f"{environment.storage_mb}Mi"
     resources: dict[str, Any] = {}
-    if quantities:
-        resources = {"requests": dict(quantities), "limits": dict(quantities)}
+    if limits:
+        asked = dict(limits)
+        if environment.cpus:
+            asked["cpu"] = requests.cpu(environment.cpus)
+        resources = {"requests": asked, "limits": dict(limits)}
     if environment.gpus:
         resources.setdefault("limits", {})["nvidia.com/gpu"] = str(environment.gpus)
     return resources
 
 
-def verifier_reservation(plan: EpisodePlan) -> dict[str, str]:
+def verifier_reservation(plan: EpisodePlan, requests: SandboxRequests) -> dict[str, str]:
     """What the agent pod reserves for the separate verifiers that run beside it: per resource, the
-    largest request of a separate turn's verifier that is not the last (the last starts after the
-    agent pod is gone). GPUs are not reserved: an extended resource cannot be requested by one pod
-    and used by another."""
+    largest request (as ``requests`` makes them) of a separate turn's verifier that is not the last
+    (the last starts after the agent pod is gone). GPUs are not reserved: an extended resource
+    cannot be requested by one pod and used by another."""
     largest: dict[str, str] = {}
     for turn in plan.turns[:-1]:
         environment = turn.verifier.environment
         if turn.verifier.mode != "separate" or environment is None:
             continue
-        for name, quantity in (resources_of(environment).get("requests") or {}).items():
+        for name, quantity in (resources_of(environment, requests).get("requests") or {}).items():
             if name not in largest or _magnitude(quantity) > _magnitude(largest[name]):
                 largest[name] = quantity
     return largest
@@ -181,9 +213,16 @@ def released(resources: Mapping[str, Any]) -> dict[str, Any]:
     return {"requests": requests, "limits": limits} if limits or requests else {}
 
 
+# The suffixes resources_of writes quantities with (millicores, mebibytes), as multiples of their unit.
+SUFFIXES = {"m": 0.001, "Mi": 1.0}
+
+
 def _magnitude(quantity: str) -> float:
-    """A quantity as resources_of writes them (a CPU count, ``<n>Mi``) as a number to compare."""
-    return float(quantity.removesuffix("Mi"))
+    """A quantity as resources_of writes them (a CPU count, ``<n>m``, ``<n>Mi``) as a number to compare."""
+    for suffix, scale in SUFFIXES.items():
+        if quantity.endswith(suffix):
+            return float(quantity.removesuffix(suffix)) * scale
+    return float(quantity)
 
 
 def container_security(spec: EpisodeSpec) -> dict[str, Any]:
@@ -351,7 +390,11 @@ def sandbox_pod(
             main["envFrom"] = spec.agent.env_from
     if pod.environment.workdir:
         main["workingDir"] = pod.environment.workdir
-    resources = spec.resources if spec.resources is not None and pod.role == "agent" else resources_of(pod.environment)
+    resources = (
+        spec.resources
+        if spec.resources is not None and pod.role == "agent"
+        else resources_of(pod.environment, pod.requests)
+    )
     if pod.node_name is not None:
         resources = released(resources)
     if resources:
