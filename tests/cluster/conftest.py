@@ -169,6 +169,15 @@ def unwatched_namespace(core: client.CoreV1Api, api_client: client.ApiClient, st
         core.delete_namespace(name, propagation_policy="Background")
 
 
+@pytest.fixture
+def quiet_namespace(core: client.CoreV1Api, api_client: client.ApiClient) -> Iterator[str]:
+    """A namespace no operator of the session watches (``quiet-<prefix><random>``), for a test that
+    drives the kube layer itself: the session's operator would take the pods of its suspended owner
+    Episode away (a suspended Episode is held without pods), a race the test would lose now and then."""
+    with unwatched_namespace(core, api_client, f"quiet-{namespace_prefix()}") as name:
+        yield name
+
+
 @pytest.fixture(scope="session")
 def operator(
     kubeconfig: Path, api_client: client.ApiClient, tmp_path_factory: pytest.TempPathFactory

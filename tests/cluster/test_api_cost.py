@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import Counter
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +23,6 @@ from episode_operator.kube.client import KubeClient
 from episode_operator.kube.driver import DriverSettings, drive_episode
 from episode_operator.runtime.metrics import Metrics
 from episode_operator.runtime.store import BlobStore
-from tests.cluster.conftest import unwatched_namespace
 from tests.cluster.harness import GROUP, PLURAL, VERSION, read_episode
 from tests.unit.fake_sandbox import FakeProvider, World
 
@@ -40,13 +38,6 @@ def two_steps(solve: str, test: str) -> dict[str, str]:
         files[f"steps/{step}/solution/solve.sh"] = solve.format(number=number)
         files[f"steps/{step}/tests/test.sh"] = test.format(number=number)
     return files
-
-
-@pytest.fixture
-def quiet_namespace(core: client.CoreV1Api, api_client: client.ApiClient) -> Iterator[str]:
-    """A namespace no operator watches: only this test drives in it."""
-    with unwatched_namespace(core, api_client, "apicost-") as name:
-        yield name
 
 
 def drive(kubeconfig: Path, api: client.ApiClient, namespace: str, files: dict[str, str], data: Path) -> Counter[str]:

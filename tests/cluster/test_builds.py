@@ -43,22 +43,25 @@ def build_jobs(api: client.ApiClient, namespace: str) -> list[str]:
 
 
 def test_a_context_builds_once_concurrent_callers_share_it_and_pods_run_the_image(
-    api_client: client.ApiClient, kubeconfig: Path, namespace: str
+    api_client: client.ApiClient, kubeconfig: Path, quiet_namespace: str
 ) -> None:
     files = TaskFiles.from_mapping(
         {
             # Multi-stage with COPY --from: replay refuses it, a build is the way.
-            "environment/Dockerfile": f"FROM ubuntu:24.04 AS build\nRUN echo built-in-{namespace} > /out\n"
+            "environment/Dockerfile": f"FROM ubuntu:24.04 AS build\nRUN echo built-in-{quiet_namespace} > /out\n"
             "FROM ubuntu:24.04\nCOPY --from=build /out /built.txt\nCOPY hello.txt /hello.txt\n",
             "environment/hello.txt": "hello\n",
         }
     )
-    episode = suspended_episode(api_client, namespace, "builds")
+    episode = suspended_episode(api_client, quiet_namespace, "builds")
 
     async def scenario() -> None:
         kube = await KubeClient.connect(str(kubeconfig))
         try:
-            first, second = BuildCoordinator(kube, settings(namespace)), BuildCoordinator(kube, settings(namespace))
+            first, second = (
+                BuildCoordinator(kube, settings(quiet_namespace)),
+                BuildCoordinator(kube, settings(quiet_namespace)),
+            )
             # Three callers at once, two of them in another "operator": one Job.
             results = await asyncio.gather(
                 first.ensure_image(files, SOURCE, timeout_sec=300),
@@ -66,14 +69,14 @@ def test_a_context_builds_once_concurrent_callers_share_it_and_pods_run_the_imag
                 second.ensure_image(files, SOURCE, timeout_sec=300),
             )
             assert all(isinstance(result, BuildReady) for result in results), results
-            assert build_jobs(api_client, namespace) == [f"build-{results[0].digest[7:27]}"]  # type: ignore[union-attr]
+            assert build_jobs(api_client, quiet_namespace) == [f"build-{results[0].digest[7:27]}"]  # type: ignore[union-attr]
             # The two calls of one operator share one wait; of the two operators exactly one created the Job.
             assert results[0] == results[1]
             assert sorted([results[0].built, results[2].built]) == [False, True]  # type: ignore[union-attr]
             # The 2nd…Nth Episode: the finished Job is found, nothing is built.
-            later = await BuildCoordinator(kube, settings(namespace)).ensure_image(files, SOURCE, timeout_sec=300)
+            later = await BuildCoordinator(kube, settings(quiet_namespace)).ensure_image(files, SOURCE, timeout_sec=300)
             assert isinstance(later, BuildReady) and not later.built and later.image == results[0].image  # type: ignore[union-attr]
-            assert len(build_jobs(api_client, namespace)) == 1
+            assert len(build_jobs(api_client, quiet_namespace)) == 1
 
             # containerd pulls the image back from the registry and a pod runs it.
             task = load_task(TaskFiles.from_directory(TASK))
@@ -82,7 +85,7 @@ def test_a_context_builds_once_concurrent_callers_share_it_and_pods_run_the_imag
             provider = KubeProvider(kube, episode, spec, plan, later.image, {})
             sandbox = await provider.agent(1)
             code, output = await run_sandbox_job(sandbox, "cat /built.txt /hello.txt", name="built")
-            assert (code, output) == (0, f"built-in-{namespace}\nhello\n")
+            assert (code, output) == (0, f"built-in-{quiet_namespace}\nhello\n")
             await provider.release_all(keep=False)
         finally:
             await kube.close()
@@ -130,7 +133,7 @@ def test_an_unreachable_registry_is_an_outage(api_client: client.ApiClient, kube
 
 
 def test_a_compose_sidecar_built_in_cluster_serves_the_agent(
-    api_client: client.ApiClient, kubeconfig: Path, namespace: str
+    api_client: client.ApiClient, kubeconfig: Path, quiet_namespace: str
 ) -> None:
     files = TaskFiles.from_directory(TASK)
     task = load_task(files)
@@ -138,12 +141,12 @@ def test_a_compose_sidecar_built_in_cluster_serves_the_agent(
     (sidecar,) = plan.sidecars
     assert sidecar.image is None and sidecar.build is not None
     source = BuildSource(sidecar.build.dockerfile, sidecar.build.context, sidecar.build.args, sidecar.build.target)
-    episode = suspended_episode(api_client, namespace, "builds")
+    episode = suspended_episode(api_client, quiet_namespace, "builds")
 
     async def scenario() -> None:
         kube = await KubeClient.connect(str(kubeconfig))
         try:
-            built = await BuildCoordinator(kube, settings(namespace)).ensure_image(files, source, timeout_sec=300)
+            built = await BuildCoordinator(kube, settings(quiet_namespace)).ensure_image(files, source, timeout_sec=300)
             assert isinstance(built, BuildReady), built
             with_image = plan.model_copy(update={"sidecars": [sidecar.model_copy(update={"image": built.image})]})
             spec = EpisodeSpec.model_validate(episode_spec(files={"task.toml": "# not driven"}))

@@ -38,7 +38,7 @@ MIRRORS = ImageMirrors.parse(["ubuntu:24.04=episode-operator.local/sandbox:bookw
 
 
 def test_a_dockerfile_is_replayed_and_its_entrypoint_serves(
-    api_client: client.ApiClient, kubeconfig: Path, namespace: str, tmp_path: Path
+    api_client: client.ApiClient, kubeconfig: Path, quiet_namespace: str, tmp_path: Path
 ) -> None:
     files = TaskFiles.from_directory(TASK)
     task = load_task(files)
@@ -47,7 +47,7 @@ def test_a_dockerfile_is_replayed_and_its_entrypoint_serves(
     assert planning.plan is not None and planning.plan.from_image == "ubuntu:24.04"
     image = MIRRORS.apply(planning.plan.from_image)
     assert image == "episode-operator.local/sandbox:bookworm"
-    owner = suspended_episode(api_client, namespace, "replay")
+    owner = suspended_episode(api_client, quiet_namespace, "replay")
     store = EpisodeBlobs.local(tmp_path)
 
     async def scenario() -> None:
