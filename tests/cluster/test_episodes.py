@@ -377,7 +377,7 @@ def test_the_operator_drives_the_cluster_its_kubeconfig_names(
     try:
         operator.start()
         wait_for_default_service_account(core, namespace)
-        status = run_episode(api_client, namespace, "hello", episode_spec(EXAMPLES / "hello"), operator, timeout=120)
+        status = run_episode(api_client, namespace, "hello", episode_spec(EXAMPLES / "hello"), operator)
         assert (status["phase"], status["reward"]) == ("Succeeded", 1.0), status
         delete_namespace_while_watched(core, namespace)  # its Episodes' finalizers need an operator
     finally:
@@ -435,7 +435,7 @@ def test_deleting_a_running_episode_removes_its_pods(
     client.CustomObjectsApi(api_client).delete_namespaced_custom_object(
         "episode-operator.dev", "v1alpha1", namespace, "episodes", "doomed"
     )
-    deadline = time.monotonic() + 60
+    deadline = time.monotonic() + 180  # a bound for a loaded machine (workers side by side), not a budget
     while pods_of(core, namespace, "doomed") or _exists(api_client, namespace, "doomed"):
         assert time.monotonic() < deadline, f"pods or episode left: {pods_of(core, namespace, 'doomed')}"
         time.sleep(0.5)
@@ -455,7 +455,7 @@ def test_finished_episode_pods_are_removed(
     api_client: client.ApiClient, core: client.CoreV1Api, namespace: str, operator: OperatorProcess
 ) -> None:
     run_episode(api_client, namespace, "tidy", episode_spec(EXAMPLES / "hello"), operator)
-    deadline = time.monotonic() + 30
+    deadline = time.monotonic() + 120  # a bound for a loaded machine, not a budget
     while pods_of(core, namespace, "tidy"):
         assert time.monotonic() < deadline
         time.sleep(0.5)
@@ -554,7 +554,7 @@ def test_ttl_deletes_a_finished_episode(
 ) -> None:
     spec = episode_spec(EXAMPLES / "hello", ttlSecondsAfterFinished=2)
     assert run_episode(api_client, namespace, "short-lived", spec, operator)["phase"] == "Succeeded"
-    deadline = time.monotonic() + 30
+    deadline = time.monotonic() + 120  # a bound for a loaded machine, not a budget
     while _exists(api_client, namespace, "short-lived"):
         assert time.monotonic() < deadline, operator.log_tail()
         time.sleep(0.5)
@@ -582,7 +582,8 @@ def test_network_policies_follow_the_phases(
 
     def record() -> None:
         try:
-            for event in policies.stream(networking.list_namespaced_network_policy, namespace, timeout_seconds=150):
+            # Open longer than the Episode may take on a loaded machine: the test stops it at its end.
+            for event in policies.stream(networking.list_namespaced_network_policy, namespace, timeout_seconds=600):
                 if event["type"] in ("ADDED", "MODIFIED"):
                     versions.append(event["object"].spec.to_dict())
         except urllib3.exceptions.ProtocolError:
@@ -599,13 +600,13 @@ def test_network_policies_follow_the_phases(
         "fenced",
         episode_spec(EXAMPLES / "hello", edits={"task.toml": toml}, agent={"kind": "command", "command": command}),
     )
-    status = wait_for_episode(api_client, namespace, "fenced", operator, 120)
+    status = wait_for_episode(api_client, namespace, "fenced", operator)
     policies.stop()  # the stream ends at its next event: the policy's deletion
-    deadline = time.monotonic() + 30
+    deadline = time.monotonic() + 120  # a bound for a loaded machine, not a budget
     while networking.list_namespaced_network_policy(namespace).items:
         assert time.monotonic() < deadline, "the NetworkPolicy outlived the episode's pods"
         time.sleep(0.5)
-    recorder.join(timeout=30)
+    recorder.join(timeout=60)
     assert not recorder.is_alive() and not errors, errors
     assert status["phase"] == "Succeeded", status
     fenced = [index for index, version in enumerate(versions) if version["egress"]]

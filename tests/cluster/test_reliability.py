@@ -144,7 +144,7 @@ def test_agent_ignoring_sigterm_is_killed_at_its_budget(
     toml = (EXAMPLES / "hello" / "task.toml").read_text().replace("timeout_sec = 120.0", "timeout_sec = 3.0", 1)
     command = "trap '' TERM; echo 'Hello, world!' > /app/hello.txt; sleep 600"
     spec = episode_spec(EXAMPLES / "hello", edits={"task.toml": toml}, agent={"kind": "command", "command": command})
-    status = run_episode(api_client, namespace, "stubborn", spec, operator, timeout=120)
+    status = run_episode(api_client, namespace, "stubborn", spec, operator)
     turn = status["turns"][0]
     assert turn["agentExitCode"] == 137 and "ran out of its 3 s budget" in turn["message"], turn
     assert status["reward"] == 1.0  # the verifier still decides, as Harbor does after an agent timeout

@@ -23,6 +23,7 @@ from pathlib import Path
 
 import pytest
 from kubernetes import client
+from kubernetes.stream import stream
 
 from episode_operator.runtime.store import StoreSettings, kept_logs, render_logs
 from tests.cluster.conftest import namespace_prefix, wait_for_default_service_account
@@ -37,6 +38,7 @@ from tests.cluster.harness import (
 )
 from tests.cluster.replicas import (
     Replicas,
+    agent_pod,
     agent_pod_uid,
     assert_counted_once,
     audit_trail,
@@ -52,8 +54,6 @@ from tests.cluster.replicas import (
 from tests.s3server import CREDENTIALS, s3_server
 
 SETS = "episodesets"
-# A turn's stages in the order it goes through them (api/vocabulary.py's Stage).
-STAGES = ["cleanup", "workdir", "setup", "healthcheck", "agent", "collect", "verify-prepare", "verify", "done"]
 
 
 @pytest.fixture
@@ -162,12 +162,22 @@ def test_sigterm_at_every_moment_of_a_turn_hands_over_without_deleting_anything(
     """SIGTERM the driver in each turn's preparation (workdir/ and setup.sh, while the status says
     ``cleanup``) and in its agent-to-reward part (solve.sh, collect, test.sh: ``agent``), turn after
     turn: the other replica takes over at once, the sandbox pod is never replaced, every setup and
-    solve ran once."""
+    solve ran once.
+
+    Each setup.sh and solve.sh waits for a token the test gives once it has stopped the driver there
+    (and started it again): the turn cannot run past a stage before the test is done with it, however
+    long a stop and a start take on a loaded machine (sleeps of 2 s were outrun, the agent stage never
+    met)."""
     namespace, root = replicated
     replicas = Replicas(kubeconfig, root, namespace, ("r0", "r1"))
     replicas.start_all()
+    tokens = {"cleanup": "/app/release-setup", "agent": "/app/release-solve"}
     try:
-        files = counting_task(4, solve="sleep 2", setup="sleep 2")
+        files = counting_task(
+            4,
+            solve=f"until rm {tokens['agent']} 2>/dev/null; do sleep 0.2; done",
+            setup=f"until rm {tokens['cleanup']} 2>/dev/null; do sleep 0.2; done",
+        )
         for step in range(1, 5):  # setup.sh appends too: each ran once
             files[f"steps/s{step}/tests/test.sh"] = files[f"steps/s{step}/tests/test.sh"].replace(
                 "then echo 1", f'then [ "$(wc -l < /app/setups.txt)" = {step} ] && echo 1 || echo 0'
@@ -175,34 +185,39 @@ def test_sigterm_at_every_moment_of_a_turn_hands_over_without_deleting_anything(
         create_episode(api_client, namespace, "drained", episode_spec(files=files))
         pods: set[str] = set()
         stopped_in: list[tuple[int, str]] = []
-        for target in [(turn, stage) for turn in range(4) for stage in ("cleanup", "agent")]:
+        targets = [(turn, stage) for turn in range(4) for stage in ("cleanup", "agent")]
+        for target in targets:
 
-            def where(target: tuple[int, str] = target) -> tuple[int, str] | None:
-                """Where the status is, once it reached ``target`` or went past it."""
+            def at(target: tuple[int, str] = target) -> bool:
                 status = status_of(api_client, namespace, "drained")
                 turns, current = status.get("turns") or [], status.get("currentTurn")
                 if (pod := agent_pod_uid(core, namespace, "drained")) is not None:
                     pods.add(pod)
-                if status.get("phase") in TERMINAL:
-                    return (99, "")
-                if current is None or not turns or turns[current].get("stage") not in STAGES:
-                    return None
-                at = (current, str(turns[current]["stage"]))
-                return at if (at[0], STAGES.index(at[1])) >= (target[0], STAGES.index(target[1])) else None
+                assert status.get("phase") not in TERMINAL, f"finished before {target}: {status}"
+                return current == target[0] and len(turns) > current and turns[current].get("stage") == target[1]
 
-            reached = wait_for(where, "the stage", replicas, 120)
-            if reached != target:
-                continue  # gone past it while the last replica stopped
-            holder = driver_of(read_episode(api_client, namespace, "drained"))
-            if holder is None or not replicas.alive(holder):
-                continue
+            wait_for(at, f"the stage {target}", replicas, 240)
+            holder = wait_for(
+                lambda: (
+                    (name := driver_of(read_episode(api_client, namespace, "drained"))) in replicas.names
+                    and replicas.alive(name)
+                    and name
+                ),
+                "a live driver",
+                replicas,
+            )
             replicas.processes[holder].stop()  # SIGTERM, waits for the exit
             stopped_in.append(target)
             replicas.start(holder)
-        wait_for(lambda: finished(api_client, namespace, "drained"), "the end", replicas, 180)
+            pod = agent_pod(core, namespace, "drained")
+            assert pod is not None, f"no sandbox pod at {target}"
+            stream(
+                core.connect_get_namespaced_pod_exec, pod.metadata.name, namespace, container="main",
+                command=["touch", tokens[target[1]]], stderr=True, stdout=True, stdin=False, tty=False,
+            )  # fmt: skip
+        wait_for(lambda: finished(api_client, namespace, "drained"), "the end", replicas, 240)
         assert_counted_once(status_of(api_client, namespace, "drained"), 4)
-        assert {stage for _, stage in stopped_in} == {"cleanup", "agent"}, stopped_in
-        assert len(stopped_in) >= 4, stopped_in
+        assert stopped_in == targets
         assert len(pods) == 1, f"the sandbox pod was replaced: {pods}"
         assert duplicated_events(core, namespace, "drained") == []
     finally:
