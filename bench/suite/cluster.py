@@ -351,7 +351,10 @@ class Operator:
         self.label = label
         self.data_dir = root / f"data-{label}"
         self.log_path = root / f"operator-{label}.log"
-        self.process = OperatorProcess(kubeconfig, self.data_dir, self.log_path, namespaces, program=program, env=env)
+        # Requests as the operator's default sets them (requests = limits): what the figures measure.
+        self.process = OperatorProcess(
+            kubeconfig, self.data_dir, self.log_path, namespaces, program=program, env=env, cpu_request_fraction=None
+        )
         self.started_at = 0.0
         self.healthy_after_sec = 0.0
 

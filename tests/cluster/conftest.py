@@ -4,6 +4,11 @@ The cluster comes from `hack/cluster` (or any cluster named by KUBECONFIG_EPISOD
 a missing cluster skips these tests and says which command to run; in CI (env CI non-empty) the
 session brings the cluster up itself, and a cluster that is still unavailable fails the tests:
 CI must never pass by skipping them.
+
+How the tier runs side by side (docs/testing.md, "Workers"): each pytest-xdist worker has its own
+operator and namespace prefix; a module whose tests share a module-scoped fixture is one
+``xdist_group`` (``--dist loadgroup`` keeps it on one worker); a test marked ``exclusive`` runs in
+the phase after the parallel one, alone.
 """
 
 from __future__ import annotations
@@ -35,6 +40,19 @@ START_COMMAND = "sudo hack/cluster up && sudo hack/cluster images"
 SANDBOX_IMAGE = "episode-operator.local/sandbox:bookworm"
 
 
+# Marks a test that nothing may run beside: `@pytest.mark.exclusive("why")`. hack/test runs these after
+# the parallel phase, in one process (`-m exclusive`); the parallel phase deselects them.
+EXCLUSIVE = "exclusive"
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers",
+        f"{EXCLUSIVE}(why): nothing may run beside this cluster test (it restarts a shared daemon, needs the "
+        "node's every CPU, or changes what is one per cluster); run alone, after the parallel phase",
+    )
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Mark every test under tests/cluster with `cluster` (this hook sees the whole session)."""
     for item in items:
@@ -42,9 +60,32 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.cluster)
 
 
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """An `exclusive` test says why, and fails rather than run where other workers run beside it."""
+    mark = item.get_closest_marker(EXCLUSIVE)
+    if mark is None:
+        return
+    if len(mark.args) != 1 or not str(mark.args[0]).strip():
+        pytest.fail(f"@pytest.mark.{EXCLUSIVE} takes one argument, the reason", pytrace=False)
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    if workers > 1:
+        pytest.fail(
+            f"{EXCLUSIVE} ({mark.args[0]}), but run beside {workers - 1} other worker(s): run the parallel phase "
+            f"with -m 'not {EXCLUSIVE}' and this alone with -m {EXCLUSIVE}, as hack/test does",
+            pytrace=False,
+        )
+
+
 def in_ci() -> bool:
     """CI (or hack/test, which has brought the cluster up): a missing cluster fails the tests."""
     return bool(os.environ.get("CI") or os.environ.get("EPISODE_CLUSTER_REQUIRED"))
+
+
+def session_brings_the_cluster_up() -> bool:
+    """CI running pytest itself. Under hack/test (EPISODE_CLUSTER_REQUIRED) the cluster is up and the
+    images loaded before any session starts: its sessions (a worker each, then the exclusive phase)
+    would only queue on hack/cluster's lock to find nothing to do."""
+    return bool(os.environ.get("CI")) and not os.environ.get("EPISODE_CLUSTER_REQUIRED")
 
 
 def unavailable(reason: str) -> NoReturn:
@@ -74,15 +115,15 @@ def kubeconfig() -> Path:
             unavailable(f"KUBECONFIG_EPISODE={explicit} is not a file")
         return Path(explicit)
     status = hack_cluster("status", timeout=60)
-    if status.returncode != 0 and not in_ci():
-        unavailable(last_line(status.stderr + status.stdout).removeprefix("hack/cluster status: error: "))
-    if in_ci():
-        # In CI the session owns the cluster: `up` reuses a healthy one, `images` is a no-op when
-        # the cached images are already loaded.
+    if session_brings_the_cluster_up():
+        # The session owns the cluster: `up` reuses a healthy one, `images` is a no-op when the
+        # cached images are already loaded.
         for verb in ("up", "images") if status.returncode != 0 else ("images",):
             result = hack_cluster(verb, timeout=3600)
             if result.returncode != 0:
                 unavailable(f"`hack/cluster {verb}` failed:\n{result.stderr[-4000:]}")
+    elif status.returncode != 0:
+        unavailable(last_line(status.stderr + status.stdout).removeprefix("hack/cluster status: error: "))
     return CLUSTER_DIR / "kubeconfig"
 
 
@@ -112,14 +153,21 @@ def sandbox_image() -> str:
 
 
 def namespace_prefix() -> str:
-    """Prefix of this session's namespaces: ``t<checkout>-``, unless EPISODE_TEST_NAMESPACE_PREFIX says.
+    """Prefix of this session's namespaces: ``t<checkout>-``, unless EPISODE_TEST_NAMESPACE_PREFIX says,
+    and in a pytest-xdist worker that followed by the worker's id: ``t<checkout>-gw0-``.
 
     The session's operator watches ``<prefix>*``, so another checkout's test session sharing the
     cluster (a second worktree, a second CI job) never drives this session's Episodes, nor this
-    one theirs: the default is derived from the checkout's path.
+    one theirs: the default is derived from the checkout's path. Each worker is a session of its
+    own, with its own operator: the worker's id keeps their namespaces apart too (a worker's
+    ``t1a2b-gw1-*`` takes no namespace of ``gw10``'s). A session without workers (the exclusive
+    phase after the parallel one) watches ``t<checkout>-*``, the workers' namespaces included:
+    what they left being deleted (an Episode's finalizer needs an operator) it finishes off.
     """
     checkout = hashlib.sha256(str(REPO_ROOT).encode()).hexdigest()[:4]
-    return os.environ.get("EPISODE_TEST_NAMESPACE_PREFIX", f"t{checkout}-")
+    prefix = os.environ.get("EPISODE_TEST_NAMESPACE_PREFIX", f"t{checkout}-")
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    return f"{prefix}{worker}-" if worker else prefix
 
 
 def namespace_name(test_name: str) -> str:

@@ -99,6 +99,13 @@ def free_port() -> int:
 # The operator's image as `hack/cluster images` builds it (its wheel is this checkout's).
 OPERATOR_IMAGE = "episode-operator.local/operator:dev"
 
+# What share of its CPU limit a sandbox pod of the tier's operators requests (--cpu-request-fraction;
+# the Helm releases' cpuRequestFraction): the examples' `cpus = 1` asks for a whole CPU of the test
+# node's two, and the workers' pods (docs/testing.md, "Workers") fit side by side only when they ask
+# for little. Their limits stay what the task says. A test about capacity runs an operator with
+# ``cpu_request_fraction=None`` (the operator's default: requests = limits).
+SIDE_BY_SIDE_CPU_REQUEST_FRACTION = 0.05
+
 
 class OperatorProcess:
     """``episode-operator run`` as a subprocess, started and stopped by its pid."""
@@ -112,9 +119,12 @@ class OperatorProcess:
         extra_args: tuple[str, ...] = (),
         env: Mapping[str, str] | None = None,
         program: tuple[str, ...] | None = None,
+        cpu_request_fraction: float | None = SIDE_BY_SIDE_CPU_REQUEST_FRACTION,
     ) -> None:
-        """``program`` replaces the console script (e.g. the benchmarks' operator with a fake sandbox)."""
+        """``program`` replaces the console script (e.g. the benchmarks' operator with a fake sandbox);
+        ``cpu_request_fraction`` None runs the operator's own default."""
         self.extra_args = extra_args
+        self.cpu_request_fraction = cpu_request_fraction
         # The process's environment: $KUBECONFIG names the same cluster as --kubeconfig unless a test says otherwise.
         self.env = {**os.environ, "KUBECONFIG": str(kubeconfig), **(env or {})}
         self.program = program or (str(Path(sys.executable).parent / "episode-operator"),)
@@ -147,6 +157,7 @@ class OperatorProcess:
             # Agent pods run the capture proxy from the operator's image as `hack/cluster images` built it.
             "--capture-image",
             OPERATOR_IMAGE,
+            *(() if self.cpu_request_fraction is None else ("--cpu-request-fraction", str(self.cpu_request_fraction))),
             *self.extra_args,
         ]
         log = self.log_path.open("ab")

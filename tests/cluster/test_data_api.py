@@ -43,6 +43,9 @@ from tests.cluster.test_install import (
 from tests.cluster.test_replicas import POD_NETWORK_GATEWAY
 from tests.s3server import CREDENTIALS, s3_server
 
+# The module's tests share one release of the data API (one per cluster): one xdist group.
+pytestmark = pytest.mark.xdist_group("test_data_api")
+
 API_SERVICE = "v1alpha1.data.episode-operator.dev"
 DISCOVERY_PATH = "/apis/data.episode-operator.dev/v1alpha1"
 DATA_PATH = DISCOVERY_PATH + "/namespaces/{namespace}/episodes/{name}/{subresource}"

@@ -16,10 +16,12 @@ import pytest
 import urllib3
 from kubernetes import client, watch
 from kubernetes.client.exceptions import ApiException
+from kubernetes.stream import stream
 
 from tests.cluster.conftest import delete_namespace_while_watched, namespace_prefix, wait_for_default_service_account
 from tests.cluster.harness import (
     EXAMPLES,
+    SIDE_BY_SIDE_CPU_REQUEST_FRACTION,
     TASKS,
     OperatorProcess,
     create_episode,
@@ -651,3 +653,43 @@ def test_sandbox_pods_are_confined(
     assert kept.spec.security_context.seccomp_profile.type == "RuntimeDefault"
     main = kept.spec.containers[0].security_context
     assert main.allow_privilege_escalation is False and main.capabilities.drop == ["NET_RAW"]
+
+
+# The CFS quota and period of the container's cgroup (cgroup v2's cpu.max, else v1's files), as one line.
+CPU_QUOTA = (
+    "if [ -e /sys/fs/cgroup/cpu.max ]; then cat /sys/fs/cgroup/cpu.max; "
+    "else echo $(cat /sys/fs/cgroup/cpu/cpu.cfs_quota_us) $(cat /sys/fs/cgroup/cpu/cpu.cfs_period_us); fi"
+)
+
+
+def test_a_sandbox_requests_the_operators_share_of_its_cpus_and_is_limited_to_all_of_them(
+    api_client: client.ApiClient, core: client.CoreV1Api, namespace: str, operator: OperatorProcess
+) -> None:
+    """--cpu-request-fraction (the tier's operators run with one): hello's `cpus = 1` is the pod's CPU
+    limit, the kernel's quota of one CPU, as Docker's --cpus is in Harbor; the pod asks the scheduler
+    for that fraction of it only. Memory is requested in full."""
+    command = (
+        f"({CPU_QUOTA}) > /app/cpu.txt; until [ -e /app/release ]; do sleep 0.2; done; "
+        "echo 'Hello, world!' > /app/hello.txt"
+    )
+    create_episode(
+        api_client, namespace, "sized", episode_spec(EXAMPLES / "hello", agent={"kind": "command", "command": command})
+    )
+    deadline = time.monotonic() + 240
+    while not (quota := pod_file(core, namespace, "sized-a1", "/app/cpu.txt")):
+        assert time.monotonic() < deadline, f"the agent never ran:\n{operator.log_tail()}"
+        time.sleep(0.5)
+    main = core.read_namespaced_pod("sized-a1", namespace).spec.containers[0]
+    millicores = round(SIDE_BY_SIDE_CPU_REQUEST_FRACTION * 1000)
+    assert (main.resources.requests, main.resources.limits) == (
+        {"cpu": f"{millicores}m", "memory": "2Gi"},
+        {"cpu": "1", "memory": "2Gi"},
+    ), main.resources
+    limit, period = quota.split()
+    assert int(limit) == int(period), quota  # one CPU's worth of every period
+    stream(
+        core.connect_get_namespaced_pod_exec, "sized-a1", namespace, container="main",
+        command=["touch", "/app/release"], stderr=True, stdout=True, stdin=False, tty=False,
+    )  # fmt: skip
+    status = wait_for_episode(api_client, namespace, "sized", operator)
+    assert (status["phase"], status["reward"]) == ("Succeeded", 1.0), status

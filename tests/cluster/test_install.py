@@ -6,6 +6,7 @@ the operator runs the example tasks with exactly the chart's least-privilege RBA
 
 Every install here watches only its own ``inst-*`` namespaces: the rest of the cluster tier runs
 the operator as a local process watching ``t<checkout>-*``, and two operators must never drive one Episode.
+The module's tests share one release (installed, upgraded, uninstalled in file order): one xdist group.
 """
 
 from __future__ import annotations
@@ -30,7 +31,15 @@ from kubernetes.stream import stream
 from episode_operator.api.vocabulary import is_terminal
 from tests.chart import CHART, CRDS, INSTALL, hack_chart
 from tests.cluster.conftest import HACK_CLUSTER, in_ci, unavailable, wait_for_default_service_account
-from tests.cluster.harness import EXAMPLES, OPERATOR_IMAGE, create_episode, episode_spec, install_crd, read_episode
+from tests.cluster.harness import (
+    EXAMPLES,
+    OPERATOR_IMAGE,
+    SIDE_BY_SIDE_CPU_REQUEST_FRACTION,
+    create_episode,
+    episode_spec,
+    install_crd,
+    read_episode,
+)
 from tests.cluster.replicas import (
     agent_pod,
     agent_pod_uid,
@@ -40,6 +49,8 @@ from tests.cluster.replicas import (
     finished,
     status_of,
 )
+
+pytestmark = pytest.mark.xdist_group("test_install")
 
 DATA_ROLE = "episode-operator-system-episode-operator-data-api"  # manifests/install's
 RELEASE = "episode-operator"
@@ -116,12 +127,14 @@ class Release:
 
 
 def release_values(watched: str, **extra: Any) -> dict[str, Any]:
-    """The test cluster's images; no data API (one per cluster: tests/cluster/test_data_api.py has it)."""
+    """The test cluster's images; no data API (one per cluster: tests/cluster/test_data_api.py has it);
+    sandbox pods sized to fit beside the other workers' (harness.SIDE_BY_SIDE_CPU_REQUEST_FRACTION)."""
     return {
         **hack_chart.TEST_CLUSTER_VALUES,
         "dataApi": {"enabled": False},
         "watchNamespaces": [watched],
         "pullGrace": 30,
+        "cpuRequestFraction": SIDE_BY_SIDE_CPU_REQUEST_FRACTION,
         "resources": {"requests": {"cpu": "50m", "memory": "128Mi"}, "limits": {"memory": "1Gi"}},
         **extra,
     }
@@ -479,7 +492,12 @@ def test_kubectl_apply_k_installs_a_working_operator(
                             "op": "add",
                             "path": "/spec/template/spec/containers/0/args/-",
                             "value": f"--namespace={watched}",
-                        }
+                        },
+                        {
+                            "op": "add",
+                            "path": "/spec/template/spec/containers/0/args/-",
+                            "value": f"--cpu-request-fraction={SIDE_BY_SIDE_CPU_REQUEST_FRACTION}",
+                        },
                     ]
                 ),
             },

@@ -7,9 +7,15 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests.conftest import REPO
 
 
+@pytest.mark.exclusive(
+    "runs hack/venv (reinstalls the package the other workers' operators run from) and installs the chart "
+    "as a user would: into episode-operator-system, watching default, with the one data API of the cluster"
+)
 def test_quickstart_runs_an_episode_to_its_reward(kubeconfig: Path) -> None:
     environment = {**os.environ, "EPISODE_VENV": str(Path(sys.executable).parent.parent)}
     try:

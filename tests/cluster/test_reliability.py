@@ -212,6 +212,7 @@ def _apiserver_pid() -> int:
     return int(pid_file.read_text().split()[0])
 
 
+@pytest.mark.exclusive("restarts the API server every other test and operator talks to")
 def test_api_server_restart_mid_run(api_client: client.ApiClient, namespace: str, operator: OperatorProcess) -> None:
     if not (CLUSTER_DIR / "pids" / "kube-apiserver.pid").exists():
         pytest.fail("this test restarts the bare cluster's API server by its recorded pid; no pid file found")

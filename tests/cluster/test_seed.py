@@ -11,6 +11,7 @@ Dockerfiles refused at admission, and pods that cannot be scheduled saying why.
 
 from __future__ import annotations
 
+import contextlib
 import subprocess
 import sys
 import threading
@@ -36,6 +37,7 @@ from tests.cluster.conftest import (
 from tests.cluster.harness import (
     GROUP,
     PLURAL,
+    SIDE_BY_SIDE_CPU_REQUEST_FRACTION,
     TASKS,
     VERSION,
     OperatorProcess,
@@ -73,9 +75,22 @@ def build_namespace(core: client.CoreV1Api) -> Iterator[str]:
     core.delete_namespace(name, propagation_policy="Background")
 
 
-def operator_with(kubeconfig: Path, root: Path, namespace: str, *extra: str) -> OperatorProcess:
+def operator_with(
+    kubeconfig: Path,
+    root: Path,
+    namespace: str,
+    *extra: str,
+    cpu_request_fraction: float | None = SIDE_BY_SIDE_CPU_REQUEST_FRACTION,
+) -> OperatorProcess:
     root.mkdir(parents=True, exist_ok=True)
-    return OperatorProcess(kubeconfig, root / "data", root / "operator.log", namespace, extra_args=(*MIRRORS, *extra))
+    return OperatorProcess(
+        kubeconfig,
+        root / "data",
+        root / "operator.log",
+        namespace,
+        extra_args=(*MIRRORS, *extra),
+        cpu_request_fraction=cpu_request_fraction,
+    )
 
 
 @pytest.fixture
@@ -84,27 +99,53 @@ def image_namespace(core: client.CoreV1Api, api_client: client.ApiClient, reques
     return make_namespace(core, f"img-{namespace_name(request.node.name.removeprefix('test_'))}")
 
 
-@pytest.fixture
-def image_operator(
-    kubeconfig: Path, core: client.CoreV1Api, image_namespace: str, build_namespace: str, tmp_path: Path
+@contextlib.contextmanager
+def building_operator(
+    kubeconfig: Path,
+    core: client.CoreV1Api,
+    namespace: str,
+    build_namespace: str,
+    root: Path,
+    cpu_request_fraction: float | None,
 ) -> Iterator[OperatorProcess]:
-    """An operator of the test's namespace alone, named (no namespace glob to resolve): a cluster whose
+    """An operator of ``namespace`` alone, named (no namespace glob to resolve): a cluster whose
     namespaces churn (other sessions' benchmarks) cannot delay its seeing the test's namespace."""
     operator = operator_with(
         kubeconfig,
-        tmp_path / "operator",
-        image_namespace,
+        root,
+        namespace,
         f"--build-registry={REGISTRY}",
         "--build-registry-insecure",
         f"--build-namespace={build_namespace}",
         f"--builder-image={BUILDER}",
+        cpu_request_fraction=cpu_request_fraction,
     )
     operator.start()
     try:
         yield operator
     finally:
-        delete_namespace_while_watched(core, image_namespace)
+        delete_namespace_while_watched(core, namespace)
         operator.stop()
+
+
+@pytest.fixture
+def image_operator(
+    kubeconfig: Path, core: client.CoreV1Api, image_namespace: str, build_namespace: str, tmp_path: Path
+) -> Iterator[OperatorProcess]:
+    """The test namespace's operator, its sandbox pods sized to fit beside the other workers'."""
+    with building_operator(
+        kubeconfig, core, image_namespace, build_namespace, tmp_path / "operator", SIDE_BY_SIDE_CPU_REQUEST_FRACTION
+    ) as operator:
+        yield operator
+
+
+@pytest.fixture
+def capacity_operator(
+    kubeconfig: Path, core: client.CoreV1Api, image_namespace: str, build_namespace: str, tmp_path: Path
+) -> Iterator[OperatorProcess]:
+    """The test namespace's operator with the operator's default requests (= limits): for tests of capacity."""
+    with building_operator(kubeconfig, core, image_namespace, build_namespace, tmp_path / "operator", None) as operator:
+        yield operator
 
 
 class PodWatch:
@@ -115,6 +156,7 @@ class PodWatch:
         listed = core.list_namespaced_pod(namespace)
         self.resource_version = listed.metadata.resource_version
         self.images: dict[str, dict[str, str]] = {}  # pod → container → image
+        self.cpu: dict[str, dict[str, tuple[str | None, str | None]]] = {}  # pod → container → (request, limit)
         self.roles: dict[str, str] = {}
         self.phases: dict[str, set[str]] = {}
         self._stop = threading.Event()
@@ -134,6 +176,10 @@ class PodWatch:
                     self.resource_version = pod.metadata.resource_version
                     name = pod.metadata.name
                     self.images[name] = {c.name: c.image for c in pod.spec.containers}
+                    self.cpu[name] = {
+                        c.name: ((c.resources.requests or {}).get("cpu"), (c.resources.limits or {}).get("cpu"))
+                        for c in pod.spec.containers
+                    }
                     self.roles[name] = (pod.metadata.labels or {}).get("episode-operator.dev/role", "")
                     self.phases.setdefault(name, set()).add(pod.status.phase or "")
             except (ApiException, urllib3.exceptions.HTTPError):
@@ -418,12 +464,14 @@ artifacts = ["/app/two.txt"]
 }
 
 
+@pytest.mark.exclusive("its agent pods request the node's every CPU: any other pod would hold what they wait for")
 def test_six_two_step_separate_verifier_tasks_on_two_cpus_all_finish_and_say_why_they_wait(
-    api_client: client.ApiClient, core: client.CoreV1Api, image_namespace: str, image_operator: OperatorProcess
+    api_client: client.ApiClient, core: client.CoreV1Api, image_namespace: str, capacity_operator: OperatorProcess
 ) -> None:
     """The issue's stall: each agent pod holds 2 CPUs (its own and its turn-1 verifier's), so the
     Episodes run one at a time and never deadlock; the others' pods are Pending, and their
-    Episodes say why while they are."""
+    Episodes say why while they are. The operator's default requests (= limits): a request of a
+    fraction would let them all run at once."""
     namespace = image_namespace
     pods = PodWatch(core, namespace)
     tasks = [{"name": f"stall-{index}", "inline": {"files": STALL_TASK}} for index in range(6)]
@@ -450,7 +498,7 @@ def test_six_two_step_separate_verifier_tasks_on_two_cpus_all_finish_and_say_why
                     seen[item["metadata"]["name"]].add((condition["reason"], condition["message"]))
         return done == len(children)
 
-    poll_until(record, "the six Episodes finished", image_operator, timeout=1500)
+    poll_until(record, "the six Episodes finished", capacity_operator, timeout=1500)
     pods.stop()
     statuses = {name: read_episode(api_client, namespace, name)["status"] for name in children}
     assert all(status["reward"] == 1.0 for status in statuses.values()), statuses
@@ -468,6 +516,8 @@ def test_six_two_step_separate_verifier_tasks_on_two_cpus_all_finish_and_say_why
     for name in children:
         (agent,) = [images for pod, images in pods.images.items() if pod == f"{name}-a1"]
         assert "verifier-reservation" in agent
+        # Whole CPUs asked for, as the task limits them: what made the node hold one Episode at a time.
+        assert pods.cpu[f"{name}-a1"] == {"main": ("1", "1"), "verifier-reservation": ("1", "1")}, pods.cpu
 
 
 def poll_until(predicate: Callable[[], bool], what: str, operator: OperatorProcess, timeout: float) -> None:
@@ -496,6 +546,7 @@ def test_an_unschedulable_pod_and_a_registry_down_end_as_clear_outages(
         "--build-registry-insecure",
         f"--build-namespace={build_namespace}",
         f"--builder-image={BUILDER}",
+        cpu_request_fraction=None,  # the scheduler's words about the CPUs the task asks for, in full
     )
     operator.start()
     try:
