@@ -498,6 +498,49 @@ MUTATIONS = [
         "            pass\n",
         "a replica losing the race to store the certificate serves its own, which the APIService does not trust",
     ),
+    # A reward nobody can forge or lose (issue 23).
+    Mutation(
+        "job-ids-unkeyed",
+        EPISODE,
+        "return KeyedSandbox(sandbox, key) if key else sandbox",
+        "return sandbox",
+        "an agent that plants the verifier's job record under its predictable id pre-empts test.sh",
+    ),
+    Mutation(
+        "lost-pod-made-again",
+        EPISODE,
+        "if recorded is not None or not sandbox.uid:\n            return False",
+        "if True:\n            return False",
+        "a pod lost while the operator was away is made again and the attempt's later turns graded in it",
+    ),
+    Mutation(
+        "next-attempt-after-back-off",
+        EPISODE,
+        "        elif self._attempt.finished_at is not None and self._attempt.reason is not None:\n",
+        "        elif False:\n",
+        "a runner that died in an older runner's back-off resumes the lost attempt in a new pod",
+    ),
+    Mutation(
+        "back-off-not-waited",
+        EPISODE,
+        "await self.sleep(max(parse_timestamp(attempt.not_before) - self.clock(), 0.0))",
+        "pass",
+        "the next attempt after an outage starts at once, without its back-off",
+    ),
+    Mutation(
+        "lost-pod-created-again",
+        "kube/sandbox.py",
+        "                    if recorded is not None:\n                        raise SandboxError(",
+        "                    if False:\n                        raise SandboxError(",
+        "the kube provider makes a recorded pod that is gone again under its name",
+    ),
+    Mutation(
+        "replaced-pod-adopted",
+        "kube/sandbox.py",
+        "if recorded is not None and uid != recorded:",
+        "if False:",
+        "a pod deleted and made again under the attempt's pod's name is taken for it",
+    ),
 ]
 
 

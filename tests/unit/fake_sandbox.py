@@ -14,6 +14,10 @@ shell (the cluster tests, and ``local_sandbox``, run real bash):
     pass-after SECONDS    (exit 0 once the fake monotonic clock has passed SECONDS, else 1)
     later SECONDS LINE    (leaves a process behind that runs LINE after SECONDS, job or no job)
     lose-pod              (the pod disappears: every later call raises SandboxError)
+
+Job ids arrive keyed (``runtime/sandbox.py`` :func:`keyed_job_id`), as the supervisor gets
+them: jobs are kept under them, while ``starts``, ``hooks``, ``outputs`` and ``crash_after``
+speak of the ids the runtime made before keying (``raw_starts`` keeps what arrived).
     vanish                (the supervisor loses the job: it reads ``unknown`` from then on)
 
 ``$NAME`` and ``${NAME}`` expand to the job's environment, as a shell's would: the
@@ -63,6 +67,12 @@ HOMES = {"root": "/root", "nobody": "/nonexistent"}
 KILLED_BY_TERM = 143
 MAX_POLLS = 10_000
 VARIABLE = re.compile(r"\$(?:\{([A-Za-z_][A-Za-z0-9_]*)\}|([A-Za-z_][A-Za-z0-9_]*))")
+KEY_SUFFIX = re.compile(r"\.[0-9a-f]{16}$")
+
+
+def unkeyed(job_id: str) -> str:
+    """A job id as the runtime made it, before :func:`keyed_job_id` added the attempt's key."""
+    return KEY_SUFFIX.sub("", job_id)
 
 
 @dataclass
@@ -126,20 +136,30 @@ class Process:
 
 
 class FakeSandbox:
-    def __init__(self, name: str, clock: Clock, world: World, env: Mapping[str, str] | None = None) -> None:
+    def __init__(
+        self, name: str, clock: Clock, world: World, env: Mapping[str, str] | None = None, uid: str = ""
+    ) -> None:
         self.name = name
+        self.uid = uid or f"uid-{name}"
         self.workdir = WORKDIR
         self.clock = clock
         self.world = world
         self.env = {**CONTAINER_ENV, **(env or {})}
         self.files: dict[str, dict[str, bytes]] = {"main": {}}
         self.jobs: dict[tuple[str, str], JobRecord] = {}
-        self.starts: list[str] = []  # ids of jobs that actually ran
+        self.starts: list[str] = []  # ids of jobs that actually ran (before keying)
+        self.raw_starts: list[str] = []  # the same as they arrived
         self.users: list[str | int] = []
         self.lost = False
         self.modified: dict[str, float] = {}  # modification times (the clock's at each write)
         self.uploads: list[str] = []
         self.calls: Counter[str] = Counter()  # how many round trips each operation cost
+
+    def job(self, job_id: str, container: str = "main") -> JobRecord:
+        """The record of the job the runtime calls ``job_id`` (before keying)."""
+        return next(
+            record for (where, id_), record in self.jobs.items() if where == container and unkeyed(id_) == job_id
+        )
 
     # Sandbox protocol ----------------------------------------------------------------
     def _alive(self) -> None:
@@ -153,7 +173,8 @@ class FakeSandbox:
         if key not in self.jobs:
             if upload is not None:  # as the supervisor: the inputs only with the start, first
                 self._upload(upload.archive, upload.destination, spec.container, upload.clear)
-            self.starts.append(spec.id)
+            self.starts.append(unkeyed(spec.id))
+            self.raw_starts.append(spec.id)
             self.world.before_job(self, spec)
             self._launch(spec)
             self.world.after_job(spec)
@@ -299,7 +320,7 @@ class FakeSandbox:
     def _end(self, record: JobRecord, *, phase: str = "exited", exit_code: int | None = None, **state: Any) -> None:
         record.state = replace(record.state, phase=phase, exit_code=exit_code, finished_at=self.clock.now, **state)
         if not record.output and phase == "exited":
-            record.output += self.world.printed(record.spec) or f"ran {record.spec.id}\n".encode()
+            record.output += self.world.printed(record.spec) or f"ran {unkeyed(record.spec.id)}\n".encode()
             self._to_output(record, bytes(record.output))
 
     def _to_output(self, record: JobRecord, data: bytes) -> None:
@@ -410,28 +431,41 @@ class World:
     outputs: dict[str, bytes] = field(default_factory=dict)  # job id suffix → what its command prints
     # pod name → why it waits (reported, in order, when it is created), as a starting pod's state says
     pending: dict[str, list[Waiting]] = field(default_factory=dict)
+    created: Counter[str] = field(default_factory=Counter)  # pod name → how many times it was created
 
     def printed(self, spec: JobSpec) -> bytes | None:
-        return next((data for suffix, data in self.outputs.items() if spec.id.endswith(suffix)), None)
+        return next((data for suffix, data in self.outputs.items() if unkeyed(spec.id).endswith(suffix)), None)
 
     def before_job(self, sandbox: FakeSandbox, spec: JobSpec) -> None:
         for suffix, hook in self.hooks.items():
-            if spec.id.endswith(suffix):
+            if unkeyed(spec.id).endswith(suffix):
                 hook(sandbox, spec)
 
     def after_job(self, spec: JobSpec) -> None:
         for suffix in list(self.crash_after):
-            if spec.id.endswith(suffix):
+            if unkeyed(spec.id).endswith(suffix):
                 self.crash_after.discard(suffix)
                 raise Crash(f"the operator died after starting {spec.id}")
 
-    def sandbox(self, name: str, env: Mapping[str, str] | None = None) -> FakeSandbox:
-        if name not in self.sandboxes:
+    def sandbox(self, name: str, env: Mapping[str, str] | None = None, *, uid: str | None = None) -> FakeSandbox:
+        """The sandbox ``name``, created when there is none; ``uid``: the one the runner recorded, which
+        must be the one there (as the kube provider: a recorded pod gone or replaced is lost)."""
+        existing = self.sandboxes.get(name)
+        if uid is not None and (existing is None or existing.uid != uid):
+            raise SandboxError(f"pod {name} (uid {uid}) is gone", kind="pod_lost")
+        if existing is None:
             if self.fail_creation:
                 self.fail_creation -= 1
                 raise SandboxError(f"image for {name} cannot be pulled", kind="image_pull")
-            self.sandboxes[name] = FakeSandbox(name, self.clock, self, env)
-        return self.sandboxes[name]
+            self.created[name] += 1
+            existing = self.sandboxes[name] = FakeSandbox(
+                name, self.clock, self, env, uid=f"uid-{name}-{self.created[name]}"
+            )
+        return existing
+
+    def delete_pod(self, name: str) -> None:
+        """Someone deleted the pod: it is gone with everything in it (a later creation is a new pod)."""
+        self.sandboxes.pop(name)
 
 
 class FakeProvider:
@@ -439,21 +473,27 @@ class FakeProvider:
         self.world = world
         self.verifier_plans: dict[str, VerifierPlan] = {}
 
-    async def agent(self, attempt: int, *, waiting: WaitingReport | None = None) -> FakeSandbox:
+    async def agent(self, attempt: int, *, waiting: WaitingReport | None = None, uid: str | None = None) -> FakeSandbox:
         name = f"pod-a{attempt}"
         if name in self.world.released:
             raise AssertionError(f"{name} was released and must not be used again")
         await self._start(name, waiting)
-        return self.world.sandbox(name)
+        return self.world.sandbox(name, uid=uid)
 
     async def verifier(
-        self, attempt: int, turn: int, plan: VerifierPlan, *, waiting: WaitingReport | None = None
+        self,
+        attempt: int,
+        turn: int,
+        plan: VerifierPlan,
+        *,
+        waiting: WaitingReport | None = None,
+        uid: str | None = None,
     ) -> FakeSandbox:
         name = f"pod-a{attempt}-v{turn + 1}"
         self.verifier_plans[name] = plan
         await self._start(name, waiting)
         # As the kube provider: the verifier environment's env is the pod's container env.
-        return self.world.sandbox(name, plan.environment.env if plan.environment else None)
+        return self.world.sandbox(name, plan.environment.env if plan.environment else None, uid=uid)
 
     async def _start(self, name: str, waiting: WaitingReport | None) -> None:
         """As the kube provider: why the pod waits, each reason once, then that it runs."""

@@ -191,23 +191,33 @@ class LocalProvider:
         self.networks: list[str] = []
         self.sandboxes: dict[str, KubeSandbox] = {}
 
-    async def _ready(self, name: str, env: Mapping[str, str], waiting: WaitingReport | None) -> KubeSandbox:
+    async def _ready(
+        self, name: str, env: Mapping[str, str], waiting: WaitingReport | None, uid: str | None
+    ) -> KubeSandbox:
+        # A local pod lives as long as the test: the one recorded is always the one there.
+        assert uid in (None, f"local-{name}"), f"{name} recorded as {uid}"
         self.pods.create(name, env)
-        sandbox = self.sandboxes.get(name) or KubeSandbox(self.pods, "local", name)  # type: ignore[arg-type]
+        sandbox = self.sandboxes.get(name) or KubeSandbox(self.pods, "local", name, f"local-{name}")  # type: ignore[arg-type]
         self.sandboxes[name] = sandbox
         await sandbox.place_supervisor()
         if waiting is not None:  # a local pod never waits: it runs, as the kube provider says of one that does
             await waiting(None)
         return sandbox
 
-    async def agent(self, attempt: int, *, waiting: WaitingReport | None = None) -> KubeSandbox:
-        return await self._ready(f"pod-a{attempt}", self.main_env, waiting)
+    async def agent(self, attempt: int, *, waiting: WaitingReport | None = None, uid: str | None = None) -> KubeSandbox:
+        return await self._ready(f"pod-a{attempt}", self.main_env, waiting, uid)
 
     async def verifier(
-        self, attempt: int, turn: int, plan: VerifierPlan, *, waiting: WaitingReport | None = None
+        self,
+        attempt: int,
+        turn: int,
+        plan: VerifierPlan,
+        *,
+        waiting: WaitingReport | None = None,
+        uid: str | None = None,
     ) -> KubeSandbox:
         env = plan.environment.env if plan.environment else {}
-        return await self._ready(f"pod-a{attempt}-v{turn + 1}", env, waiting)
+        return await self._ready(f"pod-a{attempt}-v{turn + 1}", env, waiting, uid)
 
     async def apply_network(self, attempt: int, policy: NetworkPolicy) -> None:
         if not self.networks or self.networks[-1] != policy.mode:

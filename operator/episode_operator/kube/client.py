@@ -540,9 +540,13 @@ class KubeClient:
         return list(events.get("items") or [])
 
     # Pods ---------------------------------------------------------------------------------
-    async def create_pod(self, namespace: str, manifest: dict[str, Any]) -> None:
+    async def create_pod(self, namespace: str, manifest: dict[str, Any]) -> dict[str, Any]:
+        """Create a pod; the pod as created (its uid among the API's JSON)."""
         with _api_call(f"pod {namespace}/{manifest['metadata']['name']}"):
-            await _json(await self.core.create_namespaced_pod(namespace, manifest, _preload_content=False))
+            created: dict[str, Any] = await _json(
+                await self.core.create_namespaced_pod(namespace, manifest, _preload_content=False)
+            )
+        return created
 
     async def read_pod(self, namespace: str, name: str) -> dict[str, Any]:
         """The pod as the API's JSON (camelCase keys), not a model object."""

@@ -76,6 +76,7 @@ class KubeSandbox:
     client: KubeClient
     namespace: str
     name: str
+    uid: str = ""
     workdir: str = "/"
     facts: dict[str, str] = field(default_factory=dict)
     # Per container, the session its calls go on when they can (kube/session.py).
@@ -266,7 +267,7 @@ class KubeProvider:
             raise SandboxError(f"cannot set the network policy of {name}: {error}", kind="api") from error
         self._applied[name] = policy
 
-    async def agent(self, attempt: int, *, waiting: WaitingReport | None = None) -> KubeSandbox:
+    async def agent(self, attempt: int, *, waiting: WaitingReport | None = None, uid: str | None = None) -> KubeSandbox:
         pod = SandboxPod(
             role="agent",
             attempt=attempt,
@@ -278,10 +279,16 @@ class KubeProvider:
             needs=self.needs,
             reservation=verifier_reservation(self.plan),
         )
-        return await self._ready(pod, waiting)
+        return await self._ready(pod, waiting, uid)
 
     async def verifier(
-        self, attempt: int, turn: int, plan: VerifierPlan, *, waiting: WaitingReport | None = None
+        self,
+        attempt: int,
+        turn: int,
+        plan: VerifierPlan,
+        *,
+        waiting: WaitingReport | None = None,
+        uid: str | None = None,
     ) -> KubeSandbox:
         assert plan.environment is not None
         node: str | None = None
@@ -297,7 +304,7 @@ class KubeProvider:
             network=plan.network,
             node_name=node,
         )
-        return await self._ready(pod, waiting)
+        return await self._ready(pod, waiting, uid)
 
     async def _agent_node(self, attempt: int) -> str:
         """The agent pod's node: a verifier beside it runs there, on the capacity it reserved."""
@@ -343,7 +350,10 @@ class KubeProvider:
         except KubeError as error:
             raise SandboxError(str(error), kind="api") from error
 
-    async def _ready(self, pod: SandboxPod, waiting: WaitingReport | None) -> KubeSandbox:
+    async def _ready(self, pod: SandboxPod, waiting: WaitingReport | None, recorded: str | None) -> KubeSandbox:
+        """The pod running, with the supervisor in place; created only when the attempt recorded none
+        (``recorded``: its uid as the attempt saw it run). A recorded pod that is gone, or there with
+        another uid (deleted and made again by someone), is lost: never created again under it."""
         manifest = sandbox_pod(self.episode, self.spec, pod, extra_labels=self.extra_labels, images=self.images)
         name = manifest["metadata"]["name"]
         # The policy exists before the pod, so a restricted sandbox is never briefly open.
@@ -356,13 +366,27 @@ class KubeProvider:
         with registration as changed:
             try:
                 try:
-                    await self.client.read_pod(self.episode.namespace, name)
+                    existing = await self.client.read_pod(self.episode.namespace, name)
                 except NotFound:
-                    await self.client.create_pod(self.episode.namespace, manifest)
-                await self._wait_running(name, pod.role, pod.environment.build_timeout_sec, changed, waiting)
+                    if recorded is not None:
+                        raise SandboxError(
+                            f"pod {name} (uid {recorded}) is gone, and what the attempt did in it with it",
+                            kind="pod_lost",
+                        ) from None
+                    existing = await self.client.create_pod(self.episode.namespace, manifest)
+                uid = str((existing.get("metadata") or {}).get("uid") or "")
+                if recorded is not None and uid != recorded:
+                    raise SandboxError(
+                        f"pod {name} was replaced (uid {uid}, the attempt's was {recorded}): "
+                        "what the attempt did in it is lost",
+                        kind="pod_lost",
+                    )
+                await self._wait_running(name, pod.role, pod.environment.build_timeout_sec, changed, waiting, uid)
             except KubeError as error:
                 raise SandboxError(f"pod {name}: {error}", kind="api") from error
-        sandbox = self._sandboxes.get(name) or KubeSandbox(self.client, self.episode.namespace, name)
+        sandbox = self._sandboxes.get(name)
+        if sandbox is None or sandbox.uid != uid:
+            sandbox = KubeSandbox(self.client, self.episode.namespace, name, uid)
         self._sandboxes[name] = sandbox
         try:
             await sandbox.place_supervisor(
@@ -380,6 +404,7 @@ class KubeProvider:
         start_timeout_sec: float,
         changed: asyncio.Event | None,
         waiting: WaitingReport | None,
+        uid: str,
     ) -> None:
         """Until every container runs and the sidecars are ready; outages are told apart by reason.
 
@@ -404,6 +429,8 @@ class KubeProvider:
                 pod = await self.client.read_pod(self.episode.namespace, name)
             except NotFound:
                 raise SandboxError(f"pod {name} was deleted while starting", kind="pod_lost") from None
+            if (pod.get("metadata") or {}).get("uid") != uid:
+                raise SandboxError(f"pod {name} was deleted and made again while starting", kind="pod_lost")
             verdict = pod_verdict(pod)
             if verdict.ready:
                 await report.running()

@@ -24,12 +24,21 @@ import asyncio
 import contextlib
 import math
 import re
+import secrets
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, replace
 from typing import Protocol
 
-from episode_operator.api.models import AgentSpec, AttemptStatus, EpisodeStatus, TaskStatus, TurnStatus
+from episode_operator.api.models import (
+    AgentSpec,
+    AttemptStatus,
+    EpisodeStatus,
+    PodRecord,
+    PodRole,
+    TaskStatus,
+    TurnStatus,
+)
 from episode_operator.api.vocabulary import (
     FAILURE_DEADLINE,
     FAILURE_VERIFIER,
@@ -58,6 +67,7 @@ from episode_operator.runtime.sandbox import (
     CommandFailed,
     JobSpec,
     JobState,
+    KeyedSandbox,
     Sandbox,
     SandboxError,
     SandboxProvider,
@@ -77,7 +87,7 @@ from episode_operator.runtime.turn.failures import (
     sandbox_call,
     sandbox_lost,
 )
-from episode_operator.runtime.turn.table import TURN, Network, is_published
+from episode_operator.runtime.turn.table import TURN, Network, is_published, restart_at
 from episode_operator.runtime.turn.verify import record_score, stops_episode
 from episode_operator.taskfolder import EpisodePlan, TaskFiles
 from episode_operator.taskfolder.healthcheck import poll_healthcheck
@@ -165,6 +175,7 @@ class EpisodeRunner:
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
         observer: EpisodeObserver | None = None,
         builder: ImageBuilder | None = None,
+        job_keys: Callable[[], str] = lambda: secrets.token_hex(16),
     ) -> None:
         self.config = config
         self._builder = builder
@@ -176,6 +187,7 @@ class EpisodeRunner:
         self.monotonic = monotonic
         self.sleep = sleep
         self.observer: EpisodeObserver = observer or _Unobserved()
+        self._job_keys = job_keys
         self._baseline = baseline_policy(self.plan.environment)
         self.status = EpisodeStatus()
         self._agent_sandbox: Sandbox | None = None
@@ -193,6 +205,9 @@ class EpisodeRunner:
         if self.status.phase in (None, "Pending") or not self.status.attempts:
             self._begin()
             await self.publish()
+        elif self._attempt.finished_at is not None and self._attempt.reason is not None:
+            # Written by a runner that ended an attempt in an outage and stopped before it wrote the next one.
+            await self._next_attempt(0.0)
         while not is_terminal(self.status.phase):
             try:
                 await self._run_attempt()
@@ -207,7 +222,7 @@ class EpisodeRunner:
         self.status.phase = "Running"
         self.status.started_at = self.status.started_at or timestamp(now)
         self.status.task = TaskStatus(digest=self.config.digest, steps=len(self.plan.turns), name=self.config.task_name)
-        self.status.attempts = [AttemptStatus(number=1, started_at=timestamp(now))]
+        self.status.attempts = [AttemptStatus(number=1, started_at=timestamp(now), job_key=self._job_keys())]
         self._reset_turns(1)
         self._condition("Running", "True", "Started", "the episode is running")
 
@@ -225,6 +240,11 @@ class EpisodeRunner:
     # One attempt -----------------------------------------------------------------------
     async def _run_attempt(self) -> None:
         attempt = self._attempt
+        if attempt.started_at is None:
+            # The back-off after an outage, its end written before it began: a restart waits out the rest.
+            assert attempt.not_before is not None
+            await self.sleep(max(parse_timestamp(attempt.not_before) - self.clock(), 0.0))
+            attempt.started_at = timestamp(self.clock())
         if attempt.ready_at is None:
             await self._seed()
             ready = self.clock()
@@ -272,6 +292,9 @@ class EpisodeRunner:
             record.verifier_mode = turn.plan.verifier.mode
             await self._enter(turn, Stage.CLEANUP)
             await self.event("TurnStarted", f"turn {turn.label()} started")
+        else:
+            # A restart: the table says where.
+            record.stage = restart_at(record.stage, turn.separate)
         while True:
             assert record.stage is not None
             row = TURN[record.stage]
@@ -366,11 +389,16 @@ class EpisodeRunner:
                 f"{attempt.number} attempt(s) failed; last: {attempt.reason}",
             )
             return
-        delay = min(self.config.backoff_base_sec * 2 ** (attempt.number - 1), self.config.backoff_max_sec)
-        await self.publish()
-        await self.sleep(delay)
-        number = attempt.number + 1
-        self.status.attempts.append(AttemptStatus(number=number, started_at=timestamp(self.clock())))
+        await self._next_attempt(
+            min(self.config.backoff_base_sec * 2 ** (attempt.number - 1), self.config.backoff_max_sec)
+        )
+
+    async def _next_attempt(self, delay: float) -> None:
+        """Write the next attempt, to start ``delay`` seconds from now, before waiting for it: a
+        runner that dies in the back-off leaves a status whose lost attempt is over for good."""
+        number = self._attempt.number + 1
+        not_before = timestamp(math.ceil(self.clock() + delay))
+        self.status.attempts.append(AttemptStatus(number=number, not_before=not_before, job_key=self._job_keys()))
         self.status.stopped_after_turn = None
         self._reset_turns(number)
         await self.publish()
@@ -427,23 +455,44 @@ class EpisodeRunner:
 
     async def agent_sandbox(self) -> Sandbox:
         if self._agent_sandbox is None:
+            recorded = self._pod_record("agent", None)
             try:
                 async with self.timed("pod_start"):
-                    sandbox = await self.provider.agent(self._attempt.number, waiting=self.pod_waiting)
+                    sandbox = await self.provider.agent(
+                        self._attempt.number, waiting=self.pod_waiting, uid=recorded.uid if recorded else None
+                    )
             except SandboxError as error:
                 raise sandbox_lost(error) from error
-            self._agent_sandbox = sandbox
+            changed = self._record_pod(recorded, "agent", None, sandbox)
             if self.status.pod_name != sandbox.name:
                 self.status.pod_name = sandbox.name
+                changed = True
+            if changed:
+                # Before any job runs in it: a restart then knows this pod, and never uses another in its place.
                 await self.publish()
+            self._agent_sandbox = self._keyed(sandbox)
             attempt = self._attempt
             source = self.images.agent.replay
             if source is not None and (
                 attempt.ready_at is not None or seed_passed(attempt.seed_stage, SeedStage.REPLAY)
             ):
                 # A restarted runner: the replay is done, its settings are read back from the pod.
-                self.replayed(await self._recall_replay(sandbox, source))
+                self.replayed(await self._recall_replay(self._agent_sandbox, source))
         return self._agent_sandbox
+
+    def _keyed(self, sandbox: Sandbox) -> Sandbox:
+        key = self._attempt.job_key
+        return KeyedSandbox(sandbox, key) if key else sandbox  # no key: an attempt begun before keys
+
+    def _pod_record(self, role: PodRole, turn: int | None) -> PodRecord | None:
+        return next((pod for pod in self._attempt.pods if pod.role == role and pod.turn == turn), None)
+
+    def _record_pod(self, recorded: PodRecord | None, role: PodRole, turn: int | None, sandbox: Sandbox) -> bool:
+        """Record the attempt's pod as first seen running; whether the status changed."""
+        if recorded is not None or not sandbox.uid:
+            return False
+        self._attempt.pods.append(PodRecord(role=role, turn=turn, name=sandbox.name, uid=sandbox.uid))
+        return True
 
     async def _recall_replay(self, sandbox: Sandbox, source: ReplaySource) -> ReplayReady:
         config = self.replay_config(
@@ -462,10 +511,16 @@ class EpisodeRunner:
         if index in self._verifier_sandboxes:
             return self._verifier_sandboxes[index]
         plan = self.plan.turns[index].verifier
+        recorded = self._pod_record("verifier", index + 1)
         try:
-            sandbox = await self.provider.verifier(self._attempt.number, index, plan, waiting=self.pod_waiting)
+            sandbox = await self.provider.verifier(
+                self._attempt.number, index, plan, waiting=self.pod_waiting, uid=recorded.uid if recorded else None
+            )
         except SandboxError as error:
             raise sandbox_lost(error) from error
+        if self._record_pod(recorded, "verifier", index + 1, sandbox):
+            await self.publish()
+        sandbox = self._keyed(sandbox)
         image = self.images.verifier(index)
         if image is not None and image.replay is not None:
             assert plan.environment is not None

@@ -70,10 +70,11 @@ class FencedSandbox:
     sandbox: Sandbox
     fence: Fence
     name: str = field(init=False)
+    uid: str = field(init=False)
     workdir: str = field(init=False)
 
     def __post_init__(self) -> None:
-        self.name, self.workdir = self.sandbox.name, self.sandbox.workdir
+        self.name, self.uid, self.workdir = self.sandbox.name, self.sandbox.uid, self.sandbox.workdir
 
     async def start_job(self, spec: JobSpec, *, wait_sec: float = 0.0, upload: Upload | None = None) -> JobState:
         self.fence.check()
@@ -119,15 +120,21 @@ class FencedProvider:
     provider: SandboxProvider
     fence: Fence
 
-    async def agent(self, attempt: int, *, waiting: WaitingReport | None = None) -> Sandbox:
+    async def agent(self, attempt: int, *, waiting: WaitingReport | None = None, uid: str | None = None) -> Sandbox:
         self.fence.check()
-        return FencedSandbox(await self.provider.agent(attempt, waiting=waiting), self.fence)
+        return FencedSandbox(await self.provider.agent(attempt, waiting=waiting, uid=uid), self.fence)
 
     async def verifier(
-        self, attempt: int, turn: int, plan: VerifierPlan, *, waiting: WaitingReport | None = None
+        self,
+        attempt: int,
+        turn: int,
+        plan: VerifierPlan,
+        *,
+        waiting: WaitingReport | None = None,
+        uid: str | None = None,
     ) -> Sandbox:
         self.fence.check()
-        return FencedSandbox(await self.provider.verifier(attempt, turn, plan, waiting=waiting), self.fence)
+        return FencedSandbox(await self.provider.verifier(attempt, turn, plan, waiting=waiting, uid=uid), self.fence)
 
     async def apply_network(self, attempt: int, policy: NetworkPolicy) -> None:
         self.fence.check()

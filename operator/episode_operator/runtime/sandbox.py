@@ -9,8 +9,10 @@ restarted operator re-attaches instead of running a turn twice.
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Literal, Protocol
 
 from episode_operator.api.vocabulary import OutageKind
@@ -140,6 +142,11 @@ class Sandbox(Protocol):
     def name(self) -> str: ...
 
     @property
+    def uid(self) -> str:
+        """This incarnation of the sandbox (the pod's uid): a sandbox created again under the same name has another."""
+        ...
+
+    @property
     def workdir(self) -> str:
         """The working directory jobs run in by default."""
         ...
@@ -193,17 +200,26 @@ class Sandbox(Protocol):
 class SandboxProvider(Protocol):
     """Creates, re-attaches and removes the sandboxes of one episode."""
 
-    async def agent(self, attempt: int, *, waiting: WaitingReport | None = None) -> Sandbox:
+    async def agent(self, attempt: int, *, waiting: WaitingReport | None = None, uid: str | None = None) -> Sandbox:
         """The attempt's agent sandbox, created if needed, ready, with the supervisor in place.
 
         ``waiting`` hears why the pod does not run yet while it waits (and None once it runs).
+        ``uid`` is the sandbox the attempt recorded (None: none yet): a recorded sandbox that is
+        gone, or there with another uid, raises :class:`SandboxError` (``pod_lost``) and is never
+        created again — what the attempt did in it is lost with it.
         """
         ...
 
     async def verifier(
-        self, attempt: int, turn: int, plan: VerifierPlan, *, waiting: WaitingReport | None = None
+        self,
+        attempt: int,
+        turn: int,
+        plan: VerifierPlan,
+        *,
+        waiting: WaitingReport | None = None,
+        uid: str | None = None,
     ) -> Sandbox:
-        """A fresh verifier sandbox for a separate turn (re-attached if it exists)."""
+        """A fresh verifier sandbox for a separate turn (re-attached if it exists); ``uid`` as for :meth:`agent`."""
         ...
 
     async def apply_network(self, attempt: int, policy: NetworkPolicy) -> None:
@@ -217,3 +233,84 @@ class SandboxProvider(Protocol):
     async def release_all(self, *, keep: bool) -> None:
         """Remove every sandbox of the episode, unless ``keep`` (debugging a failure)."""
         ...
+
+
+def keyed_job_id(key: str, job_id: str) -> str:
+    """``job_id`` with a suffix only the holder of ``key`` can compute (an HMAC of the id).
+
+    Job ids are deterministic so that a restarted operator re-attaches to its jobs, and the
+    supervisor's records live in the agent's own container: an agent that could name the
+    verifier's job before it starts could create its record and pre-empt it (a job that exists
+    is never started again). With the attempt's key in every id (kept in the Episode's status,
+    which the pod cannot read), no agent can name a job it did not see started.
+    """
+    digest = hmac.new(key.encode(), job_id.encode(), hashlib.sha256).hexdigest()[:16]
+    return f"{job_id}.{digest}"
+
+
+class SandboxWrapper:
+    """A sandbox that passes every call to ``inner``: subclasses change what they must (job defaults, ids)."""
+
+    inner: Sandbox
+
+    @property
+    def name(self) -> str:
+        return self.inner.name
+
+    @property
+    def uid(self) -> str:
+        return self.inner.uid
+
+    @property
+    def workdir(self) -> str:
+        return self.inner.workdir
+
+    async def start_job(self, spec: JobSpec, *, wait_sec: float = 0.0, upload: Upload | None = None) -> JobState:
+        return await self.inner.start_job(spec, wait_sec=wait_sec, upload=upload)
+
+    async def wait_job(self, spec: JobSpec, *, max_wait_sec: float) -> JobState:
+        return await self.inner.wait_job(spec, max_wait_sec=max_wait_sec)
+
+    async def job_output(self, job_id: str, *, container: str = MAIN_CONTAINER, limit: int) -> bytes:
+        return await self.inner.job_output(job_id, container=container, limit=limit)
+
+    async def upload(
+        self, archive: bytes, destination: str, *, container: str = MAIN_CONTAINER, clear: Sequence[str] = ()
+    ) -> None:
+        await self.inner.upload(archive, destination, container=container, clear=clear)
+
+    async def download(
+        self, paths: Sequence[str], *, container: str = MAIN_CONTAINER, exclude: Sequence[str] = ()
+    ) -> bytes:
+        return await self.inner.download(paths, container=container, exclude=exclude)
+
+    async def read_files(self, paths: Sequence[str], *, container: str = MAIN_CONTAINER) -> dict[str, FileContent]:
+        return await self.inner.read_files(paths, container=container)
+
+    async def clear(self, paths: Sequence[str], *, container: str = MAIN_CONTAINER) -> None:
+        await self.inner.clear(paths, container=container)
+
+    async def switch_user(self, user: str | int, workdir: str | None) -> None:
+        await self.inner.switch_user(user, workdir)
+
+
+@dataclass
+class KeyedSandbox(SandboxWrapper):
+    """A sandbox whose jobs run under keyed ids (:func:`keyed_job_id`); its answers name them as asked."""
+
+    inner: Sandbox
+    key: str
+
+    def _keyed(self, spec: JobSpec) -> JobSpec:
+        return replace(spec, id=keyed_job_id(self.key, spec.id))
+
+    async def start_job(self, spec: JobSpec, *, wait_sec: float = 0.0, upload: Upload | None = None) -> JobState:
+        state = await self.inner.start_job(self._keyed(spec), wait_sec=wait_sec, upload=upload)
+        return replace(state, id=spec.id)
+
+    async def wait_job(self, spec: JobSpec, *, max_wait_sec: float) -> JobState:
+        state = await self.inner.wait_job(self._keyed(spec), max_wait_sec=max_wait_sec)
+        return replace(state, id=spec.id)
+
+    async def job_output(self, job_id: str, *, container: str = MAIN_CONTAINER, limit: int) -> bytes:
+        return await self.inner.job_output(keyed_job_id(self.key, job_id), container=container, limit=limit)

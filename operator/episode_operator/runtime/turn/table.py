@@ -163,6 +163,13 @@ def resumes_at(stage: Stage, separate: bool) -> Stage:
     return order[0]
 
 
+def restart_at(recorded: Stage, separate: bool) -> Stage:
+    """Where a restarted runner begins a turn whose status records ``recorded``: where the table
+    resumes it (:func:`resumes_at`), except that a turn recorded ``done`` has its reward in the
+    status (a shared turn's ``done`` is written with the next turn's cleanup) and is not redone."""
+    return recorded if TURN[recorded].next is None else resumes_at(recorded, separate)
+
+
 def render_table() -> str:
     """The table as Markdown, for the docs (``python -m episode_operator.runtime.turn.table``)."""
     lines = [
