@@ -224,8 +224,8 @@ MUTATIONS = [
     Mutation(
         "cleanup-before-verify",
         VERIFY,
-        "TESTS, () if turn.separate else VERIFIER_FOLDERS)",
-        "TESTS, ())",
+        "folders = (SEALED_REWARDS,) if turn.separate else (SEALED_TESTS, SEALED_REWARDS)",
+        "folders: tuple[str, ...] = ()",
         "files the agent planted in /tests and /logs/verifier are graded",
     ),
     Mutation(
@@ -540,6 +540,28 @@ MUTATIONS = [
         "if recorded is not None and uid != recorded:",
         "if False:",
         "a pod deleted and made again under the attempt's pod's name is taken for it",
+    ),
+    Mutation(
+        "verifier-folders-unsealed",
+        VERIFY,
+        'SEALED_TESTS = sealed(f"{TESTS}/")\nSEALED_REWARDS = sealed(f"{LOGS_VERIFIER}/", JOB_USER)',
+        'SEALED_TESTS = f"{TESTS}/"\nSEALED_REWARDS = f"{LOGS_VERIFIER}/"',
+        "a non-root agent's leftover processes rename their own test.sh in, or rewrite the reward, as test.sh runs",
+    ),
+    Mutation(
+        "supervisor-folder-world-writable",
+        "runtime/supervisor.sh",
+        'chmod 0755 "$BASE" && chmod 0700 "$JOBS"',
+        'chmod 0777 "$BASE" && chmod 0777 "$JOBS"',
+        "a non-root agent creates the verifier's job record in the supervisor's folder",
+    ),
+    Mutation(
+        "seal-after-emptying",
+        "runtime/supervisor.sh",
+        '    { chown 0:0 "$_q" && chmod "$1" "$_q"; } || die "clear: cannot seal $_q"\n'
+        '    empty_dir "$_q" || die "clear: cannot empty $_q"\n',
+        '    empty_dir "$_q" || die "clear: cannot empty $_q"\n',
+        "a sealed folder keeps the agent's ownership and mode: its processes write into it while test.sh runs",
     ),
 ]
 

@@ -48,6 +48,7 @@ from typing import Any
 
 from episode_operator.api.models import EpisodeStatus
 from episode_operator.runtime.sandbox import (
+    JOB_USER,
     CommandFailed,
     FileContent,
     JobSpec,
@@ -68,6 +69,11 @@ KILLED_BY_TERM = 143
 MAX_POLLS = 10_000
 VARIABLE = re.compile(r"\$(?:\{([A-Za-z_][A-Za-z0-9_]*)\}|([A-Za-z_][A-Za-z0-9_]*))")
 KEY_SUFFIX = re.compile(r"\.[0-9a-f]{16}$")
+
+
+def _cleared(entry: str) -> str:
+    """The path a clear entry names (``MODE:OWNER:PATH`` when sealed)."""
+    return entry if entry.startswith("/") else entry.split(":", 2)[2]
 
 
 def unkeyed(job_id: str) -> str:
@@ -153,6 +159,7 @@ class FakeSandbox:
         self.lost = False
         self.modified: dict[str, float] = {}  # modification times (the clock's at each write)
         self.uploads: list[str] = []
+        self.sealed: dict[str, str] = {}  # sealed folders → their owner ("": root), as the last clear left them
         self.calls: Counter[str] = Counter()  # how many round trips each operation cost
 
     def job(self, job_id: str, container: str = "main") -> JobRecord:
@@ -172,7 +179,7 @@ class FakeSandbox:
         key = (spec.container, spec.id)
         if key not in self.jobs:
             if upload is not None:  # as the supervisor: the inputs only with the start, first
-                self._upload(upload.archive, upload.destination, spec.container, upload.clear)
+                self._upload(upload.archive, upload.destination, spec.container, upload.clear, spec.user)
             self.starts.append(unkeyed(spec.id))
             self.raw_starts.append(spec.id)
             self.world.before_job(self, spec)
@@ -228,10 +235,12 @@ class FakeSandbox:
         self._alive()
         self._upload(archive, destination, container, clear)
 
-    def _upload(self, archive: bytes, destination: str, container: str, clear: Sequence[str]) -> None:
-        if self.world.unclearable.intersection(clear):
+    def _upload(
+        self, archive: bytes, destination: str, container: str, clear: Sequence[str], user: str | int | None = None
+    ) -> None:
+        if self.world.unclearable.intersection(_cleared(entry) for entry in clear):
             raise CommandFailed("supervisor: clear: cannot remove a protected path", step="clear")
-        self._clear(clear, container)
+        self._clear(clear, container, user)
         self.uploads.append(destination)
         if destination in self.world.broken_uploads:
             raise CommandFailed(f"supervisor: upload: tar: cannot unpack into {destination}", step="upload")
@@ -277,9 +286,18 @@ class FakeSandbox:
             raise CommandFailed("supervisor: clear: cannot remove a protected path", step="clear")
         self._clear(paths, container)
 
-    def _clear(self, paths: Sequence[str], container: str) -> None:
+    def _clear(self, entries: Sequence[str], container: str, user: str | int | None = None) -> None:
+        """As the supervisor: each entry a path, or ``MODE:OWNER:PATH`` sealed (``@job``: the job's user)."""
         files = self.files.setdefault(container, {})
-        for path in paths:
+        for entry in entries:
+            path = _cleared(entry)
+            if path != entry:
+                owner = entry.split(":", 2)[1]
+                self.sealed[path] = str(
+                    user if owner == JOB_USER and user is not None else "" if owner == JOB_USER else owner
+                )
+            else:
+                self.sealed.pop(path, None)
             prefix = path.rstrip("/") + "/"
             for name in [n for n in files if n == path.rstrip("/") or n.startswith(prefix)]:
                 del files[name]

@@ -78,7 +78,10 @@ def test_agent_pod() -> None:
     for container in (main, api):
         assert container["securityContext"]["allowPrivilegeEscalation"] is False
         assert container["securityContext"]["capabilities"] == {"drop": ["NET_RAW"]}
-        assert {"name": "episode-operator", "mountPath": "/episode-operator"} in container["volumeMounts"]
+    # Each container its own supervisor folder: main's job records out of the sidecars' reach.
+    assert {"name": "episode-operator", "mountPath": "/episode-operator"} in main["volumeMounts"]
+    assert {"name": "supervisor-api", "mountPath": "/episode-operator"} in api["volumeMounts"]
+    assert {"name": "supervisor-api", "emptyDir": {}} in spec["volumes"]
     assert api["image"] == "img:1"  # ${MAIN_IMAGE_NAME}
     assert api["readinessProbe"]["exec"]["command"][:2] == ["sh", "-c"]
     assert api["resources"] == {"limits": {"cpu": "500m", "memory": "128Mi"}}

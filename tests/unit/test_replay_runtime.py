@@ -263,9 +263,9 @@ def test_the_staging_tar_keeps_modes() -> None:
     uploaded: list[bytes] = []
     original = sandbox._upload
 
-    def spy(archive: bytes, destination: str, container: str, clear: object) -> None:
+    def spy(archive: bytes, destination: str, container: str, clear: object, user: object = None) -> None:
         uploaded.append(archive)
-        original(archive, destination, container, clear)  # type: ignore[arg-type]
+        original(archive, destination, container, clear, user)  # type: ignore[arg-type]
 
     sandbox._upload = spy  # type: ignore[method-assign]
     assert isinstance(run(world, sandbox, files, store), ReplayReady)

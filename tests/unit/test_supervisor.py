@@ -28,7 +28,7 @@ from typing import Literal
 import pytest
 
 from episode_operator.runtime import supervisor
-from episode_operator.runtime.sandbox import JobSpec, JobState, Upload
+from episode_operator.runtime.sandbox import JOB_USER, JobSpec, JobState, Upload, sealed
 from episode_operator.runtime.supervisor import SUPERVISOR_PATH, Command
 from tests.unit.local_sandbox import kill_jobs
 from tests.unit.tools import tool
@@ -668,6 +668,120 @@ def test_clear(pod: Pod, tmp_path: Path) -> None:
     assert (target / "precious").read_text() == "p"
     with pytest.raises(ValueError):
         supervisor.clear(["/"])
+
+
+def as_user(uid: int) -> Callable[[], None]:
+    """A ``preexec_fn``: the child runs as ``uid`` (gid nobody's), as a job of that user would."""
+
+    def switch() -> None:
+        os.setgroups([])
+        os.setgid(NOBODY_UID)
+        os.setuid(uid)
+
+    return switch
+
+
+def can_write(uid: int, shell_command: str) -> bool:
+    """Whether ``shell_command`` succeeds as ``uid`` (an agent's leftover process, say)."""
+    done = subprocess.run(["sh", "-c", shell_command], preexec_fn=as_user(uid), capture_output=True, timeout=30)
+    return done.returncode == 0
+
+
+AGENT_UID = 4321  # a non-root agent: no passwd entry, as a bare uid under docker
+
+
+@pytest.fixture
+def open_tmp() -> Iterator[Path]:
+    """A scratch folder other users can reach (pytest's are root's alone), removed afterwards."""
+    folder = Path(tempfile.mkdtemp(prefix="episode-operator-test-", dir="/var/tmp"))
+    folder.chmod(0o755)
+    try:
+        yield folder
+    finally:
+        shutil.rmtree(folder)
+
+
+@pytest.fixture
+def open_host_pod(open_tmp: Path) -> Iterator[Pod]:
+    """A host pod placed in :func:`open_tmp`, its tools reachable by any user."""
+    yield from _make_pod(open_tmp, "host", HOST_PATH)
+
+
+@pytest.fixture(params=["host", "busybox"])
+def open_pod(request: pytest.FixtureRequest, open_tmp: Path) -> Iterator[Pod]:
+    """A pod (both flavours) placed in :func:`open_tmp`."""
+    path = HOST_PATH if request.param == "host" else request.getfixturevalue("busybox_path")
+    yield from _make_pod(open_tmp, request.param, path)
+
+
+def test_placement_keeps_the_records_out_of_other_users_reach(pod: Pod) -> None:
+    """The pod's volume comes world-writable; a non-root agent must not reach the job records."""
+    modes = {
+        path.name: (stat.S_IMODE(path.stat().st_mode), path.stat().st_uid)
+        for path in (pod.base, pod.base / "jobs", pod.base / "tmp")
+    }
+    assert modes == {"episode-operator": (0o755, 0), "jobs": (0o700, 0), "tmp": (0o711, 0)}
+    assert not can_write(AGENT_UID, f"mkdir {pod.base}/jobs/a1.t1.verify")
+    assert not can_write(AGENT_UID, f"echo x > {pod.base}/supervisor.sh")
+
+
+@pytest.mark.parametrize("owner", [None, AGENT_UID + 1, "nobody"], ids=["root", "uid", "name"])
+def test_a_sealed_folder_is_roots_emptied_then_given_to_its_owner(open_pod: Pod, open_tmp: Path, owner: object) -> None:
+    """What an agent left in a verifier's folder is gone, and its processes can neither add to the
+    folder nor rename it (or the folder above it) away; a symlink in its place is replaced."""
+    logs = open_tmp / "logs"
+    verifier = logs / "verifier"
+    (verifier / "deep").mkdir(parents=True)
+    (verifier / "reward.txt").write_text("1")
+    (verifier / "deep" / "f").write_text("f")
+    for path in (logs, verifier, verifier / "deep"):
+        os.chown(path, AGENT_UID, AGENT_UID)
+        os.chmod(path, 0o777)
+    elsewhere = open_tmp / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "kept").write_text("k")
+    (open_tmp / "tests").symlink_to(elsewhere)
+    open_pod.run(supervisor.clear([sealed(f"{verifier}/", owner), sealed(f"{open_tmp}/tests/")]))  # type: ignore[arg-type]
+    assert list(verifier.iterdir()) == [] and stat.S_IMODE(verifier.stat().st_mode) == 0o755
+    assert verifier.stat().st_uid == {None: 0, "nobody": NOBODY_UID}.get(owner, owner)  # type: ignore[call-overload]
+    assert (logs.stat().st_uid, stat.S_IMODE(logs.stat().st_mode)) == (0, 0o755)
+    tests = open_tmp / "tests"
+    assert tests.is_dir() and not tests.is_symlink() and (elsewhere / "kept").read_text() == "k"
+    assert not can_write(AGENT_UID, f"echo 1 > {verifier}/reward.txt")
+    assert not can_write(AGENT_UID, f"mv {verifier} {logs}/old && mkdir {verifier}")
+    assert not can_write(AGENT_UID, f"echo 1 > {tests}/test.sh")
+    assert stat.S_IMODE(Path("/tmp").stat().st_mode) == 0o1777  # a sticky folder above is left as it is
+
+
+def test_a_start_seals_the_rewards_folder_for_its_jobs_user(open_host_pod: Pod, open_tmp: Path) -> None:
+    verifier = open_tmp / "logs" / "verifier"
+    verifier.mkdir(parents=True)
+    os.chmod(verifier, 0o777)
+    (verifier / "reward.txt").write_text("1")
+    script = b"echo 0 > $REWARDS/reward.txt\n"
+    tests = Upload(_tar([("test.sh", 0o755, script)]), str(open_tmp / "tests"), (sealed(f"{verifier}/", JOB_USER),))
+    spec = open_host_pod.spec("v", f"bash {open_tmp}/tests/test.sh", user=AGENT_UID + 1, env={"REWARDS": str(verifier)})
+    assert open_host_pod.start(spec, wait_sec=10, upload=tests).succeeded
+    assert (verifier.stat().st_uid, (verifier / "reward.txt").read_text()) == (AGENT_UID + 1, "0\n")
+
+
+def test_a_container_that_is_not_root_only_clears_a_sealed_folder(open_host_pod: Pod, open_tmp: Path) -> None:
+    """An image whose USER is not root runs everything as that user: nothing can be sealed there."""
+    folder = open_tmp / "logs" / "verifier"
+    folder.mkdir(parents=True)
+    (folder / "planted").write_text("1")
+    os.chown(open_tmp / "logs", AGENT_UID, AGENT_UID)
+    os.chown(folder, AGENT_UID, AGENT_UID)
+    command = supervisor.clear([sealed(f"{folder}/")])
+    done = subprocess.run(
+        open_host_pod.argv(command),
+        preexec_fn=as_user(AGENT_UID),
+        env={"PATH": open_host_pod.path},
+        capture_output=True,
+        timeout=30,
+    )
+    assert done.returncode == 0, done.stderr
+    assert list(folder.iterdir()) == [] and folder.stat().st_uid == AGENT_UID
 
 
 def test_chown_workdir_is_not_recursive_and_needs_a_real_user(pod: Pod, tmp_path: Path) -> None:

@@ -124,6 +124,26 @@ class Upload:
     clear: tuple[str, ...] = ()
 
 
+# Who owns a sealed folder: root (None), a user, or the user of the job whose start carries the clear.
+JOB_USER = "@job"
+
+
+def sealed(directory: str, owner: str | int | None = None) -> str:
+    """A clear (of :meth:`Sandbox.clear`, an :class:`Upload`'s ``clear``) that seals ``directory`` for a
+    verifier: made root's and mode 0755 before it is emptied — from then on no other user adds to it,
+    or renames it or a folder above it away (those are made root's, not writable by others) — then
+    given to ``owner`` (:data:`JOB_USER`: the user of the job whose start carries the clear).
+
+    A plain path is cleared and left mode 0777, as Gym leaves the agent's folders; a sealed one is how
+    a verifier's folders must be while it runs: an agent's leftover processes cannot reach them."""
+    if not directory.startswith("/") or not directory.endswith("/"):
+        raise ValueError(f"a sealed folder is an absolute directory path ending in /: {directory!r}")
+    who = "" if owner is None else str(owner)
+    if ":" in who or "\n" in who:
+        raise ValueError(f"invalid owner {owner!r}")
+    return f"0755:{who}:{directory}"
+
+
 class CommandFailed(Exception):
     """A sandbox command ran and failed (e.g. tar could not unpack): the task's problem, not an outage.
 

@@ -465,7 +465,13 @@ start_clears() {
             _opt=$_a
             continue
         fi
-        [ "$_opt" = --clear ] && clear_path "$_a"
+        if [ "$_opt" = --clear ]; then
+            case $_a in
+                # A folder sealed for this job's user (its test.sh writes the rewards there).
+                *:@job:/*) clear_path "${_a%%:*}:${_user}:${_a#*:@job:}" ;;
+                *) clear_path "$_a" ;;
+            esac
+        fi
         _opt=
     done
 }
@@ -924,6 +930,13 @@ cmd_probe() {
 # Placement's second half: record the exec's working directory (the container's) for jobs.
 cmd_place() {
     mkdir -p "$JOBS" "$TMPD" || die "place: cannot create $JOBS"
+    # The pod's volume comes world-writable: as root, keep its records out of other users' reach
+    # (a job's user could otherwise swap the whole folder, or pre-create a job's record). tmp/ is
+    # only traversable: a replayed RUN's script is staged there for its (maybe non-root) user.
+    if [ "$(id -u 2>/dev/null)" = 0 ]; then
+        { chown 0:0 "$BASE" "$JOBS" "$TMPD" && chmod 0755 "$BASE" && chmod 0700 "$JOBS" && chmod 0711 "$TMPD"; } ||
+            die "place: cannot make $BASE root's"
+    fi
     put "$BASE/workdir" "$PWD" || die "place: cannot write $BASE/workdir"
     container_key
     [ -z "$_mn" ] || put "$BASE/workdir.$_mn" "$PWD" || die "place: cannot write $BASE/workdir.$_mn"
@@ -1084,7 +1097,25 @@ empty_dir() {
     [ -z "$(ls -A -- "$1" 2>/dev/null)" ]
 }
 
+# Clear $1: PATH, or MODE:OWNER:PATH for a directory sealed for a verifier — root's, mode MODE,
+# before it is emptied (from then on no other user can add to it or rename it away, nor to or
+# from the folders above it, which are made not writable by others), then given to OWNER (a
+# user name or uid; empty: root; @job, in a start's --clear: the job's user). Sealing needs
+# root: as another user (an image whose USER is not root) the folder is only cleared.
 clear_path() {
+    case $1 in
+        /*) ;;
+        *:*:/*)
+            _sm=${1%%:*}
+            _so=${1#*:}
+            _so=${_so%%:*}
+            _sp=${1#*:*:}
+            case $_sm in '' | *[!0-7]*) usage "clear: invalid mode in $1" ;; esac
+            seal_path "$_sm" "$_so" "$_sp"
+            return
+            ;;
+        *) usage "clear: not an absolute path: $1" ;;
+    esac
     _p=$1
     _q=$_p
     _dir=0
@@ -1101,6 +1132,40 @@ clear_path() {
         chmod 0777 "$_q" || die "clear: cannot chmod $_q"
     elif [ "$_dir" = 1 ]; then
         { mkdir -p -- "$_q" && chmod 0777 "$_q"; } || die "clear: cannot create $_q"
+    fi
+}
+
+seal_path() {
+    if [ "$(id -u 2>/dev/null)" != 0 ]; then
+        clear_path "$3"
+        return
+    fi
+    case $2 in @job) usage "clear: @job only in a start's --clear" ;; esac
+    _q=$3
+    while :; do case $_q in */) _q=${_q%/} ;; *) break ;; esac; done
+    [ -n "$_q" ] || die "clear: refusing to clear /"
+    _up=${_q%/*}
+    while [ -n "$_up" ]; do
+        # Whoever may write in a folder above could rename the sealed one away and put its own in its
+        # place: those are made root's and not writable by others, unless sticky (as /tmp: there only
+        # an entry's owner, root, may rename it).
+        if [ -d "$_up" ] && [ ! -L "$_up" ]; then
+            _st=$(stat -c '%u %a' "$_up") || die "clear: cannot read $_up"
+            if [ "${_st%% *}" != 0 ]; then chown 0:0 "$_up" || die "clear: cannot seal $_up"; fi
+            case ${_st#* } in
+                *[2367][0-7] | *[0-7][2367]) [ -k "$_up" ] || chmod go-w "$_up" || die "clear: cannot seal $_up" ;;
+            esac
+        fi
+        _up=${_up%/*}
+    done
+    if [ -L "$_q" ] || { [ -e "$_q" ] && [ ! -d "$_q" ]; }; then
+        rm -f -- "$_q" || die "clear: cannot remove $_q"
+    fi
+    mkdir -p -- "$_q" || die "clear: cannot create $_q"
+    { chown 0:0 "$_q" && chmod "$1" "$_q"; } || die "clear: cannot seal $_q"
+    empty_dir "$_q" || die "clear: cannot empty $_q"
+    if [ -n "$2" ]; then
+        _err=$(chown -- "$2" "$_q" 2>&1) || die "clear: $_err"
     fi
 }
 

@@ -2,10 +2,11 @@
 
 The agent pod: the task image as ``main`` with its own ENTRYPOINT kept and a keep-alive
 as its arguments, every compose sidecar as another container reachable by its service
-name (``hostAliases`` → 127.0.0.1), an ``emptyDir`` at ``/episode-operator`` shared by
-all containers for the supervisor and its jobs, no service-account token, resources from
-``[environment]``. A verifier pod is the same shape with the verifier's image and
-environment and no sidecars. Both are owned by the Episode, so deleting it deletes them.
+name (``hostAliases`` → 127.0.0.1), an ``emptyDir`` at ``/episode-operator`` of each container's
+own for the supervisor and its jobs (main's records out of the sidecars' reach, and each sidecar's
+writable by its own user), no service-account token, resources from ``[environment]``. A
+verifier pod is the same shape with the verifier's image and environment and no sidecars. Both
+are owned by the Episode, so deleting it deletes them.
 
 **The verifier's capacity is the agent pod's** (docs/runtime.md, "Pods and capacity"): while a
 separate turn that is not the last verifies, both pods live, so the agent pod reserves the
@@ -208,7 +209,7 @@ def _sidecar_container(sidecar: Sidecar, task_image: str, spec: EpisodeSpec) -> 
         "image": sidecar.image or task_image,
         "imagePullPolicy": "IfNotPresent",
         "env": _env_list(sidecar.env),
-        "volumeMounts": [{"name": SUPERVISOR_VOLUME, "mountPath": SUPERVISOR_DIR}]
+        "volumeMounts": [{"name": _supervisor_volume(sidecar), "mountPath": SUPERVISOR_DIR}]
         + [
             {"name": _volume_name(volume.name), "mountPath": volume.mount_path, "readOnly": volume.read_only}
             for volume in sidecar.volumes
@@ -252,6 +253,11 @@ def _reservation_container(pod: SandboxPod, spec: EpisodeSpec) -> dict[str, Any]
         "resources": {"requests": dict(pod.reservation), "limits": dict(pod.reservation)},
         "securityContext": container_security(spec),
     }
+
+
+def _supervisor_volume(sidecar: Sidecar) -> str:
+    """A sidecar's own supervisor folder."""
+    return short_name("supervisor", re.sub(r"[^a-z0-9-]", "-", sidecar.name.lower()).strip("-") or "sidecar")
 
 
 def _volume_name(compose_name: str) -> str:
@@ -357,6 +363,7 @@ def sandbox_pod(
     if resources:
         main["resources"] = resources
     volumes: list[dict[str, Any]] = [{"name": SUPERVISOR_VOLUME, "emptyDir": {}}]
+    volumes += [{"name": _supervisor_volume(sidecar), "emptyDir": {}} for sidecar in pod.sidecars]
     for volume_name in sorted({volume.name for sidecar in pod.sidecars for volume in sidecar.volumes}):
         volumes.append({"name": _volume_name(volume_name), "emptyDir": {}})
     images = images or AgentImages()
