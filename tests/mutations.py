@@ -498,6 +498,49 @@ MUTATIONS = [
         "            pass\n",
         "a replica losing the race to store the certificate serves its own, which the APIService does not trust",
     ),
+    # The capture proxy against the agent beside it (issue 23).
+    Mutation(
+        "capture-system-resolver",
+        "capture/proxy.py",
+        "                resolver=PinnedResolver(self.config.hostname, self.config.upstream_addresses),\n",
+        "",
+        "the proxy resolves the model's hostname through the pod's /etc/hosts: the agent receives the key",
+    ),
+    Mutation(
+        "capture-redirect-followed",
+        "capture/proxy.py",
+        "                    allow_redirects=False,\n",
+        "                    allow_redirects=True,\n",
+        "the proxy follows the upstream's redirect wherever it points",
+    ),
+    Mutation(
+        "capture-any-route",
+        "capture/proxy.py",
+        "        if isinstance(route, Refused):\n            # Not read",
+        "        if False:\n            # Not read",
+        "the key goes with any method and path the agent sends (/v1/files, /v1/../admin)",
+    ),
+    Mutation(
+        "capture-decoded-route",
+        "capture/proxy.py",
+        "route = route_of(request.method, request.raw_path, self.base_path)",
+        "route = route_of(request.method, request.path, self.base_path)",
+        "a percent-encoded path is checked decoded and forwarded encoded (/v1/chat%2Fcompletions)",
+    ),
+    Mutation(
+        "capture-record-unbounded",
+        "capture/proxy.py",
+        "        room = self.max_record_bytes - len(self.body)\n",
+        "        room = len(chunk)\n",
+        "a huge answer is recorded whole",
+    ),
+    Mutation(
+        "capture-journal-unbounded",
+        "capture/proxy.py",
+        "        if self.writer.full(attempt):\n",
+        "        if False:\n",
+        "an attempt's journal grows without bound",
+    ),
 ]
 
 
