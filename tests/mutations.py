@@ -541,6 +541,41 @@ MUTATIONS = [
         "        if False:\n",
         "an attempt's journal grows without bound",
     ),
+    Mutation(
+        "capture-refusal-as-auth",
+        "capture/proxy.py",
+        'NOT_A_ROUTE = Failure(403, "client_error", ROUTE_REFUSED)',
+        'NOT_A_ROUTE = Failure(403, "auth", ROUTE_REFUSED)',
+        "an agent that calls /v1/files ends its episode ungraded as a refused key instead of measured",
+    ),
+    Mutation(
+        "capture-address-unpinned",
+        "kube/driver.py",
+        "        needs = replace(needs, capture=capture)\n",
+        "",
+        "the agent pod's proxy gets no pinned address (or the operator's bounds): it cannot reach a named upstream",
+    ),
+    Mutation(
+        "capture-service-unread",
+        "kube/upstream.py",
+        "    service = service_of(upstream.host, namespace)\n",
+        "    service = None\n",
+        "a model endpoint named by its Service needs DNS, which pods and a local operator may lack",
+    ),
+    Mutation(
+        "capture-container-unbounded",
+        "kube/objects/pods.py",
+        '        "resources": {"requests": dict(capture.bounds.requests), "limits": dict(capture.bounds.limits)},\n',
+        "",
+        "the capture container has no requests or limits",
+    ),
+    Mutation(
+        "capture-limit-ignored",
+        "runtime/turn/agent.py",
+        "        if any(call.local_response_reason == CAPTURE_LIMIT for call in calls):\n",
+        "        if False:\n",
+        "a turn whose calls outgrew the capture journal is verified as if all were recorded",
+    ),
 ]
 
 
