@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import ssl
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -334,16 +335,18 @@ class Upstream:
 
 
 @asynccontextmanager
-async def running_upstream(host: str = "127.0.0.1", port: int = 0) -> AsyncIterator[Upstream]:
+async def running_upstream(
+    host: str = "127.0.0.1", port: int = 0, ssl_context: ssl.SSLContext | None = None
+) -> AsyncIterator[Upstream]:
     upstream = Upstream()
     app = web.Application(client_max_size=64 * 1024 * 1024)
     app.router.add_route("*", "/{tail:.*}", upstream.handle)
     runner = web.AppRunner(app, handler_cancellation=True)
     await runner.setup()
-    site = web.TCPSite(runner, host, port)
+    site = web.TCPSite(runner, host, port, ssl_context=ssl_context)
     await site.start()
     port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-    upstream.url = f"http://{host}:{port}/v1"
+    upstream.url = f"{'https' if ssl_context else 'http'}://{host}:{port}/v1"
     try:
         yield upstream
     finally:

@@ -6,7 +6,13 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import signal
 import socket
+import ssl
+import subprocess
+import sys
+import time
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass
@@ -19,7 +25,8 @@ import pytest
 from episode_operator.capture.proxy import PinnedResolver, ProxyConfig, start
 from episode_operator.capture.records import CAPTURE_LIMIT, ROUTE_REFUSED, CapturedCall
 from episode_operator.capture.store import CaptureStore, CurrentTurn
-from episode_operator.capture.wire import ROUTES, Refused, route_of
+from episode_operator.capture.wire import KEY_ENV, ROUTES, Refused, route_of
+from episode_operator.kube.dataapi import self_signed_certificate
 from tests.unit.model_upstream import JSON_ANSWERS, KEY, OTHER_ANSWERS, Upstream, running_upstream
 
 MODEL_HOST = "model.test"  # resolvable by nobody but the patched resolver below and the pinned addresses
@@ -131,6 +138,55 @@ def test_without_a_pinned_address_a_hostname_is_never_resolved(tmp_path: Path) -
             assert status == 502 and answer["error"]["type"] == "upstream_unreachable"
             assert (call.response_source, call.local_response_reason) == ("local", "upstream_unreachable")
             assert attacker.received == [] and model.received == []
+
+    asyncio.run(scenario())
+
+
+@asynccontextmanager
+async def proxy_process(tmp_path: Path, upstream: str, address: str, ca_file: Path) -> AsyncIterator[int]:
+    """``capture-proxy`` as the pod runs it, trusting the test's certificate (``SSL_CERT_FILE``, read at start)."""
+    store = tmp_path / "store"
+    environment = {**os.environ, KEY_ENV: KEY, "SSL_CERT_FILE": str(ca_file)}
+    command = [str(Path(sys.executable).parent / "episode-operator"), "capture-proxy", "--listen", "127.0.0.1:0"]
+    options = ["--upstream", upstream, "--upstream-address", address, "--store", str(store)]
+    process = subprocess.Popen([*command, *options], env=environment, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 120  # a loaded machine starts Python slowly
+        while not (store / "ready.json").exists():
+            assert process.poll() is None and time.monotonic() < deadline, process.stderr and process.stderr.read()
+            await asyncio.sleep(0.05)
+        yield int(json.loads((store / "ready.json").read_text())["listen"].rsplit(":", 1)[1])
+    finally:
+        process.send_signal(signal.SIGTERM)
+        assert await asyncio.to_thread(process.wait, 60) == 0
+
+
+@pytest.mark.parametrize(("certified", "forwarded"), [("localhost", True), ("model.test", False)])
+def test_tls_to_the_pinned_address_still_checks_the_hostname(tmp_path: Path, certified: str, forwarded: bool) -> None:
+    """Connected to the pinned IP, the proxy sends the URL's hostname as SNI and checks the certificate
+    against it: a certificate for another name is refused (no request is made, the key stays). The name is
+    ``localhost``, which the machine's hosts file answers: no test sends a DNS query, whatever is broken."""
+    certificate, key = self_signed_certificate([certified])
+    (tmp_path / "cert.pem").write_bytes(certificate)
+    (tmp_path / "key.pem").write_bytes(key)
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.load_cert_chain(tmp_path / "cert.pem", tmp_path / "key.pem")
+    names: list[str | None] = []
+    context.sni_callback = lambda _socket, name, _context: names.append(name)  # type: ignore[assignment,misc]
+
+    async def scenario() -> None:
+        async with running_upstream(ssl_context=context) as model:
+            upstream = model.url.replace("127.0.0.1", "localhost")
+            async with proxy_process(tmp_path, upstream, "127.0.0.1", tmp_path / "cert.pem") as port:
+                status, answer = await send(port, "POST", "/v1/chat/completions", CHAT)
+        if forwarded:
+            assert (status, answer) == (200, JSON_ANSWERS["chat"])
+            assert keys_seen(model) == [f"Bearer {KEY}"] and model.received[0]["headers"]["Host"].startswith(
+                "localhost"
+            )
+        else:
+            assert status == 502 and model.received == []
+        assert names and set(names) == {"localhost"}
 
     asyncio.run(scenario())
 

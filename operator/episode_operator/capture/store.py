@@ -32,9 +32,11 @@ from episode_operator.capture.records import Begun, CapturedCall, Journal, parse
 CURRENT_TURN = "current-turn.json"
 # The proxy's bounds on what it stores (``--max-record-bytes``, ``--max-journal-bytes``; the operator's
 # ``--capture-max-record-mib`` and ``--capture-max-journal-mib`` set them for every agent pod): a body
-# in one record, and everything an attempt's journals hold.
+# in one record, and everything an attempt's journals hold. The operator reads a turn's journal whole
+# (runtime/turn/agent.py), so the journal's bound is also what one harvest may bring into its memory:
+# 256 MiB is five times a long turn (100 calls of a 500 KiB conversation).
 MAX_RECORD_BYTES = 8 * 1024 * 1024
-MAX_JOURNAL_BYTES = 1024 * 1024 * 1024
+MAX_JOURNAL_BYTES = 256 * 1024 * 1024
 OUTSIDE_TURN = "_outside-turn"
 # A safe file name for a turn: step names already are; anything else is refused rather than rewritten.
 TURN_NAME_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789._-")
