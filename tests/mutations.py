@@ -563,6 +563,13 @@ MUTATIONS = [
         "a model endpoint named by its Service needs DNS, which pods and a local operator may lack",
     ),
     Mutation(
+        "capture-missing-service-asks-dns",
+        "kube/upstream.py",
+        "            if service.explicit:\n",
+        "            if False:\n",
+        "a ….svc name whose Service does not exist is looked up in DNS, which cannot know it either",
+    ),
+    Mutation(
         "capture-container-unbounded",
         "kube/objects/pods.py",
         '        "resources": {"requests": dict(capture.bounds.requests), "limits": dict(capture.bounds.limits)},\n',

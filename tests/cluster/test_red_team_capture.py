@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 from kubernetes import client
 
-from tests.cluster.harness import OperatorProcess, install_crd, read_episode, run_episode
+from tests.cluster.harness import OperatorProcess, install_crd, pods_of, read_episode, run_episode
 from tests.scripted_model.deploy import PORT, ScriptedModel, deploy_scripted_model
 
 MODEL = "scripted-m1"
@@ -90,10 +90,15 @@ def model(api_client: client.ApiClient, core: client.CoreV1Api, namespace: str, 
 
 
 def run_agent(
-    api_client: client.ApiClient, namespace: str, operator: OperatorProcess, name: str, command: str
+    api_client: client.ApiClient,
+    namespace: str,
+    operator: OperatorProcess,
+    name: str,
+    command: str,
+    host: str = "scripted-model",
 ) -> tuple[dict[str, Any], Path]:
     # The model by its Service's name: the operator resolves it through the API and pins it for the proxy.
-    endpoint = {"name": MODEL, "baseURL": f"http://scripted-model:{PORT}/v1", "apiKeySecretRef": {"name": "model-key"}}
+    endpoint = {"name": MODEL, "baseURL": f"http://{host}:{PORT}/v1", "apiKeySecretRef": {"name": "model-key"}}
     spec = {
         "task": {"inline": {"files": TASK}},
         "agent": {"kind": "command", "command": command, "model": endpoint},
@@ -158,3 +163,23 @@ def test_calls_off_the_model_routes_are_refused_recorded_and_never_forwarded(
     received = model.requests()
     assert [record["path"] for record in received] == ["/v1/chat/completions"]  # nothing else was forwarded
     assert received[0]["api_key"] == KEY
+
+
+def test_a_model_host_no_service_answers_for_is_refused_before_any_pod(
+    api_client: client.ApiClient,
+    core: client.CoreV1Api,
+    namespace: str,
+    operator: OperatorProcess,
+    model: ScriptedModel,
+) -> None:
+    """A ``….svc`` name whose Service does not exist: refused, naming the field (no DNS is asked: the API
+    says there is no such Service). Runs with any operator image: no pod is made."""
+    command = agent_command(rewrite_hosts=False, hostile_paths=(), namespace=namespace)
+    status, _ = run_agent(api_client, namespace, operator, "unresolvable", command, f"no-such-model.{namespace}.svc")
+    assert (status["phase"], status["outcome"], status["failureKind"]) == (
+        "Failed",
+        "TerminalFailure",
+        "harbor:seed_refused",
+    )
+    assert status["message"].startswith("refused at seed: spec.agent.model.baseURL: cannot resolve no-such-model.")
+    assert "the operator's resolver" not in status["message"] and pods_of(core, namespace, "unresolvable") == []

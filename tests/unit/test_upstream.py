@@ -15,7 +15,7 @@ from episode_operator.kube.client import KubeError, NotFound
 from episode_operator.kube.driver import DriverSettings, drive_episode
 from episode_operator.kube.events import EventRecorder
 from episode_operator.kube.objects.pods import AgentImages
-from episode_operator.kube.upstream import Unresolvable, pin_upstream, service_of
+from episode_operator.kube.upstream import ServiceName, Unresolvable, pin_upstream, service_of
 from episode_operator.runtime.agents.model import CAPTURE_CONTAINER, CaptureBounds
 from episode_operator.runtime.store import BlobStore
 from tests.unit.folders import single_step
@@ -55,11 +55,11 @@ def pin(base_url: str, services: Services | None = None, resolver: Resolver | No
 @pytest.mark.parametrize(
     ("host", "service"),
     [
-        ("vllm", ("eval", "vllm")),
-        ("vllm.models", ("models", "vllm")),
-        ("vllm.models.svc", ("models", "vllm")),
-        ("vllm.models.svc.cluster.local", ("models", "vllm")),
-        ("VLLM.Models.svc", ("models", "vllm")),
+        ("vllm", ServiceName("eval", "vllm", explicit=False)),
+        ("vllm.models", ServiceName("models", "vllm", explicit=False)),
+        ("vllm.models.svc", ServiceName("models", "vllm", explicit=True)),
+        ("vllm.models.svc.cluster.local", ServiceName("models", "vllm", explicit=True)),
+        ("VLLM.Models.svc", ServiceName("models", "vllm", explicit=True)),
         ("api.openai.com", None),
         ("vllm.models.svc.cluster", None),
         ("a.b.c.d.e.f", None),
@@ -67,7 +67,7 @@ def pin(base_url: str, services: Services | None = None, resolver: Resolver | No
         ("9lives.models", None),  # a Service name starts with a letter
     ],
 )
-def test_which_hosts_are_read_as_service_names(host: str, service: tuple[str, str] | None) -> None:
+def test_which_hosts_are_read_as_service_names(host: str, service: ServiceName | None) -> None:
     assert service_of(host, "eval") == service
 
 
@@ -113,11 +113,20 @@ def test_a_name_no_service_answers_for_goes_to_the_operators_resolver() -> None:
 def test_a_host_nothing_resolves_is_refused_naming_the_field_and_each_cause(
     base_url: str, services: dict[tuple[str, str], Any], cause: str
 ) -> None:
+    resolver = Resolver()
     with pytest.raises(Unresolvable) as refused:
-        pin(base_url, Services(services), Resolver())
+        pin(base_url, Services(services), resolver)
     message = str(refused.value)
     assert message.startswith("spec.agent.model.baseURL: cannot resolve ") and cause in message
-    assert "the operator's resolver" in message  # the fallback was tried and said why not
+    assert "the operator's resolver" in message and resolver.asked  # the fallback was tried and said why not
+
+
+def test_a_service_the_api_says_does_not_exist_is_refused_without_asking_dns() -> None:
+    """``….svc`` names a Service and nothing else: if there is none, no DNS would find one."""
+    resolver = Resolver({"gone.models.svc": ["198.18.0.1"]})
+    with pytest.raises(Unresolvable, match="service models/gone: service models/gone not found"):
+        pin("http://gone.models.svc.cluster.local:8000/v1", Services(), resolver)
+    assert resolver.asked == []
 
 
 class RefusingClient:
@@ -163,6 +172,7 @@ def test_an_episode_whose_model_host_resolves_nowhere_is_refused_before_any_pod(
     assert status.message is not None
     assert status.message.startswith("refused at seed: spec.agent.model.baseURL: cannot resolve gone.models.svc")
     assert "service models/gone" in status.message and client.pods == []
+    assert "the operator's resolver" not in status.message  # a .svc name no Service has: no DNS asked
 
 
 class PodCatcher(RefusingClient):

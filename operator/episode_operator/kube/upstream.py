@@ -11,7 +11,8 @@ a listener of its own. So the operator pins the addresses when it makes the pod
   outside the cluster nor the sandbox pods need DNS for them);
 - anything else, and a Service-shaped name the API does not answer for (``example.com`` is also
   ``svc.ns``; a headless Service has no cluster IP; a Service outside the namespaces the operator
-  may read is forbidden to it): the operator's own resolver.
+  may read is forbidden to it): the operator's own resolver -- except a name that says ``.svc``
+  of a Service the API says does not exist, which no cluster DNS would resolve either.
 
 None answers: the Episode is refused before any pod, naming ``spec.agent.model.baseURL`` and why.
 The addresses are resolved each time the operator starts driving an Episode and are fixed for the
@@ -31,7 +32,7 @@ from typing import Protocol
 from urllib.parse import urlsplit
 
 from episode_operator.capture.wire import is_ip_address
-from episode_operator.kube.client import KubeError
+from episode_operator.kube.client import KubeError, NotFound
 
 FIELD = "spec.agent.model.baseURL"
 CLUSTER_DOMAIN = "cluster.local"
@@ -52,6 +53,16 @@ class Unresolvable(Exception):
 
 
 @dataclass(frozen=True)
+class ServiceName:
+    namespace: str
+    name: str
+    explicit: bool  # ``….svc[.cluster.local]``: a Service's, and nothing else's
+
+    def __str__(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+
+@dataclass(frozen=True)
 class Upstream:
     host: str
     port: int
@@ -68,17 +79,18 @@ def upstream_of(base_url: str) -> Upstream:
     return Upstream(parts.hostname.rstrip("."), port)
 
 
-def service_of(host: str, namespace: str) -> tuple[str, str] | None:
-    """``(namespace, service)`` when ``host`` is shaped like a Service's name as pods' DNS reads it."""
+def service_of(host: str, namespace: str) -> ServiceName | None:
+    """The Service ``host`` names as pods' DNS reads it (``namespace``: the Episode's), if it is shaped so."""
     labels = host.lower().split(".")
-    if labels[2:] in (["svc"], ["svc", *CLUSTER_DOMAIN.split(".")]) or len(labels) == 2:
+    explicit = labels[2:] in (["svc"], ["svc", *CLUSTER_DOMAIN.split(".")])
+    if explicit or len(labels) == 2:
         service, namespace = labels[0], labels[1]
     elif len(labels) == 1:
         service = labels[0]
     else:
         return None
     if SERVICE_NAME.match(service) and NAMESPACE_NAME.match(namespace):
-        return namespace, service
+        return ServiceName(namespace, service, explicit)
     return None
 
 
@@ -99,13 +111,17 @@ async def pin_upstream(
     service = service_of(upstream.host, namespace)
     if service is not None:
         try:
-            addresses = await services.service_cluster_ips(*service)
+            addresses = await services.service_cluster_ips(service.namespace, service.name)
+        except NotFound as error:
+            if service.explicit:
+                raise Unresolvable(f"{FIELD}: cannot resolve {upstream.host}: service {service}: {error}") from None
+            causes.append(f"service {service}: {error}")
         except KubeError as error:
-            causes.append(f"service {service[0]}/{service[1]}: {error}")
+            causes.append(f"service {service}: {error}")
         else:
             if addresses:
                 return tuple(addresses)
-            causes.append(f"service {service[0]}/{service[1]} has no cluster IP (headless or ExternalName)")
+            causes.append(f"service {service} has no cluster IP (headless or ExternalName)")
     try:
         resolved = await resolve(upstream.host, upstream.port)
     except OSError as error:
