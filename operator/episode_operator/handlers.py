@@ -60,6 +60,7 @@ from episode_operator.kube.replicas import (
 from episode_operator.kube.routing import Router, Scope
 from episode_operator.kube.status import EpisodeGone
 from episode_operator.kube.tombstones import expire_episode
+from episode_operator.runtime.agents.model import CaptureBounds
 from episode_operator.runtime.fencing import Fence, Fenced, HandOver
 from episode_operator.runtime.metrics import Metrics
 from episode_operator.runtime.server import serve
@@ -102,6 +103,8 @@ class OperatorOptions:
     builds: BuildSettings | None = None
     unschedulable_timeout_sec: float = 3600.0
     capture_image: str | None = None
+    # Every capture container's resources and journal bounds (--capture-requests, --capture-limits, --capture-max-*).
+    capture_bounds: CaptureBounds = field(default_factory=CaptureBounds)
     toolchain_repository: str = "episode-operator.local"
 
 
@@ -216,6 +219,7 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: ko
             **({ROUTE_LABEL: memo.replicas.route} if memo.replicas.route is not None else {}),
         },
         agent_images=AgentImages(options.capture_image, options.toolchain_repository),
+        capture_bounds=options.capture_bounds,
         pod_wakeups=memo.pod_wakeups,
         image_mirrors=options.image_mirrors,
         builds=(

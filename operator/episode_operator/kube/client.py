@@ -507,6 +507,15 @@ class KubeClient:
             secret = await self.core.read_namespaced_secret(name, namespace)
         return set(secret.data or {}) | set(secret.string_data or {})
 
+    async def service_cluster_ips(self, namespace: str, name: str) -> list[str]:
+        """A Service's cluster IPs (none for a headless or ExternalName Service): where a model endpoint
+        named by its Service is pinned for the capture proxy (kube/upstream.py)."""
+        with _api_call(f"service {namespace}/{name}"):
+            service = await _json(await self.core.read_namespaced_service(name, namespace, _preload_content=False))
+        spec = service.get("spec") or {}
+        addresses = spec.get("clusterIPs") or [spec.get("clusterIP")]
+        return [str(address) for address in addresses if address and address != "None"]
+
     async def get_secret(self, namespace: str, name: str) -> dict[str, Any]:
         """A Secret as the API's JSON (the data API's serving certificate; never a model key)."""
         with _api_call(f"secret {namespace}/{name}"):

@@ -16,7 +16,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from pydantic import ValidationError
@@ -37,9 +37,10 @@ from episode_operator.kube.replicas import Claim
 from episode_operator.kube.sandbox import KubeProvider
 from episode_operator.kube.status import KubeStatusSink
 from episode_operator.kube.tombstones import answer_from_tombstone
+from episode_operator.kube.upstream import HostResolver, Unresolvable, pin_upstream, system_resolver
 from episode_operator.runtime.admission import Refusal, admit_spec, admit_task
 from episode_operator.runtime.agents import agent_kind
-from episode_operator.runtime.agents.model import SandboxNeeds
+from episode_operator.runtime.agents.model import CaptureBounds, SandboxNeeds
 from episode_operator.runtime.episode import EpisodeConfig, EpisodeObserver, EpisodeRunner
 from episode_operator.runtime.fencing import FencedProvider
 from episode_operator.runtime.images import ImagePolicy
@@ -68,6 +69,10 @@ class DriverSettings:
     image_mirrors: ImageMirrors = field(default_factory=ImageMirrors)
     # In-cluster builds (--build-registry); None: Dockerfiles replay cannot apply are refused.
     builds: BuildCoordinator | None = None
+    # Every capture container's resources and journal bounds (--capture-*).
+    capture_bounds: CaptureBounds = field(default_factory=CaptureBounds)
+    # How a model endpoint's hostname that is no Service is resolved (kube/upstream.py).
+    resolve_host: HostResolver = system_resolver
     # How long a pod the scheduler cannot place is waited for (--unschedulable-timeout).
     unschedulable_timeout_sec: float = 3600.0
 
@@ -122,6 +127,15 @@ async def drive_episode(
     refusal = await _model_refusal(client, episode.namespace, needs, settings.agent_images, admission.digest)
     if refusal is not None:
         return await _refuse(sink, status, refusal, generation)
+    if needs.capture is not None:
+        try:
+            addresses = await pin_upstream(client, episode.namespace, needs.capture.upstream, settings.resolve_host)
+        except Unresolvable as error:
+            return await _refuse(
+                sink, status, Refusal(FAILURE_SEED, f"refused at seed: {error}", admission.digest), generation
+            )
+        capture = replace(needs.capture, upstream_addresses=addresses, bounds=settings.capture_bounds)
+        needs = replace(needs, capture=capture)
     labels = {**settings.extra_pod_labels, **queue_labels(metadata.get("labels") or {})}
     provider = KubeProvider(
         client,

@@ -104,6 +104,14 @@ OPERATOR_PERMISSIONS: tuple[Permission, ...] = (
         "goes to the capture container through the pod's secretKeyRef)",
     ),
     Permission(
+        "",
+        "services",
+        ("get",),
+        "namespaced",
+        "the cluster IP of a model endpoint named by its Service, pinned for the capture proxy (kube/upstream.py); "
+        "elsewhere the operator's resolver answers",
+    ),
+    Permission(
         "batch",
         "jobs",
         ("create", "get", "delete"),

@@ -281,7 +281,8 @@ def _toolchain_copier(toolchain: Toolchain, images: AgentImages, spec: EpisodeSp
 
 
 def _capture_container(capture: Capture, images: AgentImages, spec: EpisodeSpec) -> dict[str, Any]:
-    """The capture proxy: the operator's image, the key from its Secret, its store mounted here only."""
+    """The capture proxy: the operator's image, the key from its Secret, its store mounted here only,
+    the upstream's addresses pinned (the pod's /etc/hosts is the agent's), its resources and journal bounded."""
     assert images.capture is not None  # admission refuses a model endpoint without a capture image
     args = [
         "capture-proxy",
@@ -289,8 +290,13 @@ def _capture_container(capture: Capture, images: AgentImages, spec: EpisodeSpec)
         f"127.0.0.1:{CAPTURE_PORT}",
         "--upstream",
         capture.upstream,
+        *(option for address in capture.upstream_addresses for option in ("--upstream-address", address)),
         "--store",
         CAPTURE_STORE,
+        "--max-record-bytes",
+        str(capture.bounds.max_record_bytes),
+        "--max-journal-bytes",
+        str(capture.bounds.max_journal_bytes),
     ]
     if capture.token_ids:
         args.append("--token-ids")
@@ -311,6 +317,7 @@ def _capture_container(capture: Capture, images: AgentImages, spec: EpisodeSpec)
             "periodSeconds": 1,
             "failureThreshold": 60,
         },
+        "resources": {"requests": dict(capture.bounds.requests), "limits": dict(capture.bounds.limits)},
         "securityContext": container_security(spec),
     }
     if capture.secret is not None:

@@ -19,8 +19,9 @@ import tarfile
 from dataclasses import replace
 from pathlib import PurePosixPath
 
+from episode_operator.api.vocabulary import FAILURE_CAPTURE_LIMIT
 from episode_operator.capture.atif import trajectory_from_calls
-from episode_operator.capture.records import CapturedCall, parse_journal
+from episode_operator.capture.records import CAPTURE_LIMIT, CapturedCall, parse_journal
 from episode_operator.capture.store import calls_file
 from episode_operator.runtime.agents import agent_kind
 from episode_operator.runtime.agents.failures import CONSEQUENCES, classify
@@ -30,7 +31,14 @@ from episode_operator.runtime.sandbox import JobSpec, JobState, Sandbox, Sandbox
 from episode_operator.runtime.store import CALLS_FILE, INSTRUCTION_FILE, TRAJECTORY_FILE
 from episode_operator.runtime.turn.collect import carried_artifact
 from episode_operator.runtime.turn.context import TRAJECTORY, TurnRun
-from episode_operator.runtime.turn.failures import EpisodeEnds, Outage, check_started, sandbox_call, sandbox_lost
+from episode_operator.runtime.turn.failures import (
+    EpisodeEnds,
+    Outage,
+    TurnFailed,
+    check_started,
+    sandbox_call,
+    sandbox_lost,
+)
 from episode_operator.runtime.turn.prepare import carried_cleanup
 
 # How long the runner waits, after the agent ended, for calls still being recorded.
@@ -70,6 +78,14 @@ async def run_agent(turn: TurnRun) -> None:
     if capture:
         await _capture_job(turn, sandbox, "capture-off", "")
         calls = await _harvest(turn, sandbox)
+        if any(call.local_response_reason == CAPTURE_LIMIT for call in calls):
+            # The agent's calls outgrew the attempt's journal: the proxy stopped forwarding them, so what the
+            # turn did is no longer all recorded. The agent's doing: a measured 0, never an outage.
+            raise TurnFailed(
+                FAILURE_CAPTURE_LIMIT,
+                f"turn {turn.name}: the agent's model calls passed the capture journal's bound; "
+                "the capture proxy answered the rest itself",
+            )
     failure = classify(state, calls, state.output or b"", job.failure_patterns)
     record.agent_failure = failure
     if failure is None:
