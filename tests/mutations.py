@@ -648,6 +648,27 @@ MUTATIONS = [
         "        if False:\n",
         "a turn whose calls outgrew the capture journal is verified as if all were recorded",
     ),
+    Mutation(
+        "agent-env-on-the-container",
+        "kube/objects/pods.py",
+        'main["env"] += pod_entries(spec.agent.env)',
+        'main["env"] += spec.agent.env',
+        "the agent's secrets are on the main container: setup.sh, the ENTRYPOINT and test.sh inherit them",
+    ),
+    Mutation(
+        "agent-env-not-given",
+        "runtime/agents/base.py",
+        "    return replace(spec, env={**agent_env, **spec.env}, private=True)",
+        "    return spec",
+        "the agent's own env/envFrom never reach it",
+    ),
+    Mutation(
+        "agent-env-in-the-url",
+        "runtime/supervisor.py",
+        "    if not private and sum(len(arg) for arg in encoded) <= ARGV_STDIN_THRESHOLD:",
+        "    if sum(len(arg) for arg in encoded) <= ARGV_STDIN_THRESHOLD:",
+        "the agent's secrets travel in the exec's URL (the API server's logs, the process's command line)",
+    ),
 ]
 
 

@@ -24,6 +24,7 @@ def run(
     keep_pods: bool = False,
     plan_update: dict[str, Any] | None = None,
     observer: Any = None,
+    agent_env: dict[str, str] | None = None,
 ) -> tuple[EpisodeStatus, World, FakeSink, MemoryStore]:
     world = world or World()
     sink = sink or FakeSink()
@@ -39,6 +40,7 @@ def run(
         digest=files.digest(),
         outage_retries=retries,
         keep_pods_on_failure=keep_pods,
+        agent_env=agent_env or {},
     )
     runner = EpisodeRunner(
         config,

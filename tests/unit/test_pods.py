@@ -29,7 +29,10 @@ SPEC = EpisodeSpec.model_validate(
         "agent": {
             "kind": "command",
             "command": "run",
-            "env": [{"name": "API_TOKEN", "value": "secret"}],
+            "env": [
+                {"name": "API_TOKEN", "value": "secret"},
+                {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+            ],
             "envFrom": [{"secretRef": {"name": "model-key"}}],
         },
         "nodeSelector": {"pool": "eval"},
@@ -71,10 +74,12 @@ def test_agent_pod() -> None:
     main, api = spec["containers"]
     assert "command" not in main  # the image's ENTRYPOINT is kept; the keep-alive is its argument
     assert main["args"][0] == "sh"
-    # Secrets reach the agent's container only: not the sidecars (nor, below, verifier pods).
-    assert {"name": "API_TOKEN", "value": "secret"} in main["env"]
-    assert main["envFrom"] == [{"secretRef": {"name": "model-key"}}]
-    assert "envFrom" not in api and all(entry["name"] != "API_TOKEN" for entry in api["env"])
+    # The agent's secrets reach its own jobs only (runtime/agents/base.py with_agent_env): not the main
+    # container's environment, which setup.sh, the ENTRYPOINT and test.sh inherit, nor the sidecars.
+    # Only what names the pod itself stays there.
+    for container in (main, api):
+        assert "envFrom" not in container and all(entry["name"] != "API_TOKEN" for entry in container["env"])
+    assert {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}} in main["env"]
     for container in (main, api):
         assert container["securityContext"]["allowPrivilegeEscalation"] is False
         assert container["securityContext"]["capabilities"] == {"drop": ["NET_RAW"]}

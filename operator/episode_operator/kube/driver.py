@@ -32,6 +32,7 @@ from episode_operator.api.vocabulary import (
 )
 from episode_operator.kube.builds import BuildCoordinator
 from episode_operator.kube.client import Guard, KubeClient, KubeError, NotFound
+from episode_operator.kube.objects.env import AgentEnv, Sources, referenced, resolve_agent_env, secret_data
 from episode_operator.kube.objects.pods import AgentImages, OwnerRef, episode_selector
 from episode_operator.kube.replicas import Claim
 from episode_operator.kube.sandbox import KubeProvider
@@ -136,6 +137,12 @@ async def drive_episode(
             )
         capture = replace(needs.capture, upstream_addresses=addresses, bounds=settings.capture_bounds)
         needs = replace(needs, capture=capture)
+    agent_env = await read_agent_env(client, episode.namespace, spec.agent.env, spec.agent.env_from, admission.main_env)
+    if agent_env.problems:
+        message = f"refused at seed: {'; '.join(agent_env.problems)}"
+        return await _refuse(sink, status, Refusal(FAILURE_SEED, message, admission.digest), generation)
+    for skipped in agent_env.skipped:
+        await sink.event("AgentEnvSkipped", f"{skipped}: not given to the agent", warning=True)
     labels = {**settings.extra_pod_labels, **queue_labels(metadata.get("labels") or {})}
     provider = KubeProvider(
         client,
@@ -163,11 +170,38 @@ async def drive_episode(
         backoff_base_sec=settings.backoff_base_sec,
         generation=generation,
         images=admission.images,
+        agent_env=agent_env.values,
     )
     store = settings.store.episode(episode.namespace, episode.name, episode.uid)
     fenced = provider if claim is None else FencedProvider(provider, claim)
     runner = EpisodeRunner(config, fenced, sink, store, observer=observer, builder=settings.builds)
     return await runner.run(status)
+
+
+async def read_agent_env(
+    client: KubeClient,
+    namespace: str,
+    env: list[dict[str, Any]],
+    env_from: list[dict[str, Any]],
+    container_env: Mapping[str, str],
+) -> AgentEnv:
+    """``spec.agent.env``/``envFrom`` as the agent's jobs get them (kube/objects/env.py): the Secrets
+    and ConfigMaps they name read here, each once; one that cannot be read is a problem that names it."""
+    secrets: dict[str, dict[str, str]] = {}
+    config_maps: dict[str, dict[str, str]] = {}
+    unreadable: list[str] = []
+    for kind, name in sorted(referenced(env, env_from)):
+        try:
+            if kind == "secret":
+                secrets[name] = secret_data(await client.get_secret(namespace, name))
+            else:
+                config_maps[name] = dict((await client.get_config_map(namespace, name)).data or {})
+        except NotFound:
+            pass  # resolve_agent_env says where it is named (unless optional)
+        except KubeError as error:
+            unreadable.append(f"cannot read {kind} {namespace}/{name}: {error}")
+    resolved = resolve_agent_env(env, env_from, Sources(secrets, config_maps), container_env)
+    return replace(resolved, problems=[*unreadable, *resolved.problems]) if unreadable else resolved
 
 
 async def read_task_files(client: KubeClient, namespace: str, source: TaskSource, wait_sec: float) -> TaskFiles:

@@ -26,8 +26,8 @@ import math
 import re
 import secrets
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass, replace
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from dataclasses import dataclass, field, replace
 from typing import Protocol
 
 from episode_operator.api.models import (
@@ -155,6 +155,8 @@ class EpisodeConfig:
     generation: int | None = None
     # How each sandbox's image is made (runtime/images.py); None: prebuilt images only.
     images: ImagePlan | None = None
+    # spec.agent.env/envFrom as read by the operator: the agent's own jobs get them, nothing else.
+    agent_env: Mapping[str, str] = field(default_factory=dict)
 
 
 class EpisodeRunner:
@@ -436,6 +438,10 @@ class EpisodeRunner:
     @property
     def agent_spec(self) -> AgentSpec:
         return self.config.agent
+
+    @property
+    def agent_env(self) -> Mapping[str, str]:
+        return self.config.agent_env
 
     @property
     def attempt_number(self) -> int:

@@ -51,6 +51,8 @@ class JobSpec:
     read_after: tuple[str, ...] = ()
     download_after: str | None = None
     download_exclude: tuple[str, ...] = ()
+    # Its environment holds secrets (the agent's own env): it never travels in an exec's URL.
+    private: bool = False
 
 
 @dataclass(frozen=True)

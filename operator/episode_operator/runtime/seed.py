@@ -28,6 +28,7 @@ from typing import Final, Protocol
 
 from episode_operator.api.vocabulary import FAILURE_AGENT_SETUP, FAILURE_ENVIRONMENT_BUILD, FAILURE_SEED, SeedStage
 from episode_operator.runtime.agents import agent_kind
+from episode_operator.runtime.agents.base import with_agent_env
 from episode_operator.runtime.archive import folder_tar
 from episode_operator.runtime.images import BuildFailed, BuildOutage, ImageBuild, ImageBuilder, ImagePlan
 from episode_operator.runtime.replay import (
@@ -211,7 +212,7 @@ async def set_up_agent(seed: SeedServices) -> None:
     if setup is None:
         return
     sandbox = await seed.agent_sandbox()
-    state = await seed.run_job(sandbox, setup)
+    state = await seed.run_job(sandbox, with_agent_env(setup, seed.agent_env))
     await seed.save_job_log(sandbox, SEED_LOGS, "agent-setup", state)
     check_started(Call.START_AGENT, state)
     if not state.succeeded:

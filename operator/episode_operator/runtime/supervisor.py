@@ -166,7 +166,7 @@ def start(
         args += ["--wait", _seconds(wait_sec, "wait_sec")]
     args += _extras(spec)
     args += ["--", spec.command]
-    return _command(args, stdin=upload.archive if upload is not None else None)
+    return _command(args, stdin=upload.archive if upload is not None else None, private=spec.private)
 
 
 def _extras(spec: JobSpec) -> list[str]:
@@ -469,8 +469,9 @@ def _mtime(text: str) -> float | None:
     return value if math.isfinite(value) else None
 
 
-def _command(args: list[str], *, stdin: bytes | None = None) -> Command:
-    """``sh SUPERVISOR_PATH *args``, or the args on stdin when too long for an exec URL.
+def _command(args: list[str], *, stdin: bytes | None = None, private: bool = False) -> Command:
+    """``sh SUPERVISOR_PATH *args``, or the args on stdin when too long for an exec URL or ``private``
+    (they hold secrets: an exec's URL is in the API server's logs and the process's command line).
 
     ``stdin`` is what the verb itself reads (an upload's archive); arguments sent on stdin
     come before it, each part read by its exact length.
@@ -479,7 +480,7 @@ def _command(args: list[str], *, stdin: bytes | None = None) -> Command:
         _check_arg(arg, "argument")
     encoded = [arg.encode("utf-8") for arg in args]
     words = tuple(args)
-    if sum(len(arg) for arg in encoded) <= ARGV_STDIN_THRESHOLD:
+    if not private and sum(len(arg) for arg in encoded) <= ARGV_STDIN_THRESHOLD:
         return Command(["sh", SUPERVISOR_PATH, *args], stdin=stdin, words=words, payload=stdin)
     payload = b" ".join(str(len(arg)).encode() for arg in encoded) + b"\n" + b"".join(encoded)
     argv = ["sh", SUPERVISOR_PATH, "--argv-stdin", str(len(payload))]

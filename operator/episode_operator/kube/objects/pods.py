@@ -36,6 +36,7 @@ from episode_operator.api.vocabulary import (
     TURN_LABEL,
 )
 from episode_operator.capture.wire import KEY_ENV
+from episode_operator.kube.objects.env import pod_entries
 from episode_operator.runtime.agents.model import (
     CAPTURE_CONTAINER,
     CAPTURE_PORT,
@@ -359,9 +360,8 @@ def sandbox_pod(
         "securityContext": container_security(spec),
     }
     if pod.role == "agent":
-        main["env"] += spec.agent.env
-        if spec.agent.env_from:
-            main["envFrom"] = spec.agent.env_from
+        # Only the entries naming the pod itself: the agent's values go to its own jobs (kube/objects/env.py).
+        main["env"] += pod_entries(spec.agent.env)
     if pod.environment.workdir:
         main["workingDir"] = pod.environment.workdir
     resources = spec.resources if spec.resources is not None and pod.role == "agent" else resources_of(pod.environment)

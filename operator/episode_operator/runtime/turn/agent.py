@@ -24,6 +24,7 @@ from episode_operator.capture.atif import trajectory_from_calls
 from episode_operator.capture.records import CAPTURE_LIMIT, CapturedCall, parse_journal
 from episode_operator.capture.store import calls_file
 from episode_operator.runtime.agents import agent_kind
+from episode_operator.runtime.agents.base import with_agent_env
 from episode_operator.runtime.agents.failures import CONSEQUENCES, classify
 from episode_operator.runtime.agents.model import CAPTURE_CONTAINER, CAPTURE_STORE
 from episode_operator.runtime.archive import text_tar
@@ -61,7 +62,7 @@ async def run_agent(turn: TurnRun) -> None:
     cleanup = carried_cleanup(turn, "agent")
     if cleanup:
         inputs = replace(inputs, clear=(*inputs.clear, *cleanup))
-    spec = job.spec
+    spec = with_agent_env(job.spec, services.agent_env)
     artifact = carried_artifact(turn)
     if artifact is not None and artifact.service == spec.container:
         spec = replace(spec, download_after=artifact.source, download_exclude=tuple(artifact.exclude))

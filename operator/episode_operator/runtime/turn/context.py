@@ -8,6 +8,7 @@ state of its own and can be re-run from the status alone after a restart.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from typing import Protocol
@@ -45,6 +46,11 @@ class TurnServices(Protocol):
 
     @property
     def agent_spec(self) -> AgentSpec: ...
+
+    @property
+    def agent_env(self) -> Mapping[str, str]:
+        """``spec.agent.env``/``envFrom`` as read by the operator: for the agent's own jobs only."""
+        ...
 
     @property
     def attempt_number(self) -> int: ...
