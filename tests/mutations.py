@@ -669,6 +669,27 @@ MUTATIONS = [
         "    if sum(len(arg) for arg in encoded) <= ARGV_STDIN_THRESHOLD:",
         "the agent's secrets travel in the exec's URL (the API server's logs, the process's command line)",
     ),
+    Mutation(
+        "agent-outage-scored-before-it-acted",
+        EPISODE,
+        "record.stage is not None and order.index(record.stage) >= order.index(Stage.AGENT)",
+        "record.stage is not None",
+        "an outage no agent could have caused (none acted yet) is scored a measured 0 instead of retried",
+    ),
+    Mutation(
+        "agent-outage-never-scored",
+        EPISODE,
+        '        if self.config.agent_outages != "score" or outage.kind not in AGENT_CAUSABLE_OUTAGES:',
+        "        if True:",
+        "spec.retries.agentOutages: score is ignored: an agent that breaks its sandbox buys a retry",
+    ),
+    Mutation(
+        "ungraded-dropped-from-pass-at-k",
+        "runtime/evaluation.py",
+        "    samples = len(rewards) + ungraded\n",
+        "    samples = len(rewards)\n",
+        "pass@k drops Ungraded attempts silently: a task whose attempts keep failing flatters the table",
+    ),
 ]
 
 

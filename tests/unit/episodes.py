@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from episode_operator.api.models import AgentSpec, EpisodeStatus
+from episode_operator.api.models import AgentOutages, AgentSpec, EpisodeStatus
 from episode_operator.runtime.episode import EpisodeConfig, EpisodeRunner
 from episode_operator.taskfolder import TaskFiles, load_task, resolve_plan
 from tests.unit.fake_sandbox import FakeProvider, FakeSink, MemoryStore, World
@@ -25,6 +25,7 @@ def run(
     plan_update: dict[str, Any] | None = None,
     observer: Any = None,
     agent_env: dict[str, str] | None = None,
+    agent_outages: AgentOutages = "retry",
 ) -> tuple[EpisodeStatus, World, FakeSink, MemoryStore]:
     world = world or World()
     sink = sink or FakeSink()
@@ -41,6 +42,7 @@ def run(
         outage_retries=retries,
         keep_pods_on_failure=keep_pods,
         agent_env=agent_env or {},
+        agent_outages=agent_outages,
     )
     runner = EpisodeRunner(
         config,

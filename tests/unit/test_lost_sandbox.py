@@ -152,3 +152,27 @@ def test_an_attempt_ended_by_an_older_runner_before_it_wrote_the_next_is_not_res
     world.delete_pod("pod-a1")  # released with the outage
     status = run(folder, world=world, status=older)[0]
     assert (status.phase, status.reward, status.attempt) == ("Succeeded", 1.0, 2), status.message
+
+
+# --- spec.retries.agentOutages -------------------------------------------------------------------
+@pytest.mark.parametrize("policy", ["retry", "score"])
+def test_an_outage_an_agent_caused_is_retried_by_default_and_scored_when_asked(policy: str) -> None:
+    """Turn 1's agent left its trajectory uncleanable: turn 2 cannot start (Gym: an outage, even when
+    an agent caused it). Retried, every attempt meets it again; scored, turn 2 counts a measured 0."""
+    world = World(unclearable={"/logs/agent/trajectory.json"})
+    status = run(three_steps(), world=world, retries=1, agent_outages=policy)[0]
+    if policy == "retry":
+        assert (status.outcome, status.failure_kind, status.attempt) == ("Ungraded", "outage:clear_grading_files", 2)
+        return
+    assert (status.phase, status.outcome, status.attempt, status.stopped_after_turn) == ("Succeeded", "Graded", 1, "b")
+    assert [(t.reward, t.failure_kind) for t in status.turns[:2]] == [(1.0, None), (0.0, "agent:broke_sandbox")]
+    assert status.reward == pytest.approx(0.5) and status.failure_kind == "agent:broke_sandbox"
+    assert (status.attempts[0].reason or "").startswith("clear_grading_files: ")
+
+
+def test_an_outage_before_any_agent_acted_is_retried_even_when_scoring() -> None:
+    """The control: nothing an agent did can have caused it."""
+    world = World(missing_users={"ghost"})
+    folder = three_steps(toml='[agent]\nuser = "ghost"\n')
+    status = run(folder, world=world, retries=1, agent_outages="score")[0]
+    assert (status.outcome, status.failure_kind, status.attempt) == ("Ungraded", "outage:user_switch", 2)

@@ -152,12 +152,22 @@ class AgentSpec(ApiModel):
     )
 
 
+AgentOutages = Literal["retry", "score"]
+
+
 class RetryPolicy(ApiModel):
     outages: int = Field(
         default=2,
         ge=0,
         le=20,
         description="Fresh attempts after an outage (lost pod, image pull failure, …).",
+    )
+    agent_outages: AgentOutages = Field(
+        default="retry",
+        description="An outage of a kind the agent can cause (its container killed, the supervisor's jobs "
+        "lost, grading folders it left unclearable, a user it made unswitchable…) once an agent acted in the "
+        "attempt: retry (Gym's rule: an outage, retried like any other) or score (the turn counts a measured "
+        "0, failureKind agent:broke_sandbox: for RL runs, where breaking the sandbox must not buy a retry).",
     )
 
 

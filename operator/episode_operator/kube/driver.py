@@ -165,6 +165,7 @@ async def drive_episode(
         digest=admission.digest,
         task_name=admission.task_name,
         outage_retries=spec.retries.outages,
+        agent_outages=spec.retries.agent_outages,
         keep_pods_on_failure=spec.debug.keep_pods,
         poll_interval_sec=settings.poll_interval_sec,
         backoff_base_sec=settings.backoff_base_sec,

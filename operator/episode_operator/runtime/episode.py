@@ -31,6 +31,7 @@ from dataclasses import dataclass, field, replace
 from typing import Protocol
 
 from episode_operator.api.models import (
+    AgentOutages,
     AgentSpec,
     AttemptStatus,
     EpisodeStatus,
@@ -40,6 +41,8 @@ from episode_operator.api.models import (
     TurnStatus,
 )
 from episode_operator.api.vocabulary import (
+    AGENT_CAUSABLE_OUTAGES,
+    FAILURE_BROKE_SANDBOX,
     FAILURE_DEADLINE,
     FAILURE_VERIFIER,
     PODS_READY,
@@ -147,6 +150,8 @@ class EpisodeConfig:
     digest: str
     task_name: str | None = None
     outage_retries: int = 2
+    # An agent-causable outage after an agent acted: retried (Gym) or scored a measured 0 (RL).
+    agent_outages: AgentOutages = "retry"
     keep_pods_on_failure: bool = False
     poll_interval_sec: float = 30.0
     backoff_base_sec: float = 5.0
@@ -214,7 +219,10 @@ class EpisodeRunner:
             try:
                 await self._run_attempt()
             except Outage as outage:
-                await self._after_outage(outage)
+                if self._agent_broke_the_sandbox(outage):
+                    await self._score_outage(outage)
+                else:
+                    await self._after_outage(outage)
             except EpisodeEnds as ending:
                 await self._end(ending.outcome, ending.failure_kind, str(ending))
         return self.status
@@ -394,6 +402,32 @@ class EpisodeRunner:
         await self._next_attempt(
             min(self.config.backoff_base_sec * 2 ** (attempt.number - 1), self.config.backoff_max_sec)
         )
+
+    def _agent_broke_the_sandbox(self, outage: Outage) -> bool:
+        """Whether ``outage`` is scored, not retried: spec.retries.agentOutages says score, the kind is one
+        an agent can cause, and an agent acted in the attempt (a turn reached its agent stage)."""
+        if self.config.agent_outages != "score" or outage.kind not in AGENT_CAUSABLE_OUTAGES:
+            return False
+        order = list(TURN)
+        return any(
+            record.stage is not None and order.index(record.stage) >= order.index(Stage.AGENT)
+            for record in self.status.turns
+        )
+
+    async def _score_outage(self, outage: Outage) -> None:
+        """The turn the outage stopped counts a measured 0 and the episode ends there, graded."""
+        index = self.status.current_turn or 0
+        turn = TurnRun(self, index)
+        self._attempt.reason = f"{outage.kind}: {outage}"
+        self.observer.outage(outage.kind)
+        await self.event("Outage", f"attempt {self._attempt.number}: {self._attempt.reason}; scored", warning=True)
+        await record_score(
+            turn, TurnScore(valid=False), FAILURE_BROKE_SANDBOX, f"the sandbox broke after an agent acted: {outage}"
+        )
+        turn.record.stage = Stage.DONE
+        if not turn.last:
+            self.status.stopped_after_turn = turn.name
+        await self._finish_graded()
 
     async def _next_attempt(self, delay: float) -> None:
         """Write the next attempt, to start ``delay`` seconds from now, before waiting for it: a
