@@ -277,7 +277,8 @@ SEED: Final[Mapping[SeedStage, SeedRow]] = {
         start_sandbox,
         SeedStage.REPLAY,
         SeedPublished.BUILDS,  # after builds, the status moves on from images; else the attempt's start says it
-        "Re-attaches to the attempt's agent pod (created if missing) and waits until it runs, saying why it "
+        "Re-attaches to the attempt's agent pod (created if the attempt recorded none: a recorded one gone or "
+        "replaced is an outage) and waits until it runs, saying why it "
         "waits in the status.",
     ),
     SeedStage.REPLAY: SeedRow(

@@ -126,7 +126,8 @@ TURN: Final[Mapping[Stage, StageRow]] = {
         Stage.VERIFY,
         Published.SEPARATE,  # the agent pod's release and the verifier pod are not redone from collect
         Network.VERIFIER,
-        "Separate: re-attaches to the verifier pod (created if missing) and places the artifacts again "
+        "Separate: re-attaches to the verifier pod (created if the attempt recorded none: a recorded one gone is "
+        "an outage) and places the artifacts again "
         "(nothing has run there yet). Shared: not published, resumes at agent.",
     ),
     Stage.VERIFY: StageRow(
