@@ -690,6 +690,13 @@ MUTATIONS = [
         "    samples = len(rewards)\n",
         "pass@k drops Ungraded attempts silently: a task whose attempts keep failing flatters the table",
     ),
+    Mutation(
+        "layout-not-made",
+        "kube/sandbox.py",
+        "output = await self._run(supervisor.placement(layout=layout))",
+        "output = await self._run(supervisor.placement())",
+        "/logs/verifier is missing while the agent runs: a Harbor solution that looks for it takes its failure branch",
+    ),
 ]
 
 

@@ -31,6 +31,7 @@ from episode_operator.kube.client import ExecResult
 from episode_operator.kube.sandbox import KubeSandbox
 from episode_operator.runtime.sandbox import WaitingReport
 from episode_operator.runtime.supervisor import SUPERVISOR_DIR
+from episode_operator.runtime.turn.context import SANDBOX_LAYOUT
 from episode_operator.taskfolder.plan import NetworkPolicy, VerifierPlan
 from tests.unit.tools import tool
 
@@ -199,7 +200,7 @@ class LocalProvider:
         self.pods.create(name, env)
         sandbox = self.sandboxes.get(name) or KubeSandbox(self.pods, "local", name, f"local-{name}")  # type: ignore[arg-type]
         self.sandboxes[name] = sandbox
-        await sandbox.place_supervisor()
+        await sandbox.place_supervisor(layout=SANDBOX_LAYOUT)  # as the kube provider
         if waiting is not None:  # a local pod never waits: it runs, as the kube provider says of one that does
             await waiting(None)
         return sandbox

@@ -224,3 +224,28 @@ def test_a_non_root_agents_leftover_processes_cannot_reach_the_verifiers_folders
     second = status.turns[1]
     assert (second.reward, second.reward_valid) == (0.0 if attack else 1.0, True), kept_logs(store)
     assert not pods.path("pod-a1", "/episode-operator/jobs/forged").exists()
+
+
+# Harbor's own example tasks check the layout in their solutions: a solve.sh that looks for
+# /logs/verifier to tell a shared verifier, and writes where the verifier will look.
+LAYOUT_SOLVE = (
+    "for d in /logs/agent /logs/verifier /logs/artifacts; do\n"
+    '  [ -d "$d" ] && [ "$(stat -c %a "$d")" = 777 ] || { echo "no $d" >&2; exit 1; }\n'
+    "done\n"
+    "echo done > /logs/artifacts/made-by-solve.txt\n"
+)
+LAYOUT_CHECK = "if [ -f /logs/artifacts/made-by-solve.txt ]; then echo 1; else echo 0; fi > /logs/verifier/reward.txt\n"
+
+
+@pytest.mark.parametrize("mode", ["shared", "separate"])
+@pytest.mark.parametrize("user", [None, "agent"], ids=["root", "non-root"])
+def test_a_solution_finds_harbors_layout_during_its_turn(
+    pods: LocalPods, tmp_path: Path, mode: str, user: str | None
+) -> None:
+    toml = (f'[agent]\nuser = "{user}"\n' if user else "") + (
+        '[verifier]\nenvironment_mode = "separate"\n' if mode == "separate" else ""
+    )
+    folder = single_step(toml, {"solution/solve.sh": LAYOUT_SOLVE, "tests/test.sh": LAYOUT_CHECK})
+    store = EpisodeBlobs.local(tmp_path / "store")
+    status = run(folder, pods, store)
+    assert (status.reward, status.turns[0].agent_exit_code) == (1.0, 0), kept_logs(store)

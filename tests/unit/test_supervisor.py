@@ -725,6 +725,25 @@ def test_placement_keeps_the_records_out_of_other_users_reach(pod: Pod) -> None:
     assert not can_write(AGENT_UID, f"echo x > {pod.base}/supervisor.sh")
 
 
+def test_placement_makes_the_missing_layout_folders_and_leaves_the_others(open_tmp: Path) -> None:
+    """Harbor's /logs/agent, /logs/verifier, /logs/artifacts exist from the sandbox's start, 0777 for
+    the agent; a folder that exists — sealed for a verifier that runs — is not opened by a restart."""
+    sealed_folder = open_tmp / "logs" / "verifier"
+    sealed_folder.mkdir(parents=True)
+    sealed_folder.chmod(0o755)
+    layout = [str(open_tmp / "logs" / name) for name in ("agent", "verifier", "artifacts")]
+    placement = supervisor.placement(str(open_tmp / "episode-operator"), layout=layout)
+    done = subprocess.run(
+        placement.argv, input=placement.stdin, capture_output=True, env={"PATH": HOST_PATH}, timeout=30
+    )
+    assert done.returncode == 0, done.stderr
+    modes = {Path(folder).name: stat.S_IMODE(Path(folder).stat().st_mode) for folder in layout}
+    assert modes == {"agent": 0o777, "verifier": 0o755, "artifacts": 0o777}
+    assert stat.S_IMODE((open_tmp / "logs").stat().st_mode) == 0o755
+    with pytest.raises(ValueError):
+        supervisor.placement(layout=["logs/agent"])
+
+
 @pytest.mark.parametrize("owner", [None, AGENT_UID + 1, "nobody"], ids=["root", "uid", "name"])
 def test_a_sealed_folder_is_roots_emptied_then_given_to_its_owner(open_pod: Pod, open_tmp: Path, owner: object) -> None:
     """What an agent left in a verifier's folder is gone, and its processes can neither add to the

@@ -53,6 +53,7 @@ from episode_operator.runtime.sandbox import (
     Waiting,
     WaitingReport,
 )
+from episode_operator.runtime.turn.context import SANDBOX_LAYOUT
 from episode_operator.runtime.wakeups import Wakeups, nap
 from episode_operator.taskfolder import EpisodePlan
 from episode_operator.taskfolder.plan import NetworkPolicy, VerifierPlan, baseline_policy
@@ -156,14 +157,14 @@ class KubeSandbox:
             return kind, f"pod {self.name}: {verdict.message}"
         return "exec", ""
 
-    async def place_supervisor(self, sidecars: Sequence[str] = ()) -> None:
-        """Put the supervisor in the pod and learn its working directory (idempotent).
+    async def place_supervisor(self, sidecars: Sequence[str] = (), *, layout: Sequence[str] = ()) -> None:
+        """Put the supervisor in the pod, make its ``layout`` folders, learn its working directory (idempotent).
 
         Placing it from a sidecar too records that container's own working directory, the
         default ``cwd`` of its collect hooks. A sidecar without ``sh`` cannot run hooks; its
         hooks then fail when they run, best effort as Gym treats them.
         """
-        output = await self._run(supervisor.placement())
+        output = await self._run(supervisor.placement(layout=layout))
         self.facts = supervisor.parse_probe(output)
         self.workdir = self.facts.get("workdir") or "/"
         for container in sidecars:
@@ -391,7 +392,8 @@ class KubeProvider:
         try:
             await sandbox.place_supervisor(
                 [sidecar.name for sidecar in pod.sidecars]
-                + ([CAPTURE_CONTAINER] if pod.needs.capture is not None else [])
+                + ([CAPTURE_CONTAINER] if pod.needs.capture is not None else []),
+                layout=SANDBOX_LAYOUT,
             )
         except CommandFailed as error:
             raise SandboxError(f"cannot place the supervisor in {name}: {error}", kind="supervisor") from error

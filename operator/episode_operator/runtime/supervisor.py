@@ -90,7 +90,8 @@ head -c "$n" >"$t" || { echo "placement: cannot write $t" >&2; exit 1; }
 s=$(($(wc -c <"$t")))
 [ "$s" -eq "$n" ] || { rm -f "$t"; echo "placement: got $s of $n bytes" >&2; exit 1; }
 chmod 0755 "$t" && mv -f "$t" "$d/supervisor.sh" || { echo "placement: cannot install $d/supervisor.sh" >&2; exit 1; }
-exec sh "$d/supervisor.sh" place
+shift 2
+exec sh "$d/supervisor.sh" place "$@"
 """
 
 
@@ -113,8 +114,10 @@ def script_text() -> str:
     return resources.files("episode_operator.runtime").joinpath("supervisor.sh").read_text(encoding="utf-8")
 
 
-def placement(directory: str = SUPERVISOR_DIR) -> Command:
-    """The first exec: install the supervisor in ``directory`` and answer the probe.
+def placement(directory: str = SUPERVISOR_DIR, *, layout: Sequence[str] = ()) -> Command:
+    """The first exec: install the supervisor in ``directory``, make the ``layout`` folders that are
+    missing (mode 0777, as Harbor makes them; one that exists is left as it is: a restart's placement
+    must not open a folder sealed for a running verifier) and answer the probe.
 
     Safe to repeat (an operator restart re-places it): the script is replaced atomically and
     existing jobs are kept. The exec's working directory (the container's) is recorded as the
@@ -123,7 +126,11 @@ def placement(directory: str = SUPERVISOR_DIR) -> Command:
     the answer with :func:`parse_probe`.
     """
     script = script_text().encode("utf-8")
-    return Command(["sh", "-c", _PLACEMENT, "sh", directory, str(len(script))], stdin=script)
+    for folder in layout:
+        if not folder.startswith("/") or not folder.strip("/"):
+            raise ValueError(f"a layout folder is an absolute path below /: {folder!r}")
+        _check_arg(folder, "layout folder")
+    return Command(["sh", "-c", _PLACEMENT, "sh", directory, str(len(script)), *layout], stdin=script)
 
 
 def start(

@@ -927,8 +927,13 @@ cmd_probe() {
     printf 'can_switch_user=%s\ncan_switch_uid=%s\n' "$_sw" "$_swu"
 }
 
-# Placement's second half: record the exec's working directory (the container's) for jobs.
+# Placement's second half: the sandbox's layout folders ("$@", made when missing: mode 0777, as
+# Harbor makes them for the agent; one that exists is left alone, sealed or not), then the exec's
+# working directory (the container's) recorded for jobs.
 cmd_place() {
+    for _lf in "$@"; do
+        [ -d "$_lf" ] || { mkdir -p -- "$_lf" && chmod 0777 "$_lf"; } || die "place: cannot create $_lf"
+    done
     mkdir -p "$JOBS" "$TMPD" || die "place: cannot create $JOBS"
     # The pod's volume comes world-writable: as root, keep its records out of other users' reach
     # (a job's user could otherwise swap the whole folder, or pre-create a job's record). tmp/ is

@@ -9,11 +9,11 @@ from episode_operator.runtime.agents.base import AgentJob, instruction_file, tur
 from episode_operator.runtime.agents.model import SandboxNeeds, capture_of, model_env
 from episode_operator.runtime.archive import folder_tar, text_tar
 from episode_operator.runtime.sandbox import JobSpec, Upload
-from episode_operator.runtime.turn.context import INSTRUCTIONS, SOLUTION, TurnRun
+from episode_operator.runtime.turn.context import INSTRUCTIONS, LOGS_AGENT, SOLUTION, TurnRun
 from episode_operator.runtime.turn.failures import Call
 from episode_operator.taskfolder import EpisodePlan, Problem
 
-ORACLE_OUTPUT = "/logs/agent/oracle.txt"
+ORACLE_OUTPUT = f"{LOGS_AGENT}/oracle.txt"
 
 
 class Oracle:

@@ -19,16 +19,20 @@ from episode_operator.runtime.sandbox import MAIN_CONTAINER, JobSpec, JobState, 
 from episode_operator.runtime.store import EpisodeStore
 from episode_operator.taskfolder import EpisodePlan, TaskFiles, TurnPlan
 from episode_operator.taskfolder.models import Healthcheck
-from episode_operator.taskfolder.plan import NetworkPolicy
+from episode_operator.taskfolder.plan import CONVENTION_ARTIFACTS, NetworkPolicy
 
 # Fixed paths in the sandbox (TASK-FORMAT.md §1.4).
+LOGS_AGENT = "/logs/agent"
 LOGS_VERIFIER = "/logs/verifier"
 REWARD_JSON = f"{LOGS_VERIFIER}/reward.json"
 REWARD_TXT = f"{LOGS_VERIFIER}/reward.txt"
 TEST_STDOUT = f"{LOGS_VERIFIER}/test-stdout.txt"
 TESTS = "/tests"
 SOLUTION = "/solution"
-TRAJECTORY = "/logs/agent/trajectory.json"
+TRAJECTORY = f"{LOGS_AGENT}/trajectory.json"
+# The folders Harbor gives every environment before its agent starts (mounted from the host there):
+# a task's solution may look for them (a solve.sh telling a shared verifier by its /logs/verifier).
+SANDBOX_LAYOUT = (LOGS_AGENT, LOGS_VERIFIER, CONVENTION_ARTIFACTS)
 # What Gym empties after a turn verified in the agent's sandbox.
 GRADING_FILES = (f"{TESTS}/", f"{LOGS_VERIFIER}/", TRAJECTORY)
 # Where the instructions of agents that read them from a file are placed.
