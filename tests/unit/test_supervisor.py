@@ -784,6 +784,15 @@ def test_a_start_seals_the_rewards_folder_for_its_jobs_user(open_host_pod: Pod, 
     assert (verifier.stat().st_uid, (verifier / "reward.txt").read_text()) == (AGENT_UID + 1, "0\n")
 
 
+def test_a_seal_for_a_user_that_does_not_exist_leaves_the_job_unstartable(open_host_pod: Pod, open_tmp: Path) -> None:
+    """As without a seal: a verifier whose user is missing cannot start (masked), not a failed clear (an outage)."""
+    verifier = open_tmp / "logs" / "verifier"
+    tests = Upload(_tar([("test.sh", 0o755, b"true\n")]), str(open_tmp / "tests"), (sealed(f"{verifier}/", JOB_USER),))
+    state = open_host_pod.start(open_host_pod.spec("v", "true", user="no-such-user"), wait_sec=10, upload=tests)
+    assert state.phase == "unstartable" and "no such user" in (state.reason or "")
+    assert verifier.is_dir() and verifier.stat().st_uid == 0
+
+
 def test_a_container_that_is_not_root_only_clears_a_sealed_folder(open_host_pod: Pod, open_tmp: Path) -> None:
     """An image whose USER is not root runs everything as that user: nothing can be sealed there."""
     folder = open_tmp / "logs" / "verifier"

@@ -467,8 +467,13 @@ start_clears() {
         fi
         if [ "$_opt" = --clear ]; then
             case $_a in
-                # A folder sealed for this job's user (its test.sh writes the rewards there).
-                *:@job:/*) clear_path "${_a%%:*}:${_user}:${_a#*:@job:}" ;;
+                # A folder sealed for this job's user (its test.sh writes the rewards there); a user
+                # that does not exist leaves it root's: the job itself is then unstartable, as always.
+                *:@job:/*)
+                    _so=$_user
+                    if [ -n "$_so" ] && ! pw_lookup "$_so"; then case $_so in *[!0-9]*) _so= ;; esac; fi
+                    clear_path "${_a%%:*}:${_so}:${_a#*:@job:}"
+                    ;;
                 *) clear_path "$_a" ;;
             esac
         fi
