@@ -46,6 +46,9 @@ from kubernetes.stream import stream
 from tests.cluster.conftest import REPO_ROOT, delete_namespace_while_watched, wait_for_default_service_account
 from tests.cluster.harness import TERMINAL, OperatorProcess, create_episode, episode_spec, install_crd, read_episode
 
+# The module's operator and namespace are its own: its tests stay on one worker.
+pytestmark = pytest.mark.xdist_group("fault-matrix")
+
 STEPS = ("a", "b", "c")
 FAULTED = "b"  # the middle turn: a separate verifier of it runs beside the agent pod
 HELD = "/tmp/held"
