@@ -174,8 +174,8 @@ MUTATIONS = [
     Mutation(
         "agent-time-limit",
         AGENTS,
-        'command=f"bash {SOLUTION}/solve.sh",\n                timeout_sec=plan.agent.timeout_sec,',
-        'command=f"bash {SOLUTION}/solve.sh",\n                timeout_sec=plan.verifier.timeout_sec,',
+        'command=f"bash {SOLUTION}/{SOLVE}",\n                timeout_sec=plan.agent.timeout_sec,',
+        'command=f"bash {SOLUTION}/{SOLVE}",\n                timeout_sec=plan.verifier.timeout_sec,',
         "the oracle is bounded by the verifier's budget, not the agent's",
     ),
     Mutation(
@@ -774,6 +774,20 @@ MUTATIONS = [
         "environment_files=await self._bound_files_config_map(),",
         "environment_files=None,",
         "the agent pod of a task with binds is never made: no ConfigMap brings their files",
+    ),
+    Mutation(
+        "solution-world-writable",
+        AGENTS,
+        '(sealed(f"{SOLUTION}/"),)',
+        '(f"{SOLUTION}/",)',
+        "/solution is left 0777, not root's 0755 as Harbor's copy leaves it: any agent user can rewrite the solution",
+    ),
+    Mutation(
+        "scripts-not-executable",
+        "runtime/archive.py",
+        "return mode | 0o111 if name == script else mode",
+        "return mode",
+        "solve.sh and test.sh keep a task's 0644, where Harbor makes them executable before running them",
     ),
     Mutation(
         "init-failure-unexplained",
