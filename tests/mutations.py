@@ -748,6 +748,13 @@ MUTATIONS = [
         "every bind mounts the whole of environment/, not the path it names",
     ),
     Mutation(
+        "binds-volume-name-clash",
+        "kube/objects/pods.py",
+        'ENVIRONMENT_VOLUME = "episode-operator-binds"',
+        'ENVIRONMENT_VOLUME = "compose-environment"',
+        "a task naming a volume `environment` beside a bind gets a pod the API server refuses (two volumes, one name)",
+    ),
+    Mutation(
         "bind-leaves-environment",
         "taskfolder/compose.py",
         'if path != ENVIRONMENT and not path.startswith(f"{ENVIRONMENT}/"):',

@@ -286,13 +286,13 @@ def test_main_mounts_its_volumes_and_shares_them_by_name_with_the_sidecars() -> 
         {"name": "compose-fresh", "mountPath": "/nothing-here", "readOnly": False},
         {"name": "compose-cache", "mountPath": "/opt/data", "readOnly": False},
         {"name": "compose-main-anonymous-3", "mountPath": "/logs/artifacts", "readOnly": False},
-        {"name": "compose-environment", "mountPath": "/data", "readOnly": True, "subPath": "data"},
-        {"name": "compose-environment", "mountPath": "/srv/app.ini", "readOnly": False, "subPath": "conf/app.ini"},
+        {"name": "episode-operator-binds", "mountPath": "/data", "readOnly": True, "subPath": "data"},
+        {"name": "episode-operator-binds", "mountPath": "/srv/app.ini", "readOnly": False, "subPath": "conf/app.ini"},
         {"name": "compose-evidence", "mountPath": "/startup-again", "readOnly": False},
     ]
     assert reader["volumeMounts"][1:] == [
         {"name": "compose-evidence", "mountPath": "/seen", "readOnly": True},
-        {"name": "compose-environment", "mountPath": "/d", "readOnly": False, "subPath": "data"},
+        {"name": "episode-operator-binds", "mountPath": "/d", "readOnly": False, "subPath": "data"},
         {"name": "compose-cache", "mountPath": "/cache", "readOnly": False},
     ]
     volumes = {volume["name"]: volume for volume in spec["volumes"]}
@@ -301,11 +301,11 @@ def test_main_mounts_its_volumes_and_shares_them_by_name_with_the_sidecars() -> 
         "compose-fresh",
         "compose-cache",
         "compose-main-anonymous-3",
-        "compose-environment",
+        "episode-operator-binds",
     ):
         assert volumes[name] == {"name": name, "emptyDir": {}}
-    assert volumes["compose-environment-files"] == {
-        "name": "compose-environment-files",
+    assert volumes["episode-operator-binds-files"] == {
+        "name": "episode-operator-binds-files",
         "configMap": {"name": config_map["metadata"]["name"]},
     }
     (filler,) = spec["initContainers"]
@@ -321,6 +321,18 @@ def test_main_mounts_its_volumes_and_shares_them_by_name_with_the_sidecars() -> 
         *("/srv/app.ini", "/episode-operator-init/environment/conf/app.ini", "keep", "-"),
         *("/startup-again", "/episode-operator-init/volumes/compose-evidence", "copy", "-"),
     ]
+
+
+def test_no_compose_name_takes_a_volume_of_the_operators() -> None:
+    compose = (
+        "services:\n  main:\n    volumes: ['episode-operator-binds:/a', 'environment:/b', './data:/c']\n"
+        "volumes: {episode-operator-binds: {}, environment: {}}\n"
+    )
+    folder = single_step(files={COMPOSE: compose, **FILES})
+    plan = plan_of(folder)
+    pod = SandboxPod("agent", 1, "task:1", plan.environment, volumes=plan.main_volumes, environment_files="env")
+    names = [volume["name"] for volume in sandbox_pod(EPISODE, SPEC, pod, extra_labels={})["spec"]["volumes"]]
+    assert len(names) == len(set(names)), names
 
 
 def test_without_volumes_on_main_or_binds_the_pod_is_as_it_was() -> None:

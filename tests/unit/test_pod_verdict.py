@@ -51,14 +51,17 @@ RUNNING = {"running": {"startedAt": "2026-11-30T00:00:00Z"}}
                     "initContainerStatuses": [
                         container("toolchain-x", {"terminated": {"exitCode": 0, "reason": "Completed"}}),
                         container(
-                            "compose-volumes",
+                            "episode-operator-volumes",
                             {"terminated": {"exitCode": 127, "reason": "Error", "message": "sh: tar: not found\n"}},
                         ),
                     ]
                 },
             ),
             PodVerdict(
-                False, True, None, "Failed: init container compose-volumes exited with 127 (Error): sh: tar: not found"
+                False,
+                True,
+                None,
+                "Failed: init container episode-operator-volumes exited with 127 (Error): sh: tar: not found",
             ),
         ),
         (

@@ -10,9 +10,9 @@ are owned by the Episode, so deleting it deletes them.
 
 **Compose volumes** (docs/harbor-layout.md): a named or anonymous volume is one ``emptyDir``
 (``compose-<name>``) that every service naming it mounts; the binds of ``environment/`` are paths of
-one ``emptyDir`` (``compose-environment``) holding the bound files, so binds of the same files share
+one ``emptyDir`` (``episode-operator-binds``) holding the bound files, so binds of the same files share
 what is written through them, as on Harbor's host. Before any container starts, an init container in
-the task's image (``compose-volumes``, as root) fills them as Docker would: it unpacks the bound
+the task's image (``episode-operator-volumes``, as root) fills them as Docker would: it unpacks the bound
 files from the ConfigMap the operator makes for them (:func:`environment_files_config_map`), and
 gives each volume ``main`` mounts what Docker gives a new one — the image's content at the mount
 path with that folder's owner and mode, or (``nocopy``, nothing there) an empty root's 0755 — and
@@ -79,11 +79,12 @@ CAPTURE_SUPERVISOR_VOLUME = "episode-operator-capture-jobs"
 NAME_LIMIT = 63
 RESERVATION_CONTAINER = "verifier-reservation"
 # Compose volumes: the emptyDir of the bound files, the ConfigMap volume that brings them, its key,
-# the init container that fills the volumes, and where it sees each of them.
-ENVIRONMENT_VOLUME = "compose-environment"
-ENVIRONMENT_FILES_VOLUME = "compose-environment-files"
+# the init container that fills the volumes, and where it sees each of them. Named outside what the
+# compose file names (its volumes are compose-<name>, its services' supervisor-<name>).
+ENVIRONMENT_VOLUME = "episode-operator-binds"
+ENVIRONMENT_FILES_VOLUME = "episode-operator-binds-files"
 ENVIRONMENT_ARCHIVE_KEY = "environment.tar"
-VOLUME_FILLER = "compose-volumes"
+VOLUME_FILLER = "episode-operator-volumes"
 FILLER_ROOT = "/episode-operator-init"
 # The filler's arguments: the bound files' archive ('' for none) and their folder, then for each of
 # main's mounts its path in the image, where the filler sees it, how it is filled (copy: Docker's
