@@ -232,9 +232,15 @@ LAYOUT_SOLVE = (
     "for d in /logs/agent /logs/verifier /logs/artifacts; do\n"
     '  [ -d "$d" ] && [ "$(stat -c %a "$d")" = 777 ] || { echo "no $d" >&2; exit 1; }\n'
     "done\n"
+    # What Harbor's `docker compose cp` of solution/ and its `chmod +x` leave.
+    '[ "$(stat -c "%U %a" /solution)" = "root 755" ] && [ -x /solution/solve.sh ] || exit 1\n'
     "echo done > /logs/artifacts/made-by-solve.txt\n"
 )
-LAYOUT_CHECK = "if [ -f /logs/artifacts/made-by-solve.txt ]; then echo 1; else echo 0; fi > /logs/verifier/reward.txt\n"
+# test.sh is made executable before it runs, as Harbor's verifier does.
+LAYOUT_CHECK = (
+    "if [ -f /logs/artifacts/made-by-solve.txt ] && [ -x /tests/test.sh ]; then echo 1; else echo 0; fi"
+    " > /logs/verifier/reward.txt\n"
+)
 
 
 @pytest.mark.parametrize("mode", ["shared", "separate"])

@@ -48,6 +48,7 @@ from episode_operator.runtime.images import ImagePolicy
 from episode_operator.runtime.store import BlobStore
 from episode_operator.runtime.wakeups import Wakeups
 from episode_operator.taskfolder import TaskFiles
+from episode_operator.taskfolder.compose import binds_of, bound_archive
 from episode_operator.taskfolder.images import ImageMirrors
 
 
@@ -144,6 +145,7 @@ async def drive_episode(
     for skipped in agent_env.skipped:
         await sink.event("AgentEnvSkipped", f"{skipped}: not given to the agent", warning=True)
     labels = {**settings.extra_pod_labels, **queue_labels(metadata.get("labels") or {})}
+    binds = binds_of(admission.plan.main_volumes, admission.plan.sidecars)
     provider = KubeProvider(
         client,
         episode,
@@ -152,6 +154,7 @@ async def drive_episode(
         admission.image,
         admission.main_env,
         extra_labels=labels,
+        bound_files=bound_archive(files, binds) if binds else None,
         pull_grace_sec=settings.pull_grace_sec,
         unschedulable_timeout_sec=settings.unschedulable_timeout_sec,
         wakeups=settings.pod_wakeups,

@@ -32,6 +32,7 @@ from episode_operator.kube.objects.pods import (
     OwnerRef,
     SandboxPod,
     agent_pod_name,
+    environment_files_config_map,
     episode_selector,
     label_value,
     resources_of,
@@ -225,6 +226,8 @@ class KubeProvider:
     # What the agent kind adds to the agent pod (toolchains, the capture proxy), and from which images.
     needs: SandboxNeeds = field(default_factory=SandboxNeeds)
     images: AgentImages = field(default_factory=AgentImages)
+    # The files the task's compose binds name (compose.bound_archive), brought into the agent pod by a ConfigMap.
+    bound_files: bytes | None = None
     pull_grace_sec: float = 120.0
     # How long a pod the scheduler cannot place is waited for (other Episodes' pods free capacity).
     unschedulable_timeout_sec: float = 3600.0
@@ -279,8 +282,22 @@ class KubeProvider:
             network=baseline_policy(self.plan.environment),
             needs=self.needs,
             reservation=verifier_reservation(self.plan),
+            volumes=self.plan.main_volumes,
+            environment_files=await self._bound_files_config_map(),
         )
         return await self._ready(pod, waiting, uid)
+
+    async def _bound_files_config_map(self) -> str | None:
+        """The ConfigMap of the files the compose binds name, made if missing (it is named by its
+        content, so one that exists holds them): its name, None for a task without binds."""
+        if self.bound_files is None:
+            return None
+        manifest = environment_files_config_map(self.episode, self.bound_files)
+        try:
+            await self.client.apply_config_map(manifest)
+        except KubeError as error:
+            raise SandboxError(f"cannot make the ConfigMap of the bound files: {error}", kind="api") from error
+        return str(manifest["metadata"]["name"])
 
     async def verifier(
         self,

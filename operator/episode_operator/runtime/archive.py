@@ -36,17 +36,27 @@ def tar_bytes(entries: Iterable[tuple[str, bytes, int]]) -> bytes:
     return buffer.getvalue()
 
 
-def folder_tar(files: TaskFiles, folder: str) -> bytes:
-    """The files below ``folder`` of the task, named relative to it (a ``workdir/`` or ``solution/``)."""
+def folder_tar(files: TaskFiles, folder: str, *, script: str | None = None) -> bytes:
+    """The files below ``folder`` of the task, named relative to it (a ``workdir/`` or ``solution/``);
+    ``script``, the member run from it, made executable."""
     prefix = folder.strip("/") + "/"
     return tar_bytes(
-        (path[len(prefix) :], entry.data, entry.mode) for path, entry in files.items() if path.startswith(prefix)
+        (name, entry.data, _runnable(name, entry.mode, script))
+        for name, entry in ((path[len(prefix) :], entry) for path, entry in files.items() if path.startswith(prefix))
     )
 
 
-def mapped_tar(files: TaskFiles, mapping: Mapping[str, str]) -> bytes:
-    """A tar whose member ``name`` holds the task file ``mapping[name]`` (the layered ``/tests``)."""
-    return tar_bytes((name, files[source].data, files[source].mode) for name, source in mapping.items())
+def mapped_tar(files: TaskFiles, mapping: Mapping[str, str], *, script: str | None = None) -> bytes:
+    """A tar whose member ``name`` holds the task file ``mapping[name]`` (the layered ``/tests``);
+    ``script``, the member run from it, made executable."""
+    return tar_bytes(
+        (name, files[source].data, _runnable(name, files[source].mode, script)) for name, source in mapping.items()
+    )
+
+
+def _runnable(name: str, mode: int, script: str | None) -> int:
+    """Harbor runs ``chmod +x`` on the script it runs (solve.sh, test.sh) as root first."""
+    return mode | 0o111 if name == script else mode
 
 
 def text_tar(files: Mapping[str, str], mode: int = 0o644) -> bytes:

@@ -26,6 +26,10 @@ CAPTURE_STORE: Final = "/capture"
 PLACEHOLDER_KEY: Final = "episode-operator-capture-proxy-holds-the-key"
 
 
+# Where the harnesses' toolchains are mounted in the main container, one folder each.
+TOOLCHAINS: Final = "/opt/episode-operator/toolchains"
+
+
 @dataclass(frozen=True)
 class Toolchain:
     """A harness's self-contained tree, copied into the agent pod by an init container of its image."""
@@ -36,7 +40,7 @@ class Toolchain:
     @property
     def path(self) -> str:
         """Where the tree is mounted (read-only) in the main container."""
-        return f"/opt/episode-operator/toolchains/{self.name}"
+        return f"{TOOLCHAINS}/{self.name}"
 
 
 # The capture container's resources by default (--capture-requests, --capture-limits): it asks for

@@ -39,6 +39,7 @@ from episode_operator.taskfolder.rewards import TurnScore, check_min_reward, par
 assert {f"{TESTS}/", f"{LOGS_VERIFIER}/"} <= set(GRADING_FILES)
 SEALED_TESTS = sealed(f"{TESTS}/")
 SEALED_REWARDS = sealed(f"{LOGS_VERIFIER}/", JOB_USER)
+TEST_SCRIPT = "test.sh"
 
 
 async def prepare_verifier(turn: TurnRun) -> None:
@@ -67,7 +68,7 @@ async def verify(turn: TurnRun) -> None:
     sandbox = await (services.verifier_sandbox(turn.index) if turn.separate else services.agent_sandbox())
     spec = JobSpec(
         id=turn.job_id("verify"),
-        command=f"bash {TESTS}/test.sh",
+        command=f"bash {TESTS}/{TEST_SCRIPT}",
         timeout_sec=plan.verifier.timeout_sec,
         user=plan.verifier.user,
         env=plan.verifier.env,
@@ -76,7 +77,8 @@ async def verify(turn: TurnRun) -> None:
     )
     # A separate verifier's /tests was sealed by verify-prepare, before its artifacts arrived.
     folders = (SEALED_REWARDS,) if turn.separate else (SEALED_TESTS, SEALED_REWARDS)
-    tests = Upload(mapped_tar(services.files, plan.tests), TESTS, folders)
+    # test.sh executable, as Harbor's verifier makes it (`chmod +x` as root) before running it.
+    tests = Upload(mapped_tar(services.files, plan.tests, script=TEST_SCRIPT), TESTS, folders)
     with sandbox_call(Call.START_VERIFIER):
         state = await services.run_job(sandbox, spec, upload=tests)
     await services.save_job_log(sandbox, turn.name, "verifier", state)
