@@ -370,6 +370,28 @@ MUTATIONS = [
         "0",
         "kubectl episode logs lists turns by name, not in the order they ran",
     ),
+    # Task folders that are link bombs (issue 23).
+    Mutation(
+        "link-sizes-uncounted",
+        "taskfolder/sources.py",
+        "            if not self.room_for(link, len(entry.data)):\n",
+        "            if not self.room_for(link, 0):\n",
+        "a task folder of links to one big file passes the size limit (a 168 KB ConfigMap expands to GiBs)",
+    ),
+    Mutation(
+        "link-chains-deep",
+        "taskfolder/sources.py",
+        "MAX_SYMLINK_HOPS = 8\n",
+        "MAX_SYMLINK_HOPS = 40\n",
+        "a task folder's chain of 40 symlinks is followed",
+    ),
+    Mutation(
+        "task-load-on-loop",
+        "kube/driver.py",
+        "    return await asyncio.to_thread(TaskFiles.from_tar, archive)\n",
+        "    return TaskFiles.from_tar(archive)\n",
+        "a big task folder is unpacked on the event loop every Episode runs on",
+    ),
     # The seed (runtime/seed.py), a replayed image's settings, images, pods that wait.
     Mutation(
         "seed-not-published",

@@ -115,7 +115,8 @@ async def drive_episode(
         files = await read_task_files(client, episode.namespace, spec.task, settings.source_wait_sec)
     except TaskSourceError as error:
         return await _refuse(sink, status, Refusal(FAILURE_TASK_SOURCE, str(error)), generation)
-    admission = admit_task(spec, files, settings.image_policy)
+    # Validation, planning and the digest read every byte of the folder: off the event loop.
+    admission = await asyncio.to_thread(admit_task, spec, files, settings.image_policy)
     if isinstance(admission, Refusal):
         return await _refuse(sink, status, admission, generation)
     needs = agent_kind(spec.agent).sandbox_needs(spec.agent)
@@ -160,10 +161,11 @@ async def read_task_files(client: KubeClient, namespace: str, source: TaskSource
     """The task folder from the Episode itself or from a packed ConfigMap.
 
     A missing ConfigMap is waited for a little: ``kubectl apply -f dir/`` and GitOps tools
-    may create the Episode before the ConfigMap it names.
+    may create the Episode before the ConfigMap it names. Read in a worker thread, so that a big
+    folder never holds the event loop the other Episodes run on.
     """
     if source.inline is not None:
-        return TaskFiles.from_mapping(source.inline.files)
+        return await asyncio.to_thread(TaskFiles.from_mapping, source.inline.files)
     assert source.config_map is not None
     reference = source.config_map
     deadline = asyncio.get_running_loop().time() + wait_sec
@@ -188,7 +190,8 @@ async def read_task_files(client: KubeClient, namespace: str, source: TaskSource
         archive = base64.b64decode(binary[reference.key], validate=True)
     except ValueError as error:
         raise TaskSourceError(f"configmap {namespace}/{reference.name}: {reference.key} is not base64") from error
-    return TaskFiles.from_tar(archive)
+    # Unpacking is bounded (taskfolder/sources.py: files, bytes, links as resolved) and runs off the loop.
+    return await asyncio.to_thread(TaskFiles.from_tar, archive)
 
 
 async def _model_refusal(
