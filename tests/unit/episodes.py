@@ -39,6 +39,7 @@ def run(
         digest=files.digest(),
         outage_retries=retries,
         keep_pods_on_failure=keep_pods,
+        limits=world.limits,
     )
     runner = EpisodeRunner(
         config,

@@ -50,6 +50,7 @@ from dataclasses import dataclass, field, replace
 from episode_operator.runtime.sandbox import (
     KEEP_ALIVE,
     MAIN_CONTAINER,
+    ArchiveFile,
     CommandFailed,
     FileContent,
     JobSpec,
@@ -406,13 +407,18 @@ class ReplayedSandbox:
         return await self.inner.job_output(job_id, container=container, limit=limit)
 
     async def upload(
-        self, archive: bytes, destination: str, *, container: str = MAIN_CONTAINER, clear: Sequence[str] = ()
+        self,
+        archive: bytes | ArchiveFile,
+        destination: str,
+        *,
+        container: str = MAIN_CONTAINER,
+        clear: Sequence[str] = (),
     ) -> None:
         await self.inner.upload(archive, destination, container=container, clear=clear)
 
     async def download(
         self, paths: Sequence[str], *, container: str = MAIN_CONTAINER, exclude: Sequence[str] = ()
-    ) -> bytes:
+    ) -> ArchiveFile:
         return await self.inner.download(paths, container=container, exclude=exclude)
 
     async def read_files(self, paths: Sequence[str], *, container: str = MAIN_CONTAINER) -> dict[str, FileContent]:
