@@ -61,6 +61,7 @@ from episode_operator.kube.routing import Router, Scope
 from episode_operator.kube.status import EpisodeGone
 from episode_operator.kube.tombstones import expire_episode
 from episode_operator.runtime.fencing import Fence, Fenced, HandOver
+from episode_operator.runtime.limits import OutputLimits
 from episode_operator.runtime.metrics import Metrics
 from episode_operator.runtime.server import serve
 from episode_operator.runtime.slots import FifoSlots
@@ -103,6 +104,8 @@ class OperatorOptions:
     unschedulable_timeout_sec: float = 3600.0
     capture_image: str | None = None
     toolchain_repository: str = "episode-operator.local"
+    # What a sandbox's answers and a turn's artifacts may hold (--answer-limit …: runtime/limits.py).
+    limits: OutputLimits = field(default_factory=OutputLimits)
 
 
 class LeanDiffBase(kopf.AnnotationsDiffBaseStorage):
@@ -224,6 +227,7 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: ko
             else None
         ),
         unschedulable_timeout_sec=options.unschedulable_timeout_sec,
+        limits=options.limits,
     )
 
 

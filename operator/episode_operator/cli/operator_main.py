@@ -5,13 +5,16 @@ from __future__ import annotations
 import asyncio
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import click
 
 from episode_operator.cli.capture import COMMANDS as CAPTURE_COMMANDS
 from episode_operator.runtime.allocator import release_free_memory_every, tune_allocator
+from episode_operator.runtime.limits import LIMIT_FLAGS, OutputLimits, format_size, parse_size
 from episode_operator.taskfolder.images import ImageMirrors, InvalidImageReference
 
 RELEASE_INTERVAL_SEC = 30.0
@@ -26,6 +29,33 @@ def parse_image_mirrors(_context: click.Context, _parameter: click.Parameter, va
         return ImageMirrors.parse(values)
     except InvalidImageReference as error:
         raise click.BadParameter(str(error)) from error
+
+
+def limit_options(command: Callable[..., Any]) -> Callable[..., Any]:
+    """One flag per bound of runtime/limits.py (``--answer-limit 4Mi`` …), from its table."""
+    defaults = OutputLimits()
+    for name, limit in reversed(LIMIT_FLAGS.items()):
+        size = name.endswith("_bytes")
+        default = getattr(defaults, name)
+        command = click.option(
+            limit.flag,
+            name,
+            default=format_size(default) if size else str(default),
+            show_default=True,
+            callback=_size,
+            metavar="SIZE" if size else "N",
+            help=limit.bounds
+            + (" Bytes, or with Ki, Mi, Gi." if size else "")
+            + ("" if name == "log_bytes" else " An agent's pod sending more fails its turn (agent:output_limit)."),
+        )(command)
+    return command
+
+
+def _size(_context: click.Context, parameter: click.Parameter, value: str) -> int:
+    try:
+        return parse_size(value)
+    except ValueError as error:
+        raise click.BadParameter(str(error), param=parameter) from error
 
 
 def import_handlers() -> ModuleType:
@@ -228,6 +258,7 @@ def main() -> None:
     show_default=True,
     help="Seconds a sandbox pod the scheduler cannot place is waited for before the attempt counts as an outage.",
 )
+@limit_options
 def run(
     namespaces: tuple[str, ...],
     data_dir: Path,
@@ -259,6 +290,7 @@ def run(
     builder_image: str,
     build_registry_insecure: bool,
     unschedulable_timeout_sec: float,
+    **limits: int,
 ) -> None:
     """Run the operator until interrupted."""
     handlers = import_handlers()
@@ -317,6 +349,7 @@ def run(
             toolchain_repository=toolchain_repository,
             builds=builds,
             unschedulable_timeout_sec=unschedulable_timeout_sec,
+            limits=OutputLimits(**limits),
         )
     )
 

@@ -43,6 +43,7 @@ from episode_operator.runtime.agents.model import SandboxNeeds
 from episode_operator.runtime.episode import EpisodeConfig, EpisodeObserver, EpisodeRunner
 from episode_operator.runtime.fencing import FencedProvider
 from episode_operator.runtime.images import ImagePolicy
+from episode_operator.runtime.limits import OutputLimits
 from episode_operator.runtime.store import BlobStore
 from episode_operator.runtime.wakeups import Wakeups
 from episode_operator.taskfolder import TaskFiles
@@ -70,6 +71,8 @@ class DriverSettings:
     builds: BuildCoordinator | None = None
     # How long a pod the scheduler cannot place is waited for (--unschedulable-timeout).
     unschedulable_timeout_sec: float = 3600.0
+    # What a sandbox's answers and a turn's artifacts may hold (--answer-limit …: runtime/limits.py).
+    limits: OutputLimits = field(default_factory=OutputLimits)
 
     @property
     def image_policy(self) -> ImagePolicy:
@@ -137,6 +140,7 @@ async def drive_episode(
         wakeups=settings.pod_wakeups,
         needs=needs,
         images=settings.agent_images,
+        limits=settings.limits,
     )
     config = EpisodeConfig(
         plan=admission.plan,
@@ -150,6 +154,7 @@ async def drive_episode(
         backoff_base_sec=settings.backoff_base_sec,
         generation=generation,
         images=admission.images,
+        limits=settings.limits,
     )
     store = settings.store.episode(episode.namespace, episode.name, episode.uid)
     fenced = provider if claim is None else FencedProvider(provider, claim)
