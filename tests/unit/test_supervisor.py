@@ -803,26 +803,36 @@ def test_final_answer_brings_a_download(pod: Pod, tmp_path: Path) -> None:
         read_after=(str(out / "x"),),
         download_after=str(out),
     )
-    state = supervisor.parse_answer(spec, pod.run(supervisor.start(spec, wait_sec=5)).stdout)
+    archives: list[ArchiveFile] = []  # each answer's tar, a scratch file: discarded at the end
+
+    def answer(job: JobSpec, command: Command) -> JobState:
+        state = supervisor.parse_answer(job, pod.run(command).stdout)
+        if state.archive is not None:
+            archives.append(state.archive)
+        return state
+
+    state = answer(spec, supervisor.start(spec, wait_sec=5))
     assert state.succeeded and state.output == b"said\n" and state.files is not None
     assert state.files[str(out / "x")].data == b"x\n"
     assert state.archive is not None and _names(state.archive) == {rel, f"{rel}/x", f"{rel}/sub", f"{rel}/sub/y.log"}
     assert state.archive.read_bytes() == pod.run(supervisor.download([str(out)])).stdout
-    again = supervisor.parse_answer(spec, pod.run(supervisor.wait(spec, 1)).stdout)
+    again = answer(spec, supervisor.wait(spec, 1))
     assert again.archive is not None and again.archive.read_bytes() == state.archive.read_bytes()
     missing = replace(spec, id="nothing", command="true", download_after=str(tmp_path / "missing"))
-    state = supervisor.parse_answer(missing, pod.run(supervisor.start(missing, wait_sec=5)).stdout)
+    state = answer(missing, supervisor.start(missing, wait_sec=5))
     assert state.archive is not None and _names(state.archive) == set()
     excluding = replace(spec, id="excluding", command="true", download_exclude=("*.log",))
-    state = supervisor.parse_answer(excluding, pod.run(supervisor.start(excluding, wait_sec=5)).stdout)
+    state = answer(excluding, supervisor.start(excluding, wait_sec=5))
     if pod.flavour == "host":
         assert state.archive is not None and _names(state.archive) == {rel, f"{rel}/x", f"{rel}/sub"}
     else:
         assert state.succeeded and state.archive is None
     # While the job runs, only the state comes back.
     slow = replace(spec, id="slow", command="sleep 2")
-    running = supervisor.parse_answer(slow, pod.run(supervisor.start(slow)).stdout)
+    running = answer(slow, supervisor.start(slow))
     assert running.phase == "running" and running.archive is None
+    for archive in archives:
+        archive.discard()
 
 
 def test_the_job_environment_is_not_written_to_disk(pod: Pod) -> None:
