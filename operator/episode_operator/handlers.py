@@ -62,6 +62,7 @@ from episode_operator.kube.status import EpisodeGone
 from episode_operator.kube.tombstones import expire_episode
 from episode_operator.runtime.agents.model import CaptureBounds
 from episode_operator.runtime.fencing import Fence, Fenced, HandOver
+from episode_operator.runtime.limits import OutputLimits
 from episode_operator.runtime.metrics import Metrics
 from episode_operator.runtime.server import serve
 from episode_operator.runtime.slots import FifoSlots
@@ -106,6 +107,8 @@ class OperatorOptions:
     # Every capture container's resources and journal bounds (--capture-requests, --capture-limits, --capture-max-*).
     capture_bounds: CaptureBounds = field(default_factory=CaptureBounds)
     toolchain_repository: str = "episode-operator.local"
+    # What a sandbox's answers and a turn's artifacts may hold (--answer-limit …: runtime/limits.py).
+    limits: OutputLimits = field(default_factory=OutputLimits)
 
 
 class LeanDiffBase(kopf.AnnotationsDiffBaseStorage):
@@ -228,6 +231,7 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: ko
             else None
         ),
         unschedulable_timeout_sec=options.unschedulable_timeout_sec,
+        limits=options.limits,
     )
 
 

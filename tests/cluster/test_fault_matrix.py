@@ -156,12 +156,25 @@ def pod_names(core: client.CoreV1Api, namespace: str, episode: str) -> list[str]
     return [pod.metadata.name for pod in pods.items if not pod.metadata.deletion_timestamp]
 
 
+_EXEC_CLIENTS = threading.local()
+
+
+def exec_api(core: client.CoreV1Api) -> client.CoreV1Api:
+    """This thread's own client for execs: ``stream`` swaps the request method of the client it
+    is given while the exec runs, so a client shared with another thread turns that thread's
+    GETs into websocket handshakes (which the API server answers 200, an ApiException)."""
+    own = getattr(_EXEC_CLIENTS, "core", None)
+    if own is None:
+        own = _EXEC_CLIENTS.core = client.CoreV1Api(client.ApiClient(core.api_client.configuration))
+    return own
+
+
 def in_pod(core: client.CoreV1Api, namespace: str, pod: str, command: str) -> str | None:
     """``command``'s output in the pod's main container; None when the pod cannot be reached."""
     try:
         return str(
             stream(
-                core.connect_get_namespaced_pod_exec,
+                exec_api(core).connect_get_namespaced_pod_exec,
                 pod,
                 namespace,
                 container="main",

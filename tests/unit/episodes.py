@@ -43,6 +43,7 @@ def run(
         keep_pods_on_failure=keep_pods,
         agent_env=agent_env or {},
         agent_outages=agent_outages,
+        limits=world.limits,
     )
     runner = EpisodeRunner(
         config,

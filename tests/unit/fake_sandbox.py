@@ -26,6 +26,12 @@ is its working directory. Relative paths are below that directory (the spec's ``
 the sandbox's ``/app``). ``bash X`` and ``sh X`` run the file X; any other command is read as
 script text itself.
 
+Answers are held to the operator's bounds (``runtime/limits.py``, the world's ``limits``) as the
+transport holds the real ones: an answer bigger than the bound its command carries raises
+:class:`OutputLimitExceeded` with the same words. A hostile pod (an agent that replaced its
+supervisor or tar) is the world's ``padded`` (job id suffix → bytes more in its answers) and
+``crafted`` (artifact path → the bytes its download answers with).
+
 Time is the :class:`Clock`'s and moves only when something waits: a job's start and its
 long polls wait (up to what they were given) for the job, the runner's ``sleep`` waits, and
 a job past its ``timeout_sec`` is killed then (``timed_out``, exit 143) whatever it does.
@@ -47,8 +53,11 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from episode_operator.api.models import EpisodeStatus
+from episode_operator.runtime import supervisor
+from episode_operator.runtime.limits import OutputLimitExceeded, OutputLimits, bound_name
 from episode_operator.runtime.sandbox import (
     JOB_USER,
+    ArchiveFile,
     CommandFailed,
     FileContent,
     JobSpec,
@@ -67,6 +76,8 @@ CONTAINER_ENV = {"HOME": "/root", "PATH": "/usr/local/sbin:/usr/local/bin:/usr/s
 HOMES = {"root": "/root", "nobody": "/nonexistent"}
 KILLED_BY_TERM = 143
 MAX_POLLS = 10_000
+#: About what a state line, and a read frame's header, take in an answer.
+STATE_LINE, FRAME_HEADER = 120, 40
 VARIABLE = re.compile(r"\$(?:\{([A-Za-z_][A-Za-z0-9_]*)\}|([A-Za-z_][A-Za-z0-9_]*))")
 KEY_SUFFIX = re.compile(r"\.[0-9a-f]{16}$")
 
@@ -211,6 +222,9 @@ class FakeSandbox:
         if record is None:
             return JobState(spec.id, "unknown")
         if not record.state.done:
+            self._bounded(
+                supervisor.wait(spec, 0, limits=self.world.limits).answer, STATE_LINE + self.world.padding(spec)
+            )
             return record.state
         files = None
         if spec.read_after:
@@ -219,24 +233,49 @@ class FakeSandbox:
                 for path in spec.read_after
             }
         output = bytes(record.output[-spec.tail :]) if spec.tail > 0 else None
-        archive = self._tar([spec.download_after], spec.container) if spec.download_after is not None else None
+        tar = self._tar([spec.download_after], spec.container) if spec.download_after is not None else None
+        tar = self.world.crafted.get(spec.download_after or "", tar) if tar is not None else None
+        # As the transport would: the answer's size (a state line, the frames) against its command's bound.
+        bound = supervisor.wait(spec, 0, limits=self.world.limits).answer
+        size = STATE_LINE + len(output or b"") + sum(len(c.data or b"") for c in (files or {}).values())
+        self._bounded(bound, size + len(tar or b"") + self.world.padding(spec))
+        if tar is not None and len(tar) > self.world.limits.artifact_bytes:
+            what = f"the download of {spec.download_after} with job {spec.id}'s answer ({len(tar)} bytes)"
+            raise OutputLimitExceeded(what, bound_name("artifact_bytes", self.world.limits))
+        archive = ArchiveFile.of_bytes(tar) if tar is not None else None
         return replace(record.state, output=output, files=files, archive=archive)
+
+    @staticmethod
+    def _bounded(bound: supervisor.AnswerBound, size: int) -> None:
+        if size > bound.stdout:
+            raise OutputLimitExceeded(bound.what, bound.bound)
 
     async def job_output(self, job_id: str, *, container: str = "main", limit: int) -> bytes:
         self.calls["job_output"] += 1
         self._alive()
         record = self.jobs[(container, job_id)]
+        self._bounded(supervisor.output(job_id, limit, limits=self.world.limits).answer, min(len(record.output), limit))
         return bytes(record.output[-limit:])
 
     async def upload(
-        self, archive: bytes, destination: str, *, container: str = "main", clear: Sequence[str] = ()
+        self,
+        archive: bytes | ArchiveFile,
+        destination: str,
+        *,
+        container: str = "main",
+        clear: Sequence[str] = (),
     ) -> None:
         self.calls["upload"] += 1
         self._alive()
         self._upload(archive, destination, container, clear)
 
     def _upload(
-        self, archive: bytes, destination: str, container: str, clear: Sequence[str], user: str | int | None = None
+        self,
+        archive: bytes | ArchiveFile,
+        destination: str,
+        container: str,
+        clear: Sequence[str],
+        user: str | int | None = None,
     ) -> None:
         if self.world.unclearable.intersection(_cleared(entry) for entry in clear):
             raise CommandFailed("supervisor: clear: cannot remove a protected path", step="clear")
@@ -244,17 +283,23 @@ class FakeSandbox:
         self.uploads.append(destination)
         if destination in self.world.broken_uploads:
             raise CommandFailed(f"supervisor: upload: tar: cannot unpack into {destination}", step="upload")
-        with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
+        data = archive.read_bytes() if isinstance(archive, ArchiveFile) else archive
+        with tarfile.open(fileobj=io.BytesIO(data)) as tar:
             for member in tar:
                 if member.isfile():
                     extracted = tar.extractfile(member)
                     assert extracted is not None
                     self._write(container, _join(destination, member.name), extracted.read())
 
-    async def download(self, paths: Sequence[str], *, container: str = "main", exclude: Sequence[str] = ()) -> bytes:
+    async def download(
+        self, paths: Sequence[str], *, container: str = "main", exclude: Sequence[str] = ()
+    ) -> ArchiveFile:
         self.calls["download"] += 1
         self._alive()
-        return self._tar(paths, container)
+        tar = self.world.crafted.get(paths[0], None) if len(paths) == 1 else None
+        tar = tar if tar is not None else self._tar(paths, container)
+        self._bounded(supervisor.download(paths, exclude, limits=self.world.limits).answer, len(tar))
+        return ArchiveFile.of_bytes(tar)
 
     def _tar(self, paths: Sequence[str], container: str) -> bytes:
         """A tar of ``paths`` as they are now, member names relative to ``/``."""
@@ -277,6 +322,8 @@ class FakeSandbox:
         self.calls["read_files"] += 1
         self._alive()
         files = self.files.setdefault(container, {})
+        size = sum(len(files.get(path) or b"") + FRAME_HEADER for path in paths)
+        self._bounded(supervisor.read_files(paths, limits=self.world.limits).answer, size)
         return {path: FileContent(files.get(path), self.modified.get(path)) for path in paths}
 
     async def clear(self, paths: Sequence[str], *, container: str = "main") -> None:
@@ -450,6 +497,16 @@ class World:
     # pod name → why it waits (reported, in order, when it is created), as a starting pod's state says
     pending: dict[str, list[Waiting]] = field(default_factory=dict)
     created: Counter[str] = field(default_factory=Counter)  # pod name → how many times it was created
+    # The operator's bounds on answers (runtime/limits.py), held here as the transport holds them.
+    limits: OutputLimits = field(default_factory=OutputLimits)
+    # A hostile pod: job id suffix → bytes more in every answer about the job (an endless supervisor);
+    # artifact path → what its download answers with (a crafted tar).
+    padded: dict[str, int] = field(default_factory=dict)
+    crafted: dict[str, bytes] = field(default_factory=dict)
+
+    def padding(self, spec: JobSpec) -> int:
+        job = unkeyed(spec.id)
+        return next((size for suffix, size in self.padded.items() if job.endswith(suffix)), 0)
 
     def printed(self, spec: JobSpec) -> bytes | None:
         return next((data for suffix, data in self.outputs.items() if unkeyed(spec.id).endswith(suffix)), None)
@@ -567,14 +624,14 @@ class MemoryStore:
     async def save_log(self, attempt: int, turn: str, name: str, data: bytes) -> None:
         self.logs[(attempt, turn, name)] = data
 
-    async def save_artifact(self, attempt: int, turn: str, index: int, archive: bytes) -> None:
-        self.artifacts.setdefault((attempt, turn), {})[index] = archive
+    async def save_artifact(self, attempt: int, turn: str, index: int, archive: ArchiveFile) -> None:
+        self.artifacts.setdefault((attempt, turn), {})[index] = archive.read_bytes()
 
     async def save_manifest(self, attempt: int, turn: str, manifest: list[dict[str, Any]]) -> None:
         self.manifests[(attempt, turn)] = json.loads(json.dumps(manifest))
 
-    async def artifact_archives(self, attempt: int, turn: str) -> list[bytes]:
-        return [data for _, data in sorted(self.artifacts.get((attempt, turn), {}).items())]
+    async def artifact_archives(self, attempt: int, turn: str) -> list[ArchiveFile]:
+        return [ArchiveFile.of_bytes(data) for _, data in sorted(self.artifacts.get((attempt, turn), {}).items())]
 
     async def save_file(self, attempt: int, turn: str, name: str, data: bytes) -> None:
         self.files[(attempt, turn, name)] = data

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from episode_operator.api.models import EpisodeSpec
-from episode_operator.kube.client import ExecResult, NotFound
+from episode_operator.kube.client import NotFound
 from episode_operator.kube.objects.pods import OwnerRef
 from episode_operator.kube.sandbox import KubeProvider
 from episode_operator.runtime.sandbox import SandboxError
@@ -50,8 +50,9 @@ class Pods:
     async def apply_network_policy(self, manifest: dict[str, Any]) -> None:
         pass
 
-    async def exec(self, namespace: str, pod: str, container: str, argv: Any, **_: Any) -> ExecResult:
-        return ExecResult(0, PROBE, b"")
+    async def exec(self, namespace: str, pod: str, container: str, argv: Any, *, stdout: Any, **_: Any) -> int:
+        stdout.write(PROBE)
+        return 0
 
 
 def provider(pods: Pods) -> KubeProvider:

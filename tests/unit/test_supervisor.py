@@ -28,7 +28,7 @@ from typing import Literal
 import pytest
 
 from episode_operator.runtime import supervisor
-from episode_operator.runtime.sandbox import JOB_USER, JobSpec, JobState, Upload, sealed
+from episode_operator.runtime.sandbox import JOB_USER, ArchiveFile, JobSpec, JobState, Upload, sealed
 from episode_operator.runtime.supervisor import SUPERVISOR_PATH, Command
 from tests.unit.local_sandbox import kill_jobs
 from tests.unit.tools import tool
@@ -584,9 +584,23 @@ def test_upload_creates_its_destination_and_rejects_short_input(pod: Pod, tmp_pa
     assert result.returncode == 1 and b"got 100 of" in result.stderr
 
 
-def _names(archive: bytes) -> set[str]:
-    with tarfile.open(fileobj=io.BytesIO(archive)) as opened:
+def _names(archive: bytes | ArchiveFile) -> set[str]:
+    data = archive.read_bytes() if isinstance(archive, ArchiveFile) else archive
+    with tarfile.open(fileobj=io.BytesIO(data)) as opened:
         return set(opened.getnames())
+
+
+def test_a_download_keeps_holes_holes(host_pod: Pod, tmp_path: Path) -> None:
+    """GNU tar's --sparse: a 1 GiB sparse file is a tar of a few KiB (its member says 1 GiB, so the
+    operator refuses it past the artifact bound without a byte of it sent, written or read)."""
+    hole = tmp_path / "out" / "hole"
+    hole.parent.mkdir()
+    with hole.open("wb") as file:
+        file.truncate(1 << 30)
+    answer = host_pod.run(supervisor.download([str(hole.parent)])).stdout
+    assert len(answer) < 64 * 1024
+    with tarfile.open(fileobj=io.BytesIO(answer)) as opened:
+        assert [member.size for member in opened if member.isfile()] == [1 << 30]
 
 
 def test_download_names_members_from_root_and_skips_missing_paths(pod: Pod, tmp_path: Path) -> None:
@@ -931,26 +945,36 @@ def test_final_answer_brings_a_download(pod: Pod, tmp_path: Path) -> None:
         read_after=(str(out / "x"),),
         download_after=str(out),
     )
-    state = supervisor.parse_answer(spec, pod.run(supervisor.start(spec, wait_sec=5)).stdout)
+    archives: list[ArchiveFile] = []  # each answer's tar, a scratch file: discarded at the end
+
+    def answer(job: JobSpec, command: Command) -> JobState:
+        state = supervisor.parse_answer(job, pod.run(command).stdout)
+        if state.archive is not None:
+            archives.append(state.archive)
+        return state
+
+    state = answer(spec, supervisor.start(spec, wait_sec=5))
     assert state.succeeded and state.output == b"said\n" and state.files is not None
     assert state.files[str(out / "x")].data == b"x\n"
     assert state.archive is not None and _names(state.archive) == {rel, f"{rel}/x", f"{rel}/sub", f"{rel}/sub/y.log"}
-    assert state.archive == pod.run(supervisor.download([str(out)])).stdout
-    again = supervisor.parse_answer(spec, pod.run(supervisor.wait(spec, 1)).stdout)
-    assert again.archive == state.archive
+    assert state.archive.read_bytes() == pod.run(supervisor.download([str(out)])).stdout
+    again = answer(spec, supervisor.wait(spec, 1))
+    assert again.archive is not None and again.archive.read_bytes() == state.archive.read_bytes()
     missing = replace(spec, id="nothing", command="true", download_after=str(tmp_path / "missing"))
-    state = supervisor.parse_answer(missing, pod.run(supervisor.start(missing, wait_sec=5)).stdout)
+    state = answer(missing, supervisor.start(missing, wait_sec=5))
     assert state.archive is not None and _names(state.archive) == set()
     excluding = replace(spec, id="excluding", command="true", download_exclude=("*.log",))
-    state = supervisor.parse_answer(excluding, pod.run(supervisor.start(excluding, wait_sec=5)).stdout)
+    state = answer(excluding, supervisor.start(excluding, wait_sec=5))
     if pod.flavour == "host":
         assert state.archive is not None and _names(state.archive) == {rel, f"{rel}/x", f"{rel}/sub"}
     else:
         assert state.succeeded and state.archive is None
     # While the job runs, only the state comes back.
     slow = replace(spec, id="slow", command="sleep 2")
-    running = supervisor.parse_answer(slow, pod.run(supervisor.start(slow)).stdout)
+    running = answer(slow, supervisor.start(slow))
     assert running.phase == "running" and running.archive is None
+    for archive in archives:
+        archive.discard()
 
 
 def test_the_job_environment_is_not_written_to_disk(pod: Pod) -> None:
@@ -1061,6 +1085,15 @@ def test_long_arguments_and_job_inputs_share_stdin(pod: Pod, tmp_path: Path) -> 
 # -------------------------------------------------------------------------------- sessions
 
 
+@dataclass(frozen=True)
+class Answered:
+    """A session's answer with its stdout, as an exec's would be."""
+
+    status: int
+    stdout: bytes
+    stderr: bytes
+
+
 class Served:
     """``serve`` as a session runs it: requests written to its stdin, answers read back in
     pieces of any size (as an exec's websocket messages come)."""
@@ -1079,14 +1112,16 @@ class Served:
         assert data, "the session ended"
         self.answers.feed(data)
 
-    def call(self, command: Command) -> supervisor.SessionAnswer:
+    def call(self, command: Command) -> Answered:
         call = supervisor.session_call(command)
         assert call is not None and self.process.stdin is not None
-        self.process.stdin.write(call.request)
-        self.process.stdin.flush()
-        while (answer := self.answers.take(call.nonce)) is None:
-            self._read()
-        return answer
+        with command.answer.spool() as stdout:
+            self.answers.expect(call.nonce, stdout, command.answer)
+            self.process.stdin.write(call.request + (call.file.read_bytes() if call.file is not None else b""))
+            self.process.stdin.flush()
+            while (answer := self.answers.take(call.nonce)) is None:
+                self._read()
+            return Answered(answer.status, stdout.getvalue(), answer.stderr)
 
     def end(self) -> int:
         assert self.process.stdin is not None
@@ -1128,7 +1163,7 @@ def test_a_session_answers_every_call_as_its_exec_would(served: Served, tmp_path
     assert (pod.workdir / "out.txt").read_text() == '|it\'s\n"$HOME" `x` ✓\\|'
     assert answers[2].status == 2 and b"unknown verb: bogus-verb" in answers[2].stderr
     assert answers[4].status == 0 and pod.wait("big").succeeded and (tmp_path / "big").read_text() == "y\n" * 20_000
-    assert answers[5] == supervisor.SessionAnswer(0, b"", b"") and (tmp_path / "made").is_dir()
+    assert answers[5] == Answered(0, b"", b"") and (tmp_path / "made").is_dir()
     assert served.end() == 0
 
 
@@ -1144,7 +1179,7 @@ def test_a_session_carries_stdin_where_head_reads_exactly(served: Served, tmp_pa
         return
     for number in range(3):
         answer = served.call(supervisor.upload(archive.getvalue(), str(tmp_path / f"up{number}")))
-        assert answer == supervisor.SessionAnswer(0, b"", b"")
+        assert answer == Answered(0, b"", b"")
         assert (tmp_path / f"up{number}" / "blob").read_bytes() == data
     assert served.call(supervisor.status("still-served")).status == 0
 

@@ -6,14 +6,17 @@ import asyncio
 import os
 import re
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import click
 
 from episode_operator.capture.store import MAX_JOURNAL_BYTES, MAX_RECORD_BYTES
 from episode_operator.cli.capture import COMMANDS as CAPTURE_COMMANDS
 from episode_operator.runtime.allocator import release_free_memory_every, tune_allocator
+from episode_operator.runtime.limits import LIMIT_FLAGS, OutputLimits, format_size, parse_size
 from episode_operator.taskfolder.images import ImageMirrors, InvalidImageReference
 
 RELEASE_INTERVAL_SEC = 30.0
@@ -56,6 +59,33 @@ def default_capture_resources(which: str) -> str:
 
     quantities: dict[str, str] = getattr(model, which)
     return ",".join(f"{name}={quantity}" for name, quantity in quantities.items())
+
+
+def limit_options(command: Callable[..., Any]) -> Callable[..., Any]:
+    """One flag per bound of runtime/limits.py (``--answer-limit 4Mi`` …), from its table."""
+    defaults = OutputLimits()
+    for name, limit in reversed(LIMIT_FLAGS.items()):
+        size = name.endswith("_bytes")
+        default = getattr(defaults, name)
+        command = click.option(
+            limit.flag,
+            name,
+            default=format_size(default) if size else str(default),
+            show_default=True,
+            callback=_size,
+            metavar="SIZE" if size else "N",
+            help=limit.bounds
+            + (" Bytes, or with Ki, Mi, Gi." if size else "")
+            + ("" if name == "log_bytes" else " An agent's pod sending more fails its turn (agent:output_limit)."),
+        )(command)
+    return command
+
+
+def _size(_context: click.Context, parameter: click.Parameter, value: str) -> int:
+    try:
+        return parse_size(value)
+    except ValueError as error:
+        raise click.BadParameter(str(error), param=parameter) from error
 
 
 def import_handlers() -> ModuleType:
@@ -285,6 +315,7 @@ def main() -> None:
     show_default=True,
     help="Seconds a sandbox pod the scheduler cannot place is waited for before the attempt counts as an outage.",
 )
+@limit_options
 def run(
     namespaces: tuple[str, ...],
     data_dir: Path,
@@ -320,6 +351,7 @@ def run(
     builder_image: str,
     build_registry_insecure: bool,
     unschedulable_timeout_sec: float,
+    **limits: int,
 ) -> None:
     """Run the operator until interrupted."""
     handlers = import_handlers()
@@ -385,6 +417,7 @@ def run(
             toolchain_repository=toolchain_repository,
             builds=builds,
             unschedulable_timeout_sec=unschedulable_timeout_sec,
+            limits=OutputLimits(**limits),
         )
     )
 

@@ -45,6 +45,7 @@ from episode_operator.runtime.agents.model import CaptureBounds, SandboxNeeds
 from episode_operator.runtime.episode import EpisodeConfig, EpisodeObserver, EpisodeRunner
 from episode_operator.runtime.fencing import FencedProvider
 from episode_operator.runtime.images import ImagePolicy
+from episode_operator.runtime.limits import OutputLimits
 from episode_operator.runtime.store import BlobStore
 from episode_operator.runtime.wakeups import Wakeups
 from episode_operator.taskfolder import TaskFiles
@@ -77,6 +78,8 @@ class DriverSettings:
     resolve_host: HostResolver = system_resolver
     # How long a pod the scheduler cannot place is waited for (--unschedulable-timeout).
     unschedulable_timeout_sec: float = 3600.0
+    # What a sandbox's answers and a turn's artifacts may hold (--answer-limit …: runtime/limits.py).
+    limits: OutputLimits = field(default_factory=OutputLimits)
 
     @property
     def image_policy(self) -> ImagePolicy:
@@ -122,7 +125,8 @@ async def drive_episode(
         files = await read_task_files(client, episode.namespace, spec.task, settings.source_wait_sec)
     except TaskSourceError as error:
         return await _refuse(sink, status, Refusal(FAILURE_TASK_SOURCE, str(error)), generation)
-    admission = admit_task(spec, files, settings.image_policy)
+    # Validation, planning and the digest read every byte of the folder: off the event loop.
+    admission = await asyncio.to_thread(admit_task, spec, files, settings.image_policy)
     if isinstance(admission, Refusal):
         return await _refuse(sink, status, admission, generation)
     needs = agent_kind(spec.agent).sandbox_needs(spec.agent)
@@ -160,6 +164,7 @@ async def drive_episode(
         wakeups=settings.pod_wakeups,
         needs=needs,
         images=settings.agent_images,
+        limits=settings.limits,
     )
     config = EpisodeConfig(
         plan=admission.plan,
@@ -175,6 +180,7 @@ async def drive_episode(
         generation=generation,
         images=admission.images,
         agent_env=agent_env.values,
+        limits=settings.limits,
     )
     store = settings.store.episode(episode.namespace, episode.name, episode.uid)
     fenced = provider if claim is None else FencedProvider(provider, claim)
@@ -212,10 +218,11 @@ async def read_task_files(client: KubeClient, namespace: str, source: TaskSource
     """The task folder from the Episode itself or from a packed ConfigMap.
 
     A missing ConfigMap is waited for a little: ``kubectl apply -f dir/`` and GitOps tools
-    may create the Episode before the ConfigMap it names.
+    may create the Episode before the ConfigMap it names. Read in a worker thread, so that a big
+    folder never holds the event loop the other Episodes run on.
     """
     if source.inline is not None:
-        return TaskFiles.from_mapping(source.inline.files)
+        return await asyncio.to_thread(TaskFiles.from_mapping, source.inline.files)
     assert source.config_map is not None
     reference = source.config_map
     deadline = asyncio.get_running_loop().time() + wait_sec
@@ -240,7 +247,8 @@ async def read_task_files(client: KubeClient, namespace: str, source: TaskSource
         archive = base64.b64decode(binary[reference.key], validate=True)
     except ValueError as error:
         raise TaskSourceError(f"configmap {namespace}/{reference.name}: {reference.key} is not base64") from error
-    return TaskFiles.from_tar(archive)
+    # Unpacking is bounded (taskfolder/sources.py: files, bytes, links as resolved) and runs off the loop.
+    return await asyncio.to_thread(TaskFiles.from_tar, archive)
 
 
 async def _model_refusal(

@@ -44,6 +44,7 @@ from episode_operator.api.vocabulary import (
     AGENT_CAUSABLE_OUTAGES,
     FAILURE_BROKE_SANDBOX,
     FAILURE_DEADLINE,
+    FAILURE_OUTPUT_LIMIT,
     FAILURE_VERIFIER,
     PODS_READY,
     ConditionStatus,
@@ -57,6 +58,7 @@ from episode_operator.api.vocabulary import (
     timestamp,
 )
 from episode_operator.runtime.images import ImageBuilder, ImagePlan, SandboxImage
+from episode_operator.runtime.limits import OutputLimitExceeded, OutputLimits
 from episode_operator.runtime.replay import (
     ReplayConfig,
     ReplayedSandbox,
@@ -87,6 +89,7 @@ from episode_operator.runtime.turn.failures import (
     PreparationFailed,
     TurnFailed,
     check_started,
+    output_limit,
     sandbox_call,
     sandbox_lost,
 )
@@ -156,7 +159,8 @@ class EpisodeConfig:
     poll_interval_sec: float = 30.0
     backoff_base_sec: float = 5.0
     backoff_max_sec: float = 120.0
-    log_limit: int = 1 << 20
+    # What a sandbox's answers and a turn's artifacts may hold (runtime/limits.py); the log tail among them.
+    limits: OutputLimits = field(default_factory=OutputLimits)
     generation: int | None = None
     # How each sandbox's image is made (runtime/images.py); None: prebuilt images only.
     images: ImagePlan | None = None
@@ -225,6 +229,9 @@ class EpisodeRunner:
                     await self._after_outage(outage)
             except EpisodeEnds as ending:
                 await self._end(ending.outcome, ending.failure_kind, str(ending))
+            except OutputLimitExceeded as error:
+                # Outside a turn (the seed: the agent's setup has run in its sandbox), as a failed setup.
+                await self._end("Ungraded", FAILURE_OUTPUT_LIMIT, f"refused what the sandbox sent: {error}")
         return self.status
 
     def _begin(self) -> None:
@@ -295,6 +302,13 @@ class EpisodeRunner:
     # One turn: the stage table, walked -----------------------------------------------------
     async def _run_turn(self, turn: TurnRun) -> bool:
         """Run ``turn`` from its recorded stage through ``done``; whether the episode stops after it."""
+        try:
+            return await self._walk_turn(turn)
+        finally:
+            if turn.agent_archive is not None:  # brought by the agent's answer, never collected
+                turn.agent_archive.discard()
+
+    async def _walk_turn(self, turn: TurnRun) -> bool:
         record = turn.record
         if record.stage is None:
             record.phase = "Running"
@@ -323,8 +337,9 @@ class EpisodeRunner:
                 # From step 2 on it is a measured 0 that ends the episode.
                 await record_score(turn, TurnScore(valid=False), failure.failure_kind, str(failure))
                 following = Stage.DONE
-            except TurnFailed as failure:
-                await record_score(turn, TurnScore(valid=False), failure.failure_kind, str(failure))
+            except (TurnFailed, OutputLimitExceeded) as error:
+                failed = error if isinstance(error, TurnFailed) else output_limit(error)
+                await record_score(turn, TurnScore(valid=False), failed.failure_kind, str(failed))
                 following = Stage.DONE
             if following is None:
                 return stops_episode(record)
@@ -485,6 +500,10 @@ class EpisodeRunner:
     def store(self) -> EpisodeStore:
         return self._store
 
+    @property
+    def limits(self) -> OutputLimits:
+        return self.config.limits
+
     def now(self) -> float:
         return self.clock()
 
@@ -614,7 +633,7 @@ class EpisodeRunner:
         """
         self._check_deadline()
         if spec.tail == 0:
-            spec = replace(spec, tail=self.config.log_limit)
+            spec = replace(spec, tail=self.config.limits.log_bytes)
         try:
             state = await sandbox.start_job(
                 spec, wait_sec=min(spec.timeout_sec + KILL_AFTER_SEC, self.config.poll_interval_sec), upload=upload
@@ -640,7 +659,7 @@ class EpisodeRunner:
         output = state.output
         if output is None:  # a job that ended before this runner asked for its tail
             try:
-                output = await sandbox.job_output(state.id, container=container, limit=self.config.log_limit)
+                output = await sandbox.job_output(state.id, container=container, limit=self.config.limits.log_bytes)
             except (SandboxError, CommandFailed):
                 return  # logs are best effort; the outcome does not depend on them
         await self._store.save_log(self._attempt.number, turn, name, output)

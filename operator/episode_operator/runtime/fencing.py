@@ -24,6 +24,7 @@ from typing import Protocol
 
 from episode_operator.runtime.sandbox import (
     MAIN_CONTAINER,
+    ArchiveFile,
     FileContent,
     JobSpec,
     JobState,
@@ -89,14 +90,19 @@ class FencedSandbox:
         return await self.sandbox.job_output(job_id, container=container, limit=limit)
 
     async def upload(
-        self, archive: bytes, destination: str, *, container: str = MAIN_CONTAINER, clear: Sequence[str] = ()
+        self,
+        archive: bytes | ArchiveFile,
+        destination: str,
+        *,
+        container: str = MAIN_CONTAINER,
+        clear: Sequence[str] = (),
     ) -> None:
         self.fence.check()
         await self.sandbox.upload(archive, destination, container=container, clear=clear)
 
     async def download(
         self, paths: Sequence[str], *, container: str = MAIN_CONTAINER, exclude: Sequence[str] = ()
-    ) -> bytes:
+    ) -> ArchiveFile:
         self.fence.check()
         return await self.sandbox.download(paths, container=container, exclude=exclude)
 

@@ -11,9 +11,13 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import os
+import shutil
+import tempfile
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Literal, Protocol
+from pathlib import Path
+from typing import BinaryIO, Literal, Protocol
 
 from episode_operator.api.vocabulary import OutageKind
 from episode_operator.taskfolder.plan import NetworkPolicy, VerifierPlan
@@ -56,6 +60,40 @@ class JobSpec:
 
 
 @dataclass(frozen=True)
+class ArchiveFile:
+    """A tar on the operator's disk (its scratch space): an artifact on its way from a sandbox to
+    the store, or from the store to a verifier, never held in memory whole. Whoever holds one
+    discards it when done."""
+
+    path: Path
+    size: int
+
+    @classmethod
+    def of_bytes(cls, data: bytes) -> ArchiveFile:
+        """A new temporary file holding ``data``."""
+        descriptor, name = tempfile.mkstemp(prefix="episode-operator-archive-")
+        with os.fdopen(descriptor, "wb") as file:
+            file.write(data)
+        return cls(Path(name), len(data))
+
+    @classmethod
+    def of_stream(cls, stream: BinaryIO) -> ArchiveFile:
+        """A new temporary file holding what ``stream`` reads to its end."""
+        descriptor, name = tempfile.mkstemp(prefix="episode-operator-archive-")
+        with os.fdopen(descriptor, "wb") as file:
+            shutil.copyfileobj(stream, file)
+            size = file.tell()
+        return cls(Path(name), size)
+
+    def read_bytes(self) -> bytes:
+        """All of it in memory: for tests and small archives only."""
+        return self.path.read_bytes()
+
+    def discard(self) -> None:
+        self.path.unlink(missing_ok=True)
+
+
+@dataclass(frozen=True)
 class FileContent:
     """A file read from a sandbox: its bytes (None: no such regular file) and modification time."""
 
@@ -77,7 +115,8 @@ class JobState:
     output: bytes | None = None
     files: Mapping[str, FileContent] | None = None
     # The tar of the spec's ``download_after``; None when not asked, not done yet, or tar failed.
-    archive: bytes | None = None
+    # The receiver discards it.
+    archive: ArchiveFile | None = None
 
     @property
     def done(self) -> bool:
@@ -121,7 +160,7 @@ class SandboxError(Exception):
 class Upload:
     """A tar to extract (as :meth:`Sandbox.upload` does) just before a job starts, in its exec."""
 
-    archive: bytes
+    archive: bytes | ArchiveFile
     destination: str
     clear: tuple[str, ...] = ()
 
@@ -158,7 +197,11 @@ class CommandFailed(Exception):
 
 
 class Sandbox(Protocol):
-    """One running sandbox (pod). Every method is safe to retry after an operator restart."""
+    """One running sandbox (pod). Every method is safe to retry after an operator restart.
+
+    Every answer is bounded (``runtime/limits.py``): one that passes its bound raises
+    :class:`~episode_operator.runtime.limits.OutputLimitExceeded` and nothing of it is kept.
+    """
 
     @property
     def name(self) -> str: ...
@@ -192,18 +235,27 @@ class Sandbox(Protocol):
         ...
 
     async def upload(
-        self, archive: bytes, destination: str, *, container: str = MAIN_CONTAINER, clear: Sequence[str] = ()
+        self,
+        archive: bytes | ArchiveFile,
+        destination: str,
+        *,
+        container: str = MAIN_CONTAINER,
+        clear: Sequence[str] = (),
     ) -> None:
         """Extract a tar into ``destination`` as root: modes kept, same names replaced, nothing removed.
 
-        ``clear`` paths are cleared first (as :meth:`clear` does), in the same round trip.
+        ``clear`` paths are cleared first (as :meth:`clear` does), in the same round trip. A file is
+        streamed, never read whole.
         """
         ...
 
     async def download(
         self, paths: Sequence[str], *, container: str = MAIN_CONTAINER, exclude: Sequence[str] = ()
-    ) -> bytes:
-        """A tar of ``paths`` (absolute), member names relative to ``/``; missing paths are left out."""
+    ) -> ArchiveFile:
+        """A tar of ``paths`` (absolute), member names relative to ``/``; missing paths are left out.
+
+        Bounded by the artifact bound; the caller discards the file.
+        """
         ...
 
     async def read_files(self, paths: Sequence[str], *, container: str = MAIN_CONTAINER) -> dict[str, FileContent]:
@@ -297,13 +349,18 @@ class SandboxWrapper:
         return await self.inner.job_output(job_id, container=container, limit=limit)
 
     async def upload(
-        self, archive: bytes, destination: str, *, container: str = MAIN_CONTAINER, clear: Sequence[str] = ()
+        self,
+        archive: bytes | ArchiveFile,
+        destination: str,
+        *,
+        container: str = MAIN_CONTAINER,
+        clear: Sequence[str] = (),
     ) -> None:
         await self.inner.upload(archive, destination, container=container, clear=clear)
 
     async def download(
         self, paths: Sequence[str], *, container: str = MAIN_CONTAINER, exclude: Sequence[str] = ()
-    ) -> bytes:
+    ) -> ArchiveFile:
         return await self.inner.download(paths, container=container, exclude=exclude)
 
     async def read_files(self, paths: Sequence[str], *, container: str = MAIN_CONTAINER) -> dict[str, FileContent]:

@@ -1053,8 +1053,10 @@ cmd_download() {
         return 0
     fi
     if [ "$_flavor" = gnu ]; then
-        # Files that change or vanish while read (a running agent's logs) are not failures.
-        tar -c -f - -C / --ignore-failed-read --warning=no-file-changed --warning=no-file-removed \
+        # Files that change or vanish while read (a running agent's logs) are not failures. Holes
+        # stay holes (--sparse): a huge sparse file costs neither the pod's disk (an answer is
+        # copied to tmp/ first) nor the wire, and the operator refuses it by its size.
+        tar -c -f - -C / --sparse --ignore-failed-read --warning=no-file-changed --warning=no-file-removed \
             --warning=no-file-shrank "$@"
         _rc=$?
         [ "$_rc" -le 1 ] || die "download: tar failed with status $_rc"

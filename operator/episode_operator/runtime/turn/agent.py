@@ -13,9 +13,8 @@ store. Stage ``trajectory`` then writes the turn's ATIF trajectory, built from t
 
 from __future__ import annotations
 
-import io
+import asyncio
 import json
-import tarfile
 from dataclasses import replace
 from pathlib import PurePosixPath
 
@@ -27,7 +26,7 @@ from episode_operator.runtime.agents import agent_kind
 from episode_operator.runtime.agents.base import with_agent_env
 from episode_operator.runtime.agents.failures import CONSEQUENCES, classify
 from episode_operator.runtime.agents.model import CAPTURE_CONTAINER, CAPTURE_STORE
-from episode_operator.runtime.archive import text_tar
+from episode_operator.runtime.archive import read_member, text_tar
 from episode_operator.runtime.sandbox import JobSpec, JobState, Sandbox, SandboxError
 from episode_operator.runtime.store import CALLS_FILE, INSTRUCTION_FILE, TRAJECTORY_FILE
 from episode_operator.runtime.turn.collect import carried_artifact
@@ -175,12 +174,11 @@ async def _harvest(turn: TurnRun, sandbox: Sandbox) -> list[CapturedCall]:
         archive = await sandbox.download([str(path)], container=CAPTURE_CONTAINER)
     except SandboxError as error:
         raise sandbox_lost(error) from error
-    journal = b""
-    with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
-        for member in tar:
-            if member.isfile() and member.name == str(path).lstrip("/"):
-                extracted = tar.extractfile(member)
-                journal = extracted.read() if extracted is not None else b""
+    try:
+        found = await asyncio.to_thread(read_member, archive, str(path).lstrip("/"), turn.services.limits)
+    finally:
+        archive.discard()
+    journal = found or b""
     await turn.services.store.save_file(attempt, turn.name, CALLS_FILE, journal)
     return parse_journal(journal).calls
 

@@ -15,7 +15,8 @@ from typing import Protocol
 
 from episode_operator.api.models import AgentSpec, EpisodeStatus, TurnStatus
 from episode_operator.api.vocabulary import Stage
-from episode_operator.runtime.sandbox import MAIN_CONTAINER, JobSpec, JobState, Sandbox, Upload
+from episode_operator.runtime.limits import OutputLimits
+from episode_operator.runtime.sandbox import MAIN_CONTAINER, ArchiveFile, JobSpec, JobState, Sandbox, Upload
 from episode_operator.runtime.store import EpisodeStore
 from episode_operator.taskfolder import EpisodePlan, TaskFiles, TurnPlan
 from episode_operator.taskfolder.models import Healthcheck
@@ -61,6 +62,11 @@ class TurnServices(Protocol):
 
     @property
     def store(self) -> EpisodeStore: ...
+
+    @property
+    def limits(self) -> OutputLimits:
+        """What a sandbox's answers and a turn's artifacts may hold (runtime/limits.py)."""
+        ...
 
     def now(self) -> float: ...
 
@@ -115,10 +121,11 @@ class TurnRun:
 
     services: TurnServices
     index: int
-    # The tar of the agent's artifacts its job's final answer brought (collect.carried_artifact);
-    # None: collect downloads them. Not kept: a restart re-attaches to the agent's job, whose
-    # answer brings it again.
-    agent_archive: bytes | None = None
+    # The tar of the agent's artifacts its job's final answer brought (collect.carried_artifact),
+    # as the agent's pod sent it; None: collect downloads them. Collect re-packs and discards it
+    # (the runner does if the turn ends first). Not kept: a restart re-attaches to the agent's
+    # job, whose answer brings it again.
+    agent_archive: ArchiveFile | None = None
 
     @property
     def plan(self) -> TurnPlan:

@@ -8,8 +8,8 @@ to ``test.sh`` neither clears its reward files nor replaces its tests.
 
 Separate (§3.4.6): the agent's sandbox stops first on the last turn; a fresh verifier sandbox
 gets the collected artifacts at their original absolute paths (the first upload sealing
-``/tests``), then ``test.sh`` as above; the verifier sandbox goes once the reward is recorded
-(stage ``done``).
+``/tests``) — the tars the operator re-packed, never what the agent's pod sent — then ``test.sh``
+as above; the verifier sandbox goes once the reward is recorded (stage ``done``).
 
 Then the reward file is read (``reward.json``, else ``reward.txt``), refused if it changed
 after ``test.sh`` exited, and the turn's score and ``min_reward`` gate are recorded — the
@@ -51,14 +51,19 @@ async def prepare_verifier(turn: TurnRun) -> None:
         # The agent's sandbox stops before the last turn's separate verifier starts (Gym).
         await services.release_agent()
     sandbox = await services.verifier_sandbox(turn.index)
+    # The clean tars collect re-packed (runtime/archive.py), streamed from the store through files.
     archives = await services.store.artifact_archives(services.attempt_number, turn.name)
-    with sandbox_call(Call.PLACE_VERIFIER_INPUTS):
-        if not archives:
-            await sandbox.clear([SEALED_TESTS])
-        clear: tuple[str, ...] = (SEALED_TESTS,)
+    try:
+        with sandbox_call(Call.PLACE_VERIFIER_INPUTS):
+            if not archives:
+                await sandbox.clear([SEALED_TESTS])
+            clear: tuple[str, ...] = (SEALED_TESTS,)
+            for archive in archives:
+                await sandbox.upload(archive, "/", clear=clear)
+                clear = ()
+    finally:
         for archive in archives:
-            await sandbox.upload(archive, "/", clear=clear)
-            clear = ()
+            archive.discard()
 
 
 async def verify(turn: TurnRun) -> None:
