@@ -60,7 +60,9 @@ from episode_operator.kube.replicas import (
 from episode_operator.kube.routing import Router, Scope
 from episode_operator.kube.status import EpisodeGone
 from episode_operator.kube.tombstones import expire_episode
+from episode_operator.runtime.agents.model import CaptureBounds
 from episode_operator.runtime.fencing import Fence, Fenced, HandOver
+from episode_operator.runtime.limits import OutputLimits
 from episode_operator.runtime.metrics import Metrics
 from episode_operator.runtime.server import serve
 from episode_operator.runtime.slots import FifoSlots
@@ -104,7 +106,11 @@ class OperatorOptions:
     # How much of [environment]'s limits sandbox pods request (--cpu-request-fraction).
     sandbox_requests: SandboxRequests = field(default_factory=SandboxRequests)
     capture_image: str | None = None
+    # Every capture container's resources and journal bounds (--capture-requests, --capture-limits, --capture-max-*).
+    capture_bounds: CaptureBounds = field(default_factory=CaptureBounds)
     toolchain_repository: str = "episode-operator.local"
+    # What a sandbox's answers and a turn's artifacts may hold (--answer-limit …: runtime/limits.py).
+    limits: OutputLimits = field(default_factory=OutputLimits)
 
 
 class LeanDiffBase(kopf.AnnotationsDiffBaseStorage):
@@ -219,6 +225,7 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: ko
         },
         agent_images=AgentImages(options.capture_image, options.toolchain_repository),
         sandbox_requests=options.sandbox_requests,
+        capture_bounds=options.capture_bounds,
         pod_wakeups=memo.pod_wakeups,
         image_mirrors=options.image_mirrors,
         builds=(
@@ -227,6 +234,7 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: ko
             else None
         ),
         unschedulable_timeout_sec=options.unschedulable_timeout_sec,
+        limits=options.limits,
     )
 
 

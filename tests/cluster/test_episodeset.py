@@ -316,24 +316,24 @@ def test_dataset_of_20_tasks_times_2_attempts_at_parallelism_4(
             graded[int(child_name.rsplit("-", 2)[1])].append(child["status"]["reward"])
     rewards = [reward for values in graded.values() for reward in values]
     mean = sum(rewards) / len(rewards)
-    passes = {
-        k: [
-            enumerated_pass_at_k([reward >= 1.0 for reward in values], k)
-            for values in graded.values()
-            if len(values) >= k
-        ]
-        for k in (1, 2)
-    }
-    assert (len(rewards), len(passes[1]), len(passes[2])) == (38, 19, 19)
+    # pass@k counts an Ungraded attempt as a miss (it never solved the task), so the task whose
+    # image never pulls is in the table with 0 successes of 2, not left out of it.
+    solved: dict[int, list[bool]] = {index: [] for index in range(TASKS)}
+    for child_name, child in children.items():
+        outcome = child["status"]["outcome"]
+        success = outcome == "Graded" and child["status"]["reward"] >= 1.0
+        solved[int(child_name.rsplit("-", 2)[1])].append(success)
+    passes = {k: [enumerated_pass_at_k(values, k) for values in solved.values() if len(values) >= k] for k in (1, 2)}
+    assert (len(rewards), len(passes[1]), len(passes[2])) == (38, 20, 20)
     pass_at = {k: float(sum(values) / len(values)) for k, values in passes.items()}
     # …and, as a check of the check, from the design of the dataset.
     assert mean == pytest.approx((4 * 1.0 + 4 * 0.0 + 4 * 0.5 + 4 * 0.5 + 3 * 0.5) / 19)
-    assert pass_at == {1: pytest.approx(7.5 / 19), 2: pytest.approx(11 / 19)}
+    assert pass_at == {1: pytest.approx(7.5 / 20), 2: pytest.approx(11 / 20)}
     assert (status["phase"], status["progress"], status["created"], status["active"]) == ("Succeeded", "40/40", 40, 0)
     assert status["meanReward"] == pytest.approx(mean, abs=1e-12)
-    assert [(row["k"], row["value"], row["tasks"]) for row in status["passAtK"]] == [
-        (1, pytest.approx(pass_at[1], abs=1e-12), 19),
-        (2, pytest.approx(pass_at[2], abs=1e-12), 19),
+    assert [(row["k"], row["value"], row["tasks"], row.get("ungraded", 0)) for row in status["passAtK"]] == [
+        (1, pytest.approx(pass_at[1], abs=1e-12), 20, 2),
+        (2, pytest.approx(pass_at[2], abs=1e-12), 20, 2),
     ]
     assert status["outcomes"] == {"graded": 38, "masked": 0, "terminalFailure": 0, "ungraded": 2}
     assert status["phases"] == {"pending": 0, "running": 0, "succeeded": 38, "failed": 2}

@@ -53,9 +53,10 @@ PLANTER = (
     "echo 1 > /logs/verifier/reward.txt; mkdir -p /tests; echo 'echo 1 > /logs/verifier/reward.txt' > /tests/test.sh"
 )
 # Leaves a process that rewrites the reward file for good, from some seconds after test.sh exited
-# (the supervisor's exit record of turn 1's verification) on: by then the reward was read.
+# (the supervisor's exit record of turn 1's verification, its id keyed: root lists the records) on:
+# by then the reward was read.
 LEFTOVER = (
-    "nohup sh -c 'until [ -s /episode-operator/jobs/a1.t1.verify/exit ]; do sleep 0.05; done; sleep 5; "
+    "nohup sh -c 'until [ -s /episode-operator/jobs/a1.t1.verify.*/exit ]; do sleep 0.05; done; sleep 5; "
     "while :; do echo 1 > /logs/verifier/reward.txt; sleep 0.01; done' >/dev/null 2>&1 &"
 )
 # Both, with a process writing the reward all along: only a separate verifier is safe from it.

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from episode_operator.api.models import AgentSpec, EpisodeStatus
+from episode_operator.api.models import AgentOutages, AgentSpec, EpisodeStatus
 from episode_operator.runtime.episode import EpisodeConfig, EpisodeRunner
 from episode_operator.taskfolder import TaskFiles, load_task, resolve_plan
 from tests.unit.fake_sandbox import FakeProvider, FakeSink, MemoryStore, World
@@ -24,6 +24,8 @@ def run(
     keep_pods: bool = False,
     plan_update: dict[str, Any] | None = None,
     observer: Any = None,
+    agent_env: dict[str, str] | None = None,
+    agent_outages: AgentOutages = "retry",
 ) -> tuple[EpisodeStatus, World, FakeSink, MemoryStore]:
     world = world or World()
     sink = sink or FakeSink()
@@ -39,6 +41,9 @@ def run(
         digest=files.digest(),
         outage_retries=retries,
         keep_pods_on_failure=keep_pods,
+        agent_env=agent_env or {},
+        agent_outages=agent_outages,
+        limits=world.limits,
     )
     runner = EpisodeRunner(
         config,

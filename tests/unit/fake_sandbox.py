@@ -14,6 +14,10 @@ shell (the cluster tests, and ``local_sandbox``, run real bash):
     pass-after SECONDS    (exit 0 once the fake monotonic clock has passed SECONDS, else 1)
     later SECONDS LINE    (leaves a process behind that runs LINE after SECONDS, job or no job)
     lose-pod              (the pod disappears: every later call raises SandboxError)
+
+Job ids arrive keyed (``runtime/sandbox.py`` :func:`keyed_job_id`), as the supervisor gets
+them: jobs are kept under them, while ``starts``, ``hooks``, ``outputs`` and ``crash_after``
+speak of the ids the runtime made before keying (``raw_starts`` keeps what arrived).
     vanish                (the supervisor loses the job: it reads ``unknown`` from then on)
 
 ``$NAME`` and ``${NAME}`` expand to the job's environment, as a shell's would: the
@@ -21,6 +25,12 @@ container's, then HOME/USER/LOGNAME of the job's user, then the job's own variab
 is its working directory. Relative paths are below that directory (the spec's ``cwd``, else
 the sandbox's ``/app``). ``bash X`` and ``sh X`` run the file X; any other command is read as
 script text itself.
+
+Answers are held to the operator's bounds (``runtime/limits.py``, the world's ``limits``) as the
+transport holds the real ones: an answer bigger than the bound its command carries raises
+:class:`OutputLimitExceeded` with the same words. A hostile pod (an agent that replaced its
+supervisor or tar) is the world's ``padded`` (job id suffix → bytes more in its answers) and
+``crafted`` (artifact path → the bytes its download answers with).
 
 Time is the :class:`Clock`'s and moves only when something waits: a job's start and its
 long polls wait (up to what they were given) for the job, the runner's ``sleep`` waits, and
@@ -43,7 +53,11 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from episode_operator.api.models import EpisodeStatus
+from episode_operator.runtime import supervisor
+from episode_operator.runtime.limits import OutputLimitExceeded, OutputLimits, bound_name
 from episode_operator.runtime.sandbox import (
+    JOB_USER,
+    ArchiveFile,
     CommandFailed,
     FileContent,
     JobSpec,
@@ -62,7 +76,20 @@ CONTAINER_ENV = {"HOME": "/root", "PATH": "/usr/local/sbin:/usr/local/bin:/usr/s
 HOMES = {"root": "/root", "nobody": "/nonexistent"}
 KILLED_BY_TERM = 143
 MAX_POLLS = 10_000
+#: About what a state line, and a read frame's header, take in an answer.
+STATE_LINE, FRAME_HEADER = 120, 40
 VARIABLE = re.compile(r"\$(?:\{([A-Za-z_][A-Za-z0-9_]*)\}|([A-Za-z_][A-Za-z0-9_]*))")
+KEY_SUFFIX = re.compile(r"\.[0-9a-f]{16}$")
+
+
+def _cleared(entry: str) -> str:
+    """The path a clear entry names (``MODE:OWNER:PATH`` when sealed)."""
+    return entry if entry.startswith("/") else entry.split(":", 2)[2]
+
+
+def unkeyed(job_id: str) -> str:
+    """A job id as the runtime made it, before :func:`keyed_job_id` added the attempt's key."""
+    return KEY_SUFFIX.sub("", job_id)
 
 
 @dataclass
@@ -126,20 +153,31 @@ class Process:
 
 
 class FakeSandbox:
-    def __init__(self, name: str, clock: Clock, world: World, env: Mapping[str, str] | None = None) -> None:
+    def __init__(
+        self, name: str, clock: Clock, world: World, env: Mapping[str, str] | None = None, uid: str = ""
+    ) -> None:
         self.name = name
+        self.uid = uid or f"uid-{name}"
         self.workdir = WORKDIR
         self.clock = clock
         self.world = world
         self.env = {**CONTAINER_ENV, **(env or {})}
         self.files: dict[str, dict[str, bytes]] = {"main": {}}
         self.jobs: dict[tuple[str, str], JobRecord] = {}
-        self.starts: list[str] = []  # ids of jobs that actually ran
+        self.starts: list[str] = []  # ids of jobs that actually ran (before keying)
+        self.raw_starts: list[str] = []  # the same as they arrived
         self.users: list[str | int] = []
         self.lost = False
         self.modified: dict[str, float] = {}  # modification times (the clock's at each write)
         self.uploads: list[str] = []
+        self.sealed: dict[str, str] = {}  # sealed folders → their owner ("": root), as the last clear left them
         self.calls: Counter[str] = Counter()  # how many round trips each operation cost
+
+    def job(self, job_id: str, container: str = "main") -> JobRecord:
+        """The record of the job the runtime calls ``job_id`` (before keying)."""
+        return next(
+            record for (where, id_), record in self.jobs.items() if where == container and unkeyed(id_) == job_id
+        )
 
     # Sandbox protocol ----------------------------------------------------------------
     def _alive(self) -> None:
@@ -152,8 +190,9 @@ class FakeSandbox:
         key = (spec.container, spec.id)
         if key not in self.jobs:
             if upload is not None:  # as the supervisor: the inputs only with the start, first
-                self._upload(upload.archive, upload.destination, spec.container, upload.clear)
-            self.starts.append(spec.id)
+                self._upload(upload.archive, upload.destination, spec.container, upload.clear, spec.user)
+            self.starts.append(unkeyed(spec.id))
+            self.raw_starts.append(spec.id)
             self.world.before_job(self, spec)
             self._launch(spec)
             self.world.after_job(spec)
@@ -183,6 +222,9 @@ class FakeSandbox:
         if record is None:
             return JobState(spec.id, "unknown")
         if not record.state.done:
+            self._bounded(
+                supervisor.wait(spec, 0, limits=self.world.limits).answer, STATE_LINE + self.world.padding(spec)
+            )
             return record.state
         files = None
         if spec.read_after:
@@ -191,40 +233,73 @@ class FakeSandbox:
                 for path in spec.read_after
             }
         output = bytes(record.output[-spec.tail :]) if spec.tail > 0 else None
-        archive = self._tar([spec.download_after], spec.container) if spec.download_after is not None else None
+        tar = self._tar([spec.download_after], spec.container) if spec.download_after is not None else None
+        tar = self.world.crafted.get(spec.download_after or "", tar) if tar is not None else None
+        # As the transport would: the answer's size (a state line, the frames) against its command's bound.
+        bound = supervisor.wait(spec, 0, limits=self.world.limits).answer
+        size = STATE_LINE + len(output or b"") + sum(len(c.data or b"") for c in (files or {}).values())
+        self._bounded(bound, size + len(tar or b"") + self.world.padding(spec))
+        if tar is not None and len(tar) > self.world.limits.artifact_bytes:
+            what = f"the download of {spec.download_after} with job {spec.id}'s answer ({len(tar)} bytes)"
+            raise OutputLimitExceeded(what, bound_name("artifact_bytes", self.world.limits))
+        archive = ArchiveFile.of_bytes(tar) if tar is not None else None
         return replace(record.state, output=output, files=files, archive=archive)
+
+    @staticmethod
+    def _bounded(bound: supervisor.AnswerBound, size: int) -> None:
+        if size > bound.stdout:
+            raise OutputLimitExceeded(bound.what, bound.bound)
 
     async def job_output(self, job_id: str, *, container: str = "main", limit: int) -> bytes:
         self.calls["job_output"] += 1
         self._alive()
         record = self.jobs[(container, job_id)]
+        self._bounded(supervisor.output(job_id, limit, limits=self.world.limits).answer, min(len(record.output), limit))
         return bytes(record.output[-limit:])
 
     async def upload(
-        self, archive: bytes, destination: str, *, container: str = "main", clear: Sequence[str] = ()
+        self,
+        archive: bytes | ArchiveFile,
+        destination: str,
+        *,
+        container: str = "main",
+        clear: Sequence[str] = (),
     ) -> None:
         self.calls["upload"] += 1
         self._alive()
         self._upload(archive, destination, container, clear)
 
-    def _upload(self, archive: bytes, destination: str, container: str, clear: Sequence[str]) -> None:
-        if self.world.unclearable.intersection(clear):
+    def _upload(
+        self,
+        archive: bytes | ArchiveFile,
+        destination: str,
+        container: str,
+        clear: Sequence[str],
+        user: str | int | None = None,
+    ) -> None:
+        if self.world.unclearable.intersection(_cleared(entry) for entry in clear):
             raise CommandFailed("supervisor: clear: cannot remove a protected path", step="clear")
-        self._clear(clear, container)
+        self._clear(clear, container, user)
         self.uploads.append(destination)
         if destination in self.world.broken_uploads:
             raise CommandFailed(f"supervisor: upload: tar: cannot unpack into {destination}", step="upload")
-        with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
+        data = archive.read_bytes() if isinstance(archive, ArchiveFile) else archive
+        with tarfile.open(fileobj=io.BytesIO(data)) as tar:
             for member in tar:
                 if member.isfile():
                     extracted = tar.extractfile(member)
                     assert extracted is not None
                     self._write(container, _join(destination, member.name), extracted.read())
 
-    async def download(self, paths: Sequence[str], *, container: str = "main", exclude: Sequence[str] = ()) -> bytes:
+    async def download(
+        self, paths: Sequence[str], *, container: str = "main", exclude: Sequence[str] = ()
+    ) -> ArchiveFile:
         self.calls["download"] += 1
         self._alive()
-        return self._tar(paths, container)
+        tar = self.world.crafted.get(paths[0], None) if len(paths) == 1 else None
+        tar = tar if tar is not None else self._tar(paths, container)
+        self._bounded(supervisor.download(paths, exclude, limits=self.world.limits).answer, len(tar))
+        return ArchiveFile.of_bytes(tar)
 
     def _tar(self, paths: Sequence[str], container: str) -> bytes:
         """A tar of ``paths`` as they are now, member names relative to ``/``."""
@@ -247,6 +322,8 @@ class FakeSandbox:
         self.calls["read_files"] += 1
         self._alive()
         files = self.files.setdefault(container, {})
+        size = sum(len(files.get(path) or b"") + FRAME_HEADER for path in paths)
+        self._bounded(supervisor.read_files(paths, limits=self.world.limits).answer, size)
         return {path: FileContent(files.get(path), self.modified.get(path)) for path in paths}
 
     async def clear(self, paths: Sequence[str], *, container: str = "main") -> None:
@@ -256,9 +333,18 @@ class FakeSandbox:
             raise CommandFailed("supervisor: clear: cannot remove a protected path", step="clear")
         self._clear(paths, container)
 
-    def _clear(self, paths: Sequence[str], container: str) -> None:
+    def _clear(self, entries: Sequence[str], container: str, user: str | int | None = None) -> None:
+        """As the supervisor: each entry a path, or ``MODE:OWNER:PATH`` sealed (``@job``: the job's user)."""
         files = self.files.setdefault(container, {})
-        for path in paths:
+        for entry in entries:
+            path = _cleared(entry)
+            if path != entry:
+                owner = entry.split(":", 2)[1]
+                self.sealed[path] = str(
+                    user if owner == JOB_USER and user is not None else "" if owner == JOB_USER else owner
+                )
+            else:
+                self.sealed.pop(path, None)
             prefix = path.rstrip("/") + "/"
             for name in [n for n in files if n == path.rstrip("/") or n.startswith(prefix)]:
                 del files[name]
@@ -299,7 +385,7 @@ class FakeSandbox:
     def _end(self, record: JobRecord, *, phase: str = "exited", exit_code: int | None = None, **state: Any) -> None:
         record.state = replace(record.state, phase=phase, exit_code=exit_code, finished_at=self.clock.now, **state)
         if not record.output and phase == "exited":
-            record.output += self.world.printed(record.spec) or f"ran {record.spec.id}\n".encode()
+            record.output += self.world.printed(record.spec) or f"ran {unkeyed(record.spec.id)}\n".encode()
             self._to_output(record, bytes(record.output))
 
     def _to_output(self, record: JobRecord, data: bytes) -> None:
@@ -410,28 +496,51 @@ class World:
     outputs: dict[str, bytes] = field(default_factory=dict)  # job id suffix → what its command prints
     # pod name → why it waits (reported, in order, when it is created), as a starting pod's state says
     pending: dict[str, list[Waiting]] = field(default_factory=dict)
+    created: Counter[str] = field(default_factory=Counter)  # pod name → how many times it was created
+    # The operator's bounds on answers (runtime/limits.py), held here as the transport holds them.
+    limits: OutputLimits = field(default_factory=OutputLimits)
+    # A hostile pod: job id suffix → bytes more in every answer about the job (an endless supervisor);
+    # artifact path → what its download answers with (a crafted tar).
+    padded: dict[str, int] = field(default_factory=dict)
+    crafted: dict[str, bytes] = field(default_factory=dict)
+
+    def padding(self, spec: JobSpec) -> int:
+        job = unkeyed(spec.id)
+        return next((size for suffix, size in self.padded.items() if job.endswith(suffix)), 0)
 
     def printed(self, spec: JobSpec) -> bytes | None:
-        return next((data for suffix, data in self.outputs.items() if spec.id.endswith(suffix)), None)
+        return next((data for suffix, data in self.outputs.items() if unkeyed(spec.id).endswith(suffix)), None)
 
     def before_job(self, sandbox: FakeSandbox, spec: JobSpec) -> None:
         for suffix, hook in self.hooks.items():
-            if spec.id.endswith(suffix):
+            if unkeyed(spec.id).endswith(suffix):
                 hook(sandbox, spec)
 
     def after_job(self, spec: JobSpec) -> None:
         for suffix in list(self.crash_after):
-            if spec.id.endswith(suffix):
+            if unkeyed(spec.id).endswith(suffix):
                 self.crash_after.discard(suffix)
                 raise Crash(f"the operator died after starting {spec.id}")
 
-    def sandbox(self, name: str, env: Mapping[str, str] | None = None) -> FakeSandbox:
-        if name not in self.sandboxes:
+    def sandbox(self, name: str, env: Mapping[str, str] | None = None, *, uid: str | None = None) -> FakeSandbox:
+        """The sandbox ``name``, created when there is none; ``uid``: the one the runner recorded, which
+        must be the one there (as the kube provider: a recorded pod gone or replaced is lost)."""
+        existing = self.sandboxes.get(name)
+        if uid is not None and (existing is None or existing.uid != uid):
+            raise SandboxError(f"pod {name} (uid {uid}) is gone", kind="pod_lost")
+        if existing is None:
             if self.fail_creation:
                 self.fail_creation -= 1
                 raise SandboxError(f"image for {name} cannot be pulled", kind="image_pull")
-            self.sandboxes[name] = FakeSandbox(name, self.clock, self, env)
-        return self.sandboxes[name]
+            self.created[name] += 1
+            existing = self.sandboxes[name] = FakeSandbox(
+                name, self.clock, self, env, uid=f"uid-{name}-{self.created[name]}"
+            )
+        return existing
+
+    def delete_pod(self, name: str) -> None:
+        """Someone deleted the pod: it is gone with everything in it (a later creation is a new pod)."""
+        self.sandboxes.pop(name)
 
 
 class FakeProvider:
@@ -439,21 +548,27 @@ class FakeProvider:
         self.world = world
         self.verifier_plans: dict[str, VerifierPlan] = {}
 
-    async def agent(self, attempt: int, *, waiting: WaitingReport | None = None) -> FakeSandbox:
+    async def agent(self, attempt: int, *, waiting: WaitingReport | None = None, uid: str | None = None) -> FakeSandbox:
         name = f"pod-a{attempt}"
         if name in self.world.released:
             raise AssertionError(f"{name} was released and must not be used again")
         await self._start(name, waiting)
-        return self.world.sandbox(name)
+        return self.world.sandbox(name, uid=uid)
 
     async def verifier(
-        self, attempt: int, turn: int, plan: VerifierPlan, *, waiting: WaitingReport | None = None
+        self,
+        attempt: int,
+        turn: int,
+        plan: VerifierPlan,
+        *,
+        waiting: WaitingReport | None = None,
+        uid: str | None = None,
     ) -> FakeSandbox:
         name = f"pod-a{attempt}-v{turn + 1}"
         self.verifier_plans[name] = plan
         await self._start(name, waiting)
         # As the kube provider: the verifier environment's env is the pod's container env.
-        return self.world.sandbox(name, plan.environment.env if plan.environment else None)
+        return self.world.sandbox(name, plan.environment.env if plan.environment else None, uid=uid)
 
     async def _start(self, name: str, waiting: WaitingReport | None) -> None:
         """As the kube provider: why the pod waits, each reason once, then that it runs."""
@@ -509,14 +624,14 @@ class MemoryStore:
     async def save_log(self, attempt: int, turn: str, name: str, data: bytes) -> None:
         self.logs[(attempt, turn, name)] = data
 
-    async def save_artifact(self, attempt: int, turn: str, index: int, archive: bytes) -> None:
-        self.artifacts.setdefault((attempt, turn), {})[index] = archive
+    async def save_artifact(self, attempt: int, turn: str, index: int, archive: ArchiveFile) -> None:
+        self.artifacts.setdefault((attempt, turn), {})[index] = archive.read_bytes()
 
     async def save_manifest(self, attempt: int, turn: str, manifest: list[dict[str, Any]]) -> None:
         self.manifests[(attempt, turn)] = json.loads(json.dumps(manifest))
 
-    async def artifact_archives(self, attempt: int, turn: str) -> list[bytes]:
-        return [data for _, data in sorted(self.artifacts.get((attempt, turn), {}).items())]
+    async def artifact_archives(self, attempt: int, turn: str) -> list[ArchiveFile]:
+        return [ArchiveFile.of_bytes(data) for _, data in sorted(self.artifacts.get((attempt, turn), {}).items())]
 
     async def save_file(self, attempt: int, turn: str, name: str, data: bytes) -> None:
         self.files[(attempt, turn, name)] = data

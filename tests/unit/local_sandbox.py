@@ -27,10 +27,12 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from episode_operator.kube.client import ExecResult
+from episode_operator.kube.client import stdin_frames
 from episode_operator.kube.sandbox import KubeSandbox
-from episode_operator.runtime.sandbox import WaitingReport
+from episode_operator.runtime.limits import AnswerSink, OutputLimits
+from episode_operator.runtime.sandbox import ArchiveFile, WaitingReport
 from episode_operator.runtime.supervisor import SUPERVISOR_DIR
+from episode_operator.runtime.turn.context import SANDBOX_LAYOUT
 from episode_operator.taskfolder.plan import NetworkPolicy, VerifierPlan
 from tests.unit.tools import tool
 
@@ -51,6 +53,7 @@ class LocalPods:
         self.env: dict[str, dict[str, str]] = {}
         self.execs = 0
         self.streams: list[LocalStream] = []
+        self.pieces = random.Random(0)
 
     def create(self, name: str, env: Mapping[str, str]) -> Path:
         """The pod's ``/`` (kept if it exists: a re-attaching provider gets the same pod)."""
@@ -92,19 +95,65 @@ class LocalPods:
         container: str,
         argv: Sequence[str],
         *,
+        stdout: AnswerSink,
+        stderr: AnswerSink,
         stdin: bytes | None = None,
+        stdin_file: ArchiveFile | None = None,
         timeout_sec: float = 60.0,
-    ) -> ExecResult:
+    ) -> int:
+        """As the client's exec: stdin sent, then the file streamed; stdout and stderr written to
+        the sinks as they come, the process killed at once when a sink refuses what passed its bound."""
         self.execs += 1
+        has_stdin = stdin is not None or stdin_file is not None
+        # A process group of its own: a refused answer kills all of it (e.g. a replaced supervisor's
+        # endless `yes`, which would otherwise hold the pipes open); the supervisor's jobs have
+        # their own sessions and outlive it, as they outlive an exec.
         process = await asyncio.create_subprocess_exec(
             *self.argv(pod, argv),
-            stdin=asyncio.subprocess.PIPE if stdin is not None else asyncio.subprocess.DEVNULL,
+            stdin=asyncio.subprocess.PIPE if has_stdin else asyncio.subprocess.DEVNULL,
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.PIPE,
+            start_new_session=True,
         )
-        stdout, stderr = await asyncio.wait_for(process.communicate(stdin), timeout_sec)
-        assert process.returncode is not None
-        return ExecResult(process.returncode, stdout, stderr)
+
+        async def send() -> None:
+            assert process.stdin is not None
+            with contextlib.suppress(BrokenPipeError, ConnectionResetError):  # it ended before reading it all
+                async for frame in stdin_frames(stdin, stdin_file):
+                    process.stdin.write(frame)
+                    await process.stdin.drain()
+                process.stdin.close()
+
+        async def pump(stream: asyncio.StreamReader | None, sink: AnswerSink) -> None:
+            assert stream is not None
+            while piece := await stream.read(self.pieces.choice((1, 7, 64, 4096, 65536))):
+                sink.write(piece)
+
+        work = [
+            asyncio.ensure_future(pump(process.stdout, stdout)),
+            asyncio.ensure_future(pump(process.stderr, stderr)),
+        ]
+        if has_stdin:
+            work.append(asyncio.ensure_future(send()))
+        try:
+            async with asyncio.timeout(timeout_sec):
+                await asyncio.gather(*work)
+                return await process.wait()
+        finally:
+            for task in work:
+                task.cancel()
+            await asyncio.gather(*work, return_exceptions=True)
+            if process.returncode is None:  # a sink refused what came, or the exec timed out
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(process.pid, signal.SIGKILL)
+                # Read the pipes to their end: a pipe left unread past its buffer is never seen
+                # to close, and wait() waits for that too.
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(10):
+                        for stream in (process.stdout, process.stderr):
+                            while stream is not None and await stream.read(1 << 16):
+                                pass
+                await process.wait()
 
     async def exec_stream(self, namespace: str, pod: str, container: str, argv: Sequence[str]) -> LocalStream:
         """An exec kept open, as the API server's websocket gives it: stdin written as it comes,
@@ -119,6 +168,7 @@ class LocalPods:
             stdin=asyncio.subprocess.PIPE,
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.DEVNULL,
+            start_new_session=True,  # aborted, all of it goes (as in exec)
         )
         stream = LocalStream(process)
         self.streams.append(stream)
@@ -156,24 +206,33 @@ class LocalStream:
         self.process = process
         self.pieces = random.Random(process.pid)
 
-    async def send(self, data: bytes) -> None:
+    async def send(self, data: bytes, file: ArchiveFile | None = None) -> None:
         assert self.process.stdin is not None
-        self.process.stdin.write(data)
-        await self.process.stdin.drain()
+        async for frame in stdin_frames(data, file):
+            self.process.stdin.write(frame)
+            await self.process.stdin.drain()
 
     async def receive(self) -> tuple[int, bytes] | None:
         assert self.process.stdout is not None
         data = await self.process.stdout.read(self.pieces.choice((1, 7, 64, 4096)))
         return (1, data) if data else None
 
-    async def close(self) -> None:
-        """The end of its stdin ends the session's shell, as closing the websocket does."""
-        assert self.process.stdin is not None
+    async def close(self, *, abort: bool = False) -> None:
+        """The end of its stdin ends the session's shell, as closing the websocket does; ``abort``
+        kills it at once, as a dropped connection ends the exec."""
+        assert self.process.stdin is not None and self.process.stdout is not None
+        if abort:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.process.pid, signal.SIGKILL)
         self.process.stdin.close()
         with contextlib.suppress(ProcessLookupError, TimeoutError):
-            await asyncio.wait_for(self.process.wait(), 10)
+            async with asyncio.timeout(10):
+                while await self.process.stdout.read(1 << 16):  # to its end: an unread pipe never closes
+                    pass
+                await self.process.wait()
         if self.process.returncode is None:
-            self.process.kill()
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.process.pid, signal.SIGKILL)
             await self.process.wait()
 
     @property
@@ -184,30 +243,43 @@ class LocalStream:
 class LocalProvider:
     """A :class:`SandboxProvider` of local pods, named as the fake's are (``pod-a1``, ``pod-a1-v2``)."""
 
-    def __init__(self, pods: LocalPods, main_env: Mapping[str, str] | None = None) -> None:
+    def __init__(
+        self, pods: LocalPods, main_env: Mapping[str, str] | None = None, *, limits: OutputLimits | None = None
+    ) -> None:
         self.pods = pods
         self.main_env = dict(main_env or {})
+        self.limits = limits or OutputLimits()
         self.released: list[str] = []
         self.networks: list[str] = []
         self.sandboxes: dict[str, KubeSandbox] = {}
 
-    async def _ready(self, name: str, env: Mapping[str, str], waiting: WaitingReport | None) -> KubeSandbox:
+    async def _ready(
+        self, name: str, env: Mapping[str, str], waiting: WaitingReport | None, uid: str | None
+    ) -> KubeSandbox:
+        # A local pod lives as long as the test: the one recorded is always the one there.
+        assert uid in (None, f"local-{name}"), f"{name} recorded as {uid}"
         self.pods.create(name, env)
-        sandbox = self.sandboxes.get(name) or KubeSandbox(self.pods, "local", name)  # type: ignore[arg-type]
+        sandbox = self.sandboxes.get(name) or KubeSandbox(self.pods, "local", name, f"local-{name}", limits=self.limits)  # type: ignore[arg-type]
         self.sandboxes[name] = sandbox
-        await sandbox.place_supervisor()
+        await sandbox.place_supervisor(layout=SANDBOX_LAYOUT)  # as the kube provider
         if waiting is not None:  # a local pod never waits: it runs, as the kube provider says of one that does
             await waiting(None)
         return sandbox
 
-    async def agent(self, attempt: int, *, waiting: WaitingReport | None = None) -> KubeSandbox:
-        return await self._ready(f"pod-a{attempt}", self.main_env, waiting)
+    async def agent(self, attempt: int, *, waiting: WaitingReport | None = None, uid: str | None = None) -> KubeSandbox:
+        return await self._ready(f"pod-a{attempt}", self.main_env, waiting, uid)
 
     async def verifier(
-        self, attempt: int, turn: int, plan: VerifierPlan, *, waiting: WaitingReport | None = None
+        self,
+        attempt: int,
+        turn: int,
+        plan: VerifierPlan,
+        *,
+        waiting: WaitingReport | None = None,
+        uid: str | None = None,
     ) -> KubeSandbox:
         env = plan.environment.env if plan.environment else {}
-        return await self._ready(f"pod-a{attempt}-v{turn + 1}", env, waiting)
+        return await self._ready(f"pod-a{attempt}-v{turn + 1}", env, waiting, uid)
 
     async def apply_network(self, attempt: int, policy: NetworkPolicy) -> None:
         if not self.networks or self.networks[-1] != policy.mode:

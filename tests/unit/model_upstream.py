@@ -1,14 +1,17 @@
 """A model endpoint in the test's own event loop, for the capture proxy to forward to.
 
-It answers the three dialects in JSON or SSE with canned answers shaped like the real APIs, and
-misbehaves on request (``x-behave`` header): an error status, garbage, no answer at all, a stream that
-stalls, a stream whose last chunk waits for the test's say-so. It records what it received.
+It answers the three dialects in JSON or SSE with canned answers shaped like the real APIs (and the
+model listing and Anthropic's token count), and misbehaves on request (``x-behave`` header): an error
+status, garbage, no answer at all, a stream that stalls, a stream whose last chunk waits for the test's
+say-so, a redirect (to ``x-redirect-to``), an answer padded to ``x-pad`` bytes. It records what it
+received, and listens where a test says (an attacker's listener is one more of these).
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import ssl
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -261,6 +264,13 @@ def vllm_token_stream(chunks: list[bytes], request: dict[str, Any]) -> list[byte
 
 
 DIALECT_PATHS = {"chat": "/v1/chat/completions", "responses": "/v1/responses", "messages": "/v1/messages"}
+# The routes that are no model call, as the real APIs answer them.
+OTHER_ANSWERS: dict[tuple[str, str], dict[str, Any]] = {
+    ("GET", "/v1/models"): {"object": "list", "data": [{"id": "m", "object": "model"}]},
+    ("GET", "/v1/models/m"): {"id": "m", "object": "model"},
+    ("POST", "/v1/messages/count_tokens"): {"input_tokens": 3},
+    ("POST", "/v1/completions"): {"id": "cmpl-1", "object": "text_completion", "choices": [{"text": "hi"}]},
+}
 
 
 @dataclass
@@ -283,6 +293,10 @@ class Upstream:
             }
         )
         behave = request.headers.get("x-behave", "")
+        if behave == "redirect":
+            raise web.HTTPTemporaryRedirect(request.headers["x-redirect-to"])
+        if (request.method, request.path) in OTHER_ANSWERS:
+            return web.json_response(OTHER_ANSWERS[request.method, request.path])
         dialect = next((name for name, path in DIALECT_PATHS.items() if request.path == path), None)
         if dialect is None:
             return web.json_response({"error": {"message": "no such route", "type": "not_found"}}, status=404)
@@ -295,14 +309,17 @@ class Upstream:
         if behave == "silent":
             await asyncio.Event().wait()
         parsed = json.loads(body)
+        pad = int(request.headers.get("x-pad", "0"))
         if not parsed.get("stream"):
-            answer = JSON_ANSWERS[dialect]
+            answer = JSON_ANSWERS[dialect] | ({"padding": "x" * pad} if pad else {})
             if parsed.get("return_tokens_as_token_ids"):
                 answer = vllm_token_answer(answer, parsed)
             return web.json_response(answer)
         response = web.StreamResponse(headers={"content-type": "text/event-stream"})
         await response.prepare(request)
         chunks = sse_answer(dialect)
+        if pad:  # one long SSE comment before the answer: a stream larger than any record
+            chunks = [b": " + b"x" * pad + b"\n\n", *chunks]
         if parsed.get("return_tokens_as_token_ids"):
             chunks = vllm_token_stream(chunks, parsed)
         for index, chunk in enumerate(chunks):
@@ -318,16 +335,18 @@ class Upstream:
 
 
 @asynccontextmanager
-async def running_upstream() -> AsyncIterator[Upstream]:
+async def running_upstream(
+    host: str = "127.0.0.1", port: int = 0, ssl_context: ssl.SSLContext | None = None
+) -> AsyncIterator[Upstream]:
     upstream = Upstream()
-    app = web.Application()
+    app = web.Application(client_max_size=64 * 1024 * 1024)
     app.router.add_route("*", "/{tail:.*}", upstream.handle)
     runner = web.AppRunner(app, handler_cancellation=True)
     await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
+    site = web.TCPSite(runner, host, port, ssl_context=ssl_context)
     await site.start()
     port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-    upstream.url = f"http://127.0.0.1:{port}/v1"
+    upstream.url = f"{'https' if ssl_context else 'http'}://{host}:{port}/v1"
     try:
         yield upstream
     finally:

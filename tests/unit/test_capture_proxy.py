@@ -382,7 +382,8 @@ def test_a_call_before_any_turn_is_kept_and_flagged(tmp_path: Path) -> None:
 
 def test_the_agent_cannot_attribute_its_calls_to_another_turn(tmp_path: Path) -> None:
     """Whatever the agent sends (headers, Gym's rollout path prefix, a would-be control request), the
-    current turn is the operator's: there is no control route, and such a request is only a forwarded call."""
+    current turn is the operator's: there is no control route, and such a request is refused (it is no
+    model route) and recorded under the current turn."""
 
     async def scenario(proxy: Rig) -> None:
         forged = {"x-session-id": "two", "x-episode-turn": "two", "x-episode-attempt": "2"}
@@ -542,3 +543,21 @@ def test_a_harvest_waits_for_calls_in_flight(tmp_path: Path) -> None:
 def test_config_refuses_a_bad_upstream() -> None:
     with pytest.raises(ValueError, match="http"):
         replace(ProxyConfig(upstream="ftp://x", store=Path("/tmp"))).origin  # noqa: B018
+
+
+@pytest.mark.parametrize(
+    ("arguments", "problem"),
+    [
+        (["--upstream", "http://model.test:8000/v1"], "--upstream-address: the upstream's host model.test is not"),
+        (["--upstream", "http://model.test/v1", "--upstream-address", "model.test"], "must be an IP address"),
+        (["--upstream", "http://model.test/v1/../admin", "--upstream-address", "198.18.0.1"], "dot segment"),
+        (["--upstream", "ftp://model.test/v1"], "must be an http(s) URL"),
+    ],
+)
+def test_the_proxy_command_refuses_an_upstream_it_would_have_to_resolve_itself(
+    tmp_path: Path, arguments: list[str], problem: str
+) -> None:
+    """No hostname without the operator's addresses: the proxy never falls back to the pod's resolver."""
+    refused = episode_operator("capture-proxy", "--store", str(tmp_path), *arguments)
+    assert refused.returncode == 2 and problem in refused.stderr, refused.stderr
+    assert not (tmp_path / "ready.json").exists()

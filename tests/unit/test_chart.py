@@ -294,6 +294,36 @@ def test_the_dockerfile_and_the_test_clusters_image_agree() -> None:
     assert f"{local['sandboxImage']['repository']}:{local['sandboxImage']['tag']}" == cluster.SANDBOX_IMAGE
 
 
+def test_output_limits_become_flags_the_operator_accepts() -> None:
+    from episode_operator.cli.operator_main import main
+    from episode_operator.runtime.limits import LIMIT_FLAGS, OutputLimits
+
+    def limits_of(values: dict[str, Any]) -> OutputLimits:
+        (deployment,) = find(render(values), "Deployment")
+        args = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
+        flags = [arg for arg in args if arg.split("=")[0] in {limit.flag for limit in LIMIT_FLAGS.values()}]
+        assert len(flags) == len(LIMIT_FLAGS)
+        params = main.commands["run"].make_context("run", flags).params
+        return OutputLimits(**{name: params[name] for name in LIMIT_FLAGS})
+
+    assert limits_of({}) == OutputLimits()  # the chart's defaults are the operator's
+    chosen = limits_of(
+        {
+            "outputLimits": {
+                "answer": "8Mi",
+                "log": 4096,
+                "artifact": "2Gi",
+                "artifactMembers": 500,
+                "turnArtifacts": "3Gi",
+            }
+        }
+    )
+    assert chosen == OutputLimits(8 << 20, 4096, 2 << 30, 500, 3 << 30)
+    with pytest.raises(helm.HelmValuesError) as refused:
+        render({"outputLimits": {"answer": "4MB"}})
+    assert "at '/outputLimits" in str(refused.value)
+
+
 def test_image_mirrors_become_flags_the_operator_accepts() -> None:
     from click.testing import CliRunner
 

@@ -95,8 +95,10 @@ def task(index: int, *children: SetChildStatus) -> SetTaskStatus:
         ([finished(1, 0.5), finished(2, 0.5)], 1.0, 2, 0, 0.5, [0.0, 0.0]),
         ([finished(1, 0.5), finished(2, 0.5)], 0.5, 2, 2, 0.5, [1.0, 1.0]),  # the threshold is inclusive
         ([finished(1, 1.5), finished(2, 0.99)], 1.0, 2, 1, 1.245, [0.5, 1.0]),
-        # Infra failures and terminal failures are not samples: n counts graded attempts only.
-        ([finished(1, None, "Ungraded"), finished(2, 1.0)], 1.0, 1, 1, 1.0, [1.0]),
+        # An Ungraded attempt (outages used up) is a sample of pass@k, a miss; not of the mean.
+        ([finished(1, None, "Ungraded"), finished(2, 1.0)], 1.0, 1, 1, 1.0, [0.5, 1.0]),
+        ([finished(1, None, "Ungraded"), finished(2, None, "Ungraded")], 1.0, 0, 0, None, [0.0, 0.0]),
+        # Terminal failures and masked attempts (the task's, not the agent's) are no samples.
         ([finished(1, 0.0, "TerminalFailure"), finished(2, None, "Masked"), finished(3, 0.0)], 1.0, 1, 0, 0.0, [0.0]),
         # An attempt still running is not a sample yet.
         ([finished(1, 1.0), SetChildStatus(attempt=2, name="c-2", phase="Running")], 1.0, 1, 1, 1.0, [1.0]),
@@ -120,14 +122,15 @@ def test_aggregate_means_over_graded_children_and_pass_at_k_over_tasks_with_enou
     tasks = [
         summarize_task(task(0, finished(1, 1.0), finished(2, 0.0)), 1.0),  # pass@1 .5, pass@2 1
         summarize_task(task(1, finished(1, 0.0), finished(2, 0.0)), 1.0),  # 0, 0
-        summarize_task(task(2, finished(1, 1.0), finished(2, None, "Ungraded")), 1.0),  # n=1: pass@1 1
-        summarize_task(task(3, finished(1, None, "Ungraded"), finished(2, None, "Ungraded")), 1.0),  # no sample
+        summarize_task(task(2, finished(1, 1.0), finished(2, None, "Ungraded")), 1.0),  # a miss: .5, 1
+        summarize_task(task(3, finished(1, None, "Ungraded"), finished(2, None, "Ungraded")), 1.0),  # 0, 0
+        summarize_task(task(4, finished(1, None, "Masked")), 1.0),  # no sample
     ]
     mean, table = aggregate(tasks, attempts=2)
-    assert mean == pytest.approx((1.0 + 0.0 + 0.0 + 0.0 + 1.0) / 5)
-    assert [(row.k, row.value, row.tasks) for row in table] == [
-        (1, pytest.approx((0.5 + 0.0 + 1.0) / 3), 3),
-        (2, pytest.approx((1.0 + 0.0) / 2), 2),
+    assert mean == pytest.approx((1.0 + 0.0 + 0.0 + 0.0 + 1.0) / 5)  # the mean: graded children only
+    assert [(row.k, row.value, row.tasks, row.ungraded) for row in table] == [
+        (1, pytest.approx((0.5 + 0.0 + 0.5 + 0.0) / 4), 4, 3),
+        (2, pytest.approx((1.0 + 0.0 + 1.0 + 0.0) / 4), 4, 3),
     ]
     assert aggregate([], attempts=1) == (None, [aggregate([], attempts=1)[1][0]])
     assert aggregate([], attempts=1)[1][0].value is None

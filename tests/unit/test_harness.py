@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import subprocess
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -18,12 +19,13 @@ import pytest
 
 from episode_operator.api.models import AgentSpec, EpisodeSpec
 from episode_operator.api.vocabulary import Stage
-from episode_operator.capture.records import CapturedCall
+from episode_operator.capture.records import CAPTURE_LIMIT, ROUTE_REFUSED, CapturedCall
+from episode_operator.cli.capture import capture_proxy
 from episode_operator.kube.objects.pods import AgentImages, OwnerRef, SandboxPod, sandbox_pod
 from episode_operator.runtime.admission import Refusal, admit_spec, admit_task
 from episode_operator.runtime.agents import agent_kind, spec_problems
 from episode_operator.runtime.agents.harnesses import INSTRUCTION, PRESETS, harness_run
-from episode_operator.runtime.agents.model import CAPTURE_CONTAINER, PLACEHOLDER_KEY, Toolchain
+from episode_operator.runtime.agents.model import CAPTURE_CONTAINER, PLACEHOLDER_KEY, CaptureBounds, Toolchain
 from episode_operator.taskfolder import TaskFiles
 from episode_operator.taskfolder.models import EnvironmentConfig
 from tests.unit.fake_sandbox import World
@@ -164,6 +166,34 @@ def test_the_agent_pod_gets_the_toolchain_and_the_capture_container_with_the_key
     assert "secretKeyRef" not in json.dumps(main)
 
 
+def test_the_capture_container_gets_the_pinned_addresses_its_bounds_and_resources() -> None:
+    """What the driver pinned and the operator's settings reach the proxy as options its CLI takes."""
+    agent = AgentSpec.model_validate(harness("codex") | {"model": {**MODEL, "baseURL": "https://model.test/v1"}})
+    spec = EpisodeSpec.model_validate({"task": {"inline": {"files": {}}}, "agent": agent.to_api()})
+    needs = agent_kind(agent).sandbox_needs(agent)
+    assert needs.capture is not None
+    bounds = CaptureBounds({"cpu": "5m", "memory": "32Mi"}, {"memory": "256Mi"}, 4096, 65536)
+    capture = replace(needs.capture, upstream_addresses=("198.19.0.9", "2001:db8::9"), bounds=bounds)
+    pod = sandbox_pod(
+        OwnerRef("ep", "ns", "uid"),
+        spec,
+        SandboxPod("agent", 1, "task:1", EnvironmentConfig(), needs=replace(needs, capture=capture)),
+        extra_labels={},
+        images=AgentImages(capture="operator:9"),
+    )["spec"]
+    container = next(c for c in pod["containers"] if c["name"] == CAPTURE_CONTAINER)
+    assert container["resources"] == {"requests": {"cpu": "5m", "memory": "32Mi"}, "limits": {"memory": "256Mi"}}
+    options = capture_proxy.make_context("capture-proxy", container["args"][1:]).params
+    assert options["upstream"] == "https://model.test/v1"
+    assert options["upstream_addresses"] == ("198.19.0.9", "2001:db8::9")
+    assert (options["max_record_bytes"], options["max_journal_bytes"]) == (4096, 65536)
+
+
+def test_the_capture_containers_default_resources_are_small_requests_and_a_bounded_limit() -> None:
+    assert CaptureBounds().requests == {"cpu": "10m", "memory": "64Mi"}
+    assert CaptureBounds().limits == {"cpu": "1", "memory": "1Gi"}
+
+
 # --- the turn: capture marks, harvest, classification, trajectory --------------------------------------------
 def call(
     turn: str, *, status: int = 200, category: str | None = None, reply: str = "done", ended: float = 0.0, **extra: Any
@@ -285,6 +315,32 @@ def test_an_endpoint_that_never_answers_is_an_outage() -> None:
     plant(world, "a", [hung])
     status = run(two_turns(), agent=harness("opencode"), world=world, retries=0)[0]
     assert (status.outcome, status.failure_kind) == ("Ungraded", "outage:model_unavailable")
+
+
+def test_a_turn_whose_calls_outgrew_the_capture_journal_fails_measured_and_unverified() -> None:
+    """The proxy answered a call itself past the attempt's journal bound: the turn scores a measured 0,
+    its verifier not run, never an outage (a retry would do the same)."""
+    world = World()
+    limited = call("a", status=400, category="client_error").model_copy(
+        update={"response_source": "local", "local_response_reason": CAPTURE_LIMIT, "upstream_attempted": False}
+    )
+    plant(world, "a", [call("a"), limited])
+    status = run(two_turns(), agent=harness("opencode"), world=world, retries=2)[0]
+    first = status.turns[0]
+    assert (first.failure_kind, first.reward_valid, first.stage) == ("agent:capture_limit", False, Stage.DONE)
+    assert "capture journal" in (first.message or "")
+    assert len(status.attempts) == 1 and not any(job.endswith("t1.verify") for job in world.sandboxes["pod-a1"].starts)
+
+
+def test_a_refused_route_says_nothing_of_the_model_endpoint() -> None:
+    """The agent's own 403 from the proxy (a path off the model API) is no refused key: the turn is measured."""
+    world = World()
+    refused = call("a", status=403, category="client_error", ended=1).model_copy(
+        update={"dialect": None, "response_source": "local", "local_response_reason": ROUTE_REFUSED}
+    )
+    plant(world, "a", [call("a"), refused])
+    status = run(two_turns(), agent=harness("opencode"), world=world)[0]
+    assert status.outcome == "Graded" and status.turns[0].agent_failure is None
 
 
 def test_an_agent_that_recovered_from_a_429_is_not_failed() -> None:

@@ -43,6 +43,28 @@ RUNNING = {"running": {"startedAt": "2026-11-30T00:00:00Z"}}
             PodVerdict(False, True, None, "Evicted: low on memory"),
         ),
         (
+            # An init container that failed (the compose volumes' filler in an image without tar) says why.
+            pod(
+                "Failed",
+                container("main", {"waiting": {"reason": "PodInitializing"}}),
+                status={
+                    "initContainerStatuses": [
+                        container("toolchain-x", {"terminated": {"exitCode": 0, "reason": "Completed"}}),
+                        container(
+                            "episode-operator-volumes",
+                            {"terminated": {"exitCode": 127, "reason": "Error", "message": "sh: tar: not found\n"}},
+                        ),
+                    ]
+                },
+            ),
+            PodVerdict(
+                False,
+                True,
+                None,
+                "Failed: init container episode-operator-volumes exited with 127 (Error): sh: tar: not found",
+            ),
+        ),
+        (
             pod("Running", container("main", {"terminated": {"exitCode": 137, "reason": "OOMKilled"}})),
             PodVerdict(False, True, None, "container main exited with 137 (OOMKilled): "),
         ),

@@ -31,7 +31,10 @@ SPEC = EpisodeSpec.model_validate(
         "agent": {
             "kind": "command",
             "command": "run",
-            "env": [{"name": "API_TOKEN", "value": "secret"}],
+            "env": [
+                {"name": "API_TOKEN", "value": "secret"},
+                {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+            ],
             "envFrom": [{"secretRef": {"name": "model-key"}}],
         },
         "nodeSelector": {"pool": "eval"},
@@ -73,14 +76,19 @@ def test_agent_pod() -> None:
     main, api = spec["containers"]
     assert "command" not in main  # the image's ENTRYPOINT is kept; the keep-alive is its argument
     assert main["args"][0] == "sh"
-    # Secrets reach the agent's container only: not the sidecars (nor, below, verifier pods).
-    assert {"name": "API_TOKEN", "value": "secret"} in main["env"]
-    assert main["envFrom"] == [{"secretRef": {"name": "model-key"}}]
-    assert "envFrom" not in api and all(entry["name"] != "API_TOKEN" for entry in api["env"])
+    # The agent's secrets reach its own jobs only (runtime/agents/base.py with_agent_env): not the main
+    # container's environment, which setup.sh, the ENTRYPOINT and test.sh inherit, nor the sidecars.
+    # Only what names the pod itself stays there.
+    for container in (main, api):
+        assert "envFrom" not in container and all(entry["name"] != "API_TOKEN" for entry in container["env"])
+    assert {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}} in main["env"]
     for container in (main, api):
         assert container["securityContext"]["allowPrivilegeEscalation"] is False
         assert container["securityContext"]["capabilities"] == {"drop": ["NET_RAW"]}
-        assert {"name": "episode-operator", "mountPath": "/episode-operator"} in container["volumeMounts"]
+    # Each container its own supervisor folder: main's job records out of the sidecars' reach.
+    assert {"name": "episode-operator", "mountPath": "/episode-operator"} in main["volumeMounts"]
+    assert {"name": "supervisor-api", "mountPath": "/episode-operator"} in api["volumeMounts"]
+    assert {"name": "supervisor-api", "emptyDir": {}} in spec["volumes"]
     assert api["image"] == "img:1"  # ${MAIN_IMAGE_NAME}
     assert api["readinessProbe"]["exec"]["command"][:2] == ["sh", "-c"]
     assert api["resources"] == {"limits": {"cpu": "500m", "memory": "128Mi"}}

@@ -189,3 +189,69 @@ def test_each_turn_keeps_its_own_agent_log_and_logs_are_listed_in_run_order(pods
     assert agent_logs == [f"output of {step}\n" for step in steps]
     everything = "".join(agent_logs)
     assert pods.path("pod-a1", "/logs/agent/oracle.txt").read_text() == everything
+
+
+# A non-root agent's turn 2: answer, or plant a reward and leave processes that keep at the grading
+# folders — writing the reward, renaming a test.sh of their own over the verifier's, making a job
+# record — while the verifier runs (as root).
+ANSWER = "echo 42 > /app/answer.txt"
+FORGER = (
+    "echo 1 > /logs/verifier/reward.txt; "
+    "nohup sh -c 'while :; do echo 1 > /logs/verifier/reward.txt; "
+    'printf "echo 1 > /logs/verifier/reward.txt\\n" > /tmp/forged.sh; mv -f /tmp/forged.sh /tests/test.sh; '
+    "mkdir -p /episode-operator/jobs/forged; sleep 0.01; done' >/dev/null 2>&1 &"
+)
+ANSWER_CHECK = (
+    'if [ "$(cat /app/answer.txt 2>/dev/null)" = 42 ]; then echo 1; else echo 0; fi > /logs/verifier/reward.txt\n'
+)
+
+
+@pytest.mark.parametrize("attack", [False, True], ids=["honest", "leftover-forger"])
+def test_a_non_root_agents_leftover_processes_cannot_reach_the_verifiers_folders(
+    pods: LocalPods, tmp_path: Path, attack: bool
+) -> None:
+    """After a shared turn the grading folders are the agent's (mode 0777, as Gym leaves them); while
+    the next turn verifies they are root's: the verifier reads only its own reward, untouched."""
+    act = FORGER if attack else ANSWER
+    folder = multi_step(
+        '[agent]\nuser = "agent"\n' + steps_toml("a", "b"),
+        ["a", "b"],
+        {"steps/a/tests/test.sh": "echo 1 > /logs/verifier/reward.txt\n", "steps/b/tests/test.sh": ANSWER_CHECK},
+    )
+    command = f'if [ "$EPISODE_TURN" = 2 ]; then\n{act}\nfi'
+    store = EpisodeBlobs.local(tmp_path / "store")
+    status = run(folder, pods, store, agent={"kind": "command", "command": command})
+    second = status.turns[1]
+    assert (second.reward, second.reward_valid) == (0.0 if attack else 1.0, True), kept_logs(store)
+    assert not pods.path("pod-a1", "/episode-operator/jobs/forged").exists()
+
+
+# Harbor's own example tasks check the layout in their solutions: a solve.sh that looks for
+# /logs/verifier to tell a shared verifier, and writes where the verifier will look.
+LAYOUT_SOLVE = (
+    "for d in /logs/agent /logs/verifier /logs/artifacts; do\n"
+    '  [ -d "$d" ] && [ "$(stat -c %a "$d")" = 777 ] || { echo "no $d" >&2; exit 1; }\n'
+    "done\n"
+    # What Harbor's `docker compose cp` of solution/ and its `chmod +x` leave.
+    '[ "$(stat -c "%U %a" /solution)" = "root 755" ] && [ -x /solution/solve.sh ] || exit 1\n'
+    "echo done > /logs/artifacts/made-by-solve.txt\n"
+)
+# test.sh is made executable before it runs, as Harbor's verifier does.
+LAYOUT_CHECK = (
+    "if [ -f /logs/artifacts/made-by-solve.txt ] && [ -x /tests/test.sh ]; then echo 1; else echo 0; fi"
+    " > /logs/verifier/reward.txt\n"
+)
+
+
+@pytest.mark.parametrize("mode", ["shared", "separate"])
+@pytest.mark.parametrize("user", [None, "agent"], ids=["root", "non-root"])
+def test_a_solution_finds_harbors_layout_during_its_turn(
+    pods: LocalPods, tmp_path: Path, mode: str, user: str | None
+) -> None:
+    toml = (f'[agent]\nuser = "{user}"\n' if user else "") + (
+        '[verifier]\nenvironment_mode = "separate"\n' if mode == "separate" else ""
+    )
+    folder = single_step(toml, {"solution/solve.sh": LAYOUT_SOLVE, "tests/test.sh": LAYOUT_CHECK})
+    store = EpisodeBlobs.local(tmp_path / "store")
+    status = run(folder, pods, store)
+    assert (status.reward, status.turns[0].agent_exit_code) == (1.0, 0), kept_logs(store)

@@ -169,7 +169,7 @@ def test_replay_is_bounded_by_build_timeout_sec_from_its_first_job() -> None:
     assert "replay ran past build_timeout_sec (600 s)" in result.message
     assert "replay.003.copy" not in sandbox.starts
     # Each job's own bound is what is left of the budget.
-    first = sandbox.jobs[("main", "replay.001.run")].spec
+    first = sandbox.job("replay.001.run").spec
     assert first.timeout_sec == 600.0
 
 
@@ -216,11 +216,11 @@ def test_a_finished_replay_is_read_back_with_one_job_and_its_settings_apply_to_l
         await replayed.start_job(JobSpec(id="side", command="write x y", timeout_sec=5, container="db"))
 
     asyncio.run(later())
-    later_spec = sandbox.jobs[("main", "later")].spec
+    later_spec = sandbox.job("later").spec
     assert (later_spec.user, later_spec.cwd, later_spec.env["MODE"]) == ("agent", "/srv/app", "task")
-    root = sandbox.jobs[("main", "root")].spec
+    root = sandbox.job("root").spec
     assert (root.user, root.env["A"], root.env["TOKEN"]) == ("root", "1", "t")
-    side = sandbox.jobs[("db", "side")].spec  # a sidecar is not the replayed image
+    side = sandbox.job("side", "db").spec  # a sidecar is not the replayed image
     assert (side.user, side.cwd, dict(side.env)) == (None, None, {})
 
 
@@ -250,7 +250,7 @@ def test_a_heredoc_script_travels_as_an_executable_file() -> None:
     script = "#!/usr/bin/env python3\nprint('hi')\n"
     result = run(world, sandbox, task_files(f"FROM x\nRUN <<EOF\n{script}EOF\n"), store)
     assert isinstance(result, ReplayReady) and result.plan.entrypoint is None
-    spec = sandbox.jobs[("main", "replay.001.run")].spec
+    spec = sandbox.job("replay.001.run").spec
     assert spec.command == "exec /episode-operator/tmp/replay.001.run/script"
     assert sandbox.files["main"]["/episode-operator/tmp/replay.001.run/script"] == script.encode()
 
@@ -263,9 +263,9 @@ def test_the_staging_tar_keeps_modes() -> None:
     uploaded: list[bytes] = []
     original = sandbox._upload
 
-    def spy(archive: bytes, destination: str, container: str, clear: object) -> None:
+    def spy(archive: bytes, destination: str, container: str, clear: object, user: object = None) -> None:
         uploaded.append(archive)
-        original(archive, destination, container, clear)  # type: ignore[arg-type]
+        original(archive, destination, container, clear, user)  # type: ignore[arg-type]
 
     sandbox._upload = spy  # type: ignore[method-assign]
     assert isinstance(run(world, sandbox, files, store), ReplayReady)

@@ -12,7 +12,7 @@ import pytest
 from episode_operator.api.models import EpisodeStatus
 from episode_operator.api.vocabulary import Stage
 from episode_operator.runtime.archive import text_tar
-from episode_operator.runtime.sandbox import JobSpec
+from episode_operator.runtime.sandbox import JobSpec, keyed_job_id
 from episode_operator.runtime.turn.table import is_published
 from tests.unit.episodes import run, three_steps
 from tests.unit.fake_sandbox import Crash, FakeSink, World
@@ -430,7 +430,10 @@ def test_restart_reattaches_to_a_running_agent_without_touching_its_inputs() -> 
     # What the dead runner did after its last write: placed the solution and started the agent.
     solution = {"solve.sh": "append runs.txt b"}
     asyncio.run(pod.upload(text_tar(solution), "/solution", clear=["/solution/"]))
-    asyncio.run(pod.start_job(JobSpec(id="a1.t2.agent", command="bash /solution/solve.sh", timeout_sec=60)))
+    key = dying.statuses[-1].attempts[-1].job_key
+    assert key is not None
+    job_id = keyed_job_id(key, "a1.t2.agent")
+    asyncio.run(pod.start_job(JobSpec(id=job_id, command="bash /solution/solve.sh", timeout_sec=60)))
     uploads_before = list(pod.uploads)
     status = run(folder, world=world, status=dying.statuses[-1])[0]
     assert (status.phase, status.reward) == ("Succeeded", 1.0)

@@ -29,7 +29,7 @@ from episode_operator.taskfolder import TaskFiles
 from episode_operator.taskfolder.buildcontext import BuildSource
 from episode_operator.taskfolder.images import ImageMirrors
 from tests.conftest import REPO
-from tests.unit.fake_sandbox import Crash, FakeProvider, FakeSandbox, FakeSink, MemoryStore, World
+from tests.unit.fake_sandbox import Crash, FakeProvider, FakeSandbox, FakeSink, MemoryStore, World, unkeyed
 
 DOC = REPO / "docs" / "runtime.md"
 BASE_OUTPUT = b"x86_64\n" + b"\x00".join([b"PATH=/usr/bin:/bin", b"HOME=/root", b""])
@@ -261,7 +261,7 @@ def test_a_restart_inside_any_seed_stage_resumes_where_the_table_says(
         assert builder.built == Counter({"environment/api/Dockerfile": 1})
         # The image's settings survive the restart: read back from the pod, not remembered.
         for job in ("a1.agent-setup", "a1.t1.agent", "a1.t1.verify"):
-            spec = pod.jobs[("main", job)].spec
+            spec = pod.job(job).spec
             assert (spec.user, spec.cwd, spec.env.get("MODE")) == ("agent", "/srv/app", "image"), job
     else:
         assert files["/app/data.txt"] == b"data\n" and not builder.asked
@@ -272,7 +272,7 @@ def test_a_replayed_image_gives_every_later_job_its_user_workdir_and_environment
     status, world, sink, store = run(replayed_task())
     assert (status.phase, status.reward) == ("Succeeded", 1.0), status.message
     pod = world.sandboxes["pod-a1"]
-    jobs = {job_id: record.spec for (_, job_id), record in pod.jobs.items()}
+    jobs = {unkeyed(job_id): record.spec for (_, job_id), record in pod.jobs.items()}
     for job_id in ("seed.", "a1.agent-setup", "a1.t1.agent", "a1.t1.verify"):
         spec = next(spec for name, spec in jobs.items() if name.startswith(job_id))
         assert (spec.user, spec.cwd) == ("agent", "/srv/app"), job_id
@@ -379,7 +379,9 @@ def test_a_restarted_runner_told_the_same_wait_posts_no_second_event() -> None:
     report = Waiting("pod-a1", "agent", "Unschedulable", "0/1 nodes are available: 1 Insufficient cpu.")
 
     class Dying(FakeProvider):
-        async def agent(self, attempt: int, *, waiting: WaitingReport | None = None) -> FakeSandbox:
+        async def agent(
+            self, attempt: int, *, waiting: WaitingReport | None = None, uid: str | None = None
+        ) -> FakeSandbox:
             assert waiting is not None
             await waiting(report)
             raise Crash("the operator died while the pod waited")
@@ -414,7 +416,7 @@ def test_a_separate_verifier_replays_the_environment_too() -> None:
         "replay.start",
     ]
     assert verifier.calls["start_job"] == len(verifier.starts)  # replayed once: verify re-attached to nothing
-    test = verifier.jobs[("main", "a1.t1.verify")].spec
+    test = verifier.job("a1.t1.verify").spec
     assert (test.user, test.cwd, test.env["MODE"]) == ("agent", "/srv/app", "image")
     assert (1, "task", "verifier-replay") in store.logs
 

@@ -34,6 +34,7 @@ from episode_operator.runtime import dataapi
 from episode_operator.runtime.archive import tar_bytes
 from episode_operator.runtime.dataapi import Access, Caller, Decision, FrontProxy, serve, server_context
 from episode_operator.runtime.metrics import Metrics
+from episode_operator.runtime.sandbox import ArchiveFile
 from episode_operator.runtime.server import application
 from episode_operator.runtime.store import BlobStore
 
@@ -168,7 +169,11 @@ async def keep_some_data(data_dir: Path, uid: str) -> None:
     store = BlobStore.local(data_dir).episode("ns", "ep", uid)
     await store.save_log(1, "one", "agent", b"agent says hi\n")
     await store.save_log(1, "two", "verifier", f"verifier of {uid}\n".encode())
-    await store.save_artifact(1, "one", 0, tar_bytes([("app/out/result.txt", b"42", 0o644)]))
+    kept = ArchiveFile.of_bytes(tar_bytes([("app/out/result.txt", b"42", 0o644)]))
+    try:
+        await store.save_artifact(1, "one", 0, kept)
+    finally:
+        kept.discard()
     manifest = {"source": "/app/out", "destination": "out", "type": "directory", "status": "ok"}
     await store.save_manifest(1, "one", [manifest | {"service": "main", "origin": "task"}])
 

@@ -20,7 +20,8 @@ from episode_operator.kube.sandbox import KubeSandbox
 from episode_operator.kube.session import FAILURES_BEFORE_GIVING_UP, Session
 from episode_operator.runtime import supervisor
 from episode_operator.runtime.archive import text_tar
-from episode_operator.runtime.sandbox import JobSpec, SandboxError, Upload
+from episode_operator.runtime.limits import Spool
+from episode_operator.runtime.sandbox import ArchiveFile, JobSpec, SandboxError, Upload
 from episode_operator.runtime.turn.context import REWARD_TXT
 from tests.unit.local_sandbox import LocalPods
 
@@ -134,7 +135,7 @@ class ScriptedStream:
         self.messages.put_nowait((1, ready))
         self.sent: list[bytes] = []
 
-    async def send(self, data: bytes) -> None:
+    async def send(self, data: bytes, file: ArchiveFile | None = None) -> None:
         self.sent.append(data)
         nonce = data.split(b" ", 1)[0]
         self.messages.put_nowait((1, b"id=x phase=unknown\n\n@@EO " + nonce + b" 0 0\n"))
@@ -142,7 +143,7 @@ class ScriptedStream:
     async def receive(self) -> tuple[int, bytes] | None:
         return await self.messages.get()
 
-    async def close(self) -> None:
+    async def close(self, *, abort: bool = False) -> None:
         self.messages.put_nowait(None)
 
 
@@ -155,7 +156,9 @@ def test_stdin_goes_by_exec_where_head_may_read_past_a_request() -> None:
             return streams[-1]
 
         session = Session(opener)
-        assert (await session.call(supervisor.status("x"), 5))[0] == 0
+        with Spool(1000, "the answer", "a bound") as stdout:
+            assert (await session.call(supervisor.status("x"), 5, stdout))[0] == 0
+            assert stdout.getvalue() == b"id=x phase=unknown\n"
         upload = supervisor.upload(text_tar({"a": "b"}), "/tmp/x")
         assert session.takes(supervisor.status("x")) and not session.takes(upload)
         assert not session.takes(supervisor.placement())  # not a verb: it installs the script
@@ -182,8 +185,8 @@ def test_a_container_without_sessions_is_asked_a_few_times_then_left_to_exec() -
         session = Session(opener)
         for _ in range(FAILURES_BEFORE_GIVING_UP):
             assert session.takes(supervisor.status("x"))
-            with pytest.raises(Exception, match="ended"):
-                await session.call(supervisor.status("x"), 5)
+            with pytest.raises(Exception, match="ended"), Spool(1000, "the answer", "a bound") as stdout:
+                await session.call(supervisor.status("x"), 5, stdout)
         assert not session.takes(supervisor.status("x")) and opened == FAILURES_BEFORE_GIVING_UP
 
     asyncio.run(scenario())

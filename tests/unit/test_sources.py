@@ -2,16 +2,20 @@
 
 from __future__ import annotations
 
+import asyncio
+import base64
 import io
 import json
 import os
 import tarfile
+import threading
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
 from episode_operator.taskfolder import SourceLimits, TaskFiles, load_task, resolve_plan, validate_task
-from episode_operator.taskfolder.sources import pack_tar
+from episode_operator.taskfolder.sources import MAX_SYMLINK_HOPS, pack_tar
 from tests.conftest import EXAMPLE_TASKS
 from tests.unit.folders import single_step
 
@@ -104,7 +108,9 @@ def test_symlinks_leaving_the_folder_are_refused(tmp_path: Path, target: str, me
 def test_symlink_loop_is_refused(tmp_path: Path) -> None:
     os.symlink("b", tmp_path / "a")
     os.symlink("a", tmp_path / "b")
-    assert {p.message for p in TaskFiles.from_directory(tmp_path).problems} == {"symlink loop"}
+    assert {p.message for p in TaskFiles.from_directory(tmp_path).problems} == {
+        f"a loop, or a chain of more than {MAX_SYMLINK_HOPS} symlinks"
+    }
 
 
 def test_task_folder_itself_must_not_be_a_symlink(tmp_path: Path) -> None:
@@ -176,8 +182,82 @@ def test_limits_stop_reading_with_one_problem(tmp_path: Path) -> None:
     for index in range(5):
         (tmp_path / f"f{index}").write_bytes(b"x" * 100)
     by_count = TaskFiles.from_directory(tmp_path, limits=SourceLimits(max_files=3))
-    assert len(by_count) == 3 and [p.message for p in by_count.problems] == ["more than 3 files; refusing to read on"]
+    assert len(by_count) == 3
+    assert [p.render() for p in by_count.problems] == ["f3: more than 3 files and links; refusing to read on"]
     by_size = TaskFiles.from_tar(tar_of(tmp_path), limits=SourceLimits(max_total_bytes=250))
     assert len(by_size) == 2 and "exceeds 250 bytes" in by_size.problems[0].message
     deep = TaskFiles.from_mapping({"/".join(["d"] * 10) + "/f": "x"}, limits=SourceLimits(max_depth=5))
     assert "nested deeper than 5 levels" in deep.problems[0].message
+
+
+# --- link bombs: a few KiB that would be a folder of GiBs ------------------------------------------
+
+MiB = 1 << 20
+
+
+def bomb(links: int, *, kind: bytes) -> bytes:
+    """A gzipped tar of one MiB of zeros and ``links`` links to it (a few KiB in all)."""
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w:gz") as archive:
+        info = tarfile.TarInfo("big.bin")
+        info.size = MiB
+        archive.addfile(info, io.BytesIO(bytes(MiB)))
+        for number in range(links):
+            link = tarfile.TarInfo(f"copy{number}")
+            link.type, link.linkname = kind, "big.bin"
+            archive.addfile(link)
+    return buffer.getvalue()
+
+
+@pytest.mark.parametrize("kind", [tarfile.LNKTYPE, tarfile.SYMTYPE], ids=["hard", "symbolic"])
+def test_each_link_counts_as_the_file_it_becomes(kind: bytes) -> None:
+    """A 168 KB ConfigMap of links once made 148 GiB: each copy now counts against the limits as it
+    is made, and the first one past them is named."""
+    packed = bomb(200, kind=kind)
+    assert len(packed) < 64 * 1024
+    files = TaskFiles.from_tar(packed, limits=SourceLimits(max_total_bytes=10 * MiB))
+    first_refused = sorted(f"copy{number}" for number in range(200))[9]  # big.bin and 9 copies make 10 MiB
+    assert [problem.render() for problem in files.problems] == [
+        f"{first_refused}: task folder exceeds {10 * MiB} bytes in all; refusing to read on"
+    ]
+    assert sum(len(entry.data) for entry in files.values()) <= 10 * MiB
+    by_count = TaskFiles.from_tar(bomb(10, kind=kind), limits=SourceLimits(max_files=5))
+    assert [problem.message for problem in by_count.problems] == ["more than 5 files and links; refusing to read on"]
+    assert len(by_count) <= 5
+
+
+def test_a_chain_of_links_deeper_than_a_few_is_refused_naming_each_link(tmp_path: Path) -> None:
+    (tmp_path / "task.toml").write_text("")
+    depth = 10  # a0 → a1 → … → a9 → task.toml: a0 is 10 links from the file, a2 is 8
+    for number in range(depth):
+        os.symlink(f"a{number + 1}" if number + 1 < depth else "task.toml", tmp_path / f"a{number}")
+    for files in (TaskFiles.from_directory(tmp_path), TaskFiles.from_tar(tar_of(tmp_path))):
+        assert sorted(problem.render() for problem in files.problems) == [
+            f"a{number}: a loop, or a chain of more than 8 symlinks" for number in range(2)
+        ]
+        assert "a2" in files and "a1" not in files
+
+
+def test_the_operator_reads_a_task_folder_off_its_event_loop(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A big folder is unpacked, validated and hashed in a worker thread: the loop other Episodes
+    run on goes on meanwhile."""
+    from episode_operator.api.models import TaskSource
+    from episode_operator.kube.driver import read_task_files
+
+    threads: list[threading.Thread] = []
+    unpack = TaskFiles.from_tar
+
+    def recorded(source: bytes, **kwargs: object) -> TaskFiles:
+        threads.append(threading.current_thread())
+        return unpack(source)
+
+    monkeypatch.setattr(TaskFiles, "from_tar", recorded)
+    packed = pack_tar(TaskFiles.from_mapping(single_step()))
+
+    class ConfigMaps:
+        async def get_config_map(self, namespace: str, name: str) -> object:
+            return SimpleNamespace(binary_data={"task.tar.gz": base64.b64encode(packed).decode()}, data=None)
+
+    source = TaskSource.model_validate({"configMap": {"name": "task-x"}})
+    files = asyncio.run(read_task_files(ConfigMaps(), "ns", source, 0))  # type: ignore[arg-type]
+    assert "task.toml" in files and threads and threads[0] is not threading.main_thread()

@@ -18,6 +18,7 @@ import obstore
 import pytest
 
 from episode_operator.runtime.archive import tar_bytes
+from episode_operator.runtime.sandbox import ArchiveFile
 from episode_operator.runtime.store import BlobStore, EpisodeBlobs, StoreSettings, export_artifacts, kept_logs
 from tests.s3server import CREDENTIALS, S3Server, s3_server
 
@@ -73,7 +74,11 @@ def test_what_one_replica_keeps_another_reads_and_serves(
         await episode.save_log(1, "one", "agent", b"agent says hi\n")
         await episode.save_log(2, "one", "agent", b"second attempt\n")
         await episode.save_log(2, "two/../x", "verifier", b"a turn name that tries to escape\n")
-        await episode.save_artifact(2, "one", 0, tar_bytes([("app/out/result.txt", b"42", 0o644)]))
+        kept = ArchiveFile.of_bytes(tar_bytes([("app/out/result.txt", b"42", 0o644)]))
+        try:
+            await episode.save_artifact(2, "one", 0, kept)  # streamed from its file
+        finally:
+            kept.discard()
         await episode.save_manifest(2, "one", MANIFEST)
         await episode.put(2, "one", "trajectories", "agent.json", b"{}")  # a kind of the future: the same API
         await writer.episode("ns", "ep", "uid-2").save_log(1, "one", "agent", b"another Episode of that name\n")
@@ -87,13 +92,16 @@ def test_what_one_replica_keeps_another_reads_and_serves(
             (2, "two_.._x", "verifier"),
         ]
         assert [log.data for log in await kept_logs(other, turn="one", attempt=2)] == [b"second attempt\n"]
-        assert await other.artifact_archives(2, "one") == [tar_bytes([("app/out/result.txt", b"42", 0o644)])]
+        archives = await other.artifact_archives(2, "one")
+        assert [archive.read_bytes() for archive in archives] == [tar_bytes([("app/out/result.txt", b"42", 0o644)])]
+        for archive in archives:
+            archive.discard()
         assert await other.get(2, "one", "trajectories", "agent.json") == b"{}"
         assert await other.get(2, "one", "trajectories", "missing.json") is None
-        written = await export_artifacts(other, tmp_path / "exported")
+        exported = await export_artifacts(other, tmp_path / "exported")
         assert (tmp_path / "exported" / "one" / "out" / "result.txt").read_text() == "42"
         assert json.loads((tmp_path / "exported" / "one" / "manifest.json").read_text()) == MANIFEST
-        assert len(written) == 2
+        assert len(exported.written) == 2 and exported.refused == []
 
     asyncio.run(scenario())
 

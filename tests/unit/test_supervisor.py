@@ -28,7 +28,7 @@ from typing import Literal
 import pytest
 
 from episode_operator.runtime import supervisor
-from episode_operator.runtime.sandbox import JobSpec, JobState, Upload
+from episode_operator.runtime.sandbox import JOB_USER, ArchiveFile, JobSpec, JobState, Upload, sealed
 from episode_operator.runtime.supervisor import SUPERVISOR_PATH, Command
 from tests.unit.local_sandbox import kill_jobs
 from tests.unit.tools import tool
@@ -584,9 +584,23 @@ def test_upload_creates_its_destination_and_rejects_short_input(pod: Pod, tmp_pa
     assert result.returncode == 1 and b"got 100 of" in result.stderr
 
 
-def _names(archive: bytes) -> set[str]:
-    with tarfile.open(fileobj=io.BytesIO(archive)) as opened:
+def _names(archive: bytes | ArchiveFile) -> set[str]:
+    data = archive.read_bytes() if isinstance(archive, ArchiveFile) else archive
+    with tarfile.open(fileobj=io.BytesIO(data)) as opened:
         return set(opened.getnames())
+
+
+def test_a_download_keeps_holes_holes(host_pod: Pod, tmp_path: Path) -> None:
+    """GNU tar's --sparse: a 1 GiB sparse file is a tar of a few KiB (its member says 1 GiB, so the
+    operator refuses it past the artifact bound without a byte of it sent, written or read)."""
+    hole = tmp_path / "out" / "hole"
+    hole.parent.mkdir()
+    with hole.open("wb") as file:
+        file.truncate(1 << 30)
+    answer = host_pod.run(supervisor.download([str(hole.parent)])).stdout
+    assert len(answer) < 64 * 1024
+    with tarfile.open(fileobj=io.BytesIO(answer)) as opened:
+        assert [member.size for member in opened if member.isfile()] == [1 << 30]
 
 
 def test_download_names_members_from_root_and_skips_missing_paths(pod: Pod, tmp_path: Path) -> None:
@@ -668,6 +682,148 @@ def test_clear(pod: Pod, tmp_path: Path) -> None:
     assert (target / "precious").read_text() == "p"
     with pytest.raises(ValueError):
         supervisor.clear(["/"])
+
+
+def as_user(uid: int) -> Callable[[], None]:
+    """A ``preexec_fn``: the child runs as ``uid`` (gid nobody's), as a job of that user would."""
+
+    def switch() -> None:
+        os.setgroups([])
+        os.setgid(NOBODY_UID)
+        os.setuid(uid)
+
+    return switch
+
+
+def can_write(uid: int, shell_command: str) -> bool:
+    """Whether ``shell_command`` succeeds as ``uid`` (an agent's leftover process, say)."""
+    done = subprocess.run(["sh", "-c", shell_command], preexec_fn=as_user(uid), capture_output=True, timeout=30)
+    return done.returncode == 0
+
+
+AGENT_UID = 4321  # a non-root agent: no passwd entry, as a bare uid under docker
+
+
+@pytest.fixture
+def open_tmp() -> Iterator[Path]:
+    """A scratch folder other users can reach (pytest's are root's alone), removed afterwards."""
+    folder = Path(tempfile.mkdtemp(prefix="episode-operator-test-", dir="/var/tmp"))
+    folder.chmod(0o755)
+    try:
+        yield folder
+    finally:
+        shutil.rmtree(folder)
+
+
+@pytest.fixture
+def open_host_pod(open_tmp: Path) -> Iterator[Pod]:
+    """A host pod placed in :func:`open_tmp`, its tools reachable by any user."""
+    yield from _make_pod(open_tmp, "host", HOST_PATH)
+
+
+@pytest.fixture(params=["host", "busybox"])
+def open_pod(request: pytest.FixtureRequest, open_tmp: Path) -> Iterator[Pod]:
+    """A pod (both flavours) placed in :func:`open_tmp`."""
+    path = HOST_PATH if request.param == "host" else request.getfixturevalue("busybox_path")
+    yield from _make_pod(open_tmp, request.param, path)
+
+
+def test_placement_keeps_the_records_out_of_other_users_reach(pod: Pod) -> None:
+    """The pod's volume comes world-writable; a non-root agent must not reach the job records."""
+    modes = {
+        path.name: (stat.S_IMODE(path.stat().st_mode), path.stat().st_uid)
+        for path in (pod.base, pod.base / "jobs", pod.base / "tmp")
+    }
+    assert modes == {"episode-operator": (0o755, 0), "jobs": (0o700, 0), "tmp": (0o711, 0)}
+    assert not can_write(AGENT_UID, f"mkdir {pod.base}/jobs/a1.t1.verify")
+    assert not can_write(AGENT_UID, f"echo x > {pod.base}/supervisor.sh")
+
+
+def test_placement_makes_the_missing_layout_folders_and_leaves_the_others(open_tmp: Path) -> None:
+    """Harbor's /logs/agent, /logs/verifier, /logs/artifacts exist from the sandbox's start, 0777 for
+    the agent; a folder that exists — sealed for a verifier that runs — is not opened by a restart."""
+    sealed_folder = open_tmp / "logs" / "verifier"
+    sealed_folder.mkdir(parents=True)
+    sealed_folder.chmod(0o755)
+    layout = [str(open_tmp / "logs" / name) for name in ("agent", "verifier", "artifacts")]
+    placement = supervisor.placement(str(open_tmp / "episode-operator"), layout=layout)
+    done = subprocess.run(
+        placement.argv, input=placement.stdin, capture_output=True, env={"PATH": HOST_PATH}, timeout=30
+    )
+    assert done.returncode == 0, done.stderr
+    modes = {Path(folder).name: stat.S_IMODE(Path(folder).stat().st_mode) for folder in layout}
+    assert modes == {"agent": 0o777, "verifier": 0o755, "artifacts": 0o777}
+    assert stat.S_IMODE((open_tmp / "logs").stat().st_mode) == 0o755
+    with pytest.raises(ValueError):
+        supervisor.placement(layout=["logs/agent"])
+
+
+@pytest.mark.parametrize("owner", [None, AGENT_UID + 1, "nobody"], ids=["root", "uid", "name"])
+def test_a_sealed_folder_is_roots_emptied_then_given_to_its_owner(open_pod: Pod, open_tmp: Path, owner: object) -> None:
+    """What an agent left in a verifier's folder is gone, and its processes can neither add to the
+    folder nor rename it (or the folder above it) away; a symlink in its place is replaced."""
+    logs = open_tmp / "logs"
+    verifier = logs / "verifier"
+    (verifier / "deep").mkdir(parents=True)
+    (verifier / "reward.txt").write_text("1")
+    (verifier / "deep" / "f").write_text("f")
+    for path in (logs, verifier, verifier / "deep"):
+        os.chown(path, AGENT_UID, AGENT_UID)
+        os.chmod(path, 0o777)
+    elsewhere = open_tmp / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "kept").write_text("k")
+    (open_tmp / "tests").symlink_to(elsewhere)
+    open_pod.run(supervisor.clear([sealed(f"{verifier}/", owner), sealed(f"{open_tmp}/tests/")]))  # type: ignore[arg-type]
+    assert list(verifier.iterdir()) == [] and stat.S_IMODE(verifier.stat().st_mode) == 0o755
+    assert verifier.stat().st_uid == {None: 0, "nobody": NOBODY_UID}.get(owner, owner)  # type: ignore[call-overload]
+    assert (logs.stat().st_uid, stat.S_IMODE(logs.stat().st_mode)) == (0, 0o755)
+    tests = open_tmp / "tests"
+    assert tests.is_dir() and not tests.is_symlink() and (elsewhere / "kept").read_text() == "k"
+    assert not can_write(AGENT_UID, f"echo 1 > {verifier}/reward.txt")
+    assert not can_write(AGENT_UID, f"mv {verifier} {logs}/old && mkdir {verifier}")
+    assert not can_write(AGENT_UID, f"echo 1 > {tests}/test.sh")
+    assert stat.S_IMODE(Path("/tmp").stat().st_mode) == 0o1777  # a sticky folder above is left as it is
+
+
+def test_a_start_seals_the_rewards_folder_for_its_jobs_user(open_host_pod: Pod, open_tmp: Path) -> None:
+    verifier = open_tmp / "logs" / "verifier"
+    verifier.mkdir(parents=True)
+    os.chmod(verifier, 0o777)
+    (verifier / "reward.txt").write_text("1")
+    script = b"echo 0 > $REWARDS/reward.txt\n"
+    tests = Upload(_tar([("test.sh", 0o755, script)]), str(open_tmp / "tests"), (sealed(f"{verifier}/", JOB_USER),))
+    spec = open_host_pod.spec("v", f"bash {open_tmp}/tests/test.sh", user=AGENT_UID + 1, env={"REWARDS": str(verifier)})
+    assert open_host_pod.start(spec, wait_sec=10, upload=tests).succeeded
+    assert (verifier.stat().st_uid, (verifier / "reward.txt").read_text()) == (AGENT_UID + 1, "0\n")
+
+
+def test_a_seal_for_a_user_that_does_not_exist_leaves_the_job_unstartable(open_host_pod: Pod, open_tmp: Path) -> None:
+    """As without a seal: a verifier whose user is missing cannot start (masked), not a failed clear (an outage)."""
+    verifier = open_tmp / "logs" / "verifier"
+    tests = Upload(_tar([("test.sh", 0o755, b"true\n")]), str(open_tmp / "tests"), (sealed(f"{verifier}/", JOB_USER),))
+    state = open_host_pod.start(open_host_pod.spec("v", "true", user="no-such-user"), wait_sec=10, upload=tests)
+    assert state.phase == "unstartable" and "no such user" in (state.reason or "")
+    assert verifier.is_dir() and verifier.stat().st_uid == 0
+
+
+def test_a_container_that_is_not_root_only_clears_a_sealed_folder(open_host_pod: Pod, open_tmp: Path) -> None:
+    """An image whose USER is not root runs everything as that user: nothing can be sealed there."""
+    folder = open_tmp / "logs" / "verifier"
+    folder.mkdir(parents=True)
+    (folder / "planted").write_text("1")
+    os.chown(open_tmp / "logs", AGENT_UID, AGENT_UID)
+    os.chown(folder, AGENT_UID, AGENT_UID)
+    command = supervisor.clear([sealed(f"{folder}/")])
+    done = subprocess.run(
+        open_host_pod.argv(command),
+        preexec_fn=as_user(AGENT_UID),
+        env={"PATH": open_host_pod.path},
+        capture_output=True,
+        timeout=30,
+    )
+    assert done.returncode == 0, done.stderr
+    assert list(folder.iterdir()) == [] and folder.stat().st_uid == AGENT_UID
 
 
 def test_chown_workdir_is_not_recursive_and_needs_a_real_user(pod: Pod, tmp_path: Path) -> None:
@@ -789,26 +945,36 @@ def test_final_answer_brings_a_download(pod: Pod, tmp_path: Path) -> None:
         read_after=(str(out / "x"),),
         download_after=str(out),
     )
-    state = supervisor.parse_answer(spec, pod.run(supervisor.start(spec, wait_sec=5)).stdout)
+    archives: list[ArchiveFile] = []  # each answer's tar, a scratch file: discarded at the end
+
+    def answer(job: JobSpec, command: Command) -> JobState:
+        state = supervisor.parse_answer(job, pod.run(command).stdout)
+        if state.archive is not None:
+            archives.append(state.archive)
+        return state
+
+    state = answer(spec, supervisor.start(spec, wait_sec=5))
     assert state.succeeded and state.output == b"said\n" and state.files is not None
     assert state.files[str(out / "x")].data == b"x\n"
     assert state.archive is not None and _names(state.archive) == {rel, f"{rel}/x", f"{rel}/sub", f"{rel}/sub/y.log"}
-    assert state.archive == pod.run(supervisor.download([str(out)])).stdout
-    again = supervisor.parse_answer(spec, pod.run(supervisor.wait(spec, 1)).stdout)
-    assert again.archive == state.archive
+    assert state.archive.read_bytes() == pod.run(supervisor.download([str(out)])).stdout
+    again = answer(spec, supervisor.wait(spec, 1))
+    assert again.archive is not None and again.archive.read_bytes() == state.archive.read_bytes()
     missing = replace(spec, id="nothing", command="true", download_after=str(tmp_path / "missing"))
-    state = supervisor.parse_answer(missing, pod.run(supervisor.start(missing, wait_sec=5)).stdout)
+    state = answer(missing, supervisor.start(missing, wait_sec=5))
     assert state.archive is not None and _names(state.archive) == set()
     excluding = replace(spec, id="excluding", command="true", download_exclude=("*.log",))
-    state = supervisor.parse_answer(excluding, pod.run(supervisor.start(excluding, wait_sec=5)).stdout)
+    state = answer(excluding, supervisor.start(excluding, wait_sec=5))
     if pod.flavour == "host":
         assert state.archive is not None and _names(state.archive) == {rel, f"{rel}/x", f"{rel}/sub"}
     else:
         assert state.succeeded and state.archive is None
     # While the job runs, only the state comes back.
     slow = replace(spec, id="slow", command="sleep 2")
-    running = supervisor.parse_answer(slow, pod.run(supervisor.start(slow)).stdout)
+    running = answer(slow, supervisor.start(slow))
     assert running.phase == "running" and running.archive is None
+    for archive in archives:
+        archive.discard()
 
 
 def test_the_job_environment_is_not_written_to_disk(pod: Pod) -> None:
@@ -919,6 +1085,15 @@ def test_long_arguments_and_job_inputs_share_stdin(pod: Pod, tmp_path: Path) -> 
 # -------------------------------------------------------------------------------- sessions
 
 
+@dataclass(frozen=True)
+class Answered:
+    """A session's answer with its stdout, as an exec's would be."""
+
+    status: int
+    stdout: bytes
+    stderr: bytes
+
+
 class Served:
     """``serve`` as a session runs it: requests written to its stdin, answers read back in
     pieces of any size (as an exec's websocket messages come)."""
@@ -937,14 +1112,16 @@ class Served:
         assert data, "the session ended"
         self.answers.feed(data)
 
-    def call(self, command: Command) -> supervisor.SessionAnswer:
+    def call(self, command: Command) -> Answered:
         call = supervisor.session_call(command)
         assert call is not None and self.process.stdin is not None
-        self.process.stdin.write(call.request)
-        self.process.stdin.flush()
-        while (answer := self.answers.take(call.nonce)) is None:
-            self._read()
-        return answer
+        with command.answer.spool() as stdout:
+            self.answers.expect(call.nonce, stdout, command.answer)
+            self.process.stdin.write(call.request + (call.file.read_bytes() if call.file is not None else b""))
+            self.process.stdin.flush()
+            while (answer := self.answers.take(call.nonce)) is None:
+                self._read()
+            return Answered(answer.status, stdout.getvalue(), answer.stderr)
 
     def end(self) -> int:
         assert self.process.stdin is not None
@@ -986,7 +1163,7 @@ def test_a_session_answers_every_call_as_its_exec_would(served: Served, tmp_path
     assert (pod.workdir / "out.txt").read_text() == '|it\'s\n"$HOME" `x` ✓\\|'
     assert answers[2].status == 2 and b"unknown verb: bogus-verb" in answers[2].stderr
     assert answers[4].status == 0 and pod.wait("big").succeeded and (tmp_path / "big").read_text() == "y\n" * 20_000
-    assert answers[5] == supervisor.SessionAnswer(0, b"", b"") and (tmp_path / "made").is_dir()
+    assert answers[5] == Answered(0, b"", b"") and (tmp_path / "made").is_dir()
     assert served.end() == 0
 
 
@@ -1002,7 +1179,7 @@ def test_a_session_carries_stdin_where_head_reads_exactly(served: Served, tmp_pa
         return
     for number in range(3):
         answer = served.call(supervisor.upload(archive.getvalue(), str(tmp_path / f"up{number}")))
-        assert answer == supervisor.SessionAnswer(0, b"", b"")
+        assert answer == Answered(0, b"", b"")
         assert (tmp_path / f"up{number}" / "blob").read_bytes() == data
     assert served.call(supervisor.status("still-served")).status == 0
 

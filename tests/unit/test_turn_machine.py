@@ -105,13 +105,13 @@ def test_the_gate_is_decided_once_and_recorded() -> None:
 def test_a_restart_after_a_missed_gate_reads_the_recorded_gate() -> None:
     """Resumed at turn 2's ``done``, the runner stops on the gate recorded in the status, not a new one."""
     folder = three_steps(extra={"b": "min_reward = 0.5\n"}, rewards=("1", "0.25", "1"))
-    status = run(folder)[0]
+    status, world = run(folder)[:2]
     resumed = status.model_copy(deep=True)
     resumed.phase, resumed.outcome, resumed.current_turn, resumed.stopped_after_turn = "Running", None, 1, None
     resumed.turns[2].phase = "Pending"
     # A status written by a runner that recorded a pass (e.g. an older gate): the record decides.
     resumed.turns[1].gate = "passed"
-    again = run(folder, status=resumed)[0]
+    again = run(folder, world=world, status=resumed)[0]
     assert again.stopped_after_turn is None and again.turns[2].stage == Stage.DONE
 
 

@@ -41,12 +41,15 @@ def test_a_later_registration_replaces_and_outlives_an_earlier_one() -> None:
         assert not first.is_set()
 
 
+POD_UID = "uid-e-a1"
+
+
 def _pod(ready: bool) -> dict[str, Any]:
     state = (
         {"running": {"startedAt": "2026-11-30T00:00:00Z"}} if ready else {"waiting": {"reason": "ContainerCreating"}}
     )
     return {
-        "metadata": {"name": "e-a1"},
+        "metadata": {"name": "e-a1", "uid": POD_UID},
         "status": {
             "phase": "Running" if ready else "Pending",
             "containerStatuses": [{"name": "main", "ready": ready, "state": state}],
@@ -82,7 +85,7 @@ def test_a_starting_pod_is_read_when_it_changes_not_at_the_next_poll() -> None:
             watched_poll_max_sec=HOUR,
         )
         with wakeups.registered("ns", "e-a1") as changed:
-            waiting = asyncio.create_task(provider._wait_running("e-a1", "agent", HOUR, changed, None))
+            waiting = asyncio.create_task(provider._wait_running("e-a1", "agent", HOUR, changed, None, POD_UID))
             while api.reads == 0:
                 await asyncio.sleep(0)
             api.started = True

@@ -199,16 +199,24 @@ class SetTaskStatus(ApiModel):
     config_map: str | None = Field(default=None, description="The packed task's ConfigMap, if any.")
     children: list[SetChildStatus] = Field(default_factory=list)
     finished: int = 0
-    graded: int = Field(default=0, description="Finished Graded: the samples of pass@k.")
+    graded: int = Field(default=0, description="Finished Graded: samples of pass@k and of the mean reward.")
+    ungraded: int = Field(
+        default=0, description="Finished Ungraded (outages used up): samples of pass@k, as misses; not of the mean."
+    )
     successes: int = Field(default=0, description="Graded with reward ≥ successThreshold.")
     mean_reward: float | None = None
-    pass_at_k: list[float] = Field(default_factory=list, description="pass@1, pass@2, … for k ≤ graded.")
+    pass_at_k: list[float] = Field(
+        default_factory=list, description="pass@1, pass@2, … for k ≤ graded + ungraded (an ungraded attempt a miss)."
+    )
 
 
 class PassAtK(ApiModel):
     k: int
-    value: float | None = Field(default=None, description="Mean over the tasks with at least k graded attempts.")
+    value: float | None = Field(
+        default=None, description="Mean over the tasks with at least k graded or ungraded attempts."
+    )
     tasks: int = Field(default=0, description="How many tasks the mean covers.")
+    ungraded: int = Field(default=0, description="Ungraded attempts of those tasks, counted as misses.")
 
 
 class PhaseCounts(ApiModel):

@@ -152,12 +152,22 @@ class AgentSpec(ApiModel):
     )
 
 
+AgentOutages = Literal["retry", "score"]
+
+
 class RetryPolicy(ApiModel):
     outages: int = Field(
         default=2,
         ge=0,
         le=20,
         description="Fresh attempts after an outage (lost pod, image pull failure, …).",
+    )
+    agent_outages: AgentOutages = Field(
+        default="retry",
+        description="An outage of a kind the agent can cause (its container killed, the supervisor's jobs "
+        "lost, grading folders it left unclearable, a user it made unswitchable…) once an agent acted in the "
+        "attempt: retry (Gym's rule: an outage, retried like any other) or score (the turn counts a measured "
+        "0, failureKind agent:broke_sandbox: for RL runs, where breaking the sandbox must not buy a retry).",
     )
 
 
@@ -254,10 +264,38 @@ class TaskStatus(ApiModel):
     name: str | None = Field(default=None, description="[task].name, when set.")
 
 
+PodRole = Literal["agent", "verifier"]
+
+
+class PodRecord(ApiModel):
+    """A pod of an attempt, as the attempt first saw it run."""
+
+    role: PodRole
+    turn: int | None = Field(default=None, description="The turn (from 1) of a verifier pod.")
+    name: str
+    uid: str
+
+
 class AttemptStatus(ApiModel):
     number: int
     reason: str | None = Field(default=None, description="Why the attempt ended, for an outage.")
     started_at: Timestamp | None = None
+    not_before: Timestamp | None = Field(
+        default=None,
+        description="The outage back-off: the attempt starts no earlier than this (written before the wait, "
+        "so that a restarted operator waits out the rest and never resumes the lost attempt).",
+    )
+    job_key: str | None = Field(
+        default=None,
+        description="The key in the attempt's job ids. The supervisor keeps its jobs' records in the agent's own "
+        "sandbox, and a job that exists is never started again: with a key the pod cannot read, an agent cannot "
+        "name (and pre-create) a job it did not see started, such as its turn's verifier.",
+    )
+    pods: list[PodRecord] = Field(
+        default_factory=list,
+        description="Each pod of the attempt (name and uid) once it ran: a pod missing afterwards, or there with "
+        "another uid, was lost with what the attempt did in it, and the attempt is an outage.",
+    )
     seed_stage: SeedStage | None = Field(
         default=None,
         description="The seed stage the attempt is in (or was last in): images, sandbox, replay, "

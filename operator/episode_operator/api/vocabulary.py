@@ -92,6 +92,8 @@ FailureKind = Literal[
     # turn fails with a measured 0 (the agent's doing; a retry would do the same)
     "agent:output_limit",
     "agent:capture_limit",
+    # an outage of a kind an agent can cause, after one acted, under spec.retries.agentOutages: score
+    "agent:broke_sandbox",
     # the task's environment could not be made: a Dockerfile step (replayed or built) failed or ran
     # past build_timeout_sec, its ENTRYPOINT could not start, or environment/ could not be placed
     "environment:build_failed",
@@ -112,6 +114,7 @@ FAILURE_MODEL_AUTH: Final[FailureKind] = "agent:model_auth"
 FAILURE_MODEL_NOT_FOUND: Final[FailureKind] = "agent:model_not_found"
 FAILURE_OUTPUT_LIMIT: Final[FailureKind] = "agent:output_limit"
 FAILURE_CAPTURE_LIMIT: Final[FailureKind] = "agent:capture_limit"
+FAILURE_BROKE_SANDBOX: Final[FailureKind] = "agent:broke_sandbox"
 FAILURE_ENVIRONMENT_BUILD: Final[FailureKind] = "environment:build_failed"
 FAILURE_INVALID_SPEC: Final[FailureKind] = "episode:invalid_spec"
 FAILURE_TASK_SOURCE: Final[FailureKind] = "episode:task_source"
@@ -142,6 +145,24 @@ OutageKind = Literal[
     "harbor:task_deadline",  # past the episode's deadline (Gym's name, kept as is)
 ]
 OUTAGE_KINDS: Final[frozenset[str]] = frozenset(get_args(OutageKind))
+# The outages an agent can cause from inside its sandbox (as root it can kill the container's processes,
+# fill or break the folders the supervisor and the grading use, delete users): spec.retries.agentOutages
+# decides whether one that follows an agent's turn is retried (Gym) or scored. The others (a pod deleted
+# or evicted, an image, the scheduler, the API, the model endpoint, the deadline) are never the agent's.
+AGENT_CAUSABLE_OUTAGES: Final[frozenset[OutageKind]] = frozenset(
+    {
+        "container_exited",
+        "lost_job",
+        "run_command",
+        "place_solution",
+        "place_instruction",
+        "clear_grading_files",
+        "user_switch",
+        "read_reward",
+        "supervisor",
+    }
+)
+assert AGENT_CAUSABLE_OUTAGES <= OUTAGE_KINDS
 
 
 # How an agent's turn ended badly, as its recorded model calls (and its own output) tell

@@ -6,6 +6,20 @@ Secret), rewrites the placeholder key the agent sends, and scrubs the key from a
 or stores. A streamed answer goes to the client chunk by chunk as it arrives; only the chunk that ends
 the stream waits until the call is recorded. A silent or unreachable endpoint gets a clean 502/504,
 and no call outlives ``max_call_seconds``.
+
+The agent runs as root beside it, in the same network namespace and with the same ``/etc/hosts`` and
+``/etc/resolv.conf``, so the key goes only where the agent has no say:
+
+- **To the pinned address.** The upstream's hostname is never resolved here: the operator resolved it
+  when it made the pod (``--upstream-address``), and :class:`PinnedResolver` answers with those
+  addresses and nothing else, while the URL keeps the hostname for the Host header, SNI and the
+  certificate check. No environment proxy is used, no redirect followed.
+- **On the model API's routes only** (:data:`~episode_operator.capture.wire.ROUTES`), read from the
+  request target as sent: anything else is answered here with a 403 and recorded, never forwarded.
+
+What is stored is bounded too: each body in a record (``max_record_bytes``: past it a body is
+forwarded whole and recorded as its first bytes), and an attempt's journal (``max_journal_bytes``:
+past it calls are answered here, the first of each turn recorded as ``capture_limit``).
 """
 
 from __future__ import annotations
@@ -14,8 +28,10 @@ import asyncio
 import json
 import logging
 import signal
+import socket
 import time
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -23,8 +39,12 @@ from urllib.parse import urlsplit
 
 import aiohttp
 from aiohttp import web
+from aiohttp.abc import AbstractResolver, ResolveResult
+from yarl import URL
 
 from episode_operator.capture.records import (
+    CAPTURE_LIMIT,
+    ROUTE_REFUSED,
     STREAM_END_CATEGORIES,
     CapturedCall,
     ErrorCategory,
@@ -32,13 +52,17 @@ from episode_operator.capture.records import (
     classify_status,
 )
 from episode_operator.capture.sse import SseScanner, reassemble
-from episode_operator.capture.store import CallWriter, CaptureStore, TurnTracker
+from episode_operator.capture.store import MAX_JOURNAL_BYTES, MAX_RECORD_BYTES, CallWriter, CaptureStore, TurnTracker
 from episode_operator.capture.wire import (
     CLIENT_SESSION_HEADER,
     Dialect,
-    dialect_of,
+    Refused,
+    base_path,
+    check_base_path,
     downstream_headers,
+    is_ip_address,
     rewrite_request,
+    route_of,
     upstream_headers,
 )
 
@@ -50,24 +74,73 @@ REDACTED = b"[redacted]"
 @dataclass(frozen=True)
 class ProxyConfig:
     """``upstream``: the model's base URL as a client would use it (``http://vllm:8000/v1``); the agent is
-    given the proxy's address with the same path (:func:`~episode_operator.capture.wire.agent_base_url`)."""
+    given the proxy's address with the same path (:func:`~episode_operator.capture.wire.agent_base_url`).
+    ``upstream_addresses``: the IP addresses its hostname was resolved to by the operator, the only ones
+    the proxy connects to (none: a hostname is never reached; an IP-literal upstream needs none)."""
 
     upstream: str
     store: Path
+    upstream_addresses: tuple[str, ...] = ()
     api_key: str | None = None
     connect_timeout: float = 10.0
     read_timeout: float = 300.0
     max_call_seconds: float = 1800.0
     token_ids: bool = False
     fsync: bool = False
-    max_request_bytes: int = 256 * 1024 * 1024
+    # A request body past this is refused (413). 32 MiB: a 200k-token conversation is about 1 MiB of JSON.
+    max_request_bytes: int = 32 * 1024 * 1024
+    max_record_bytes: int = MAX_RECORD_BYTES
+    max_journal_bytes: int = MAX_JOURNAL_BYTES
 
     @property
     def origin(self) -> str:
+        """``scheme://host[:port]`` of the upstream; a ValueError naming the option for a URL it cannot serve."""
         parts = urlsplit(self.upstream)
-        if parts.scheme not in ("http", "https") or not parts.netloc:
+        if parts.scheme not in ("http", "https") or not parts.hostname:
             raise ValueError(f"--upstream must be an http(s) URL, not {self.upstream!r}")
+        if (problem := check_base_path(base_path(self.upstream))) is not None:
+            raise ValueError(f"--upstream {self.upstream!r}: {problem}")
+        for address in self.upstream_addresses:
+            if not is_ip_address(address):
+                raise ValueError(f"--upstream-address must be an IP address, not {address!r}")
         return f"{parts.scheme}://{parts.netloc}"
+
+    @property
+    def hostname(self) -> str:
+        hostname = urlsplit(self.upstream).hostname
+        assert hostname is not None
+        return hostname
+
+
+class PinnedResolver(AbstractResolver):
+    """Resolves the upstream's hostname to the pinned addresses, and any other name to nothing.
+
+    Never the system's resolver: it reads the pod's ``/etc/hosts`` and ``/etc/resolv.conf``, which the
+    agent, root in its own container, can rewrite to send the key to itself."""
+
+    def __init__(self, hostname: str, addresses: Sequence[str]) -> None:
+        self.hostname = hostname.rstrip(".").lower()
+        self.addresses = tuple(addresses)
+
+    async def resolve(
+        self, host: str, port: int = 0, family: socket.AddressFamily = socket.AF_INET
+    ) -> list[ResolveResult]:
+        if host.rstrip(".").lower() != self.hostname or not self.addresses:
+            raise OSError(f"capture proxy: {host} is not the pinned upstream")
+        return [
+            ResolveResult(
+                hostname=host,
+                host=address,
+                port=port,
+                family=socket.AF_INET6 if ":" in address else socket.AF_INET,
+                proto=0,
+                flags=socket.AI_NUMERICHOST,
+            )
+            for address in self.addresses
+        ]
+
+    async def close(self) -> None:
+        return None
 
 
 class KeyScrubber:
@@ -104,8 +177,12 @@ class Failure:
     category: ErrorCategory
     reason: str
 
-    def body(self) -> bytes:
-        return json.dumps({"error": {"type": self.reason, "message": f"capture proxy: {self.reason}"}}).encode()
+    def body(self, detail: str | None = None) -> bytes:
+        message = f"capture proxy: {self.reason}" + (f": {detail}" if detail else "")
+        return json.dumps({"error": {"type": self.reason, "message": message}}).encode()
+
+    def response(self, detail: str | None = None) -> web.Response:
+        return web.Response(status=self.status, body=self.body(detail), content_type="application/json")
 
     def sse_event(self) -> bytes:
         # One shape every SDK reads as a failure: Anthropic's ``error`` event, and OpenAI's ``data.error``.
@@ -118,6 +195,10 @@ TIMED_OUT = Failure(504, "timeout", "upstream_timeout")
 BROKEN = Failure(502, "exception", "upstream_broken")
 TOO_LARGE = Failure(413, "client_error", "request_too_large")
 PROXY_FAILED = Failure(502, "exception", "capture_proxy_error")
+# Answered here, never forwarded. ``client_error``: the agent's doing, which says nothing of the model
+# endpoint (runtime/agents/failures.py). Past the journal's bound a 400, which no harness retries.
+NOT_A_ROUTE = Failure(403, "client_error", ROUTE_REFUSED)
+JOURNAL_FULL = Failure(400, "client_error", CAPTURE_LIMIT)
 
 
 def failure_of(error: BaseException) -> Failure:
@@ -133,13 +214,15 @@ class Exchange:
 
     def __init__(self, proxy: Proxy, request: web.Request, dialect: Dialect | None) -> None:
         current = proxy.tracker.current()
+        self.max_record_bytes = proxy.config.max_record_bytes
         self.started_at = time.time()
         self.start = time.perf_counter()
         self.call = CapturedCall(
             model_call_id=uuid.uuid4().hex,
             dialect=dialect,
             method=request.method,
-            path=request.path,
+            # As sent: the record shows what the proxy checked (a forwarded path is plain, so the same decoded).
+            path=request.raw_path.partition("?")[0],
             started_at=self.started_at,
             completed_at=self.started_at,
             latency_ms=0.0,
@@ -148,8 +231,29 @@ class Exchange:
             client_session_id=request.headers.get(CLIENT_SESSION_HEADER),
         )
         proxy.writer.begin(self.call.attempt, self.call.turn, self.call.model_call_id)
-        self.body = bytearray()
+        self.body = bytearray()  # the response as recorded: its first max_record_bytes
+        self.response_bytes = 0
         self.recorded = False
+
+    def keep(self, chunk: bytes) -> None:
+        """Record a piece of the response, up to the per-call bound (the client gets it all)."""
+        self.response_bytes += len(chunk)
+        room = self.max_record_bytes - len(self.body)
+        if room > 0:
+            self.body.extend(chunk[:room])
+
+    def keep_request(self, raw: bytes, sent: dict[str, Any] | None) -> None:
+        """Record the request: the JSON object sent upstream, or the raw body; past the bound its first bytes."""
+        if len(raw) > self.max_record_bytes:
+            self.call.request_raw = raw[: self.max_record_bytes].decode("utf-8", "replace")
+            self._truncated("request", len(raw))
+        elif sent is not None:
+            self.call.request = sent
+        else:
+            self.call.request_raw = raw.decode("utf-8", "replace")
+
+    def _truncated(self, part: str, size: int) -> None:
+        self.call.truncated = {**(self.call.truncated or {}), part: size}  # type: ignore[dict-item]
 
     def first_byte(self) -> None:
         if self.call.latency_ttft_ms is None:
@@ -167,7 +271,11 @@ class Exchange:
         else:
             call.response_source, call.upstream_status_code = "upstream", status
         body = bytes(self.body)
-        if body and call.dialect is not None:
+        if self.response_bytes > len(body):
+            # Cut: kept raw, not parsed (a cut document is none, and the call itself went through).
+            call.response_raw = body.decode("utf-8", "replace")
+            self._truncated("response", self.response_bytes)
+        elif body and call.dialect is not None:
             parsed = self._parse(body)
             call.response = parsed
             if parsed is None or call.streaming:
@@ -178,7 +286,8 @@ class Exchange:
                 call.prompt_token_ids, call.generation_token_ids, call.generation_log_probs = chat_token_ids(parsed)
         elif body:
             call.response_raw = body.decode("utf-8", "replace")
-        if call.streaming and category is None and call.response is None and call.dialect is not None:
+        unread = call.response is None and call.dialect is not None and not (call.truncated or {}).get("response")
+        if call.streaming and category is None and unread:
             category = "capture_parse_error"
         call.error_category = category
         return call
@@ -198,16 +307,25 @@ class Proxy:
     def __init__(self, config: ProxyConfig) -> None:
         self.config = config
         self.origin = config.origin
+        self.base_path = base_path(config.upstream)
         store = CaptureStore(config.store)
         self.tracker = TurnTracker(store)
-        self.writer = CallWriter(store, fsync=config.fsync)
+        self.writer = CallWriter(store, fsync=config.fsync, max_journal_bytes=config.max_journal_bytes)
+        # The (attempt, turn) journals that already hold their capture_limit record: one each, no more.
+        self.limit_recorded: set[tuple[int | None, str | None]] = set()
         self.session: aiohttp.ClientSession | None = None
 
     async def start(self, _app: web.Application) -> None:
         self.session = aiohttp.ClientSession(
-            connector=aiohttp.TCPConnector(limit=0, ttl_dns_cache=300),
+            connector=aiohttp.TCPConnector(
+                limit=0,
+                resolver=PinnedResolver(self.config.hostname, self.config.upstream_addresses),
+                use_dns_cache=False,
+            ),
             # Every bound is per call (below); the session's own default total of 5 minutes would cut long answers.
             timeout=aiohttp.ClientTimeout(total=None),
+            # No HTTP(S)_PROXY from the environment: the key goes to the pinned address, through nobody.
+            trust_env=False,
         )
 
     async def stop(self, _app: web.Application) -> None:
@@ -238,8 +356,19 @@ class Proxy:
             log.exception("could not store model call %s", exchange.call.model_call_id)
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
-        dialect = dialect_of(request.method, request.path)
+        route = route_of(request.method, request.raw_path, self.base_path)
+        dialect = None if isinstance(route, Refused) else route.dialect
+        current = self.tracker.current()
+        attempt, turn = (current.attempt, current.turn) if current else (None, None)
+        if self.writer.full(attempt):
+            if (attempt, turn) in self.limit_recorded:
+                return JOURNAL_FULL.response()  # the journal says so once per turn; it grows no more
+            self.limit_recorded.add((attempt, turn))
+            return await self._answer_locally(Exchange(self, request, dialect), JOURNAL_FULL, attempted=False)
         exchange = Exchange(self, request, dialect)
+        if isinstance(route, Refused):
+            # Not read, not forwarded: the key never leaves for anything but the model API's routes.
+            return await self._answer_locally(exchange, NOT_A_ROUTE, attempted=False, detail=route.detail)
         scrubber = KeyScrubber(self.config.api_key)
         try:
             data = await self._request_body(request, exchange, dialect)
@@ -252,7 +381,8 @@ class Proxy:
             try:
                 upstream = await self.session.request(
                     request.method,
-                    self.origin + request.path_qs,
+                    # The target as checked, not re-encoded or normalised on the way.
+                    URL(self.origin + request.raw_path, encoded=True),
                     headers=upstream_headers(request.headers, dialect, self.config.api_key),
                     data=data,
                     timeout=timeout,
@@ -290,30 +420,36 @@ class Proxy:
         except ValueError:
             parsed = None
         if not isinstance(parsed, dict):
-            exchange.call.request_raw = raw.decode("utf-8", "replace")
+            exchange.keep_request(raw, None)
             return raw
         sent = rewrite_request(parsed, dialect, token_ids=self.config.token_ids)
-        exchange.call.request = sent
-        return raw if sent == parsed else json.dumps(sent).encode()
+        data = raw if sent == parsed else json.dumps(sent).encode()
+        exchange.keep_request(data, sent)
+        return data
 
-    async def _answer_locally(self, exchange: Exchange, failure: Failure, *, attempted: bool = True) -> web.Response:
+    async def _answer_locally(
+        self, exchange: Exchange, failure: Failure, *, attempted: bool = True, detail: str | None = None
+    ) -> web.Response:
         exchange.call.upstream_attempted = attempted
+        response = failure.response(detail)
+        if detail is not None:
+            exchange.keep(failure.body(detail))  # the record says why, as the client was told
         await self.record(exchange.finish(failure.category, status=failure.status, local=failure), exchange)
-        return web.Response(status=failure.status, body=failure.body(), content_type="application/json")
+        return response
 
     async def _whole(self, upstream: aiohttp.ClientResponse, exchange: Exchange, scrubber: KeyScrubber) -> web.Response:
+        body = bytearray()
         try:
             async for chunk in upstream.content.iter_any():
                 exchange.first_byte()
-                exchange.body.extend(chunk)
+                body.extend(chunk)
         except (TimeoutError, aiohttp.ClientError, OSError) as error:
             return await self._answer_locally(exchange, failure_of(error))
-        exchange.body[:] = scrubber.whole(bytes(exchange.body))
+        scrubbed = scrubber.whole(bytes(body))
+        exchange.keep(scrubbed)
         call = exchange.finish(classify_status(upstream.status), status=upstream.status)
         await self.record(call, exchange)
-        return web.Response(
-            status=upstream.status, body=bytes(exchange.body), headers=downstream_headers(upstream.headers)
-        )
+        return web.Response(status=upstream.status, body=scrubbed, headers=downstream_headers(upstream.headers))
 
     async def _stream(
         self,
@@ -339,13 +475,13 @@ class Proxy:
                 break
             exchange.first_byte()
             chunk = scrubber.feed(chunk)
-            exchange.body.extend(chunk)
+            exchange.keep(chunk)
             if held or scanner.feed(chunk) is not None:
                 held.append(chunk)
             elif chunk and not await self._send(response, chunk, exchange):
                 return response
         held.append(scrubber.flush())
-        exchange.body.extend(held[-1])
+        exchange.keep(held[-1])
         category = (
             failure.category if failure else classify_status(upstream.status) or STREAM_END_CATEGORIES[scanner.end]
         )

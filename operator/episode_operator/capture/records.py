@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -42,6 +42,12 @@ STATUS_CATEGORIES: tuple[tuple[frozenset[int], ErrorCategory], ...] = (
     (frozenset({401, 403}), "auth"),
     (frozenset({404}), "not_found"),
 )
+# Why the proxy answered a call itself instead of forwarding it (``local_response_reason``), where the
+# operator reads it: a request that is no route of the model API (capture/wire.py ROUTES), and a call
+# past the attempt's journal bound (the turn then fails: ``agent:capture_limit``).
+ROUTE_REFUSED: Final = "route_not_allowed"
+CAPTURE_LIMIT: Final = "capture_limit"
+
 # How a stream that the proxy saw end (or not) is categorised when its status was a success.
 STREAM_END_CATEGORIES: dict[str | None, ErrorCategory | None] = {
     "complete": None,
@@ -87,6 +93,11 @@ class CapturedCall(BaseModel):
     response_source: Literal["upstream", "local"] | None = None
     upstream_status_code: int | None = None
     local_response_reason: str | None = None
+    # The proxy's per-call bound (ours): a body past it is forwarded whole but kept as its first bytes
+    # in ``request_raw``/``response_raw`` (not parsed: a cut JSON document is none).
+    truncated: dict[Literal["request", "response"], int] | None = Field(
+        default=None, description="Bodies recorded only in part → their whole size in bytes."
+    )
     # Attribution: set by the operator through a file only the capture container sees.
     attempt: int | None = None
     turn: str | None = Field(default=None, description="None: no turn was current when the call arrived.")

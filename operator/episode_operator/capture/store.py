@@ -30,6 +30,13 @@ from pydantic import BaseModel, Field, ValidationError
 from episode_operator.capture.records import Begun, CapturedCall, Journal, parse_journal
 
 CURRENT_TURN = "current-turn.json"
+# The proxy's bounds on what it stores (``--max-record-bytes``, ``--max-journal-bytes``; the operator's
+# ``--capture-max-record-mib`` and ``--capture-max-journal-mib`` set them for every agent pod): a body
+# in one record, and everything an attempt's journals hold. The operator reads a turn's journal whole
+# (runtime/turn/agent.py), so the journal's bound is also what one harvest may bring into its memory:
+# 256 MiB is five times a long turn (100 calls of a 500 KiB conversation).
+MAX_RECORD_BYTES = 8 * 1024 * 1024
+MAX_JOURNAL_BYTES = 256 * 1024 * 1024
 OUTSIDE_TURN = "_outside-turn"
 # A safe file name for a turn: step names already are; anything else is refused rather than rewritten.
 TURN_NAME_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789._-")
@@ -145,11 +152,17 @@ class TurnTracker:
 @dataclass
 class CallWriter:
     """Appends to the turns' journals, one ``write`` per line, through descriptors kept open (an ``open`` on a
-    busy disk costs as much as the rest of a call); an ``fsync`` after each record when asked."""
+    busy disk costs as much as the rest of a call); an ``fsync`` after each record when asked.
+
+    It counts what each attempt's journals hold (a journal it opens counts from its size), for the proxy's
+    bound on an attempt's journal (``max_journal_bytes``). The agent pod never restarts its capture
+    container (``restartPolicy: Never``): one proxy writes an attempt's journals."""
 
     store: CaptureStore
     fsync: bool = False
+    max_journal_bytes: int | None = None
     _files: dict[Path, int] = field(default_factory=dict)
+    _journal_bytes: dict[int, int] = field(default_factory=dict)
     _guard: threading.Lock = field(default_factory=threading.Lock)
 
     def _descriptor(self, attempt: int | None, turn: str | None) -> int:
@@ -157,23 +170,35 @@ class CallWriter:
         with self._guard:
             if path not in self._files:
                 path.parent.mkdir(parents=True, exist_ok=True)
-                self._files[path] = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+                descriptor = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+                self._files[path] = descriptor
+                self._journal_bytes[attempt or 0] = self.journal_bytes(attempt) + os.fstat(descriptor).st_size
             return self._files[path]
 
-    @staticmethod
-    def _write(descriptor: int, line: bytes) -> None:
+    def journal_bytes(self, attempt: int | None) -> int:
+        """What this attempt's journals hold, as far as this writer opened or wrote them."""
+        return self._journal_bytes.get(attempt or 0, 0)
+
+    def full(self, attempt: int | None) -> bool:
+        """Whether the attempt's journals reached their bound (a call arriving now is not recorded in full)."""
+        if self.max_journal_bytes is None:
+            return False
+        return self.journal_bytes(attempt) >= self.max_journal_bytes
+
+    def _write(self, attempt: int | None, turn: str | None, line: bytes) -> None:
+        descriptor = self._descriptor(attempt, turn)
+        self._journal_bytes[attempt or 0] = self.journal_bytes(attempt) + len(line)
         while line:
             line = line[os.write(descriptor, line) :]
 
     def begin(self, attempt: int | None, turn: str | None, model_call_id: str) -> None:
         """Journal a call's arrival (so a harvest waits for its record)."""
-        self._write(self._descriptor(attempt, turn), Begun(begun=model_call_id).model_dump_json().encode() + b"\n")
+        self._write(attempt, turn, Begun(begun=model_call_id).model_dump_json().encode() + b"\n")
 
     def append(self, call: CapturedCall) -> None:
-        descriptor = self._descriptor(call.attempt, call.turn)
-        self._write(descriptor, call.model_dump_json(exclude_none=True).encode() + b"\n")
+        self._write(call.attempt, call.turn, call.model_dump_json(exclude_none=True).encode() + b"\n")
         if self.fsync:
-            os.fsync(descriptor)
+            os.fsync(self._descriptor(call.attempt, call.turn))
 
     def close(self) -> None:
         with self._guard:

@@ -5,27 +5,121 @@ Declared as tables so that each rule is read in one place; :mod:`.proxy` applies
 
 from __future__ import annotations
 
+import ipaddress
+import string
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any, Literal
 from urllib.parse import urlsplit
 
 # Gym's dialect names (``ModelCallRecord.dialect``).
 Dialect = Literal["chat", "responses", "messages"]
 
-# A model call is recognised by how its path ends, so any upstream prefix (``/v1``, ``/openai/v1``…) works.
-DIALECT_PATH_SUFFIXES: tuple[tuple[str, Dialect], ...] = (
-    ("/chat/completions", "chat"),
-    ("/responses", "responses"),
-    ("/messages", "messages"),
+
+# --- routes ---------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Route:
+    """A request the proxy forwards (with the real key): ``method`` and ``path`` below the upstream's base
+    path (``/v1``); ``{id}`` stands for one plain path segment. ``dialect``: the model call it is, None for
+    a forwarded request that is no model call (a listing, a token count)."""
+
+    method: str
+    path: str
+    dialect: Dialect | None
+
+
+#: The model APIs' own routes, the only requests that reach the upstream: what the four harness presets
+#: call (docs/harnesses.md), each dialect's neighbours that a ``command`` agent's SDK may call, and the
+#: model listing. Anything else -- another method or path, a path outside the base path -- is answered
+#: by the proxy with a 403 and recorded, never forwarded: the key opens the model API's routes only.
+ROUTES: tuple[Route, ...] = (
+    # Chat Completions: mini-swe-agent (litellm), opencode (@ai-sdk/openai-compatible).
+    Route("POST", "/chat/completions", "chat"),
+    Route("POST", "/completions", None),  # legacy completions (vLLM serves them); no Gym dialect
+    # Responses: codex.
+    Route("POST", "/responses", "responses"),
+    # Messages: claude-code (``/v1/messages?beta=true``, and its token counting).
+    Route("POST", "/messages", "messages"),
+    Route("POST", "/messages/count_tokens", None),
+    # Every dialect's model listing (OpenAI's and Anthropic's ``/v1/models[/{id}]``).
+    Route("GET", "/models", None),
+    Route("GET", "/models/{id}", None),
 )
+ROUTE_PARAMETER = "{id}"
+
+# The characters of a request target the proxy reads: RFC 3986's unreserved ones and ``/`` in the path
+# (``:`` and ``@`` too, for model ids such as ``ft:gpt-4o:org:id``); no ``%``: a percent-encoded ``/``
+# or ``.`` would read as another path to a server that decodes it, so no encoding is taken at all.
+PATH_CHARACTERS = frozenset(string.ascii_letters + string.digits + "-._~/:@")
+QUERY_CHARACTERS = frozenset(string.ascii_letters + string.digits + "-._~!$&'()*+,;=:@/?%")
 
 
-def dialect_of(method: str, path: str) -> Dialect | None:
-    """The dialect of a request, or None for anything else (``GET /v1/models``…), which is forwarded too."""
-    if method.upper() != "POST":
-        return None
-    stripped = path.rstrip("/")
-    return next((dialect for suffix, dialect in DIALECT_PATH_SUFFIXES if stripped.endswith(suffix)), None)
+@dataclass(frozen=True)
+class Refused:
+    """Why a request is not forwarded (the proxy's 403 says it, the record keeps it)."""
+
+    detail: str
+
+
+def is_ip_address(host: str) -> bool:
+    """An IPv4 or IPv6 literal (connected to as it is, never resolved)."""
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    return True
+
+
+def base_path(upstream: str) -> str:
+    """The upstream's base path (``/v1``), without a trailing slash; ``""`` for the root."""
+    return urlsplit(upstream).path.rstrip("/")
+
+
+def check_base_path(path: str) -> str | None:
+    """What is wrong with a base URL's path for the proxy to serve routes below it (None: nothing)."""
+    if path and (refused := _plain_path(path)) is not None:
+        return refused.detail
+    return None
+
+
+def _plain_path(path: str) -> Refused | None:
+    if not path.startswith("/"):
+        return Refused("the request target is not a path")
+    if "%" in path:
+        return Refused("the path is percent-encoded")
+    if not set(path) <= PATH_CHARACTERS:
+        return Refused("the path has characters outside [A-Za-z0-9-._~/:@]")
+    segments = path[1:].split("/")
+    if "" in segments:
+        return Refused("the path has an empty segment (a doubled or trailing slash)")
+    if "." in segments or ".." in segments:
+        return Refused("the path has a dot segment")
+    return None
+
+
+def route_of(method: str, target: str, base: str) -> Route | Refused:
+    """The route a request target (as the client sent it: ``request.raw_path``) is, or why it is refused.
+
+    The target is read as sent, never decoded or normalised: only a plain path below ``base`` that is
+    one of :data:`ROUTES` passes, so what the upstream reads is what was checked.
+    """
+    path, _, query = target.partition("?")
+    if (refused := _plain_path(path)) is not None:
+        return refused
+    if not set(query) <= QUERY_CHARACTERS:
+        return Refused("the query has characters outside RFC 3986's")
+    if base and not path.startswith(base + "/"):
+        return Refused(f"the path is not below the model API's base path {base}")
+    relative = path[len(base) :]
+    for route in ROUTES:
+        if route.method == method.upper() and _matches(route.path, relative):
+            return route
+    return Refused(f"{method.upper()} {relative} is not a route of the model API")
+
+
+def _matches(pattern: str, path: str) -> bool:
+    wanted, given = pattern.split("/"), path.split("/")
+    return len(wanted) == len(given) and all(w in (g, ROUTE_PARAMETER) for w, g in zip(wanted, given, strict=True))
 
 
 def agent_base_url(host: str, port: int, upstream: str) -> str:

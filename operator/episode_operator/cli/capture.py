@@ -8,8 +8,8 @@ from pathlib import Path
 
 import click
 
-from episode_operator.capture.store import CaptureStore, CurrentTurn
-from episode_operator.capture.wire import KEY_ENV
+from episode_operator.capture.store import MAX_JOURNAL_BYTES, MAX_RECORD_BYTES, CaptureStore, CurrentTurn
+from episode_operator.capture.wire import KEY_ENV, is_ip_address
 
 store_option = click.option(
     "--store",
@@ -37,6 +37,14 @@ def listen_address(_context: click.Context, _parameter: click.Parameter, value: 
 @click.option(
     "--upstream", required=True, help="The model's base URL as a client would use it, e.g. https://api.openai.com/v1."
 )
+@click.option(
+    "--upstream-address",
+    "upstream_addresses",
+    multiple=True,
+    help="An IP address of the upstream's host, resolved by the operator (repeatable): the only addresses "
+    "connected to. The hostname is never resolved here (the pod's /etc/hosts is the agent's to rewrite); "
+    "needed unless the upstream's host is an IP address.",
+)
 @store_option
 @click.option(
     "--api-key-env",
@@ -59,6 +67,20 @@ def listen_address(_context: click.Context, _parameter: click.Parameter, value: 
     show_default=True,
     help="No call is held open longer than this.",
 )
+@click.option(
+    "--max-record-bytes",
+    type=click.IntRange(min=1024),
+    default=MAX_RECORD_BYTES,
+    show_default=True,
+    help="A request or response body past this is forwarded whole and recorded as its first bytes.",
+)
+@click.option(
+    "--max-journal-bytes",
+    type=click.IntRange(min=1024),
+    default=MAX_JOURNAL_BYTES,
+    show_default=True,
+    help="An attempt's journal bound: past it calls are answered locally (400 capture_limit), not forwarded.",
+)
 @click.option("--token-ids", is_flag=True, help="Ask a vLLM upstream for token ids and logprobs (capture.tokenIds).")
 @click.option(
     "--fsync",
@@ -69,6 +91,7 @@ def listen_address(_context: click.Context, _parameter: click.Parameter, value: 
 def capture_proxy(
     listen: tuple[str, int],
     upstream: str,
+    upstream_addresses: tuple[str, ...],
     store: Path,
     api_key_env: str,
     connect_timeout: float,
@@ -76,6 +99,8 @@ def capture_proxy(
     max_call_seconds: float,
     token_ids: bool,
     fsync: bool,
+    max_record_bytes: int,
+    max_journal_bytes: int,
 ) -> None:
     """Forward model calls to UPSTREAM and record every exchange in the store."""
     # Imported here: the operator execs capture-turn and capture-harvest twice a turn, and they need no aiohttp.
@@ -83,6 +108,7 @@ def capture_proxy(
 
     config = ProxyConfig(
         upstream=upstream,
+        upstream_addresses=upstream_addresses,
         store=store,
         api_key=os.environ.get(api_key_env) or None,
         connect_timeout=connect_timeout,
@@ -90,11 +116,18 @@ def capture_proxy(
         max_call_seconds=max_call_seconds,
         token_ids=token_ids,
         fsync=fsync,
+        max_record_bytes=max_record_bytes,
+        max_journal_bytes=max_journal_bytes,
     )
     try:
-        config.origin  # noqa: B018 - validates the URL before listening
+        config.origin  # noqa: B018 - validates the URL and the addresses before listening
     except ValueError as error:
         raise click.BadParameter(str(error), param_hint="--upstream") from error
+    if not upstream_addresses and not is_ip_address(config.hostname):
+        raise click.BadParameter(
+            f"the upstream's host {config.hostname} is not an IP address: give the addresses it resolves to",
+            param_hint="--upstream-address",
+        )
     host, port = listen
     asyncio.run(serve(config, host, port))
 

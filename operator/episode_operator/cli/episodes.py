@@ -46,7 +46,7 @@ from episode_operator.cli.cluster import Cluster, cluster_options
 from episode_operator.kube.client import Gone, KubeClient, KubeError
 from episode_operator.kube.objects.children import set_selector
 from episode_operator.kube.objects.tasks import TaskTooLarge, task_config_map
-from episode_operator.runtime.archive import extract_safely
+from episode_operator.runtime.archive import RefusedMember, extract_files
 from episode_operator.runtime.dataapi import API_SERVICE
 from episode_operator.runtime.store import (
     SEED_LOGS,
@@ -543,7 +543,9 @@ class _LocalStore:
         return render_logs(logs).decode("utf-8", "replace")
 
     def artifacts(self, destination: Path) -> int:
-        return len(asyncio.run(export_artifacts(self.blobs, destination)))
+        exported = asyncio.run(export_artifacts(self.blobs, destination))
+        _say_refused(exported.refused)
+        return len(exported.written)
 
     def turns(self) -> dict[str, Any]:
         return asyncio.run(turn_records(self.blobs))
@@ -587,10 +589,16 @@ class _RemoteStore:
         if body is None:
             return 0
         destination.mkdir(parents=True, exist_ok=True)
-        with tarfile.open(fileobj=io.BytesIO(body), mode="r:gz") as archive:
-            members = archive.getmembers()
-            extract_safely(archive, destination)
-        return sum(1 for member in members if member.isfile())
+        with tarfile.open(fileobj=io.BytesIO(body), mode="r|gz") as archive:
+            written, refused = extract_files(archive, destination)
+        _say_refused(refused)
+        return len(written)
+
+
+def _say_refused(refused: list[RefusedMember]) -> None:
+    """What was not unpacked (a link, a name leaving the folder…), one line each on stderr."""
+    for member in refused:
+        click.echo(f"skipped {member.name or 'an archive'}: {member.reason}", err=True)
 
 
 def _kept(cluster: Cluster, episode: dict[str, Any], data_dir: str | None) -> _LocalStore | _RemoteStore:

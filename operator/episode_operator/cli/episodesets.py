@@ -186,9 +186,14 @@ def _attempt_cell(task: SetTaskStatus, attempts: int) -> str:
     return " ".join(cells)
 
 
+def _misses(ungraded: int, separator: str = " ") -> str:
+    """How many Ungraded attempts a pass@k counts as misses, when any."""
+    return f"{separator}{ungraded} ungraded as misses" if ungraded else ""
+
+
 def set_view(name: str, status: EpisodeSetStatus, attempts: int) -> Group:
     """The live view of a set: one summary line and a table of its tasks."""
-    passes = "  ".join(f"pass@{row.k} {_number(row.value)}" for row in status.pass_at_k)
+    passes = "  ".join(f"pass@{row.k} {_number(row.value)}{_misses(row.ungraded)}" for row in status.pass_at_k)
     header = (
         f"[bold]{name}[/bold]: {status.phase or 'Pending'}  {status.progress or '-'} finished, "
         f"{status.active} active  mean {_number(status.mean_reward)}  {passes}  "
@@ -236,7 +241,10 @@ def follow_set(cluster: Cluster, namespace: str, name: str, timeout: float) -> E
     console.print(
         f"{status.phase}: {status.progress} finished, mean reward {_number(status.mean_reward)} "
         f"over {status.outcomes.graded} graded; "
-        + ", ".join(f"pass@{row.k} {_number(row.value)} ({row.tasks} tasks)" for row in status.pass_at_k)
+        + ", ".join(
+            f"pass@{row.k} {_number(row.value)} ({row.tasks} tasks{_misses(row.ungraded, ', ')})"
+            for row in status.pass_at_k
+        )
         + (f"\n{status.message}" if status.phase == "Failed" and status.message else "")
     )
     return status

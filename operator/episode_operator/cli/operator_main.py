@@ -4,14 +4,19 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import click
 
+from episode_operator.capture.store import MAX_JOURNAL_BYTES, MAX_RECORD_BYTES
 from episode_operator.cli.capture import COMMANDS as CAPTURE_COMMANDS
 from episode_operator.runtime.allocator import release_free_memory_every, tune_allocator
+from episode_operator.runtime.limits import LIMIT_FLAGS, OutputLimits, format_size, parse_size
 from episode_operator.taskfolder.images import ImageMirrors, InvalidImageReference
 
 RELEASE_INTERVAL_SEC = 30.0
@@ -26,6 +31,61 @@ def parse_image_mirrors(_context: click.Context, _parameter: click.Parameter, va
         return ImageMirrors.parse(values)
     except InvalidImageReference as error:
         raise click.BadParameter(str(error)) from error
+
+
+# A Kubernetes resource quantity (``10m``, ``64Mi``, ``1``), as --capture-requests/--capture-limits take them.
+QUANTITY = re.compile(r"^[0-9]+(\.[0-9]+)?(m|k|M|G|T|P|E|Ki|Mi|Gi|Ti|Pi|Ei)?$")
+RESOURCE_NAMES = ("cpu", "memory", "ephemeral-storage")
+
+
+MIB = 1024 * 1024
+
+
+def parse_resources(_context: click.Context, parameter: click.Parameter, value: str) -> dict[str, str]:
+    """``cpu=10m,memory=64Mi`` as a resource list; a bad entry is a usage error naming it."""
+    resources: dict[str, str] = {}
+    for entry in filter(None, (piece.strip() for piece in value.split(","))):
+        name, _, quantity = entry.partition("=")
+        if name not in RESOURCE_NAMES or not QUANTITY.match(quantity):
+            raise click.BadParameter(
+                f"{entry!r}: expected NAME=QUANTITY with NAME one of {', '.join(RESOURCE_NAMES)} (e.g. memory=64Mi)"
+            )
+        resources[name] = quantity
+    return resources
+
+
+def default_capture_resources(which: str) -> str:
+    from episode_operator.runtime.agents import model
+
+    quantities: dict[str, str] = getattr(model, which)
+    return ",".join(f"{name}={quantity}" for name, quantity in quantities.items())
+
+
+def limit_options(command: Callable[..., Any]) -> Callable[..., Any]:
+    """One flag per bound of runtime/limits.py (``--answer-limit 4Mi`` …), from its table."""
+    defaults = OutputLimits()
+    for name, limit in reversed(LIMIT_FLAGS.items()):
+        size = name.endswith("_bytes")
+        default = getattr(defaults, name)
+        command = click.option(
+            limit.flag,
+            name,
+            default=format_size(default) if size else str(default),
+            show_default=True,
+            callback=_size,
+            metavar="SIZE" if size else "N",
+            help=limit.bounds
+            + (" Bytes, or with Ki, Mi, Gi." if size else "")
+            + ("" if name == "log_bytes" else " An agent's pod sending more fails its turn (agent:output_limit)."),
+        )(command)
+    return command
+
+
+def _size(_context: click.Context, parameter: click.Parameter, value: str) -> int:
+    try:
+        return parse_size(value)
+    except ValueError as error:
+        raise click.BadParameter(str(error), param=parameter) from error
 
 
 def import_handlers() -> ModuleType:
@@ -185,6 +245,33 @@ def main() -> None:
     "($EPISODE_CAPTURE_IMAGE; the chart sets it). Without it, Episodes with a model endpoint are refused.",
 )
 @click.option(
+    "--capture-requests",
+    default=lambda: default_capture_resources("CAPTURE_REQUESTS"),
+    callback=parse_resources,
+    help='The capture container\'s resource requests, NAME=QUANTITY,… (default: README, "Run a real agent").',
+)
+@click.option(
+    "--capture-limits",
+    default=lambda: default_capture_resources("CAPTURE_LIMITS"),
+    callback=parse_resources,
+    help='The capture container\'s resource limits, NAME=QUANTITY,… (default: README, "Run a real agent").',
+)
+@click.option(
+    "--capture-max-record-mib",
+    type=click.IntRange(min=1),
+    default=MAX_RECORD_BYTES // MIB,
+    show_default=True,
+    help="A model call's request or response body past this many MiB is forwarded whole and recorded cut.",
+)
+@click.option(
+    "--capture-max-journal-mib",
+    type=click.IntRange(min=1),
+    default=MAX_JOURNAL_BYTES // MIB,
+    show_default=True,
+    help="An attempt's recorded model calls, at most; past it the capture proxy answers the agent's calls "
+    "itself and the turn fails (agent:capture_limit).",
+)
+@click.option(
     "--toolchain-repository",
     default="episode-operator.local",
     show_default=True,
@@ -237,6 +324,7 @@ def main() -> None:
     "and keep that limit: tasks that mostly wait fit a node side by side. Memory is requested in full. "
     "Default: requests = limits.",
 )
+@limit_options
 def run(
     namespaces: tuple[str, ...],
     data_dir: Path,
@@ -261,6 +349,10 @@ def run(
     store_region: str | None,
     store_allow_http: bool,
     capture_image: str | None,
+    capture_requests: dict[str, str],
+    capture_limits: dict[str, str],
+    capture_max_record_mib: int,
+    capture_max_journal_mib: int,
     toolchain_repository: str,
     build_registry: str | None,
     build_pull_registry: str | None,
@@ -269,12 +361,14 @@ def run(
     build_registry_insecure: bool,
     unschedulable_timeout_sec: float,
     cpu_request_fraction: float | None,
+    **limits: int,
 ) -> None:
     """Run the operator until interrupted."""
     handlers = import_handlers()
     from episode_operator.kube.builds import BuildSettings
     from episode_operator.kube.objects.pods import SandboxRequests
     from episode_operator.kube.replicas import ReplicaSettings
+    from episode_operator.runtime.agents.model import CaptureBounds
     from episode_operator.runtime.store import StoreSettings
 
     builds = None
@@ -330,10 +424,17 @@ def run(
             replicas=replicas,
             store=StoreSettings(store_url, store_endpoint, store_region, store_allow_http),
             capture_image=capture_image,
+            capture_bounds=CaptureBounds(
+                requests=capture_requests,
+                limits=capture_limits,
+                max_record_bytes=capture_max_record_mib * MIB,
+                max_journal_bytes=capture_max_journal_mib * MIB,
+            ),
             toolchain_repository=toolchain_repository,
             builds=builds,
             unschedulable_timeout_sec=unschedulable_timeout_sec,
             sandbox_requests=sandbox_requests,
+            limits=OutputLimits(**limits),
         )
     )
 

@@ -37,10 +37,14 @@ from episode_operator.api.vocabulary import GROUP, VERSION
 from episode_operator.kube.events import EventRecorder
 from episode_operator.kube.kubeconfig import KubeconfigError, Target, locate
 from episode_operator.runtime.dataapi import DATA_GROUP, DATA_VERSION
+from episode_operator.runtime.limits import AnswerSink, OutputLimitExceeded
 from episode_operator.runtime.metrics import Metrics
+from episode_operator.runtime.sandbox import ArchiveFile
 
 STDIN, STDOUT, STDERR, ERROR = 0, 1, 2, 3
 FRAME = 256 * 1024
+# An exec's exit status (a small JSON document on the error channel) past this is not one.
+STATUS_LIMIT = 64 * 1024
 
 
 # Connections to the API server: for requests, and for execs (each held for its whole run).
@@ -48,6 +52,8 @@ REQUEST_CONNECTIONS = 16
 EXEC_CONNECTIONS = 100
 # How long opening an exec stream may take (its calls have their own bounds).
 EXEC_CONNECT_TIMEOUT_SEC = 30.0
+# How long closing an exec stream's handshake may take before its connection is dropped.
+CLOSE_TIMEOUT_SEC = 5.0
 # At exit, how long Events still queued (held back by the rate limit) may take to post.
 EVENTS_CLOSE_TIMEOUT_SEC = 5.0
 
@@ -74,13 +80,6 @@ class Gone(KubeError):
 
 class ExecTransportError(KubeError):
     """The exec websocket failed (could not connect, dropped, timed out)."""
-
-
-@dataclass(frozen=True)
-class ExecResult:
-    exit_code: int
-    stdout: bytes
-    stderr: bytes
 
 
 @contextlib.contextmanager
@@ -507,6 +506,15 @@ class KubeClient:
             secret = await self.core.read_namespaced_secret(name, namespace)
         return set(secret.data or {}) | set(secret.string_data or {})
 
+    async def service_cluster_ips(self, namespace: str, name: str) -> list[str]:
+        """A Service's cluster IPs (none for a headless or ExternalName Service): where a model endpoint
+        named by its Service is pinned for the capture proxy (kube/upstream.py)."""
+        with _api_call(f"service {namespace}/{name}"):
+            service = await _json(await self.core.read_namespaced_service(name, namespace, _preload_content=False))
+        spec = service.get("spec") or {}
+        addresses = spec.get("clusterIPs") or [spec.get("clusterIP")]
+        return [str(address) for address in addresses if address and address != "None"]
+
     async def get_secret(self, namespace: str, name: str) -> dict[str, Any]:
         """A Secret as the API's JSON (the data API's serving certificate; never a model key)."""
         with _api_call(f"secret {namespace}/{name}"):
@@ -540,9 +548,13 @@ class KubeClient:
         return list(events.get("items") or [])
 
     # Pods ---------------------------------------------------------------------------------
-    async def create_pod(self, namespace: str, manifest: dict[str, Any]) -> None:
+    async def create_pod(self, namespace: str, manifest: dict[str, Any]) -> dict[str, Any]:
+        """Create a pod; the pod as created (its uid among the API's JSON)."""
         with _api_call(f"pod {namespace}/{manifest['metadata']['name']}"):
-            await _json(await self.core.create_namespaced_pod(namespace, manifest, _preload_content=False))
+            created: dict[str, Any] = await _json(
+                await self.core.create_namespaced_pod(namespace, manifest, _preload_content=False)
+            )
+        return created
 
     async def read_pod(self, namespace: str, name: str) -> dict[str, Any]:
         """The pod as the API's JSON (camelCase keys), not a model object."""
@@ -766,14 +778,19 @@ class KubeClient:
         container: str,
         argv: Sequence[str],
         *,
+        stdout: AnswerSink,
+        stderr: AnswerSink,
         stdin: bytes | None = None,
+        stdin_file: ArchiveFile | None = None,
         timeout_sec: float = 60.0,
         attempts: int = 4,
-    ) -> ExecResult:
-        """Run ``argv`` in a container and return its exit code and output.
+    ) -> int:
+        """Run ``argv`` in a container; its exit code, its stdout and stderr written to the sinks.
 
-        Transport failures are retried (``attempts`` in all); a missing pod is
-        :class:`NotFound` at once.
+        ``stdin`` is sent, then ``stdin_file`` streamed in frames. The sinks bound the answer: one
+        that passes its bound raises :class:`~episode_operator.runtime.limits.OutputLimitExceeded`
+        and the exec is closed at once, not retried. Transport failures are retried
+        (``attempts`` in all, the sinks emptied first); a missing pod is :class:`NotFound` at once.
         """
         retrying = AsyncRetrying(
             stop=stop_after_attempt(attempts),
@@ -784,7 +801,11 @@ class KubeClient:
         )
         async for attempt in retrying:
             with attempt:
-                return await self._exec_once(namespace, pod, container, argv, stdin, timeout_sec)
+                stdout.reset()
+                stderr.reset()
+                return await self._exec_once(
+                    namespace, pod, container, argv, stdin, stdin_file, stdout, stderr, timeout_sec
+                )
         raise AssertionError("unreachable")
 
     async def exec_stream(self, namespace: str, pod: str, container: str, argv: Sequence[str]) -> WebsocketExec:
@@ -821,35 +842,82 @@ class KubeClient:
             self.metrics.exec_errors.labels("handshake" if status else "transport").inc()
 
     async def _exec_once(
-        self, namespace: str, pod: str, container: str, argv: Sequence[str], stdin: bytes | None, timeout_sec: float
-    ) -> ExecResult:
-        stdout, stderr = bytearray(), bytearray()
-        status: dict[str, Any] | None = None
+        self,
+        namespace: str,
+        pod: str,
+        container: str,
+        argv: Sequence[str],
+        stdin: bytes | None,
+        stdin_file: ArchiveFile | None,
+        stdout: AnswerSink,
+        stderr: AnswerSink,
+        timeout_sec: float,
+    ) -> int:
         with _exec_errors(namespace, pod, container, timeout_sec):
             async with asyncio.timeout(timeout_sec):
-                connection = await self._exec_connection(namespace, pod, container, argv, stdin=stdin is not None)
+                has_stdin = stdin is not None or stdin_file is not None
+                connection = await self._exec_connection(namespace, pod, container, argv, stdin=has_stdin)
                 async with connection as websocket:
-                    if stdin:
-                        for start in range(0, len(stdin), FRAME):
-                            await websocket.send_bytes(bytes([STDIN]) + stdin[start : start + FRAME])
-                    async for message in websocket:
-                        if message.type in (aiohttp.WSMsgType.CLOSE, aiohttp.WSMsgType.CLOSED):
-                            break
-                        if message.type == aiohttp.WSMsgType.ERROR:
-                            raise ExecTransportError(f"exec in {pod}/{container}: websocket error {message.data!r}")
-                        data = message.data if isinstance(message.data, bytes) else message.data.encode()
-                        if not data:
-                            continue
-                        channel, payload = data[0], data[1:]
-                        if channel == STDOUT:
-                            stdout += payload
-                        elif channel == STDERR:
-                            stderr += payload
-                        elif channel == ERROR and payload:
-                            status = json.loads(payload)
+                    try:
+                        status = await _exec_messages(websocket, pod, container, stdin, stdin_file, stdout, stderr)
+                    except OutputLimitExceeded:
+                        # Dropped before `async with` closes it: a handshake such a peer may never end.
+                        _abort_connection(websocket)
+                        raise
         if status is None:
             raise ExecTransportError(f"exec in {pod}/{container}: the connection closed without an exit status")
-        return ExecResult(_exit_code(status, pod, container), bytes(stdout), bytes(stderr))
+        return _exit_code(status, pod, container)
+
+
+async def _exec_messages(
+    websocket: aiohttp.ClientWebSocketResponse,
+    pod: str,
+    container: str,
+    stdin: bytes | None,
+    stdin_file: ArchiveFile | None,
+    stdout: AnswerSink,
+    stderr: AnswerSink,
+) -> dict[str, Any] | None:
+    """Send the exec's stdin, then its answer into the sinks; its exit status (None: none came)."""
+    status: dict[str, Any] | None = None
+    async for frame in stdin_frames(stdin, stdin_file):
+        await websocket.send_bytes(bytes([STDIN]) + frame)
+    async for message in websocket:
+        if message.type in (aiohttp.WSMsgType.CLOSE, aiohttp.WSMsgType.CLOSED):
+            break
+        if message.type == aiohttp.WSMsgType.ERROR:
+            raise ExecTransportError(f"exec in {pod}/{container}: websocket error {message.data!r}")
+        data = message.data if isinstance(message.data, bytes) else message.data.encode()
+        if not data:
+            continue
+        channel, payload = data[0], data[1:]
+        if channel == STDOUT:
+            stdout.write(payload)
+        elif channel == STDERR:
+            stderr.write(payload)
+        elif channel == ERROR and payload:
+            if len(payload) > STATUS_LIMIT:
+                raise ExecTransportError(f"exec in {pod}/{container}: an oversized exit status")
+            status = json.loads(payload)
+    return status
+
+
+def _abort_connection(websocket: aiohttp.ClientWebSocketResponse) -> None:
+    """Drop an exec's connection now. aiohttp's ``close()`` is a handshake that reads the peer's
+    messages until its close frame, its timeout restarted by each one: a peer that keeps sending
+    (an agent's endless answer) never lets it end. No public call drops it: the response owns it."""
+    websocket._response.close()
+
+
+async def stdin_frames(data: bytes | None, file: ArchiveFile | None) -> AsyncIterator[bytes]:
+    """``data``, then ``file`` read piece by piece (in a worker thread), in frames of at most FRAME bytes."""
+    for start in range(0, len(data or b""), FRAME):
+        yield (data or b"")[start : start + FRAME]
+    if file is None:
+        return
+    with open(file.path, "rb") as stream:
+        while piece := await asyncio.to_thread(stream.read, FRAME):
+            yield piece
 
 
 @contextlib.contextmanager
@@ -880,10 +948,10 @@ class WebsocketExec:
     websocket: aiohttp.ClientWebSocketResponse
     where: str
 
-    async def send(self, data: bytes) -> None:
+    async def send(self, data: bytes, file: ArchiveFile | None = None) -> None:
         try:
-            for start in range(0, len(data), FRAME):
-                await self.websocket.send_bytes(bytes([STDIN]) + data[start : start + FRAME])
+            async for frame in stdin_frames(data, file):
+                await self.websocket.send_bytes(bytes([STDIN]) + frame)
         except (aiohttp.ClientError, OSError, RuntimeError) as error:  # RuntimeError: sent after it closed
             raise ExecTransportError(f"exec in {self.where}: {type(error).__name__}: {error}") from error
 
@@ -901,8 +969,14 @@ class WebsocketExec:
             if data:
                 return data[0], data[1:]
 
-    async def close(self) -> None:
-        await self.websocket.close()
+    async def close(self, *, abort: bool = False) -> None:
+        """End the exec: a close handshake bounded in time (then dropped), or dropped at once."""
+        if not abort:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(CLOSE_TIMEOUT_SEC):
+                    await self.websocket.close()
+                    return
+        _abort_connection(self.websocket)
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from pydantic import ValidationError
@@ -32,20 +32,24 @@ from episode_operator.api.vocabulary import (
 )
 from episode_operator.kube.builds import BuildCoordinator
 from episode_operator.kube.client import Guard, KubeClient, KubeError, NotFound
+from episode_operator.kube.objects.env import AgentEnv, Sources, referenced, resolve_agent_env, secret_data
 from episode_operator.kube.objects.pods import AgentImages, OwnerRef, SandboxRequests, episode_selector
 from episode_operator.kube.replicas import Claim
 from episode_operator.kube.sandbox import KubeProvider
 from episode_operator.kube.status import KubeStatusSink
 from episode_operator.kube.tombstones import answer_from_tombstone
+from episode_operator.kube.upstream import HostResolver, Unresolvable, pin_upstream, system_resolver
 from episode_operator.runtime.admission import Refusal, admit_spec, admit_task
 from episode_operator.runtime.agents import agent_kind
-from episode_operator.runtime.agents.model import SandboxNeeds
+from episode_operator.runtime.agents.model import CaptureBounds, SandboxNeeds
 from episode_operator.runtime.episode import EpisodeConfig, EpisodeObserver, EpisodeRunner
 from episode_operator.runtime.fencing import FencedProvider
 from episode_operator.runtime.images import ImagePolicy
+from episode_operator.runtime.limits import OutputLimits
 from episode_operator.runtime.store import BlobStore
 from episode_operator.runtime.wakeups import Wakeups
 from episode_operator.taskfolder import TaskFiles
+from episode_operator.taskfolder.compose import binds_of, bound_archive
 from episode_operator.taskfolder.images import ImageMirrors
 
 
@@ -70,8 +74,14 @@ class DriverSettings:
     image_mirrors: ImageMirrors = field(default_factory=ImageMirrors)
     # In-cluster builds (--build-registry); None: Dockerfiles replay cannot apply are refused.
     builds: BuildCoordinator | None = None
+    # Every capture container's resources and journal bounds (--capture-*).
+    capture_bounds: CaptureBounds = field(default_factory=CaptureBounds)
+    # How a model endpoint's hostname that is no Service is resolved (kube/upstream.py).
+    resolve_host: HostResolver = system_resolver
     # How long a pod the scheduler cannot place is waited for (--unschedulable-timeout).
     unschedulable_timeout_sec: float = 3600.0
+    # What a sandbox's answers and a turn's artifacts may hold (--answer-limit …: runtime/limits.py).
+    limits: OutputLimits = field(default_factory=OutputLimits)
 
     @property
     def image_policy(self) -> ImagePolicy:
@@ -117,14 +127,31 @@ async def drive_episode(
         files = await read_task_files(client, episode.namespace, spec.task, settings.source_wait_sec)
     except TaskSourceError as error:
         return await _refuse(sink, status, Refusal(FAILURE_TASK_SOURCE, str(error)), generation)
-    admission = admit_task(spec, files, settings.image_policy)
+    # Validation, planning and the digest read every byte of the folder: off the event loop.
+    admission = await asyncio.to_thread(admit_task, spec, files, settings.image_policy)
     if isinstance(admission, Refusal):
         return await _refuse(sink, status, admission, generation)
     needs = agent_kind(spec.agent).sandbox_needs(spec.agent)
     refusal = await _model_refusal(client, episode.namespace, needs, settings.agent_images, admission.digest)
     if refusal is not None:
         return await _refuse(sink, status, refusal, generation)
+    if needs.capture is not None:
+        try:
+            addresses = await pin_upstream(client, episode.namespace, needs.capture.upstream, settings.resolve_host)
+        except Unresolvable as error:
+            return await _refuse(
+                sink, status, Refusal(FAILURE_SEED, f"refused at seed: {error}", admission.digest), generation
+            )
+        capture = replace(needs.capture, upstream_addresses=addresses, bounds=settings.capture_bounds)
+        needs = replace(needs, capture=capture)
+    agent_env = await read_agent_env(client, episode.namespace, spec.agent.env, spec.agent.env_from, admission.main_env)
+    if agent_env.problems:
+        message = f"refused at seed: {'; '.join(agent_env.problems)}"
+        return await _refuse(sink, status, Refusal(FAILURE_SEED, message, admission.digest), generation)
+    for skipped in agent_env.skipped:
+        await sink.event("AgentEnvSkipped", f"{skipped}: not given to the agent", warning=True)
     labels = {**settings.extra_pod_labels, **queue_labels(metadata.get("labels") or {})}
+    binds = binds_of(admission.plan.main_volumes, admission.plan.sidecars)
     provider = KubeProvider(
         client,
         episode,
@@ -133,12 +160,14 @@ async def drive_episode(
         admission.image,
         admission.main_env,
         extra_labels=labels,
+        bound_files=bound_archive(files, binds) if binds else None,
         pull_grace_sec=settings.pull_grace_sec,
         unschedulable_timeout_sec=settings.unschedulable_timeout_sec,
         wakeups=settings.pod_wakeups,
         needs=needs,
         images=settings.agent_images,
         sandbox_requests=settings.sandbox_requests,
+        limits=settings.limits,
     )
     config = EpisodeConfig(
         plan=admission.plan,
@@ -147,11 +176,14 @@ async def drive_episode(
         digest=admission.digest,
         task_name=admission.task_name,
         outage_retries=spec.retries.outages,
+        agent_outages=spec.retries.agent_outages,
         keep_pods_on_failure=spec.debug.keep_pods,
         poll_interval_sec=settings.poll_interval_sec,
         backoff_base_sec=settings.backoff_base_sec,
         generation=generation,
         images=admission.images,
+        agent_env=agent_env.values,
+        limits=settings.limits,
     )
     store = settings.store.episode(episode.namespace, episode.name, episode.uid)
     fenced = provider if claim is None else FencedProvider(provider, claim)
@@ -159,14 +191,41 @@ async def drive_episode(
     return await runner.run(status)
 
 
+async def read_agent_env(
+    client: KubeClient,
+    namespace: str,
+    env: list[dict[str, Any]],
+    env_from: list[dict[str, Any]],
+    container_env: Mapping[str, str],
+) -> AgentEnv:
+    """``spec.agent.env``/``envFrom`` as the agent's jobs get them (kube/objects/env.py): the Secrets
+    and ConfigMaps they name read here, each once; one that cannot be read is a problem that names it."""
+    secrets: dict[str, dict[str, str]] = {}
+    config_maps: dict[str, dict[str, str]] = {}
+    unreadable: list[str] = []
+    for kind, name in sorted(referenced(env, env_from)):
+        try:
+            if kind == "secret":
+                secrets[name] = secret_data(await client.get_secret(namespace, name))
+            else:
+                config_maps[name] = dict((await client.get_config_map(namespace, name)).data or {})
+        except NotFound:
+            pass  # resolve_agent_env says where it is named (unless optional)
+        except KubeError as error:
+            unreadable.append(f"cannot read {kind} {namespace}/{name}: {error}")
+    resolved = resolve_agent_env(env, env_from, Sources(secrets, config_maps), container_env)
+    return replace(resolved, problems=[*unreadable, *resolved.problems]) if unreadable else resolved
+
+
 async def read_task_files(client: KubeClient, namespace: str, source: TaskSource, wait_sec: float) -> TaskFiles:
     """The task folder from the Episode itself or from a packed ConfigMap.
 
     A missing ConfigMap is waited for a little: ``kubectl apply -f dir/`` and GitOps tools
-    may create the Episode before the ConfigMap it names.
+    may create the Episode before the ConfigMap it names. Read in a worker thread, so that a big
+    folder never holds the event loop the other Episodes run on.
     """
     if source.inline is not None:
-        return TaskFiles.from_mapping(source.inline.files)
+        return await asyncio.to_thread(TaskFiles.from_mapping, source.inline.files)
     assert source.config_map is not None
     reference = source.config_map
     deadline = asyncio.get_running_loop().time() + wait_sec
@@ -191,7 +250,8 @@ async def read_task_files(client: KubeClient, namespace: str, source: TaskSource
         archive = base64.b64decode(binary[reference.key], validate=True)
     except ValueError as error:
         raise TaskSourceError(f"configmap {namespace}/{reference.name}: {reference.key} is not base64") from error
-    return TaskFiles.from_tar(archive)
+    # Unpacking is bounded (taskfolder/sources.py: files, bytes, links as resolved) and runs off the loop.
+    return await asyncio.to_thread(TaskFiles.from_tar, archive)
 
 
 async def _model_refusal(

@@ -101,7 +101,16 @@ OPERATOR_PERMISSIONS: tuple[Permission, ...] = (
         ("get",),
         "namespaced",
         "that a model endpoint's key Secret exists and has its key, before any pod starts (the key itself "
-        "goes to the capture container through the pod's secretKeyRef)",
+        "goes to the capture container through the pod's secretKeyRef); the Secrets of spec.agent.env/envFrom, "
+        "whose values the operator gives to the agent's own jobs only",
+    ),
+    Permission(
+        "",
+        "services",
+        ("get",),
+        "namespaced",
+        "the cluster IP of a model endpoint named by its Service, pinned for the capture proxy (kube/upstream.py); "
+        "elsewhere the operator's resolver answers",
     ),
     Permission(
         "batch",

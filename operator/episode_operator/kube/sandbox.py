@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 
 from episode_operator.api.models import EpisodeSpec
 from episode_operator.api.vocabulary import ATTEMPT_LABEL, EPISODE_LABEL, ROLE_LABEL, TURN_LABEL, OutageKind
-from episode_operator.kube.client import ExecResult, ExecTransportError, KubeClient, KubeError, NotFound
+from episode_operator.kube.client import ExecTransportError, KubeClient, KubeError, NotFound
 from episode_operator.kube.objects.network import network_policy
 from episode_operator.kube.objects.pod_state import latest_event, pod_verdict
 from episode_operator.kube.objects.pods import (
@@ -33,6 +33,7 @@ from episode_operator.kube.objects.pods import (
     SandboxPod,
     SandboxRequests,
     agent_pod_name,
+    environment_files_config_map,
     episode_selector,
     label_value,
     resources_of,
@@ -43,8 +44,10 @@ from episode_operator.kube.objects.pods import (
 from episode_operator.kube.session import ExecStream, Session, SessionFailed
 from episode_operator.runtime import supervisor
 from episode_operator.runtime.agents.model import CAPTURE_CONTAINER, SandboxNeeds
+from episode_operator.runtime.limits import OutputLimits, Spool
 from episode_operator.runtime.sandbox import (
     MAIN_CONTAINER,
+    ArchiveFile,
     CommandFailed,
     FileContent,
     JobSpec,
@@ -54,6 +57,7 @@ from episode_operator.runtime.sandbox import (
     Waiting,
     WaitingReport,
 )
+from episode_operator.runtime.turn.context import SANDBOX_LAYOUT
 from episode_operator.runtime.wakeups import Wakeups, nap
 from episode_operator.taskfolder import EpisodePlan
 from episode_operator.taskfolder.plan import NetworkPolicy, VerifierPlan, baseline_policy
@@ -72,15 +76,17 @@ UPLOAD_TIMEOUT_SEC = 300.0
 
 @dataclass
 class KubeSandbox:
-    """One running pod, driven through its supervisor."""
+    """One running pod, driven through its supervisor; every answer held to its bound (``limits``)."""
 
     client: KubeClient
     namespace: str
     name: str
+    uid: str = ""
     workdir: str = "/"
     facts: dict[str, str] = field(default_factory=dict)
     # Per container, the session its calls go on when they can (kube/session.py).
     sessions: dict[str, Session] = field(default_factory=dict)
+    limits: OutputLimits = field(default_factory=OutputLimits)
 
     def _session(self, container: str) -> Session:
         session = self.sessions.get(container)
@@ -92,21 +98,32 @@ class KubeSandbox:
             session = self.sessions[container] = Session(opener)
         return session
 
-    async def _call(self, command: supervisor.Command, container: str, timeout_sec: float) -> ExecResult:
+    async def _call(self, command: supervisor.Command, container: str, timeout_sec: float, stdout: Spool) -> _Ran:
         """On the container's session if it takes the call, else (or when the session fails) by exec."""
         session = self._session(container)
         metrics = getattr(self.client, "metrics", None)
         if session.takes(command):
             with contextlib.suppress(SessionFailed):
-                result = ExecResult(*await session.call(command, timeout_sec))
+                result = _Ran(*await session.call(command, timeout_sec, stdout))
                 if metrics is not None:
                     metrics.sandbox_calls.labels("session").inc()
                 return result
         if metrics is not None:
             metrics.sandbox_calls.labels("exec").inc()
-        return await self.client.exec(
-            self.namespace, self.name, container, command.argv, stdin=command.stdin, timeout_sec=timeout_sec
-        )
+        stderr = Spool(command.answer.stderr, f"the stderr with {command.answer.what}", "its bound")
+        with stderr:
+            exit_code = await self.client.exec(
+                self.namespace,
+                self.name,
+                container,
+                command.argv,
+                stdout=stdout,
+                stderr=stderr,
+                stdin=command.stdin,
+                stdin_file=command.stdin_file,
+                timeout_sec=timeout_sec,
+            )
+            return _Ran(exit_code, stderr.getvalue())
 
     async def close(self) -> None:
         """Close the sessions (the pod is going away, or this sandbox is no longer used)."""
@@ -115,9 +132,26 @@ class KubeSandbox:
 
     async def _run(
         self, command: supervisor.Command, *, container: str = MAIN_CONTAINER, timeout_sec: float = 60.0
-    ) -> bytes:
+    ) -> Spool:
+        """The answer's stdout, bounded by the command's bound (close it when done)."""
+        stdout = command.answer.spool()
         try:
-            result = await self._call(command, container, timeout_sec)
+            await self._checked(command, container, timeout_sec, stdout)
+        except BaseException:
+            stdout.close()
+            raise
+        return stdout
+
+    async def _small(
+        self, command: supervisor.Command, *, container: str = MAIN_CONTAINER, timeout_sec: float = 60.0
+    ) -> bytes:
+        """The answer's stdout in memory: for commands whose bound is small."""
+        with await self._run(command, container=container, timeout_sec=timeout_sec) as stdout:
+            return stdout.getvalue()
+
+    async def _checked(self, command: supervisor.Command, container: str, timeout_sec: float, stdout: Spool) -> None:
+        try:
+            result = await self._call(command, container, timeout_sec, stdout)
         except NotFound as error:
             raise SandboxError(f"pod {self.name} is gone", kind="pod_lost") from error
         except ExecTransportError as error:
@@ -138,7 +172,6 @@ class KubeSandbox:
                 f"{command.argv[2] if len(command.argv) > 2 else command.argv[0]}: {detail}",
                 step=supervisor.failed_step(result.stderr),
             )
-        return result.stdout
 
     async def _transport_kind(self) -> tuple[OutageKind, str]:
         """After exec gave up: was the pod lost, a container killed (e.g. OOM), or only the connection?"""
@@ -156,58 +189,76 @@ class KubeSandbox:
             return kind, f"pod {self.name}: {verdict.message}"
         return "exec", ""
 
-    async def place_supervisor(self, sidecars: Sequence[str] = ()) -> None:
-        """Put the supervisor in the pod and learn its working directory (idempotent).
+    async def place_supervisor(self, sidecars: Sequence[str] = (), *, layout: Sequence[str] = ()) -> None:
+        """Put the supervisor in the pod, make its ``layout`` folders, learn its working directory (idempotent).
 
         Placing it from a sidecar too records that container's own working directory, the
         default ``cwd`` of its collect hooks. A sidecar without ``sh`` cannot run hooks; its
         hooks then fail when they run, best effort as Gym treats them.
         """
-        output = await self._run(supervisor.placement())
+        output = await self._small(supervisor.placement(layout=layout, limits=self.limits))
         self.facts = supervisor.parse_probe(output)
         self.workdir = self.facts.get("workdir") or "/"
         for container in sidecars:
             with contextlib.suppress(CommandFailed, SandboxError):
-                await self._run(supervisor.placement(), container=container)
+                await self._small(supervisor.placement(limits=self.limits), container=container)
 
     async def start_job(self, spec: JobSpec, *, wait_sec: float = 0.0, upload: Upload | None = None) -> JobState:
-        output = await self._run(
-            supervisor.start(spec, wait_sec=wait_sec, upload=upload),
-            container=spec.container,
-            timeout_sec=wait_sec + (UPLOAD_TIMEOUT_SEC if upload is not None else EXEC_MARGIN_SEC),
-        )
-        return supervisor.parse_answer(spec, output)
+        command = supervisor.start(spec, wait_sec=wait_sec, upload=upload, limits=self.limits)
+        timeout_sec = wait_sec + (UPLOAD_TIMEOUT_SEC if upload is not None else EXEC_MARGIN_SEC)
+        with await self._run(command, container=spec.container, timeout_sec=timeout_sec) as answer:
+            return await self._parsed(spec, answer)
+
+    async def _parsed(self, spec: JobSpec, answer: Spool) -> JobState:
+        """A start or wait answer read; one in a scratch file (a download, a big tail) by a worker thread."""
+        if answer.in_memory:
+            return supervisor.parse_answer(spec, answer, self.limits)
+        return await asyncio.to_thread(supervisor.parse_answer, spec, answer, self.limits)
 
     async def wait_job(self, spec: JobSpec, *, max_wait_sec: float) -> JobState:
-        output = await self._run(
-            supervisor.wait(spec, max_wait_sec), container=spec.container, timeout_sec=max_wait_sec + EXEC_MARGIN_SEC
-        )
-        return supervisor.parse_answer(spec, output)
+        command = supervisor.wait(spec, max_wait_sec, limits=self.limits)
+        timeout_sec = max_wait_sec + (UPLOAD_TIMEOUT_SEC if spec.download_after else EXEC_MARGIN_SEC)
+        with await self._run(command, container=spec.container, timeout_sec=timeout_sec) as answer:
+            return await self._parsed(spec, answer)
 
     async def job_output(self, job_id: str, *, container: str = MAIN_CONTAINER, limit: int) -> bytes:
-        return await self._run(supervisor.output(job_id, limit), container=container)
+        return await self._small(supervisor.output(job_id, limit, limits=self.limits), container=container)
 
     async def upload(
-        self, archive: bytes, destination: str, *, container: str = MAIN_CONTAINER, clear: Sequence[str] = ()
+        self,
+        archive: bytes | ArchiveFile,
+        destination: str,
+        *,
+        container: str = MAIN_CONTAINER,
+        clear: Sequence[str] = (),
     ) -> None:
-        await self._run(
-            supervisor.upload(archive, destination, clear=clear), container=container, timeout_sec=UPLOAD_TIMEOUT_SEC
-        )
+        command = supervisor.upload(archive, destination, clear=clear, limits=self.limits)
+        await self._small(command, container=container, timeout_sec=UPLOAD_TIMEOUT_SEC)
 
     async def download(
         self, paths: Sequence[str], *, container: str = MAIN_CONTAINER, exclude: Sequence[str] = ()
-    ) -> bytes:
-        return await self._run(supervisor.download(paths, exclude), container=container, timeout_sec=UPLOAD_TIMEOUT_SEC)
+    ) -> ArchiveFile:
+        command = supervisor.download(paths, exclude, limits=self.limits)
+        with await self._run(command, container=container, timeout_sec=UPLOAD_TIMEOUT_SEC) as answer:
+            return answer.to_file()
 
     async def read_files(self, paths: Sequence[str], *, container: str = MAIN_CONTAINER) -> dict[str, FileContent]:
-        output = await self._run(supervisor.read_files(paths), container=container)
-        return supervisor.parse_files(output, paths)
+        with await self._run(supervisor.read_files(paths, limits=self.limits), container=container) as answer:
+            return supervisor.parse_files(answer, paths, self.limits)
 
     async def clear(self, paths: Sequence[str], *, container: str = MAIN_CONTAINER) -> None:
-        await self._run(supervisor.clear(paths), container=container)
+        await self._small(supervisor.clear(paths, limits=self.limits), container=container)
 
     async def switch_user(self, user: str | int, workdir: str | None) -> None:
-        await self._run(supervisor.chown_workdir(user, workdir or self.workdir))
+        await self._small(supervisor.chown_workdir(user, workdir or self.workdir, limits=self.limits))
+
+
+@dataclass(frozen=True)
+class _Ran:
+    """How a call went: its exit code and its stderr (its stdout went to its spool)."""
+
+    exit_code: int
+    stderr: bytes
 
 
 @dataclass
@@ -226,6 +277,8 @@ class KubeProvider:
     images: AgentImages = field(default_factory=AgentImages)
     # How much of [environment]'s limits its pods request (--cpu-request-fraction).
     sandbox_requests: SandboxRequests = field(default_factory=SandboxRequests)
+    # The files the task's compose binds name (compose.bound_archive), brought into the agent pod by a ConfigMap.
+    bound_files: bytes | None = None
     pull_grace_sec: float = 120.0
     # How long a pod the scheduler cannot place is waited for (other Episodes' pods free capacity).
     unschedulable_timeout_sec: float = 3600.0
@@ -241,6 +294,8 @@ class KubeProvider:
     watched_poll_first_sec: float = 1.0
     watched_poll_max_sec: float = 5.0
     clock: Callable[[], float] = time.monotonic
+    # What the sandboxes' answers may hold (runtime/limits.py).
+    limits: OutputLimits = field(default_factory=OutputLimits)
 
     _applied: dict[str, NetworkPolicy] = field(default_factory=dict)
     # The sandboxes handed out, by pod: their sessions are closed before their pod is deleted.
@@ -269,7 +324,7 @@ class KubeProvider:
             raise SandboxError(f"cannot set the network policy of {name}: {error}", kind="api") from error
         self._applied[name] = policy
 
-    async def agent(self, attempt: int, *, waiting: WaitingReport | None = None) -> KubeSandbox:
+    async def agent(self, attempt: int, *, waiting: WaitingReport | None = None, uid: str | None = None) -> KubeSandbox:
         pod = SandboxPod(
             role="agent",
             attempt=attempt,
@@ -281,11 +336,31 @@ class KubeProvider:
             needs=self.needs,
             reservation=verifier_reservation(self.plan, self.sandbox_requests),
             requests=self.sandbox_requests,
+            volumes=self.plan.main_volumes,
+            environment_files=await self._bound_files_config_map(),
         )
-        return await self._ready(pod, waiting)
+        return await self._ready(pod, waiting, uid)
+
+    async def _bound_files_config_map(self) -> str | None:
+        """The ConfigMap of the files the compose binds name, made if missing (it is named by its
+        content, so one that exists holds them): its name, None for a task without binds."""
+        if self.bound_files is None:
+            return None
+        manifest = environment_files_config_map(self.episode, self.bound_files)
+        try:
+            await self.client.apply_config_map(manifest)
+        except KubeError as error:
+            raise SandboxError(f"cannot make the ConfigMap of the bound files: {error}", kind="api") from error
+        return str(manifest["metadata"]["name"])
 
     async def verifier(
-        self, attempt: int, turn: int, plan: VerifierPlan, *, waiting: WaitingReport | None = None
+        self,
+        attempt: int,
+        turn: int,
+        plan: VerifierPlan,
+        *,
+        waiting: WaitingReport | None = None,
+        uid: str | None = None,
     ) -> KubeSandbox:
         assert plan.environment is not None
         node: str | None = None
@@ -302,7 +377,7 @@ class KubeProvider:
             node_name=node,
             requests=self.sandbox_requests,
         )
-        return await self._ready(pod, waiting)
+        return await self._ready(pod, waiting, uid)
 
     async def _agent_node(self, attempt: int) -> str:
         """The agent pod's node: a verifier beside it runs there, on the capacity it reserved."""
@@ -348,7 +423,10 @@ class KubeProvider:
         except KubeError as error:
             raise SandboxError(str(error), kind="api") from error
 
-    async def _ready(self, pod: SandboxPod, waiting: WaitingReport | None) -> KubeSandbox:
+    async def _ready(self, pod: SandboxPod, waiting: WaitingReport | None, recorded: str | None) -> KubeSandbox:
+        """The pod running, with the supervisor in place; created only when the attempt recorded none
+        (``recorded``: its uid as the attempt saw it run). A recorded pod that is gone, or there with
+        another uid (deleted and made again by someone), is lost: never created again under it."""
         manifest = sandbox_pod(self.episode, self.spec, pod, extra_labels=self.extra_labels, images=self.images)
         name = manifest["metadata"]["name"]
         # The policy exists before the pod, so a restricted sandbox is never briefly open.
@@ -361,18 +439,33 @@ class KubeProvider:
         with registration as changed:
             try:
                 try:
-                    await self.client.read_pod(self.episode.namespace, name)
+                    existing = await self.client.read_pod(self.episode.namespace, name)
                 except NotFound:
-                    await self.client.create_pod(self.episode.namespace, manifest)
-                await self._wait_running(name, pod.role, pod.environment.build_timeout_sec, changed, waiting)
+                    if recorded is not None:
+                        raise SandboxError(
+                            f"pod {name} (uid {recorded}) is gone, and what the attempt did in it with it",
+                            kind="pod_lost",
+                        ) from None
+                    existing = await self.client.create_pod(self.episode.namespace, manifest)
+                uid = str((existing.get("metadata") or {}).get("uid") or "")
+                if recorded is not None and uid != recorded:
+                    raise SandboxError(
+                        f"pod {name} was replaced (uid {uid}, the attempt's was {recorded}): "
+                        "what the attempt did in it is lost",
+                        kind="pod_lost",
+                    )
+                await self._wait_running(name, pod.role, pod.environment.build_timeout_sec, changed, waiting, uid)
             except KubeError as error:
                 raise SandboxError(f"pod {name}: {error}", kind="api") from error
-        sandbox = self._sandboxes.get(name) or KubeSandbox(self.client, self.episode.namespace, name)
+        sandbox = self._sandboxes.get(name)
+        if sandbox is None or sandbox.uid != uid:
+            sandbox = KubeSandbox(self.client, self.episode.namespace, name, uid, limits=self.limits)
         self._sandboxes[name] = sandbox
         try:
             await sandbox.place_supervisor(
                 [sidecar.name for sidecar in pod.sidecars]
-                + ([CAPTURE_CONTAINER] if pod.needs.capture is not None else [])
+                + ([CAPTURE_CONTAINER] if pod.needs.capture is not None else []),
+                layout=SANDBOX_LAYOUT,
             )
         except CommandFailed as error:
             raise SandboxError(f"cannot place the supervisor in {name}: {error}", kind="supervisor") from error
@@ -385,6 +478,7 @@ class KubeProvider:
         start_timeout_sec: float,
         changed: asyncio.Event | None,
         waiting: WaitingReport | None,
+        uid: str,
     ) -> None:
         """Until every container runs and the sidecars are ready; outages are told apart by reason.
 
@@ -409,6 +503,8 @@ class KubeProvider:
                 pod = await self.client.read_pod(self.episode.namespace, name)
             except NotFound:
                 raise SandboxError(f"pod {name} was deleted while starting", kind="pod_lost") from None
+            if (pod.get("metadata") or {}).get("uid") != uid:
+                raise SandboxError(f"pod {name} was deleted and made again while starting", kind="pod_lost")
             verdict = pod_verdict(pod)
             if verdict.ready:
                 await report.running()

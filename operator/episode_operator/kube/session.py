@@ -23,6 +23,8 @@ from typing import Protocol
 
 from episode_operator.kube.client import ExecTransportError
 from episode_operator.runtime import supervisor
+from episode_operator.runtime.limits import AnswerSink, OutputLimitExceeded
+from episode_operator.runtime.sandbox import ArchiveFile
 from episode_operator.runtime.supervisor import Command, SessionAnswers, SessionReady
 
 #: Channels of the exec protocol a session reads.
@@ -38,13 +40,17 @@ FAILURES_BEFORE_GIVING_UP = 3
 class ExecStream(Protocol):
     """An open exec: bytes to its stdin, messages of its channels back."""
 
-    async def send(self, data: bytes) -> None: ...
+    async def send(self, data: bytes, file: ArchiveFile | None = None) -> None:
+        """``data``, then ``file`` streamed in frames, to the exec's stdin."""
+        ...
 
     async def receive(self) -> tuple[int, bytes] | None:
         """The next message as (channel, bytes); None once the exec ended."""
         ...
 
-    async def close(self) -> None: ...
+    async def close(self, *, abort: bool = False) -> None:
+        """End the exec; ``abort``: drop it at once (it sent more than it may)."""
+        ...
 
 
 class SessionFailed(Exception):
@@ -70,10 +76,12 @@ class Session:
         if self._failures >= FAILURES_BEFORE_GIVING_UP or command.words is None or self._lock.locked():
             return False
         ready = self._answers.ready
-        return not command.payload or ready is None or ready.exact_head
+        return not command.payload_size or ready is None or ready.exact_head
 
-    async def call(self, command: Command, timeout_sec: float) -> tuple[int, bytes, bytes]:
-        """(exit status, stdout, stderr) of ``command``; :class:`SessionFailed` when it must go by exec."""
+    async def call(self, command: Command, timeout_sec: float, stdout: AnswerSink) -> tuple[int, bytes]:
+        """(exit status, stderr) of ``command``, its stdout written to ``stdout``; :class:`SessionFailed`
+        when it must go by exec. An answer past its bound closes the session and raises
+        :class:`OutputLimitExceeded`: the exec would be refused alike."""
         call = supervisor.session_call(command)
         if call is None:
             raise SessionFailed("not a supervisor verb")
@@ -84,12 +92,16 @@ class Session:
             try:
                 async with asyncio.timeout(timeout_sec):
                     ready = await self._open()
-                    if command.payload and not ready.exact_head:
+                    if command.payload_size and not ready.exact_head:
                         raise SessionFailed("this container's head may read past a request")
                     assert self._stream is not None
-                    await self._stream.send(call.request)
+                    self._answers.expect(call.nonce, stdout, command.answer)
+                    await self._stream.send(call.request, call.file)
                     while (answer := self._answers.take(call.nonce)) is None:
                         await self._receive()
+            except OutputLimitExceeded:
+                await self._discard(abort=True)
+                raise
             except SessionFailed:
                 self._failures += 1
                 await self._discard()
@@ -101,7 +113,7 @@ class Session:
             self._failures = 0
             self.calls += 1
             self._schedule_idle()
-            return answer.status, answer.stdout, answer.stderr
+            return answer.status, answer.stderr
 
     async def _open(self) -> SessionReady:
         if self._stream is None:
@@ -121,11 +133,11 @@ class Session:
         if message[0] == STDOUT:
             self._answers.feed(message[1])
 
-    async def _discard(self) -> None:
+    async def _discard(self, *, abort: bool = False) -> None:
         stream, self._stream = self._stream, None
         if stream is not None:
             with contextlib.suppress(Exception):  # it failed already; closing is best effort
-                await stream.close()
+                await stream.close(abort=abort)
 
     def _schedule_idle(self) -> None:
         loop = asyncio.get_running_loop()

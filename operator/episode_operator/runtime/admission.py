@@ -26,12 +26,24 @@ from episode_operator.api.vocabulary import (
     FailureKind,
 )
 from episode_operator.runtime.agents import AGENTS, spec_problems
+from episode_operator.runtime.agents.model import TOOLCHAINS
 from episode_operator.runtime.images import ImagePlan, ImagePolicy, plan_images, with_images
+from episode_operator.runtime.supervisor import SUPERVISOR_DIR
+from episode_operator.runtime.turn.context import LOGS_VERIFIER, TESTS
 from episode_operator.taskfolder import EpisodePlan, Problem, TaskFiles, resolve_plan, seed_refusals, validate_task
 from episode_operator.taskfolder.envtemplates import UnresolvedTemplate, resolve_env_templates
 
 # Status messages are bounded (an Episode's status lives in etcd with the object).
 MESSAGE_LIMIT = 4000
+
+# Paths the operator keeps for itself, which no compose volume may cover (at, above or below), and why.
+SEALED = "sealed while test.sh runs, which a volume shared with another mount or service would outlive"
+RESERVED_IN_EVERY_CONTAINER = {SUPERVISOR_DIR: "the operator's supervisor and its job records live there"}
+RESERVED_IN_MAIN = {
+    TESTS: f"the verifier's tests are placed there and {SEALED}",
+    LOGS_VERIFIER: f"the verifier writes its reward there, {SEALED}",
+    TOOLCHAINS: "the harnesses' toolchains are mounted there",
+}
 
 
 @dataclass(frozen=True)
@@ -80,6 +92,7 @@ def admit_task(spec: EpisodeSpec, files: TaskFiles, policy: ImagePolicy | None =
     plan = resolve_plan(validation.task, timeout_multiplier=spec.timeout_multiplier)
     images = plan_images(validation.task, plan, image_override=spec.image, policy=policy or ImagePolicy())
     problems = [
+        *validation.task.compose.mount_refusals(RESERVED_IN_EVERY_CONTAINER, RESERVED_IN_MAIN),
         *(images if isinstance(images, list) else []),
         *seed_refusals(plan, accepts_prior_trajectory=agent.accepts_prior_trajectory),
         *agent.seed_refusals(plan, spec.agent),

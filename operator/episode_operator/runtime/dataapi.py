@@ -32,7 +32,6 @@ settings (from the ``extension-apiserver-authentication`` ConfigMap) and the aut
 from __future__ import annotations
 
 import asyncio
-import io
 import json
 import ssl
 import tarfile
@@ -40,7 +39,7 @@ import tempfile
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, BinaryIO, Protocol
 from urllib.parse import unquote
 
 from aiohttp import web
@@ -153,19 +152,22 @@ async def _turns(blobs: EpisodeBlobs, query: Mapping[str, str]) -> web.Response:
 
 
 async def _artifacts(blobs: EpisodeBlobs, _: Mapping[str, str]) -> web.Response:
+    """The artifacts as a gzipped tar, made in a scratch file and streamed from it (they may be GiBs)."""
     with tempfile.TemporaryDirectory() as scratch:
-        if not await export_artifacts(blobs, Path(scratch)):
+        if not (await export_artifacts(blobs, Path(scratch))).written:
             raise _status(404, "NotFound", "no artifacts kept")
         body = await asyncio.to_thread(_gzip_tar, Path(scratch))
-    return web.Response(body=body, content_type="application/gzip")
+    return web.Response(body=body, content_type="application/gzip")  # aiohttp reads it in chunks, then closes it
 
 
-def _gzip_tar(folder: Path) -> bytes:
-    buffer = io.BytesIO()
-    with tarfile.open(fileobj=buffer, mode="w:gz") as archive:
+def _gzip_tar(folder: Path) -> BinaryIO:
+    """A gzipped tar of ``folder``'s children, in an unnamed temporary file read from its start."""
+    file = tempfile.TemporaryFile()  # noqa: SIM115 - the response reads it, then closes it
+    with tarfile.open(fileobj=file, mode="w:gz") as archive:
         for child in sorted(folder.iterdir()):
             archive.add(child, arcname=child.name)
-    return buffer.getvalue()
+    file.seek(0)
+    return file
 
 
 @dataclass(frozen=True)

@@ -24,14 +24,27 @@ import asyncio
 import contextlib
 import math
 import re
+import secrets
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass, replace
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from dataclasses import dataclass, field, replace
 from typing import Protocol
 
-from episode_operator.api.models import AgentSpec, AttemptStatus, EpisodeStatus, TaskStatus, TurnStatus
+from episode_operator.api.models import (
+    AgentOutages,
+    AgentSpec,
+    AttemptStatus,
+    EpisodeStatus,
+    PodRecord,
+    PodRole,
+    TaskStatus,
+    TurnStatus,
+)
 from episode_operator.api.vocabulary import (
+    AGENT_CAUSABLE_OUTAGES,
+    FAILURE_BROKE_SANDBOX,
     FAILURE_DEADLINE,
+    FAILURE_OUTPUT_LIMIT,
     FAILURE_VERIFIER,
     PODS_READY,
     ConditionStatus,
@@ -45,6 +58,7 @@ from episode_operator.api.vocabulary import (
     timestamp,
 )
 from episode_operator.runtime.images import ImageBuilder, ImagePlan, SandboxImage
+from episode_operator.runtime.limits import OutputLimitExceeded, OutputLimits
 from episode_operator.runtime.replay import (
     ReplayConfig,
     ReplayedSandbox,
@@ -58,6 +72,7 @@ from episode_operator.runtime.sandbox import (
     CommandFailed,
     JobSpec,
     JobState,
+    KeyedSandbox,
     Sandbox,
     SandboxError,
     SandboxProvider,
@@ -74,10 +89,11 @@ from episode_operator.runtime.turn.failures import (
     PreparationFailed,
     TurnFailed,
     check_started,
+    output_limit,
     sandbox_call,
     sandbox_lost,
 )
-from episode_operator.runtime.turn.table import TURN, Network, is_published
+from episode_operator.runtime.turn.table import TURN, Network, is_published, restart_at
 from episode_operator.runtime.turn.verify import record_score, stops_episode
 from episode_operator.taskfolder import EpisodePlan, TaskFiles
 from episode_operator.taskfolder.healthcheck import poll_healthcheck
@@ -137,14 +153,19 @@ class EpisodeConfig:
     digest: str
     task_name: str | None = None
     outage_retries: int = 2
+    # An agent-causable outage after an agent acted: retried (Gym) or scored a measured 0 (RL).
+    agent_outages: AgentOutages = "retry"
     keep_pods_on_failure: bool = False
     poll_interval_sec: float = 30.0
     backoff_base_sec: float = 5.0
     backoff_max_sec: float = 120.0
-    log_limit: int = 1 << 20
+    # What a sandbox's answers and a turn's artifacts may hold (runtime/limits.py); the log tail among them.
+    limits: OutputLimits = field(default_factory=OutputLimits)
     generation: int | None = None
     # How each sandbox's image is made (runtime/images.py); None: prebuilt images only.
     images: ImagePlan | None = None
+    # spec.agent.env/envFrom as read by the operator: the agent's own jobs get them, nothing else.
+    agent_env: Mapping[str, str] = field(default_factory=dict)
 
 
 class EpisodeRunner:
@@ -165,6 +186,7 @@ class EpisodeRunner:
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
         observer: EpisodeObserver | None = None,
         builder: ImageBuilder | None = None,
+        job_keys: Callable[[], str] = lambda: secrets.token_hex(16),
     ) -> None:
         self.config = config
         self._builder = builder
@@ -176,6 +198,7 @@ class EpisodeRunner:
         self.monotonic = monotonic
         self.sleep = sleep
         self.observer: EpisodeObserver = observer or _Unobserved()
+        self._job_keys = job_keys
         self._baseline = baseline_policy(self.plan.environment)
         self.status = EpisodeStatus()
         self._agent_sandbox: Sandbox | None = None
@@ -193,13 +216,22 @@ class EpisodeRunner:
         if self.status.phase in (None, "Pending") or not self.status.attempts:
             self._begin()
             await self.publish()
+        elif self._attempt.finished_at is not None and self._attempt.reason is not None:
+            # Written by a runner that ended an attempt in an outage and stopped before it wrote the next one.
+            await self._next_attempt(0.0)
         while not is_terminal(self.status.phase):
             try:
                 await self._run_attempt()
             except Outage as outage:
-                await self._after_outage(outage)
+                if self._agent_broke_the_sandbox(outage):
+                    await self._score_outage(outage)
+                else:
+                    await self._after_outage(outage)
             except EpisodeEnds as ending:
                 await self._end(ending.outcome, ending.failure_kind, str(ending))
+            except OutputLimitExceeded as error:
+                # Outside a turn (the seed: the agent's setup has run in its sandbox), as a failed setup.
+                await self._end("Ungraded", FAILURE_OUTPUT_LIMIT, f"refused what the sandbox sent: {error}")
         return self.status
 
     def _begin(self) -> None:
@@ -207,7 +239,7 @@ class EpisodeRunner:
         self.status.phase = "Running"
         self.status.started_at = self.status.started_at or timestamp(now)
         self.status.task = TaskStatus(digest=self.config.digest, steps=len(self.plan.turns), name=self.config.task_name)
-        self.status.attempts = [AttemptStatus(number=1, started_at=timestamp(now))]
+        self.status.attempts = [AttemptStatus(number=1, started_at=timestamp(now), job_key=self._job_keys())]
         self._reset_turns(1)
         self._condition("Running", "True", "Started", "the episode is running")
 
@@ -225,6 +257,11 @@ class EpisodeRunner:
     # One attempt -----------------------------------------------------------------------
     async def _run_attempt(self) -> None:
         attempt = self._attempt
+        if attempt.started_at is None:
+            # The back-off after an outage, its end written before it began: a restart waits out the rest.
+            assert attempt.not_before is not None
+            await self.sleep(max(parse_timestamp(attempt.not_before) - self.clock(), 0.0))
+            attempt.started_at = timestamp(self.clock())
         if attempt.ready_at is None:
             await self._seed()
             ready = self.clock()
@@ -265,6 +302,13 @@ class EpisodeRunner:
     # One turn: the stage table, walked -----------------------------------------------------
     async def _run_turn(self, turn: TurnRun) -> bool:
         """Run ``turn`` from its recorded stage through ``done``; whether the episode stops after it."""
+        try:
+            return await self._walk_turn(turn)
+        finally:
+            if turn.agent_archive is not None:  # brought by the agent's answer, never collected
+                turn.agent_archive.discard()
+
+    async def _walk_turn(self, turn: TurnRun) -> bool:
         record = turn.record
         if record.stage is None:
             record.phase = "Running"
@@ -272,6 +316,9 @@ class EpisodeRunner:
             record.verifier_mode = turn.plan.verifier.mode
             await self._enter(turn, Stage.CLEANUP)
             await self.event("TurnStarted", f"turn {turn.label()} started")
+        else:
+            # A restart: the table says where.
+            record.stage = restart_at(record.stage, turn.separate)
         while True:
             assert record.stage is not None
             row = TURN[record.stage]
@@ -290,8 +337,9 @@ class EpisodeRunner:
                 # From step 2 on it is a measured 0 that ends the episode.
                 await record_score(turn, TurnScore(valid=False), failure.failure_kind, str(failure))
                 following = Stage.DONE
-            except TurnFailed as failure:
-                await record_score(turn, TurnScore(valid=False), failure.failure_kind, str(failure))
+            except (TurnFailed, OutputLimitExceeded) as error:
+                failed = error if isinstance(error, TurnFailed) else output_limit(error)
+                await record_score(turn, TurnScore(valid=False), failed.failure_kind, str(failed))
                 following = Stage.DONE
             if following is None:
                 return stops_episode(record)
@@ -366,11 +414,42 @@ class EpisodeRunner:
                 f"{attempt.number} attempt(s) failed; last: {attempt.reason}",
             )
             return
-        delay = min(self.config.backoff_base_sec * 2 ** (attempt.number - 1), self.config.backoff_max_sec)
-        await self.publish()
-        await self.sleep(delay)
-        number = attempt.number + 1
-        self.status.attempts.append(AttemptStatus(number=number, started_at=timestamp(self.clock())))
+        await self._next_attempt(
+            min(self.config.backoff_base_sec * 2 ** (attempt.number - 1), self.config.backoff_max_sec)
+        )
+
+    def _agent_broke_the_sandbox(self, outage: Outage) -> bool:
+        """Whether ``outage`` is scored, not retried: spec.retries.agentOutages says score, the kind is one
+        an agent can cause, and an agent acted in the attempt (a turn reached its agent stage)."""
+        if self.config.agent_outages != "score" or outage.kind not in AGENT_CAUSABLE_OUTAGES:
+            return False
+        order = list(TURN)
+        return any(
+            record.stage is not None and order.index(record.stage) >= order.index(Stage.AGENT)
+            for record in self.status.turns
+        )
+
+    async def _score_outage(self, outage: Outage) -> None:
+        """The turn the outage stopped counts a measured 0 and the episode ends there, graded."""
+        index = self.status.current_turn or 0
+        turn = TurnRun(self, index)
+        self._attempt.reason = f"{outage.kind}: {outage}"
+        self.observer.outage(outage.kind)
+        await self.event("Outage", f"attempt {self._attempt.number}: {self._attempt.reason}; scored", warning=True)
+        await record_score(
+            turn, TurnScore(valid=False), FAILURE_BROKE_SANDBOX, f"the sandbox broke after an agent acted: {outage}"
+        )
+        turn.record.stage = Stage.DONE
+        if not turn.last:
+            self.status.stopped_after_turn = turn.name
+        await self._finish_graded()
+
+    async def _next_attempt(self, delay: float) -> None:
+        """Write the next attempt, to start ``delay`` seconds from now, before waiting for it: a
+        runner that dies in the back-off leaves a status whose lost attempt is over for good."""
+        number = self._attempt.number + 1
+        not_before = timestamp(math.ceil(self.clock() + delay))
+        self.status.attempts.append(AttemptStatus(number=number, not_before=not_before, job_key=self._job_keys()))
         self.status.stopped_after_turn = None
         self._reset_turns(number)
         await self.publish()
@@ -410,12 +489,20 @@ class EpisodeRunner:
         return self.config.agent
 
     @property
+    def agent_env(self) -> Mapping[str, str]:
+        return self.config.agent_env
+
+    @property
     def attempt_number(self) -> int:
         return self._attempt.number
 
     @property
     def store(self) -> EpisodeStore:
         return self._store
+
+    @property
+    def limits(self) -> OutputLimits:
+        return self.config.limits
 
     def now(self) -> float:
         return self.clock()
@@ -427,23 +514,44 @@ class EpisodeRunner:
 
     async def agent_sandbox(self) -> Sandbox:
         if self._agent_sandbox is None:
+            recorded = self._pod_record("agent", None)
             try:
                 async with self.timed("pod_start"):
-                    sandbox = await self.provider.agent(self._attempt.number, waiting=self.pod_waiting)
+                    sandbox = await self.provider.agent(
+                        self._attempt.number, waiting=self.pod_waiting, uid=recorded.uid if recorded else None
+                    )
             except SandboxError as error:
                 raise sandbox_lost(error) from error
-            self._agent_sandbox = sandbox
+            changed = self._record_pod(recorded, "agent", None, sandbox)
             if self.status.pod_name != sandbox.name:
                 self.status.pod_name = sandbox.name
+                changed = True
+            if changed:
+                # Before any job runs in it: a restart then knows this pod, and never uses another in its place.
                 await self.publish()
+            self._agent_sandbox = self._keyed(sandbox)
             attempt = self._attempt
             source = self.images.agent.replay
             if source is not None and (
                 attempt.ready_at is not None or seed_passed(attempt.seed_stage, SeedStage.REPLAY)
             ):
                 # A restarted runner: the replay is done, its settings are read back from the pod.
-                self.replayed(await self._recall_replay(sandbox, source))
+                self.replayed(await self._recall_replay(self._agent_sandbox, source))
         return self._agent_sandbox
+
+    def _keyed(self, sandbox: Sandbox) -> Sandbox:
+        key = self._attempt.job_key
+        return KeyedSandbox(sandbox, key) if key else sandbox  # no key: an attempt begun before keys
+
+    def _pod_record(self, role: PodRole, turn: int | None) -> PodRecord | None:
+        return next((pod for pod in self._attempt.pods if pod.role == role and pod.turn == turn), None)
+
+    def _record_pod(self, recorded: PodRecord | None, role: PodRole, turn: int | None, sandbox: Sandbox) -> bool:
+        """Record the attempt's pod as first seen running; whether the status changed."""
+        if recorded is not None or not sandbox.uid:
+            return False
+        self._attempt.pods.append(PodRecord(role=role, turn=turn, name=sandbox.name, uid=sandbox.uid))
+        return True
 
     async def _recall_replay(self, sandbox: Sandbox, source: ReplaySource) -> ReplayReady:
         config = self.replay_config(
@@ -462,10 +570,16 @@ class EpisodeRunner:
         if index in self._verifier_sandboxes:
             return self._verifier_sandboxes[index]
         plan = self.plan.turns[index].verifier
+        recorded = self._pod_record("verifier", index + 1)
         try:
-            sandbox = await self.provider.verifier(self._attempt.number, index, plan, waiting=self.pod_waiting)
+            sandbox = await self.provider.verifier(
+                self._attempt.number, index, plan, waiting=self.pod_waiting, uid=recorded.uid if recorded else None
+            )
         except SandboxError as error:
             raise sandbox_lost(error) from error
+        if self._record_pod(recorded, "verifier", index + 1, sandbox):
+            await self.publish()
+        sandbox = self._keyed(sandbox)
         image = self.images.verifier(index)
         if image is not None and image.replay is not None:
             assert plan.environment is not None
@@ -519,7 +633,7 @@ class EpisodeRunner:
         """
         self._check_deadline()
         if spec.tail == 0:
-            spec = replace(spec, tail=self.config.log_limit)
+            spec = replace(spec, tail=self.config.limits.log_bytes)
         try:
             state = await sandbox.start_job(
                 spec, wait_sec=min(spec.timeout_sec + KILL_AFTER_SEC, self.config.poll_interval_sec), upload=upload
@@ -545,7 +659,7 @@ class EpisodeRunner:
         output = state.output
         if output is None:  # a job that ended before this runner asked for its tail
             try:
-                output = await sandbox.job_output(state.id, container=container, limit=self.config.log_limit)
+                output = await sandbox.job_output(state.id, container=container, limit=self.config.limits.log_bytes)
             except (SandboxError, CommandFailed):
                 return  # logs are best effort; the outcome does not depend on them
         await self._store.save_log(self._attempt.number, turn, name, output)

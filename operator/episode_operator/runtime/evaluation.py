@@ -6,10 +6,13 @@ server and hands them to :func:`plan_set`, which decides everything: the new sta
 create, suspend or resume. No I/O happens here, so every rule is a table-driven unit test.
 
 Scoring follows Gym: the mean reward is over *graded* children only; masked children,
-terminal failures and outages (``Ungraded``) are counted apart and left out. pass@k is the
-unbiased estimator of Chen et al. (2021), ``1 − C(n−c, k) / C(n, k)`` per task with ``n``
-graded attempts and ``c`` successes (reward ≥ ``successThreshold``), averaged over the
-tasks with ``n ≥ k``.
+terminal failures and outages (``Ungraded``) are counted apart and left out of it. pass@k is
+the unbiased estimator of Chen et al. (2021), ``1 − C(n−c, k) / C(n, k)`` per task with ``c``
+successes (reward ≥ ``successThreshold``) among ``n`` attempts, averaged over the tasks with
+``n ≥ k``. An ``Ungraded`` attempt (its outages used up: the agent got no verdict) is among the
+``n`` as a miss, and each row says how many there are: dropped, a task whose attempts keep
+failing under the agent would leave the table silently and flatter it. Masked attempts and
+terminal failures (the task's, not the agent's) are no samples.
 """
 
 from __future__ import annotations
@@ -136,20 +139,24 @@ def summarize_task(task: SetTaskStatus, threshold: float) -> SetTaskStatus:
     """A task with its counts, mean reward and pass@k over its graded attempts."""
     finished = [record for record in task.children if is_terminal(record.phase)]
     rewards = [record.reward for record in finished if record.outcome == "Graded" and record.reward is not None]
+    ungraded = sum(1 for record in finished if record.outcome == "Ungraded")
     successes = sum(1 for reward in rewards if reward >= threshold)
+    samples = len(rewards) + ungraded
     return task.model_copy(
         update={
             "finished": len(finished),
             "graded": len(rewards),
+            "ungraded": ungraded,
             "successes": successes,
             "mean_reward": sum(rewards) / len(rewards) if rewards else None,
-            "pass_at_k": [pass_at_k(len(rewards), successes, k) for k in range(1, len(rewards) + 1)],
+            "pass_at_k": [pass_at_k(samples, successes, k) for k in range(1, samples + 1)],
         }
     )
 
 
 def aggregate(tasks: Sequence[SetTaskStatus], attempts: int) -> tuple[float | None, list[PassAtK]]:
-    """Mean reward over every graded child, and pass@k (k = 1 … attempts) over the tasks with n ≥ k."""
+    """Mean reward over every graded child, and pass@k (k = 1 … attempts) over the tasks with n ≥ k
+    (n: graded and ungraded attempts)."""
     rewards = [
         record.reward
         for task in tasks
@@ -159,8 +166,10 @@ def aggregate(tasks: Sequence[SetTaskStatus], attempts: int) -> tuple[float | No
     mean = sum(rewards) / len(rewards) if rewards else None
     table = []
     for k in range(1, attempts + 1):
-        values = [task.pass_at_k[k - 1] for task in tasks if len(task.pass_at_k) >= k]
-        table.append(PassAtK(k=k, value=sum(values) / len(values) if values else None, tasks=len(values)))
+        covered = [task for task in tasks if len(task.pass_at_k) >= k]
+        values = [task.pass_at_k[k - 1] for task in covered]
+        value = sum(values) / len(values) if values else None
+        table.append(PassAtK(k=k, value=value, tasks=len(values), ungraded=sum(task.ungraded for task in covered)))
     return mean, table
 
 

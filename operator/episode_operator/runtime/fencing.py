@@ -24,6 +24,7 @@ from typing import Protocol
 
 from episode_operator.runtime.sandbox import (
     MAIN_CONTAINER,
+    ArchiveFile,
     FileContent,
     JobSpec,
     JobState,
@@ -70,10 +71,11 @@ class FencedSandbox:
     sandbox: Sandbox
     fence: Fence
     name: str = field(init=False)
+    uid: str = field(init=False)
     workdir: str = field(init=False)
 
     def __post_init__(self) -> None:
-        self.name, self.workdir = self.sandbox.name, self.sandbox.workdir
+        self.name, self.uid, self.workdir = self.sandbox.name, self.sandbox.uid, self.sandbox.workdir
 
     async def start_job(self, spec: JobSpec, *, wait_sec: float = 0.0, upload: Upload | None = None) -> JobState:
         self.fence.check()
@@ -88,14 +90,19 @@ class FencedSandbox:
         return await self.sandbox.job_output(job_id, container=container, limit=limit)
 
     async def upload(
-        self, archive: bytes, destination: str, *, container: str = MAIN_CONTAINER, clear: Sequence[str] = ()
+        self,
+        archive: bytes | ArchiveFile,
+        destination: str,
+        *,
+        container: str = MAIN_CONTAINER,
+        clear: Sequence[str] = (),
     ) -> None:
         self.fence.check()
         await self.sandbox.upload(archive, destination, container=container, clear=clear)
 
     async def download(
         self, paths: Sequence[str], *, container: str = MAIN_CONTAINER, exclude: Sequence[str] = ()
-    ) -> bytes:
+    ) -> ArchiveFile:
         self.fence.check()
         return await self.sandbox.download(paths, container=container, exclude=exclude)
 
@@ -119,15 +126,21 @@ class FencedProvider:
     provider: SandboxProvider
     fence: Fence
 
-    async def agent(self, attempt: int, *, waiting: WaitingReport | None = None) -> Sandbox:
+    async def agent(self, attempt: int, *, waiting: WaitingReport | None = None, uid: str | None = None) -> Sandbox:
         self.fence.check()
-        return FencedSandbox(await self.provider.agent(attempt, waiting=waiting), self.fence)
+        return FencedSandbox(await self.provider.agent(attempt, waiting=waiting, uid=uid), self.fence)
 
     async def verifier(
-        self, attempt: int, turn: int, plan: VerifierPlan, *, waiting: WaitingReport | None = None
+        self,
+        attempt: int,
+        turn: int,
+        plan: VerifierPlan,
+        *,
+        waiting: WaitingReport | None = None,
+        uid: str | None = None,
     ) -> Sandbox:
         self.fence.check()
-        return FencedSandbox(await self.provider.verifier(attempt, turn, plan, waiting=waiting), self.fence)
+        return FencedSandbox(await self.provider.verifier(attempt, turn, plan, waiting=waiting, uid=uid), self.fence)
 
     async def apply_network(self, attempt: int, policy: NetworkPolicy) -> None:
         self.fence.check()

@@ -44,18 +44,18 @@ import math
 import shlex
 import tarfile
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 
 from episode_operator.runtime.sandbox import (
     KEEP_ALIVE,
     MAIN_CONTAINER,
     CommandFailed,
-    FileContent,
     JobSpec,
     JobState,
     Sandbox,
     SandboxError,
+    SandboxWrapper,
     Upload,
 )
 from episode_operator.runtime.store import EpisodeStore
@@ -367,7 +367,7 @@ def _script_archive(script: str) -> bytes:
 
 
 @dataclass
-class ReplayedSandbox:
+class ReplayedSandbox(SandboxWrapper):
     """A sandbox whose image was replayed: its main container's jobs default to the image's settings.
 
     A job's ``user`` (None: the image's USER), ``cwd`` (None: its WORKDIR) and ``env`` (over the
@@ -377,10 +377,6 @@ class ReplayedSandbox:
 
     inner: Sandbox
     settings: ImageSettings
-
-    @property
-    def name(self) -> str:
-        return self.inner.name
 
     @property
     def workdir(self) -> str:
@@ -401,25 +397,6 @@ class ReplayedSandbox:
 
     async def wait_job(self, spec: JobSpec, *, max_wait_sec: float) -> JobState:
         return await self.inner.wait_job(self._defaults(spec), max_wait_sec=max_wait_sec)
-
-    async def job_output(self, job_id: str, *, container: str = MAIN_CONTAINER, limit: int) -> bytes:
-        return await self.inner.job_output(job_id, container=container, limit=limit)
-
-    async def upload(
-        self, archive: bytes, destination: str, *, container: str = MAIN_CONTAINER, clear: Sequence[str] = ()
-    ) -> None:
-        await self.inner.upload(archive, destination, container=container, clear=clear)
-
-    async def download(
-        self, paths: Sequence[str], *, container: str = MAIN_CONTAINER, exclude: Sequence[str] = ()
-    ) -> bytes:
-        return await self.inner.download(paths, container=container, exclude=exclude)
-
-    async def read_files(self, paths: Sequence[str], *, container: str = MAIN_CONTAINER) -> dict[str, FileContent]:
-        return await self.inner.read_files(paths, container=container)
-
-    async def clear(self, paths: Sequence[str], *, container: str = MAIN_CONTAINER) -> None:
-        await self.inner.clear(paths, container=container)
 
     async def switch_user(self, user: str | int, workdir: str | None) -> None:
         await self.inner.switch_user(user, workdir or self.workdir)

@@ -9,9 +9,15 @@ restarted operator re-attaches instead of running a turn twice.
 
 from __future__ import annotations
 
+import hashlib
+import hmac
+import os
+import shutil
+import tempfile
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import Literal, Protocol
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import BinaryIO, Literal, Protocol
 
 from episode_operator.api.vocabulary import OutageKind
 from episode_operator.taskfolder.plan import NetworkPolicy, VerifierPlan
@@ -49,6 +55,42 @@ class JobSpec:
     read_after: tuple[str, ...] = ()
     download_after: str | None = None
     download_exclude: tuple[str, ...] = ()
+    # Its environment holds secrets (the agent's own env): it never travels in an exec's URL.
+    private: bool = False
+
+
+@dataclass(frozen=True)
+class ArchiveFile:
+    """A tar on the operator's disk (its scratch space): an artifact on its way from a sandbox to
+    the store, or from the store to a verifier, never held in memory whole. Whoever holds one
+    discards it when done."""
+
+    path: Path
+    size: int
+
+    @classmethod
+    def of_bytes(cls, data: bytes) -> ArchiveFile:
+        """A new temporary file holding ``data``."""
+        descriptor, name = tempfile.mkstemp(prefix="episode-operator-archive-")
+        with os.fdopen(descriptor, "wb") as file:
+            file.write(data)
+        return cls(Path(name), len(data))
+
+    @classmethod
+    def of_stream(cls, stream: BinaryIO) -> ArchiveFile:
+        """A new temporary file holding what ``stream`` reads to its end."""
+        descriptor, name = tempfile.mkstemp(prefix="episode-operator-archive-")
+        with os.fdopen(descriptor, "wb") as file:
+            shutil.copyfileobj(stream, file)
+            size = file.tell()
+        return cls(Path(name), size)
+
+    def read_bytes(self) -> bytes:
+        """All of it in memory: for tests and small archives only."""
+        return self.path.read_bytes()
+
+    def discard(self) -> None:
+        self.path.unlink(missing_ok=True)
 
 
 @dataclass(frozen=True)
@@ -73,7 +115,8 @@ class JobState:
     output: bytes | None = None
     files: Mapping[str, FileContent] | None = None
     # The tar of the spec's ``download_after``; None when not asked, not done yet, or tar failed.
-    archive: bytes | None = None
+    # The receiver discards it.
+    archive: ArchiveFile | None = None
 
     @property
     def done(self) -> bool:
@@ -117,9 +160,29 @@ class SandboxError(Exception):
 class Upload:
     """A tar to extract (as :meth:`Sandbox.upload` does) just before a job starts, in its exec."""
 
-    archive: bytes
+    archive: bytes | ArchiveFile
     destination: str
     clear: tuple[str, ...] = ()
+
+
+# Who owns a sealed folder: root (None), a user, or the user of the job whose start carries the clear.
+JOB_USER = "@job"
+
+
+def sealed(directory: str, owner: str | int | None = None) -> str:
+    """A clear (of :meth:`Sandbox.clear`, an :class:`Upload`'s ``clear``) that seals ``directory`` for a
+    verifier: made root's and mode 0755 before it is emptied — from then on no other user adds to it,
+    or renames it or a folder above it away (those are made root's, not writable by others) — then
+    given to ``owner`` (:data:`JOB_USER`: the user of the job whose start carries the clear).
+
+    A plain path is cleared and left mode 0777, as Gym leaves the agent's folders; a sealed one is how
+    a verifier's folders must be while it runs: an agent's leftover processes cannot reach them."""
+    if not directory.startswith("/") or not directory.endswith("/"):
+        raise ValueError(f"a sealed folder is an absolute directory path ending in /: {directory!r}")
+    who = "" if owner is None else str(owner)
+    if ":" in who or "\n" in who:
+        raise ValueError(f"invalid owner {owner!r}")
+    return f"0755:{who}:{directory}"
 
 
 class CommandFailed(Exception):
@@ -134,10 +197,19 @@ class CommandFailed(Exception):
 
 
 class Sandbox(Protocol):
-    """One running sandbox (pod). Every method is safe to retry after an operator restart."""
+    """One running sandbox (pod). Every method is safe to retry after an operator restart.
+
+    Every answer is bounded (``runtime/limits.py``): one that passes its bound raises
+    :class:`~episode_operator.runtime.limits.OutputLimitExceeded` and nothing of it is kept.
+    """
 
     @property
     def name(self) -> str: ...
+
+    @property
+    def uid(self) -> str:
+        """This incarnation of the sandbox (the pod's uid): a sandbox created again under the same name has another."""
+        ...
 
     @property
     def workdir(self) -> str:
@@ -163,18 +235,27 @@ class Sandbox(Protocol):
         ...
 
     async def upload(
-        self, archive: bytes, destination: str, *, container: str = MAIN_CONTAINER, clear: Sequence[str] = ()
+        self,
+        archive: bytes | ArchiveFile,
+        destination: str,
+        *,
+        container: str = MAIN_CONTAINER,
+        clear: Sequence[str] = (),
     ) -> None:
         """Extract a tar into ``destination`` as root: modes kept, same names replaced, nothing removed.
 
-        ``clear`` paths are cleared first (as :meth:`clear` does), in the same round trip.
+        ``clear`` paths are cleared first (as :meth:`clear` does), in the same round trip. A file is
+        streamed, never read whole.
         """
         ...
 
     async def download(
         self, paths: Sequence[str], *, container: str = MAIN_CONTAINER, exclude: Sequence[str] = ()
-    ) -> bytes:
-        """A tar of ``paths`` (absolute), member names relative to ``/``; missing paths are left out."""
+    ) -> ArchiveFile:
+        """A tar of ``paths`` (absolute), member names relative to ``/``; missing paths are left out.
+
+        Bounded by the artifact bound; the caller discards the file.
+        """
         ...
 
     async def read_files(self, paths: Sequence[str], *, container: str = MAIN_CONTAINER) -> dict[str, FileContent]:
@@ -193,17 +274,26 @@ class Sandbox(Protocol):
 class SandboxProvider(Protocol):
     """Creates, re-attaches and removes the sandboxes of one episode."""
 
-    async def agent(self, attempt: int, *, waiting: WaitingReport | None = None) -> Sandbox:
+    async def agent(self, attempt: int, *, waiting: WaitingReport | None = None, uid: str | None = None) -> Sandbox:
         """The attempt's agent sandbox, created if needed, ready, with the supervisor in place.
 
         ``waiting`` hears why the pod does not run yet while it waits (and None once it runs).
+        ``uid`` is the sandbox the attempt recorded (None: none yet): a recorded sandbox that is
+        gone, or there with another uid, raises :class:`SandboxError` (``pod_lost``) and is never
+        created again — what the attempt did in it is lost with it.
         """
         ...
 
     async def verifier(
-        self, attempt: int, turn: int, plan: VerifierPlan, *, waiting: WaitingReport | None = None
+        self,
+        attempt: int,
+        turn: int,
+        plan: VerifierPlan,
+        *,
+        waiting: WaitingReport | None = None,
+        uid: str | None = None,
     ) -> Sandbox:
-        """A fresh verifier sandbox for a separate turn (re-attached if it exists)."""
+        """A fresh verifier sandbox for a separate turn (re-attached if it exists); ``uid`` as for :meth:`agent`."""
         ...
 
     async def apply_network(self, attempt: int, policy: NetworkPolicy) -> None:
@@ -217,3 +307,89 @@ class SandboxProvider(Protocol):
     async def release_all(self, *, keep: bool) -> None:
         """Remove every sandbox of the episode, unless ``keep`` (debugging a failure)."""
         ...
+
+
+def keyed_job_id(key: str, job_id: str) -> str:
+    """``job_id`` with a suffix only the holder of ``key`` can compute (an HMAC of the id).
+
+    Job ids are deterministic so that a restarted operator re-attaches to its jobs, and the
+    supervisor's records live in the agent's own container: an agent that could name the
+    verifier's job before it starts could create its record and pre-empt it (a job that exists
+    is never started again). With the attempt's key in every id (kept in the Episode's status,
+    which the pod cannot read), no agent can name a job it did not see started.
+    """
+    digest = hmac.new(key.encode(), job_id.encode(), hashlib.sha256).hexdigest()[:16]
+    return f"{job_id}.{digest}"
+
+
+class SandboxWrapper:
+    """A sandbox that passes every call to ``inner``: subclasses change what they must (job defaults, ids)."""
+
+    inner: Sandbox
+
+    @property
+    def name(self) -> str:
+        return self.inner.name
+
+    @property
+    def uid(self) -> str:
+        return self.inner.uid
+
+    @property
+    def workdir(self) -> str:
+        return self.inner.workdir
+
+    async def start_job(self, spec: JobSpec, *, wait_sec: float = 0.0, upload: Upload | None = None) -> JobState:
+        return await self.inner.start_job(spec, wait_sec=wait_sec, upload=upload)
+
+    async def wait_job(self, spec: JobSpec, *, max_wait_sec: float) -> JobState:
+        return await self.inner.wait_job(spec, max_wait_sec=max_wait_sec)
+
+    async def job_output(self, job_id: str, *, container: str = MAIN_CONTAINER, limit: int) -> bytes:
+        return await self.inner.job_output(job_id, container=container, limit=limit)
+
+    async def upload(
+        self,
+        archive: bytes | ArchiveFile,
+        destination: str,
+        *,
+        container: str = MAIN_CONTAINER,
+        clear: Sequence[str] = (),
+    ) -> None:
+        await self.inner.upload(archive, destination, container=container, clear=clear)
+
+    async def download(
+        self, paths: Sequence[str], *, container: str = MAIN_CONTAINER, exclude: Sequence[str] = ()
+    ) -> ArchiveFile:
+        return await self.inner.download(paths, container=container, exclude=exclude)
+
+    async def read_files(self, paths: Sequence[str], *, container: str = MAIN_CONTAINER) -> dict[str, FileContent]:
+        return await self.inner.read_files(paths, container=container)
+
+    async def clear(self, paths: Sequence[str], *, container: str = MAIN_CONTAINER) -> None:
+        await self.inner.clear(paths, container=container)
+
+    async def switch_user(self, user: str | int, workdir: str | None) -> None:
+        await self.inner.switch_user(user, workdir)
+
+
+@dataclass
+class KeyedSandbox(SandboxWrapper):
+    """A sandbox whose jobs run under keyed ids (:func:`keyed_job_id`); its answers name them as asked."""
+
+    inner: Sandbox
+    key: str
+
+    def _keyed(self, spec: JobSpec) -> JobSpec:
+        return replace(spec, id=keyed_job_id(self.key, spec.id))
+
+    async def start_job(self, spec: JobSpec, *, wait_sec: float = 0.0, upload: Upload | None = None) -> JobState:
+        state = await self.inner.start_job(self._keyed(spec), wait_sec=wait_sec, upload=upload)
+        return replace(state, id=spec.id)
+
+    async def wait_job(self, spec: JobSpec, *, max_wait_sec: float) -> JobState:
+        state = await self.inner.wait_job(self._keyed(spec), max_wait_sec=max_wait_sec)
+        return replace(state, id=spec.id)
+
+    async def job_output(self, job_id: str, *, container: str = MAIN_CONTAINER, limit: int) -> bytes:
+        return await self.inner.job_output(keyed_job_id(self.key, job_id), container=container, limit=limit)

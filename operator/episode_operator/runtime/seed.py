@@ -28,6 +28,7 @@ from typing import Final, Protocol
 
 from episode_operator.api.vocabulary import FAILURE_AGENT_SETUP, FAILURE_ENVIRONMENT_BUILD, FAILURE_SEED, SeedStage
 from episode_operator.runtime.agents import agent_kind
+from episode_operator.runtime.agents.base import with_agent_env
 from episode_operator.runtime.archive import folder_tar
 from episode_operator.runtime.images import BuildFailed, BuildOutage, ImageBuild, ImageBuilder, ImagePlan
 from episode_operator.runtime.replay import (
@@ -211,7 +212,7 @@ async def set_up_agent(seed: SeedServices) -> None:
     if setup is None:
         return
     sandbox = await seed.agent_sandbox()
-    state = await seed.run_job(sandbox, setup)
+    state = await seed.run_job(sandbox, with_agent_env(setup, seed.agent_env))
     await seed.save_job_log(sandbox, SEED_LOGS, "agent-setup", state)
     check_started(Call.START_AGENT, state)
     if not state.succeeded:
@@ -276,7 +277,8 @@ SEED: Final[Mapping[SeedStage, SeedRow]] = {
         start_sandbox,
         SeedStage.REPLAY,
         SeedPublished.BUILDS,  # after builds, the status moves on from images; else the attempt's start says it
-        "Re-attaches to the attempt's agent pod (created if missing) and waits until it runs, saying why it "
+        "Re-attaches to the attempt's agent pod (created if the attempt recorded none: a recorded one gone or "
+        "replaced is an outage) and waits until it runs, saying why it "
         "waits in the status.",
     ),
     SeedStage.REPLAY: SeedRow(

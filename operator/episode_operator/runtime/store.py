@@ -13,18 +13,21 @@ never reads an old one's files), attempt, turn, kind and name::
 :class:`EpisodeBlobs` is one Episode's view, the runner's :class:`EpisodeStore`. The kinds so far:
 ``logs`` (``<job>.txt``) and ``artifacts`` (``NNN.tar`` for manifest entry NNN, and
 ``manifest.json``); a turn's records (``save_file``) sit beside them. Artifact
-entries are kept as the tars collected from the sandbox (member names relative to ``/``), which is
-also exactly what a separate verifier pod needs to recreate them at their original absolute paths.
+entries are kept as the operator re-packed the tars collected from the sandbox (regular files and
+directories of the artifact's source only, member names relative to ``/``: ``runtime/archive.py``),
+which is also exactly what a separate verifier pod needs to recreate them at their original
+absolute paths. Artifacts go to and from the store as files, streamed, never whole in memory.
 The local layout is the one the data directory always had, so existing data stays readable.
 """
 
 from __future__ import annotations
 
 import asyncio
-import io
 import json
+import os
 import re
 import tarfile
+import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -35,7 +38,9 @@ import obstore
 from obstore.store import LocalStore, MemoryStore, S3Store
 
 from episode_operator.api.export import CALLS_RECORD, INSTRUCTION_RECORD, TRAJECTORY_RECORD
-from episode_operator.runtime.archive import extract_safely
+from episode_operator.runtime.archive import RefusedMember, extract_files
+from episode_operator.runtime.limits import CHUNK_BYTES
+from episode_operator.runtime.sandbox import ArchiveFile
 
 if TYPE_CHECKING:  # the typed configurations exist in obstore's stubs only
     from obstore.store import ClientConfig, ObjectStore, S3Config
@@ -44,6 +49,8 @@ MANIFEST = "manifest.json"
 LOGS = "logs"
 ARTIFACTS = "artifacts"
 SAFE_NAME = re.compile(r"[^A-Za-z0-9._-]")
+# Parts of a large blob sent at once to a bucket (5 MiB each): what an upload holds in memory.
+PUT_CONCURRENCY = 2
 # What the store keeps of a turn whose agent acted: its instruction, its recorded model calls (the capture
 # proxy's journal) and its ATIF trajectory — what ``kubectl episode export`` and ``trajectory`` read.
 INSTRUCTION_FILE, CALLS_FILE, TRAJECTORY_FILE = INSTRUCTION_RECORD, CALLS_RECORD, TRAJECTORY_RECORD
@@ -59,13 +66,15 @@ class EpisodeStore(Protocol):
 
     async def save_log(self, attempt: int, turn: str, name: str, data: bytes) -> None: ...
 
-    async def save_artifact(self, attempt: int, turn: str, index: int, archive: bytes) -> None:
-        """Archive ``index`` of a turn: the tar of manifest entry ``index``."""
+    async def save_artifact(self, attempt: int, turn: str, index: int, archive: ArchiveFile) -> None:
+        """Archive ``index`` of a turn: the tar of manifest entry ``index``, streamed from its file."""
         ...
 
     async def save_manifest(self, attempt: int, turn: str, manifest: list[dict[str, Any]]) -> None: ...
 
-    async def artifact_archives(self, attempt: int, turn: str) -> list[bytes]: ...
+    async def artifact_archives(self, attempt: int, turn: str) -> list[ArchiveFile]:
+        """A turn's archives in manifest order, each copied to a file the caller discards."""
+        ...
 
     async def save_file(self, attempt: int, turn: str, name: str, data: bytes) -> None:
         """A named record of a turn (its model calls, its trajectory)."""
@@ -149,6 +158,31 @@ class BlobStore:
         except FileNotFoundError:
             return None
 
+    async def put_file(self, key: str, archive: ArchiveFile) -> None:
+        """A blob streamed from a file (in parts of a few MiB, never read whole)."""
+        await asyncio.to_thread(obstore.put, self.store, key, archive.path, max_concurrency=PUT_CONCURRENCY)
+
+    async def get_file(self, key: str) -> ArchiveFile | None:
+        """The blob streamed into a new temporary file (the caller discards it); None when there is none."""
+        return await asyncio.to_thread(self._get_file, key)
+
+    def _get_file(self, key: str) -> ArchiveFile | None:
+        try:
+            result = obstore.get(self.store, key)
+        except FileNotFoundError:
+            return None
+        descriptor, name = tempfile.mkstemp(prefix="episode-operator-blob-")
+        size = 0
+        try:
+            with os.fdopen(descriptor, "wb") as file:
+                for chunk in result.stream(min_chunk_size=CHUNK_BYTES):
+                    file.write(chunk)
+                    size += len(chunk)
+        except BaseException:
+            Path(name).unlink(missing_ok=True)
+            raise
+        return ArchiveFile(Path(name), size)
+
     async def list(self, prefix: str) -> list[Blob]:
         """The blobs below ``prefix`` (a folder: whole path segments)."""
         listed = await asyncio.to_thread(lambda: obstore.list(self.store, prefix).collect())
@@ -231,22 +265,27 @@ class EpisodeBlobs:
             lines = "".join(f"{line}\n" for line in [*order, entry])
             await self.store.put(self.key(attempt, LOG_ORDER), lines.encode())
 
-    async def save_artifact(self, attempt: int, turn: str, index: int, archive: bytes) -> None:
-        await self.put(attempt, turn, ARTIFACTS, f"{index:03d}.tar", archive)
+    async def save_artifact(self, attempt: int, turn: str, index: int, archive: ArchiveFile) -> None:
+        await self.store.put_file(self.key(attempt, turn, ARTIFACTS, f"{index:03d}.tar"), archive)
 
     async def save_manifest(self, attempt: int, turn: str, manifest: list[dict[str, Any]]) -> None:
         await self.put(attempt, turn, ARTIFACTS, MANIFEST, (json.dumps(manifest, indent=2) + "\n").encode())
 
-    async def artifact_archives(self, attempt: int, turn: str) -> list[bytes]:
+    async def artifact_archives(self, attempt: int, turn: str) -> list[ArchiveFile]:
         found = [
             blob
             for blob in await self.kept()
             if (blob.attempt, blob.turn, blob.kind) == (attempt, safe(turn), ARTIFACTS)
         ]
         archives = []
-        for blob in sorted(found, key=lambda blob: blob.name):
-            if blob.name.endswith(".tar") and (data := await self.store.get(blob.key)) is not None:
-                archives.append(data)
+        try:
+            for blob in sorted(found, key=lambda blob: blob.name):
+                if blob.name.endswith(".tar") and (archive := await self.store.get_file(blob.key)) is not None:
+                    archives.append(archive)
+        except BaseException:
+            for archive in archives:
+                archive.discard()
+            raise
         return archives
 
     async def save_file(self, attempt: int, turn: str, name: str, data: bytes) -> None:
@@ -319,16 +358,27 @@ def render_logs(logs: Sequence[KeptLog]) -> bytes:
     return b"".join(chunks)
 
 
-async def export_artifacts(blobs: EpisodeBlobs, destination: Path, *, attempt: int | None = None) -> list[Path]:
+@dataclass(frozen=True)
+class Exported:
+    """What :func:`export_artifacts` wrote, and the members it refused (a link, a device, a name
+    leaving the folder…: what an operator before the re-packing of artifacts may have kept)."""
+
+    written: list[Path]
+    refused: list[RefusedMember]
+
+
+async def export_artifacts(blobs: EpisodeBlobs, destination: Path, *, attempt: int | None = None) -> Exported:
     """Unpack the latest attempt's artifacts as ``<destination>/<turn>/<artifact destination>/…``.
 
-    Each turn also gets its ``manifest.json``. Archives come from a sandbox an agent
-    controlled, so they are unpacked with the ``data`` filter: no absolute paths, no
-    ``..``, no links leaving the folder, no device files.
+    Each turn also gets its ``manifest.json``. Archives came from a sandbox an agent
+    controlled (re-packed, but kept data may predate that), so only regular files and
+    directories are unpacked, never outside the folder and through no link
+    (``runtime/archive.py`` :func:`extract_files`). Each archive is streamed to a scratch file
+    and unpacked in a worker thread.
     """
     artifacts = [blob for blob in await blobs.kept() if blob.kind == ARTIFACTS]
     number = attempt if attempt is not None else max((blob.attempt for blob in artifacts), default=None)
-    written: list[Path] = []
+    exported = Exported([], [])
     for turn in sorted({blob.turn for blob in artifacts if blob.attempt == number}):
         manifest_data = await blobs.get(number or 0, turn, ARTIFACTS, MANIFEST)
         if manifest_data is None:
@@ -336,34 +386,39 @@ async def export_artifacts(blobs: EpisodeBlobs, destination: Path, *, attempt: i
         target = destination / turn
         target.mkdir(parents=True, exist_ok=True)
         (target / MANIFEST).write_bytes(manifest_data)
-        written.append(target / MANIFEST)
+        exported.written.append(target / MANIFEST)
         manifest = json.loads(manifest_data)
         # Archive N holds manifest entry N (collection order).
         for blob in sorted(artifacts, key=lambda blob: blob.name):
             if blob.attempt != number or blob.turn != turn or not blob.name.endswith(".tar"):
                 continue
             position = int(blob.name.removesuffix(".tar"))
-            archive = await blobs.store.get(blob.key)
-            if archive is not None and position < len(manifest):
-                entry = manifest[position]
-                written += _unpack_renamed(archive, entry["source"], entry["destination"], target)
-    return written
-
-
-def _unpack_renamed(archive_data: bytes, source: str, destination: str, target: Path) -> list[Path]:
-    prefix = source.strip("/")
-    written: list[Path] = []
-    with tarfile.open(fileobj=io.BytesIO(archive_data)) as archive:
-        members = []
-        for member in archive.getmembers():
-            name = member.name.rstrip("/")
-            if name == prefix:
-                member.name = destination
-            elif name.startswith(prefix + "/"):
-                member.name = destination.rstrip("/") + name[len(prefix) :]
-            else:
+            if position >= len(manifest) or (archive := await blobs.store.get_file(blob.key)) is None:
                 continue
-            members.append(member)
-        extract_safely(archive, target, members)
-        written += [target / member.name for member in members if member.isfile()]
-    return written
+            entry = manifest[position]
+            try:
+                written, refused = await asyncio.to_thread(
+                    _unpack_renamed, archive, entry["source"], entry["destination"], target
+                )
+            finally:
+                archive.discard()
+            exported.written.extend(written)
+            exported.refused.extend(refused)
+    return exported
+
+
+def _unpack_renamed(
+    archive: ArchiveFile, source: str, destination: str, target: Path
+) -> tuple[list[Path], list[RefusedMember]]:
+    """The members of ``archive`` under ``source`` unpacked as ``destination`` below ``target``."""
+    prefix = source.strip("/")
+
+    def rename(name: str) -> str | None:
+        if name == prefix:
+            return destination
+        if name.startswith(prefix + "/"):
+            return destination.rstrip("/") + name[len(prefix) :]
+        return None
+
+    with tarfile.open(archive.path, mode="r|") as stream:
+        return extract_files(stream, target, rename)

@@ -54,16 +54,29 @@ follow them; :func:`_command` decides).
 
 from __future__ import annotations
 
+import io
 import math
+import os
 import secrets
 import shlex
+import tempfile
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from importlib import resources
-from typing import cast, get_args
+from pathlib import Path
+from typing import BinaryIO, Final, Literal, cast, get_args
 from urllib.parse import unquote_to_bytes
 
-from episode_operator.runtime.sandbox import FileContent, JobPhase, JobSpec, JobState, Upload
+from episode_operator.runtime.limits import (
+    CHUNK_BYTES,
+    LIMIT_FLAGS,
+    AnswerSink,
+    OutputLimitExceeded,
+    OutputLimits,
+    Spool,
+    bound_name,
+)
+from episode_operator.runtime.sandbox import ArchiveFile, FileContent, JobPhase, JobSpec, JobState, Upload
 
 SUPERVISOR_DIR = "/episode-operator"
 SUPERVISOR_PATH = f"{SUPERVISOR_DIR}/supervisor.sh"
@@ -90,22 +103,76 @@ head -c "$n" >"$t" || { echo "placement: cannot write $t" >&2; exit 1; }
 s=$(($(wc -c <"$t")))
 [ "$s" -eq "$n" ] || { rm -f "$t"; echo "placement: got $s of $n bytes" >&2; exit 1; }
 chmod 0755 "$t" && mv -f "$t" "$d/supervisor.sh" || { echo "placement: cannot install $d/supervisor.sh" >&2; exit 1; }
-exec sh "$d/supervisor.sh" place
+shift 2
+exec sh "$d/supervisor.sh" place "$@"
 """
+
+
+#: The default bounds (``runtime/limits.py``), for builders called without the operator's own.
+DEFAULT_LIMITS = OutputLimits()
+#: Room for a frame's header line (``download 1073741824``) besides the bytes it frames.
+_FRAME_HEADER = 64
+
+
+@dataclass(frozen=True)
+class AnswerBound:
+    """How much a command's answer may hold, and how an error names it: ``what`` passed ``bound``.
+
+    ``stdout`` bounds the answer as it streams (the transport stops reading past it); ``stderr``
+    bounds its stderr.
+    """
+
+    stdout: int
+    what: str
+    bound: str
+    stderr: int = DEFAULT_LIMITS.answer_bytes
+
+    def spool(self) -> Spool:
+        """Where the answer's stdout goes as it arrives."""
+        return Spool(self.stdout, self.what, self.bound)
+
+    def check_stderr(self, size: int) -> None:
+        if size > self.stderr:
+            flag = LIMIT_FLAGS["answer_bytes"].flag
+            raise OutputLimitExceeded(
+                f"the stderr with {self.what} ({size} bytes)", f"its bound ({flag} {self.stderr})"
+            )
+
+
+#: The bound of an answer of a command built without one (the session's own ``serve``, tests).
+DEFAULT_ANSWER: Final = AnswerBound(
+    DEFAULT_LIMITS.answer_bytes, "an answer", bound_name("answer_bytes", DEFAULT_LIMITS)
+)
 
 
 @dataclass(frozen=True)
 class Command:
-    """One exec: the argv to run and the bytes to send on its stdin (None: no stdin).
+    """One exec: the argv to run and what to send on its stdin: ``stdin`` (None: no stdin), then
+    the file ``stdin_file`` streamed in frames (an artifact's tar), and the bound of its answer.
 
-    A supervisor verb also keeps its own words and stdin (``words``, ``payload``), from which a
-    session call is made (:func:`session_call`); other commands (placement) have no words.
+    A supervisor verb also keeps its own words and stdin (``words``, and ``payload`` or
+    ``payload_file``), from which a session call is made (:func:`session_call`); other commands
+    (placement) have no words.
     """
 
     argv: list[str]
     stdin: bytes | None = None
     words: tuple[str, ...] | None = None
     payload: bytes | None = None
+    answer: AnswerBound = AnswerBound(
+        DEFAULT_LIMITS.answer_bytes, "an answer", bound_name("answer_bytes", DEFAULT_LIMITS)
+    )
+    stdin_file: ArchiveFile | None = None
+    payload_file: ArchiveFile | None = None
+
+    @property
+    def has_stdin(self) -> bool:
+        return self.stdin is not None or self.stdin_file is not None
+
+    @property
+    def payload_size(self) -> int:
+        """How many bytes the verb itself reads on its stdin."""
+        return len(self.payload or b"") + (self.payload_file.size if self.payload_file is not None else 0)
 
 
 def script_text() -> str:
@@ -113,8 +180,12 @@ def script_text() -> str:
     return resources.files("episode_operator.runtime").joinpath("supervisor.sh").read_text(encoding="utf-8")
 
 
-def placement(directory: str = SUPERVISOR_DIR) -> Command:
-    """The first exec: install the supervisor in ``directory`` and answer the probe.
+def placement(
+    directory: str = SUPERVISOR_DIR, *, layout: Sequence[str] = (), limits: OutputLimits = DEFAULT_LIMITS
+) -> Command:
+    """The first exec: install the supervisor in ``directory``, make the ``layout`` folders that are
+    missing (mode 0777, as Harbor makes them; one that exists is left as it is: a restart's placement
+    must not open a folder sealed for a running verifier) and answer the probe.
 
     Safe to repeat (an operator restart re-places it): the script is replaced atomically and
     existing jobs are kept. The exec's working directory (the container's) is recorded as the
@@ -123,7 +194,15 @@ def placement(directory: str = SUPERVISOR_DIR) -> Command:
     the answer with :func:`parse_probe`.
     """
     script = script_text().encode("utf-8")
-    return Command(["sh", "-c", _PLACEMENT, "sh", directory, str(len(script))], stdin=script)
+    for folder in layout:
+        if not folder.startswith("/") or not folder.strip("/"):
+            raise ValueError(f"a layout folder is an absolute path below /: {folder!r}")
+        _check_arg(folder, "layout folder")
+    return Command(
+        ["sh", "-c", _PLACEMENT, "sh", directory, str(len(script)), *layout],
+        stdin=script,
+        answer=_control("the answer to the supervisor's placement", limits),
+    )
 
 
 def start(
@@ -132,6 +211,7 @@ def start(
     wait_sec: float = 0.0,
     kill_after_sec: float = DEFAULT_KILL_AFTER_SEC,
     upload: Upload | None = None,
+    limits: OutputLimits = DEFAULT_LIMITS,
 ) -> Command:
     """Start ``spec`` unless its id exists; answers the job's state (parse with :func:`parse_state`).
 
@@ -166,7 +246,31 @@ def start(
         args += ["--wait", _seconds(wait_sec, "wait_sec")]
     args += _extras(spec)
     args += ["--", spec.command]
-    return _command(args, stdin=upload.archive if upload is not None else None)
+    return _command(
+        args,
+        _job_answer(spec, "start", limits),
+        stdin=upload.archive if upload is not None else None,
+        private=spec.private,
+    )
+
+
+def _job_answer(spec: JobSpec, verb: str, limits: OutputLimits) -> AnswerBound:
+    """The bound of a start or wait answer: its state line and read frames, then the tail and the
+    download asked for (each frame is checked against its own part by :func:`parse_answer`)."""
+    parts = [bound_name("answer_bytes", limits)]
+    size = limits.answer_bytes
+    if spec.tail > 0:
+        size += spec.tail + _FRAME_HEADER
+        parts.append(f"the {spec.tail}-byte tail asked for")
+    if spec.download_after is not None:
+        size += limits.artifact_bytes + _FRAME_HEADER
+        parts.append(f"{bound_name('artifact_bytes', limits)} for {spec.download_after}")
+    return AnswerBound(size, f"the answer to `{verb} {spec.id}`", " + ".join(parts), limits.answer_bytes)
+
+
+def _control(what: str, limits: OutputLimits) -> AnswerBound:
+    """The bound of an answer that only says how a verb went (a state, a probe, read files)."""
+    return AnswerBound(limits.answer_bytes, what, bound_name("answer_bytes", limits), limits.answer_bytes)
 
 
 def _extras(spec: JobSpec) -> list[str]:
@@ -188,33 +292,34 @@ def _extras(spec: JobSpec) -> list[str]:
     return args
 
 
-def wait(spec: JobSpec, max_wait_sec: float) -> Command:
+def wait(spec: JobSpec, max_wait_sec: float, *, limits: OutputLimits = DEFAULT_LIMITS) -> Command:
     """A bounded long poll: the state once the job is done or after ``max_wait_sec``.
 
     The exec lasts up to ``max_wait_sec`` plus a little: give its transport more time. Once
     the job is done the answer carries what ``spec`` asks back (see :func:`parse_answer`).
     """
     _check_id(spec.id)
-    return _command(["wait", spec.id, _seconds(max_wait_sec, "max_wait_sec"), *_extras(spec)])
+    args = ["wait", spec.id, _seconds(max_wait_sec, "max_wait_sec"), *_extras(spec)]
+    return _command(args, _job_answer(spec, "wait", limits))
 
 
-def status(job_id: str) -> Command:
+def status(job_id: str, *, limits: OutputLimits = DEFAULT_LIMITS) -> Command:
     """The job's state now."""
     _check_id(job_id)
-    return _command(["status", job_id])
+    return _command(["status", job_id], _control(f"the answer to `status {job_id}`", limits))
 
 
-def kill(job_id: str) -> Command:
+def kill(job_id: str, *, limits: OutputLimits = DEFAULT_LIMITS) -> Command:
     """TERM the job's process group, KILL it after the job's kill-after delay; answers the state.
 
     The exec lasts up to the job's kill-after delay plus about three seconds.
     """
     _check_id(job_id)
-    return _command(["kill", job_id])
+    return _command(["kill", job_id], _control(f"the answer to `kill {job_id}`", limits))
 
 
-def output(job_id: str, limit: int) -> Command:
-    """The last ``limit`` bytes of the job's own output (raw stdout of the exec).
+def output(job_id: str, limit: int, *, limits: OutputLimits = DEFAULT_LIMITS) -> Command:
+    """The last ``limit`` bytes of the job's own output (raw stdout of the exec, at most ``limit``).
 
     Only what the job appended to its output file: an output file shared with earlier jobs
     keeps their bytes out (the size at the job's start is recorded; a job recorded by an
@@ -223,25 +328,35 @@ def output(job_id: str, limit: int) -> Command:
     _check_id(job_id)
     if limit < 0:
         raise ValueError(f"output limit must be >= 0, got {limit}")
-    return _command(["output", job_id, str(limit)])
+    answer = AnswerBound(limit, f"the output of job {job_id}", f"the {limit} bytes asked for", limits.answer_bytes)
+    return _command(["output", job_id, str(limit)], answer)
 
 
-def probe() -> Command:
+def probe(*, limits: OutputLimits = DEFAULT_LIMITS) -> Command:
     """Facts about the container: working directory, user, available tools (see :func:`parse_probe`)."""
-    return _command(["probe"])
+    return _command(["probe"], _control("the answer to `probe`", limits))
 
 
-def upload(archive: bytes, destination: str, *, clear: Sequence[str] = ()) -> Command:
-    """Extract the tar ``archive`` into ``destination`` as root.
+def upload(
+    archive: bytes | ArchiveFile,
+    destination: str,
+    *,
+    clear: Sequence[str] = (),
+    limits: OutputLimits = DEFAULT_LIMITS,
+) -> Command:
+    """Extract the tar ``archive`` into ``destination`` as root (a file is streamed).
 
     Modes are kept, files are owned by root, files of the same name are replaced, nothing is
     removed and directories that exist keep their owner and mode. ``clear`` paths are cleared
     first (as :func:`clear` does), in the same exec.
     """
-    return _command(["upload", *_upload_args(archive, destination, clear)], stdin=archive)
+    answer = _control(f"the answer to `upload {destination}`", limits)
+    return _command(["upload", *_upload_args(archive, destination, clear)], answer, stdin=archive)
 
 
-def _upload_args(archive: bytes, destination: str, clear: Sequence[str], *, option: str = "") -> list[str]:
+def _upload_args(
+    archive: bytes | ArchiveFile, destination: str, clear: Sequence[str], *, option: str = ""
+) -> list[str]:
     """``[--clear PATH]... DEST BYTES`` of the upload verb, or the same as ``start`` options
     (``--clear PATH``... ``--upload-to DEST --upload-bytes BYTES``) when ``option`` is given."""
     _check_arg(destination, "destination")
@@ -253,13 +368,15 @@ def _upload_args(archive: bytes, destination: str, clear: Sequence[str], *, opti
             raise ValueError(f"refusing to clear {path!r}")
         _check_arg(path, "clear path")
         args += ["--clear", path]
+    size = archive.size if isinstance(archive, ArchiveFile) else len(archive)
     if option:
-        return [*args, option, destination, "--upload-bytes", str(len(archive))]
-    return [*args, destination, str(len(archive))]
+        return [*args, option, destination, "--upload-bytes", str(size)]
+    return [*args, destination, str(size)]
 
 
-def download(paths: Sequence[str], exclude: Sequence[str] = ()) -> Command:
-    """A tar of the absolute ``paths`` on stdout, member names relative to ``/``.
+def download(paths: Sequence[str], exclude: Sequence[str] = (), *, limits: OutputLimits = DEFAULT_LIMITS) -> Command:
+    """A tar of the absolute ``paths`` on stdout, member names relative to ``/``, at most the
+    artifact bound.
 
     Paths that do not exist are left out (no paths: an empty archive). ``exclude`` patterns
     are tar's ``--exclude`` (GNU semantics; busybox tar cannot exclude and fails). The exit
@@ -273,15 +390,17 @@ def download(paths: Sequence[str], exclude: Sequence[str] = ()) -> Command:
         if not path.startswith("/"):
             raise ValueError(f"download paths must be absolute, got {path!r}")
         args.append(path)
-    return _command(args)
+    what = f"the download of {', '.join(paths) or 'nothing'}"
+    answer = AnswerBound(limits.artifact_bytes, what, bound_name("artifact_bytes", limits), limits.answer_bytes)
+    return _command(args, answer)
 
 
-def read_files(paths: Sequence[str]) -> Command:
-    """The contents of small files, framed (see :func:`parse_files`)."""
-    return _command(["read", "--", *paths])
+def read_files(paths: Sequence[str], *, limits: OutputLimits = DEFAULT_LIMITS) -> Command:
+    """The contents of small files, framed (see :func:`parse_files`), at most the answer bound in all."""
+    return _command(["read", "--", *paths], _control(f"the read of {', '.join(paths)}", limits))
 
 
-def clear(paths: Sequence[str]) -> Command:
+def clear(paths: Sequence[str], *, limits: OutputLimits = DEFAULT_LIMITS) -> Command:
     """Reset grading paths before a turn.
 
     A directory is emptied (dotfiles too) and kept with mode 0777; a file or symlink is
@@ -291,10 +410,10 @@ def clear(paths: Sequence[str]) -> Command:
     for path in paths:
         if not path.strip("/"):
             raise ValueError(f"refusing to clear {path!r}")
-    return _command(["clear", "--", *paths])
+    return _command(["clear", "--", *paths], _control("the answer to `clear`", limits))
 
 
-def chown_workdir(user: str | int, directory: str | None = None) -> Command:
+def chown_workdir(user: str | int, directory: str | None = None, *, limits: OutputLimits = DEFAULT_LIMITS) -> Command:
     """Make ``user`` (name or uid) own ``directory`` itself, not its content.
 
     ``directory`` None is the working directory recorded at placement; a missing directory
@@ -303,7 +422,7 @@ def chown_workdir(user: str | int, directory: str | None = None) -> Command:
     name = str(user)
     if not name or (isinstance(user, int) and user < 0):
         raise ValueError(f"invalid user {user!r}")
-    return _command(["chown-workdir", name, directory or ""])
+    return _command(["chown-workdir", name, directory or ""], _control("the answer to `chown-workdir`", limits))
 
 
 def parse_state(job_id: str, stdout: bytes) -> JobState:
@@ -385,64 +504,124 @@ def failed_step(stderr: bytes) -> str | None:
     return step if colon and step.replace("-", "").isalpha() else None
 
 
-def parse_answer(spec: JobSpec, stdout: bytes) -> JobState:
+def parse_answer(spec: JobSpec, answer: bytes | Spool, limits: OutputLimits = DEFAULT_LIMITS) -> JobState:
     """Read the answer of :func:`start` or :func:`wait` for ``spec``: the state line, then, once
     the job is done, the output's tail (``tail <length>`` and its bytes), the read frames of
     ``spec.read_after`` and the tar of ``spec.download_after`` (``download <length>`` and its
-    bytes, or ``download -1`` when tar failed), as asked."""
-    end = stdout.find(b"\n")
-    line, rest = (stdout, b"") if end < 0 else (stdout[: end + 1], stdout[end + 1 :])
-    state = parse_state(spec.id, line)
-    if not state.done or (spec.tail <= 0 and not spec.read_after and spec.download_after is None):
-        return state
-    output: bytes | None = None
-    if spec.tail > 0:
-        output, rest = _length_frame(spec, "tail", rest)
-    files: dict[str, FileContent] | None = None
-    if spec.read_after:
-        files, rest = _files(rest, spec.read_after)
-    archive: bytes | None = None
-    if spec.download_after is not None:
-        archive, rest = _length_frame(spec, "download", rest)
-    if rest:
-        raise ValueError(f"{len(rest)} unexpected bytes after the answer for {spec.id}")
-    return replace(state, output=output, files=files, archive=archive)
+    bytes, or ``download -1`` when tar failed), as asked.
+
+    Each frame is held to its own part of the answer's bound — the tail to what was asked, the
+    read files to the answer bound, the tar to the artifact bound — whatever the answer's total:
+    past one, :class:`OutputLimitExceeded`. The tar is copied to a file the caller owns."""
+    with _Reader.of(answer, spec.id) as reader:
+        state = parse_state(spec.id, reader.line(limits.answer_bytes))
+        if not state.done or (spec.tail <= 0 and not spec.read_after and spec.download_after is None):
+            return state
+        output: bytes | None = None
+        if spec.tail > 0:
+            length = reader.frame("tail", spec.tail, f"the tail of job {spec.id}", f"the {spec.tail} bytes asked for")
+            output = reader.take(length) if length is not None else None
+        files: dict[str, FileContent] | None = None
+        if spec.read_after:
+            files = _files(reader, spec.read_after, limits)
+        archive: ArchiveFile | None = None
+        if spec.download_after is not None:
+            what = f"the download of {spec.download_after} with job {spec.id}'s answer"
+            length = reader.frame("download", limits.artifact_bytes, what, bound_name("artifact_bytes", limits))
+            archive = reader.copy(length) if length is not None else None
+        try:
+            reader.end()
+        except ValueError:
+            if archive is not None:
+                archive.discard()
+            raise
+        return replace(state, output=output, files=files, archive=archive)
 
 
-def _length_frame(spec: JobSpec, word: str, data: bytes) -> tuple[bytes | None, bytes]:
-    """``<word> <length>``, a newline and that many bytes (length -1: none), and what follows them."""
-    end = data.find(b"\n")
-    header = data[:end].decode("ascii", errors="replace") if end >= 0 else ""
-    found, _, length_text = header.partition(" ")
-    if found == word and length_text == "-1":
-        return None, data[end + 1 :]
-    if found != word or not length_text.isdigit() or end + 1 + int(length_text) > len(data):
-        raise ValueError(f"malformed {word} frame in the answer for {spec.id}: {_excerpt(data)}")
-    stop = end + 1 + int(length_text)
-    return data[end + 1 : stop], data[stop:]
+class _Reader:
+    """An answer read front to back: lines, frames, exact lengths; nothing is read past what a
+    frame says, and a line is looked for only within its bound."""
+
+    def __init__(self, stream: BinaryIO, job: str) -> None:
+        self.stream = stream
+        self.job = job
+
+    @classmethod
+    def of(cls, answer: bytes | Spool, job: str) -> _Reader:
+        return cls(io.BytesIO(answer) if isinstance(answer, bytes) else answer.reader(), job)
+
+    def __enter__(self) -> _Reader:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.stream.close()
+
+    def line(self, limit: int) -> bytes:
+        """The next line (with its newline, or what is left when none follows within ``limit``)."""
+        return self.stream.readline(limit + 1)
+
+    def frame(self, word: str, limit: int, what: str, bound: str) -> int | None:
+        """A ``<word> <length>`` header: the length (None for -1, no bytes), at most ``limit``."""
+        header = self.stream.readline(_FRAME_HEADER)
+        found, _, length_text = header.decode("ascii", errors="replace").rstrip("\n").partition(" ")
+        if found == word and length_text == "-1":
+            return None
+        if found != word or not header.endswith(b"\n") or not length_text.isdigit():
+            raise ValueError(f"malformed {word} frame in the answer for {self.job}: {_excerpt(header)}")
+        if int(length_text) > limit:
+            raise OutputLimitExceeded(f"{what} ({length_text} bytes)", bound)
+        return int(length_text)
+
+    def take(self, length: int) -> bytes:
+        data = self.stream.read(length)
+        if len(data) != length:
+            raise ValueError(f"the answer for {self.job} is short of a {length}-byte frame")
+        return data
+
+    def copy(self, length: int) -> ArchiveFile:
+        """The next ``length`` bytes, copied to a new file in pieces."""
+        descriptor, name = tempfile.mkstemp(prefix="episode-operator-archive-")
+        archive = ArchiveFile(Path(name), length)
+        with os.fdopen(descriptor, "wb") as file:
+            left = length
+            while left:
+                piece = self.stream.read(min(left, CHUNK_BYTES))
+                if not piece:
+                    archive.discard()
+                    raise ValueError(f"the answer for {self.job} is short of a {length}-byte frame")
+                file.write(piece)
+                left -= len(piece)
+        return archive
+
+    def end(self) -> None:
+        rest = self.stream.read(1)
+        if rest:
+            raise ValueError(f"unexpected bytes after the answer for {self.job}")
 
 
-def parse_files(stdout: bytes, paths: Sequence[str]) -> dict[str, FileContent]:
+def parse_files(
+    stdout: bytes | Spool, paths: Sequence[str], limits: OutputLimits = DEFAULT_LIMITS
+) -> dict[str, FileContent]:
     """Read the answer of :func:`read_files`: per path, its bytes and modification time.
 
     Framing: for each requested path in order, a header line ``<length> <percent-encoded
     path> [<mtime>]`` (length -1: no such regular file), then exactly ``length`` raw bytes.
     """
-    result, rest = _files(stdout, paths)
-    if rest:
-        raise ValueError(f"{len(rest)} unexpected bytes after the read answer")
+    with _Reader.of(stdout, "read") as reader:
+        result = _files(reader, paths, limits)
+        reader.end()
     return result
 
 
-def _files(stdout: bytes, paths: Sequence[str]) -> tuple[dict[str, FileContent], bytes]:
-    """The read frames of ``paths`` at the start of ``stdout``, and what follows them."""
+def _files(reader: _Reader, paths: Sequence[str], limits: OutputLimits) -> dict[str, FileContent]:
+    """The read frames of ``paths`` next in ``reader``, their contents at most the answer bound in all."""
     result: dict[str, FileContent] = {}
-    pos = 0
+    left = limits.answer_bytes
     for path in paths:
-        end = stdout.find(b"\n", pos)
-        if end < 0:
+        line = reader.line(_FRAME_HEADER + 3 * len(path.encode("utf-8")))
+        if not line.endswith(b"\n"):
             raise ValueError(f"read answer ends before the header of {path!r}")
-        header = stdout[pos:end].decode("ascii", errors="replace")
+        header = line[:-1].decode("ascii", errors="replace")
         fields = header.split(" ")
         try:
             length = int(fields[0])
@@ -450,15 +629,14 @@ def _files(stdout: bytes, paths: Sequence[str]) -> tuple[dict[str, FileContent],
             raise ValueError(f"malformed read header {header!r}") from None
         if len(fields) < 2 or unquote_to_bytes(fields[1]) != path.encode("utf-8") or length < -1:
             raise ValueError(f"read header {header!r} does not frame {path!r}")
-        pos = end + 1
         if length < 0:
             result[path] = FileContent(None, None)
             continue
-        if pos + length > len(stdout):
-            raise ValueError(f"read answer is short of the {length} bytes of {path!r}")
-        result[path] = FileContent(stdout[pos : pos + length], _mtime(fields[2] if len(fields) > 2 else "-"))
-        pos += length
-    return result, stdout[pos:]
+        if length > left:
+            raise OutputLimitExceeded(f"the read of {path} ({length} bytes)", bound_name("answer_bytes", limits))
+        left -= length
+        result[path] = FileContent(reader.take(length), _mtime(fields[2] if len(fields) > 2 else "-"))
+    return result
 
 
 def _mtime(text: str) -> float | None:
@@ -469,23 +647,29 @@ def _mtime(text: str) -> float | None:
     return value if math.isfinite(value) else None
 
 
-def _command(args: list[str], *, stdin: bytes | None = None) -> Command:
-    """``sh SUPERVISOR_PATH *args``, or the args on stdin when too long for an exec URL.
+def _command(
+    args: list[str], answer: AnswerBound, *, stdin: bytes | ArchiveFile | None = None, private: bool = False
+) -> Command:
+    """``sh SUPERVISOR_PATH *args``, or the args on stdin when too long for an exec URL or ``private``
+    (they hold secrets: an exec's URL is in the API server's logs and the process's command line).
 
-    ``stdin`` is what the verb itself reads (an upload's archive); arguments sent on stdin
-    come before it, each part read by its exact length.
+    ``stdin`` is what the verb itself reads (an upload's archive, a file streamed); arguments
+    sent on stdin come before it, each part read by its exact length.
     """
     for arg in args:
         _check_arg(arg, "argument")
     encoded = [arg.encode("utf-8") for arg in args]
     words = tuple(args)
-    if sum(len(arg) for arg in encoded) <= ARGV_STDIN_THRESHOLD:
-        return Command(["sh", SUPERVISOR_PATH, *args], stdin=stdin, words=words, payload=stdin)
-    payload = b" ".join(str(len(arg)).encode() for arg in encoded) + b"\n" + b"".join(encoded)
-    argv = ["sh", SUPERVISOR_PATH, "--argv-stdin", str(len(payload))]
-    if stdin:
-        argv.append(str(len(stdin)))
-    return Command(argv, stdin=payload + (stdin or b""), words=words, payload=stdin)
+    data, file = (None, stdin) if isinstance(stdin, ArchiveFile) else (stdin, None)
+    argv, sent = ["sh", SUPERVISOR_PATH, *args], data
+    if private or sum(len(arg) for arg in encoded) > ARGV_STDIN_THRESHOLD:
+        payload = b" ".join(str(len(arg)).encode() for arg in encoded) + b"\n" + b"".join(encoded)
+        argv = ["sh", SUPERVISOR_PATH, "--argv-stdin", str(len(payload))]
+        size = file.size if file is not None else len(data or b"")
+        if size:
+            argv.append(str(size))
+        sent = payload + (data or b"")
+    return Command(argv, stdin=sent, words=words, payload=data, answer=answer, stdin_file=file, payload_file=file)
 
 
 # --- sessions: many calls over one exec ----------------------------------------------------------
@@ -508,10 +692,11 @@ def serve() -> Command:
 
 @dataclass(frozen=True)
 class SessionCall:
-    """One request of a session and the nonce its answer carries."""
+    """One request of a session (its bytes, then ``file`` streamed) and the nonce its answer carries."""
 
     nonce: str
     request: bytes
+    file: ArchiveFile | None = None
 
 
 def session_call(command: Command) -> SessionCall | None:
@@ -520,9 +705,8 @@ def session_call(command: Command) -> SessionCall | None:
         return None
     nonce = secrets.token_hex(16)
     text = " ".join(shlex.quote(word) for word in command.words)
-    payload = command.payload or b""
-    header = f"{nonce} {text.count(chr(10)) + 1} {len(payload)}\n".encode()
-    return SessionCall(nonce, header + text.encode("utf-8") + b"\n" + payload)
+    header = f"{nonce} {text.count(chr(10)) + 1} {command.payload_size}\n".encode()
+    return SessionCall(nonce, header + text.encode("utf-8") + b"\n" + (command.payload or b""), command.payload_file)
 
 
 @dataclass(frozen=True)
@@ -535,51 +719,127 @@ class SessionReady:
 
 @dataclass(frozen=True)
 class SessionAnswer:
+    """How a call went; its stdout went to the spool it was expected with."""
+
     status: int
-    stdout: bytes
     stderr: bytes
 
 
+#: The most a session's ready line, and an answer's trailer line, may hold.
+_READY_LINE, _TRAILER_LINE = 200, 64
+
+
+_SESSION_ANSWER = AnswerBound(
+    DEFAULT_LIMITS.answer_bytes, "a session's answer", bound_name("answer_bytes", DEFAULT_LIMITS)
+)
+
+
+@dataclass
+class _Expected:
+    """The call whose answer is streaming in: where its stdout goes, and how far the scan got."""
+
+    nonce: str
+    stdout: AnswerSink
+    answer: AnswerBound
+    mark: bytes
+    phase: Literal["stdout", "trailer", "stderr", "done"] = "stdout"
+    pending: bytearray = field(default_factory=bytearray)  # the stdout's end that may begin the mark; the trailer
+    status: int = 0
+    stderr_bytes: int = 0
+    stderr: bytearray = field(default_factory=bytearray)
+
+
 class SessionAnswers:
-    """A session's stdout as it arrives, in pieces of any size: its ready line, then answers."""
+    """A session's stdout as it arrives, in pieces of any size: its ready line, then answers.
+
+    Linear in what arrives: an answer's stdout streams into its spool as it comes, all but the
+    last few bytes that may begin its end mark, and nothing before the scan position is looked
+    at again. Every part is bounded: the ready line, the stdout (its spool), the trailer line,
+    the stderr (the answer's bound).
+    """
 
     def __init__(self) -> None:
-        self._buffer = bytearray()
+        self._head = bytearray()  # the ready line as it comes
         self.ready: SessionReady | None = None
+        self._call: _Expected | None = None
+
+    def expect(self, nonce: str, stdout: AnswerSink, answer: AnswerBound = DEFAULT_ANSWER) -> None:
+        """The next answer is the call ``nonce``'s: its stdout goes to ``stdout``. Calls are one at a
+        time, and a session whose call was abandoned is closed: nothing else is in the stream."""
+        self._call = _Expected(nonce, stdout, answer, b"\n" + _MARK + nonce.encode() + b" ")
 
     def feed(self, data: bytes) -> None:
-        self._buffer += data
         if self.ready is None:
-            end = self._buffer.find(b"\n")
-            if end < 0:
-                if len(self._buffer) > 200 or not _MARK.startswith(bytes(self._buffer[: len(_MARK)])):
-                    raise ValueError(f"not a supervisor session: {_excerpt(bytes(self._buffer))}")
-                return
-            fields = bytes(self._buffer[:end]).decode("ascii", "replace").split()
-            if fields[:2] != ["@@EO", "ready"] or len(fields) < 4:
-                raise ValueError(f"not a supervisor session: {_excerpt(bytes(self._buffer))}")
-            self.ready = SessionReady(fields[2], fields[3] == "exact")
-            del self._buffer[: end + 1]
+            data = self._ready_line(data)
+        call = self._call
+        if data and (call is None or call.phase == "done"):
+            raise ValueError(f"unexpected bytes from the session: {_excerpt(data)}")
+        while data and call is not None:
+            if call.phase == "stdout":
+                data = self._stdout(call, data)
+            elif call.phase == "trailer":
+                data = self._trailer(call, data)
+            elif call.phase == "stderr":
+                missing = call.stderr_bytes - len(call.stderr)
+                call.stderr += data[:missing]
+                data = data[missing:]
+                if len(call.stderr) == call.stderr_bytes:
+                    call.phase = "done"
+            else:
+                raise ValueError(f"unexpected bytes after the session's answer for {call.nonce}")
+
+    def _ready_line(self, data: bytes) -> bytes:
+        end = data.find(b"\n")
+        self._head += data if end < 0 else data[: end + 1]
+        if len(self._head) > _READY_LINE or not _MARK.startswith(bytes(self._head[: len(_MARK)])):
+            raise ValueError(f"not a supervisor session: {_excerpt(bytes(self._head))}")
+        if end < 0:
+            return b""
+        fields = bytes(self._head[:-1]).decode("ascii", "replace").split()
+        if fields[:2] != ["@@EO", "ready"] or len(fields) < 4:
+            raise ValueError(f"not a supervisor session: {_excerpt(bytes(self._head))}")
+        self.ready = SessionReady(fields[2], fields[3] == "exact")
+        return data[end + 1 :]
+
+    @staticmethod
+    def _stdout(call: _Expected, data: bytes) -> bytes:
+        """Scan for the end mark from the last scan position on; what cannot begin it is stdout."""
+        scanned = bytes(call.pending) + data
+        found = scanned.find(call.mark)
+        if found < 0:
+            keep = min(len(call.mark) - 1, len(scanned))
+            call.stdout.write(scanned[: len(scanned) - keep])
+            call.pending = bytearray(scanned[len(scanned) - keep :])
+            return b""
+        call.stdout.write(scanned[:found])
+        call.pending = bytearray()
+        call.phase = "trailer"
+        return scanned[found + len(call.mark) :]
+
+    @staticmethod
+    def _trailer(call: _Expected, data: bytes) -> bytes:
+        """``STATUS ERRBYTES`` up to its newline, bounded; the stderr's length checked against its bound."""
+        end = data.find(b"\n")
+        call.pending += data if end < 0 else data[:end]
+        if len(call.pending) > _TRAILER_LINE:
+            raise ValueError(f"malformed session answer for {call.nonce}: {_excerpt(bytes(call.pending))}")
+        if end < 0:
+            return b""
+        fields = bytes(call.pending).decode("ascii", "replace").split()
+        if len(fields) != 2 or not all(field.isdigit() for field in fields):
+            raise ValueError(f"malformed session answer for {call.nonce}: {_excerpt(bytes(call.pending))}")
+        call.status, call.stderr_bytes = int(fields[0]), int(fields[1])
+        call.answer.check_stderr(call.stderr_bytes)
+        call.phase = "stderr" if call.stderr_bytes else "done"
+        return data[end + 1 :]
 
     def take(self, nonce: str) -> SessionAnswer | None:
-        """The answer to the call ``nonce`` once all of it arrived (None before). Calls are one at
-        a time, and a session whose call was abandoned is closed: nothing else is in the stream."""
-        mark = b"\n" + _MARK + nonce.encode() + b" "
-        start = self._buffer.find(mark)
-        if start < 0:
+        """The answer to the call ``nonce`` once all of it arrived (None before)."""
+        call = self._call
+        if call is None or call.nonce != nonce or call.phase != "done":
             return None
-        end = self._buffer.find(b"\n", start + len(mark))
-        if end < 0:
-            return None
-        fields = bytes(self._buffer[start + len(mark) : end]).decode("ascii", "replace").split()
-        if len(fields) != 2 or not all(field.isdigit() for field in fields):
-            raise ValueError(f"malformed session answer for {nonce}: {_excerpt(bytes(self._buffer[start:end]))}")
-        status, errbytes = int(fields[0]), int(fields[1])
-        if len(self._buffer) < end + 1 + errbytes:
-            return None
-        answer = SessionAnswer(status, bytes(self._buffer[:start]), bytes(self._buffer[end + 1 : end + 1 + errbytes]))
-        del self._buffer[: end + 1 + errbytes]
-        return answer
+        self._call = None
+        return SessionAnswer(call.status, bytes(call.stderr))
 
 
 def _check_id(job_id: str) -> None:

@@ -465,7 +465,18 @@ start_clears() {
             _opt=$_a
             continue
         fi
-        [ "$_opt" = --clear ] && clear_path "$_a"
+        if [ "$_opt" = --clear ]; then
+            case $_a in
+                # A folder sealed for this job's user (its test.sh writes the rewards there); a user
+                # that does not exist leaves it root's: the job itself is then unstartable, as always.
+                *:@job:/*)
+                    _so=$_user
+                    if [ -n "$_so" ] && ! pw_lookup "$_so"; then case $_so in *[!0-9]*) _so= ;; esac; fi
+                    clear_path "${_a%%:*}:${_so}:${_a#*:@job:}"
+                    ;;
+                *) clear_path "$_a" ;;
+            esac
+        fi
         _opt=
     done
 }
@@ -921,9 +932,21 @@ cmd_probe() {
     printf 'can_switch_user=%s\ncan_switch_uid=%s\n' "$_sw" "$_swu"
 }
 
-# Placement's second half: record the exec's working directory (the container's) for jobs.
+# Placement's second half: the sandbox's layout folders ("$@", made when missing: mode 0777, as
+# Harbor makes them for the agent; one that exists is left alone, sealed or not), then the exec's
+# working directory (the container's) recorded for jobs.
 cmd_place() {
+    for _lf in "$@"; do
+        [ -d "$_lf" ] || { mkdir -p -- "$_lf" && chmod 0777 "$_lf"; } || die "place: cannot create $_lf"
+    done
     mkdir -p "$JOBS" "$TMPD" || die "place: cannot create $JOBS"
+    # The pod's volume comes world-writable: as root, keep its records out of other users' reach
+    # (a job's user could otherwise swap the whole folder, or pre-create a job's record). tmp/ is
+    # only traversable: a replayed RUN's script is staged there for its (maybe non-root) user.
+    if [ "$(id -u 2>/dev/null)" = 0 ]; then
+        { chown 0:0 "$BASE" "$JOBS" "$TMPD" && chmod 0755 "$BASE" && chmod 0700 "$JOBS" && chmod 0711 "$TMPD"; } ||
+            die "place: cannot make $BASE root's"
+    fi
     put "$BASE/workdir" "$PWD" || die "place: cannot write $BASE/workdir"
     container_key
     [ -z "$_mn" ] || put "$BASE/workdir.$_mn" "$PWD" || die "place: cannot write $BASE/workdir.$_mn"
@@ -1030,8 +1053,10 @@ cmd_download() {
         return 0
     fi
     if [ "$_flavor" = gnu ]; then
-        # Files that change or vanish while read (a running agent's logs) are not failures.
-        tar -c -f - -C / --ignore-failed-read --warning=no-file-changed --warning=no-file-removed \
+        # Files that change or vanish while read (a running agent's logs) are not failures. Holes
+        # stay holes (--sparse): a huge sparse file costs neither the pod's disk (an answer is
+        # copied to tmp/ first) nor the wire, and the operator refuses it by its size.
+        tar -c -f - -C / --sparse --ignore-failed-read --warning=no-file-changed --warning=no-file-removed \
             --warning=no-file-shrank "$@"
         _rc=$?
         [ "$_rc" -le 1 ] || die "download: tar failed with status $_rc"
@@ -1084,7 +1109,25 @@ empty_dir() {
     [ -z "$(ls -A -- "$1" 2>/dev/null)" ]
 }
 
+# Clear $1: PATH, or MODE:OWNER:PATH for a directory sealed for a verifier — root's, mode MODE,
+# before it is emptied (from then on no other user can add to it or rename it away, nor to or
+# from the folders above it, which are made not writable by others), then given to OWNER (a
+# user name or uid; empty: root; @job, in a start's --clear: the job's user). Sealing needs
+# root: as another user (an image whose USER is not root) the folder is only cleared.
 clear_path() {
+    case $1 in
+        /*) ;;
+        *:*:/*)
+            _sm=${1%%:*}
+            _so=${1#*:}
+            _so=${_so%%:*}
+            _sp=${1#*:*:}
+            case $_sm in '' | *[!0-7]*) usage "clear: invalid mode in $1" ;; esac
+            seal_path "$_sm" "$_so" "$_sp"
+            return
+            ;;
+        *) usage "clear: not an absolute path: $1" ;;
+    esac
     _p=$1
     _q=$_p
     _dir=0
@@ -1101,6 +1144,40 @@ clear_path() {
         chmod 0777 "$_q" || die "clear: cannot chmod $_q"
     elif [ "$_dir" = 1 ]; then
         { mkdir -p -- "$_q" && chmod 0777 "$_q"; } || die "clear: cannot create $_q"
+    fi
+}
+
+seal_path() {
+    if [ "$(id -u 2>/dev/null)" != 0 ]; then
+        clear_path "$3"
+        return
+    fi
+    case $2 in @job) usage "clear: @job only in a start's --clear" ;; esac
+    _q=$3
+    while :; do case $_q in */) _q=${_q%/} ;; *) break ;; esac; done
+    [ -n "$_q" ] || die "clear: refusing to clear /"
+    _up=${_q%/*}
+    while [ -n "$_up" ]; do
+        # Whoever may write in a folder above could rename the sealed one away and put its own in its
+        # place: those are made root's and not writable by others, unless sticky (as /tmp: there only
+        # an entry's owner, root, may rename it).
+        if [ -d "$_up" ] && [ ! -L "$_up" ]; then
+            _st=$(stat -c '%u %a' "$_up") || die "clear: cannot read $_up"
+            if [ "${_st%% *}" != 0 ]; then chown 0:0 "$_up" || die "clear: cannot seal $_up"; fi
+            case ${_st#* } in
+                *[2367][0-7] | *[0-7][2367]) [ -k "$_up" ] || chmod go-w "$_up" || die "clear: cannot seal $_up" ;;
+            esac
+        fi
+        _up=${_up%/*}
+    done
+    if [ -L "$_q" ] || { [ -e "$_q" ] && [ ! -d "$_q" ]; }; then
+        rm -f -- "$_q" || die "clear: cannot remove $_q"
+    fi
+    mkdir -p -- "$_q" || die "clear: cannot create $_q"
+    { chown 0:0 "$_q" && chmod "$1" "$_q"; } || die "clear: cannot seal $_q"
+    empty_dir "$_q" || die "clear: cannot empty $_q"
+    if [ -n "$2" ]; then
+        _err=$(chown -- "$2" "$_q" 2>&1) || die "clear: $_err"
     fi
 }
 

@@ -3,20 +3,28 @@
 Harbor runs a compose task as a group of containers; the operator runs it as one pod
 whose main container is the agent's sandbox and whose other containers are the compose
 services, reachable by their service names through ``hostAliases`` (127.0.0.1). What a
-pod cannot express (host networking, bind mounts, builds, privileged containers…) is
-refused with the service and key named; what a pod does not need (``restart``,
-``container_name``, port publishing…) is ignored with a warning. A sidecar with ``build:``
-keeps its build context and Dockerfile (:class:`SidecarBuild`): its image comes from
-replaying or building that Dockerfile, never from the task's own image.
+pod cannot express (host networking, host paths, privileged containers…) is refused with
+the service and key named; what a pod does not need (``restart``, ``container_name``, port
+publishing…) is ignored with a warning. A sidecar with ``build:`` keeps its build context
+and Dockerfile (:class:`SidecarBuild`): its image comes from replaying or building that
+Dockerfile, never from the task's own image.
+
+Volumes (:class:`ComposeVolume`), ``main``'s as every sidecar's: a named or anonymous volume is
+one ``emptyDir`` shared by every service naming it; a bind of a path of ``environment/`` (the
+folder Harbor runs compose in) is that path of one ``emptyDir`` holding the bound files, so
+services binding the same files share what they write there, as on Harbor's host
+(``kube/objects/pods.py`` says how they are filled before any container starts).
 """
 
 from __future__ import annotations
 
+import io
 import posixpath
 import re
 import shlex
-from collections.abc import Mapping
-from typing import Any
+import tarfile
+from collections.abc import Mapping, Sequence
+from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field
@@ -82,8 +90,26 @@ IGNORED_KEYS = frozenset(
         "x-harbor",
     }
 )
-MAIN_KEYS = frozenset({"depends_on", "environment", "env_file"})
+MAIN_KEYS = frozenset({"depends_on", "environment", "env_file", "volumes"})
+# The folder the compose file's relative paths start from, and the only one a bind may name:
+# Harbor runs compose with environment/ as its project directory; tests/ and solution/ reach the
+# sandbox only when Harbor places them.
+ENVIRONMENT = "environment"
+# Short-syntax volume modes (`SOURCE:TARGET:MODE`, comma-separated) that mean nothing in a pod:
+# SELinux relabelling, mount propagation, macOS file-sharing consistency.
+IGNORED_VOLUME_MODES = frozenset(
+    {"z", "Z", "shared", "rshared", "slave", "rslave", "private", "rprivate", "cached", "delegated", "consistent"}
+)
+# Top-level `volumes:` keys a pod's emptyDir cannot honour, and why.
+REFUSED_VOLUME_KEYS = {
+    "external": "an external volume lives outside the task, and a pod's volumes are its own",
+    "driver_opts": "a pod's volumes are emptyDirs: a driver's options cannot apply",
+}
+IGNORED_VOLUME_KEYS = frozenset({"name", "labels"})
 CAMEL_FROZEN = ConfigDict(frozen=True, alias_generator=CAMEL_OUTPUT)
+# The bound files' archive travels into the pod in a ConfigMap (kube/objects/pods.py),
+# which holds 1 MiB, base64 in etcd: so at most this many bytes.
+BOUND_ARCHIVE_LIMIT = 700 * 1024
 
 
 class SidecarProbe(BaseModel):
@@ -98,14 +124,27 @@ class SidecarProbe(BaseModel):
     start_period_sec: float = 0.0
 
 
-class SidecarVolume(BaseModel):
-    """A volume mount; named volumes are shared (``emptyDir``) by every service mounting them."""
+VolumeKind = Literal["volume", "bind"]
+
+
+class ComposeVolume(BaseModel):
+    """One ``volumes:`` entry of a service, as a mount of its container.
+
+    ``volume``: a named or anonymous volume, ``name`` its compose name: one ``emptyDir`` shared by
+    every service naming it. ``bind``: ``name`` is the bound path of the task folder (a file or
+    folder of ``environment/``; missing, a folder Compose would create): a path of the one
+    ``emptyDir`` holding the bound files, which every bind of the same files shares.
+    """
 
     model_config = CAMEL_FROZEN
 
     name: str
     mount_path: str
     read_only: bool = False
+    kind: VolumeKind = "volume"
+    # Docker fills a new, empty volume with what the image has at the mount path (``nocopy`` says not to).
+    copy_image_content: bool = True
+    key: str = Field(description="The compose key of the entry (services.main.volumes[0]), for later refusals.")
 
 
 class SidecarBuild(BaseModel):
@@ -146,7 +185,7 @@ class Sidecar(BaseModel):
     run_as_user: int | None = None
     run_as_group: int | None = None
     probe: SidecarProbe | None = None
-    volumes: list[SidecarVolume] = Field(default_factory=list)
+    volumes: list[ComposeVolume] = Field(default_factory=list)
     resources: dict[str, dict[str, str]] = Field(default_factory=dict)
 
 
@@ -159,11 +198,33 @@ class ComposeSpec(BaseModel):
     sidecars: list[Sidecar] = Field(default_factory=list)
     main_env: dict[str, str] = Field(default_factory=dict)
     main_depends_on: list[str] = Field(default_factory=list)
+    main_volumes: list[ComposeVolume] = Field(default_factory=list)
 
     @property
     def service_names(self) -> frozenset[str]:
         """Every service name, ``main`` included."""
         return frozenset({MAIN_SERVICE, *(sidecar.name for sidecar in self.sidecars)})
+
+    @property
+    def binds(self) -> list[ComposeVolume]:
+        """Every service's binds, ``main``'s first."""
+        return binds_of(self.main_volumes, self.sidecars)
+
+    def mount_refusals(self, reserved: Mapping[str, str], reserved_in_main: Mapping[str, str]) -> list[Problem]:
+        """Mounts at, above or below a path the operator keeps for itself (path → why): ``reserved``
+        in every container, ``reserved_in_main`` in ``main`` only. The paths come from the runtime,
+        which owns the sandbox's layout."""
+        problems: list[Problem] = []
+        mounts = [(volume, reserved_in_main) for volume in self.main_volumes] + [
+            (volume, {}) for sidecar in self.sidecars for volume in sidecar.volumes
+        ]
+        for volume, extra in mounts:
+            for path, reason in {**reserved, **extra}.items():
+                if _overlaps(volume.mount_path, path):
+                    problems.append(
+                        Problem(self.file or COMPOSE_FILES[0], volume.key, f"cannot mount over {path}: {reason}")
+                    )
+        return problems
 
 
 def parse_compose(files: TaskFiles, environment: EnvironmentConfig) -> tuple[ComposeSpec, list[Problem], list[Problem]]:
@@ -183,6 +244,8 @@ class _ComposeReader:
         self.file = file
         self.problems: list[Problem] = []
         self.warnings: list[Problem] = []
+        # The names the top-level `volumes:` declares.
+        self.declared: frozenset[str] = frozenset()
         self.variables = {
             "MAIN_IMAGE_NAME": TASK_IMAGE,
             "PREBUILT_IMAGE_NAME": TASK_IMAGE,
@@ -217,9 +280,11 @@ class _ComposeReader:
         if not isinstance(services, dict):
             self.refuse("services", "must be a mapping of service name to service")
             return ComposeSpec(file=self.file)
+        self.declared = self.volume_declarations(document.get("volumes"))
         sidecars: list[Sidecar] = []
         main_env: dict[str, str] = {}
         main_depends_on: list[str] = []
+        main_volumes: list[ComposeVolume] = []
         for raw_name, service in services.items():
             name = str(raw_name)
             key = f"services.{name}"
@@ -229,6 +294,7 @@ class _ComposeReader:
             if name == MAIN_SERVICE:
                 main_env = self.environment(service, key)
                 main_depends_on = self.depends_on(service, key)
+                main_volumes = self.volumes(service.get("volumes"), f"{key}.volumes", name)
                 for extra in sorted(set(service) - MAIN_KEYS):
                     self.warn(f"{key}.{extra}", "ignored: the operator supplies main's image, command and resources")
                 continue
@@ -242,7 +308,22 @@ class _ComposeReader:
         for dependency in main_depends_on:
             if dependency not in known:
                 self.refuse("services.main.depends_on", f"unknown service {dependency!r}")
-        return ComposeSpec(file=self.file, sidecars=sidecars, main_env=main_env, main_depends_on=main_depends_on)
+        spec = ComposeSpec(
+            file=self.file,
+            sidecars=sidecars,
+            main_env=main_env,
+            main_depends_on=main_depends_on,
+            main_volumes=main_volumes,
+        )
+        binds = spec.binds
+        if binds and (size := len(bound_archive(self.files, binds))) > BOUND_ARCHIVE_LIMIT:
+            self.refuse(
+                binds[0].key,
+                f"the files the binds ({', '.join(bind.key for bind in binds)}) carry into the pod take "
+                f"{size} bytes packed, above the {BOUND_ARCHIVE_LIMIT} a pod can be given (bind less, or COPY "
+                "them in a Dockerfile)",
+            )
+        return spec
 
     # Interpolation -------------------------------------------------------------------
     def interpolate(self, value: Any, key: str) -> Any:
@@ -314,7 +395,7 @@ class _ComposeReader:
             run_as_user=user,
             run_as_group=group,
             probe=self.probe(service.get("healthcheck"), f"{key}.healthcheck"),
-            volumes=self.volumes(service.get("volumes"), f"{key}.volumes"),
+            volumes=self.volumes(service.get("volumes"), f"{key}.volumes", name),
             resources=self.resources(service, key),
         )
         self.depends_on(service, key)
@@ -504,31 +585,126 @@ class _ComposeReader:
         scale = {"us": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
         return sum(float(number) * scale[unit] for number, unit in parts)
 
-    def volumes(self, raw: Any, key: str) -> list[SidecarVolume]:
+    def volume_declarations(self, raw: Any) -> frozenset[str]:
+        """The top-level ``volumes:`` table: each an ``emptyDir``, so only what one can be is taken."""
+        if raw is None:
+            return frozenset()
+        if not isinstance(raw, dict):
+            self.refuse("volumes", "must be a mapping of volume name to its settings")
+            return frozenset()
+        for name, settings in raw.items():
+            key = f"volumes.{name}"
+            if settings is None:
+                continue
+            if not isinstance(settings, dict):
+                self.refuse(key, "must be a mapping (or empty)")
+                continue
+            for refused, reason in REFUSED_VOLUME_KEYS.items():
+                if settings.get(refused):
+                    self.refuse(f"{key}.{refused}", f"a pod cannot express this: {reason}")
+            if settings.get("driver", "local") != "local":
+                self.refuse(f"{key}.driver", "a pod cannot express this: its volumes are emptyDirs, not a driver's")
+            for ignored in sorted(set(settings) & IGNORED_VOLUME_KEYS):
+                self.warn(f"{key}.{ignored}", "ignored: the volume is the pod's own")
+        return frozenset(str(name) for name in raw)
+
+    def volumes(self, raw: Any, key: str, service: str) -> list[ComposeVolume]:
         if raw is None:
             return []
         if not isinstance(raw, list):
             self.refuse(key, "must be a list")
             return []
-        mounts: list[SidecarVolume] = []
+        mounts: list[ComposeVolume] = []
         for index, item in enumerate(raw):
-            if isinstance(item, dict):
-                kind, source, target = item.get("type", "volume"), item.get("source"), item.get("target")
-                read_only = bool(item.get("read_only", False))
-            else:
-                fields = str(item).split(":")
-                if len(fields) == 1:
-                    kind, source, target, read_only = "volume", None, fields[0], False
-                else:
-                    source, target = fields[0], fields[1]
-                    kind = "bind" if source.startswith((".", "/", "~")) else "volume"
-                    read_only = len(fields) > 2 and "ro" in fields[2].split(",")
-            if kind != "volume" or not isinstance(target, str) or not target.startswith("/"):
-                self.refuse(f"{key}[{index}]", f"a pod cannot mount {item!r}: only named or anonymous volumes")
+            mount = self.volume(item, f"{key}[{index}]", f"{service}-anonymous-{index}")
+            if mount is None:
                 continue
-            name = str(source) if source else f"{key.split('.')[1]}-anonymous-{index}"
-            mounts.append(SidecarVolume(name=name, mount_path=target, read_only=read_only))
+            if any(other.mount_path == mount.mount_path for other in mounts):
+                self.refuse(mount.key, f"{mount.mount_path} is mounted twice in {service}")
+                continue
+            mounts.append(mount)
         return mounts
+
+    def volume(self, item: Any, key: str, anonymous: str) -> ComposeVolume | None:
+        """One entry, short (``[SOURCE:]TARGET[:MODE]``) or long syntax, as Compose reads it."""
+        copy_content, create_missing = True, True
+        if isinstance(item, dict):
+            kind, source, target = item.get("type", "volume"), item.get("source"), item.get("target")
+            read_only = bool(item.get("read_only", False))
+            volume_options, bind_options = _table(item, "volume"), _table(item, "bind")
+            copy_content = not volume_options.get("nocopy", False)
+            if volume_options.get("subpath"):
+                self.refuse(f"{key}.volume.subpath", "not supported: mount the whole volume")
+                return None
+            # Compose refuses a missing bind source in the long syntax unless told to create it.
+            create_missing = bool(bind_options.get("create_host_path", False))
+            if "consistency" in item:
+                self.warn(f"{key}.consistency", "ignored in a pod")
+            for option in sorted({"propagation", "selinux"} & set(bind_options)):
+                self.warn(f"{key}.bind.{option}", "ignored in a pod")
+        elif isinstance(item, str):
+            fields = item.split(":")
+            if len(fields) > 3:
+                self.refuse(key, f"cannot read {item!r} as [SOURCE:]TARGET[:MODE]")
+                return None
+            source, target = (None, fields[0]) if len(fields) == 1 else (fields[0], fields[1])
+            kind = "bind" if source is not None and source.startswith((".", "/", "~")) else "volume"
+            modes = fields[2].split(",") if len(fields) == 3 else []
+            read_only = "ro" in modes
+            copy_content = "nocopy" not in modes
+            for mode in modes:
+                if mode in IGNORED_VOLUME_MODES:
+                    self.warn(key, f"mode {mode!r} ignored in a pod")
+                elif mode not in ("ro", "rw", "nocopy"):
+                    self.refuse(key, f"unknown volume mode {mode!r}")
+                    return None
+        else:
+            self.refuse(key, "must be a string or a mapping")
+            return None
+        if not isinstance(target, str) or not target.startswith("/") or posixpath.normpath(target) in ("/", "//"):
+            self.refuse(key, f"a pod cannot mount {item!r}: the target must be an absolute path below /")
+            return None
+        mount_path = posixpath.normpath(target)
+        if kind == "volume":
+            name = str(source) if source else anonymous
+            if source and name not in self.declared:
+                self.warn(key, f"volume {name!r} is not declared under the top-level `volumes:` (Compose refuses this)")
+            return ComposeVolume(
+                name=name, mount_path=mount_path, read_only=read_only, copy_image_content=copy_content, key=key
+            )
+        if kind != "bind":
+            self.refuse(key, f"a pod cannot mount a {kind!r} volume: only named or anonymous volumes and binds")
+            return None
+        bound = self.bind_source(source, key, create_missing)
+        if bound is None:
+            return None
+        return ComposeVolume(
+            name=bound, mount_path=mount_path, read_only=read_only, kind="bind", copy_image_content=False, key=key
+        )
+
+    def bind_source(self, source: Any, key: str, create_missing: bool) -> str | None:
+        """A bind's source as a path of the task folder inside ``environment/``."""
+        if not isinstance(source, str) or not source:
+            self.refuse(key, "a bind needs a source")
+            return None
+        if source.startswith(("/", "~")):
+            self.refuse(
+                key,
+                f"{source!r} is a path of Harbor's host; a pod can bind only files of the task's {ENVIRONMENT}/",
+            )
+            return None
+        path = posixpath.normpath(posixpath.join(posixpath.dirname(self.file), source))
+        if path != ENVIRONMENT and not path.startswith(f"{ENVIRONMENT}/"):
+            self.refuse(
+                key,
+                f"{source!r} leaves {ENVIRONMENT}/, the folder compose runs in; a pod can bind only its files",
+            )
+            return None
+        exists = self.files.has_file(path) or self.files.has_dir(path) or path == ENVIRONMENT
+        if not exists and not create_missing:
+            self.refuse(key, f"{path} is not in the task folder (Compose refuses a missing bind source)")
+            return None
+        return path  # a missing one is made a folder, as Compose makes it on the host
 
     def resources(self, service: Mapping[str, Any], key: str) -> dict[str, dict[str, str]]:
         declared = _table(_table(service, "deploy"), "resources")
@@ -577,6 +753,42 @@ class _ComposeReader:
             return [str(item) for item in raw]
         self.refuse(f"{key}.depends_on", "must be a list or a mapping")
         return []
+
+
+def binds_of(main_volumes: Sequence[ComposeVolume], sidecars: Sequence[Sidecar]) -> list[ComposeVolume]:
+    """Every service's binds, ``main``'s first."""
+    volumes = [*main_volumes, *(volume for sidecar in sidecars for volume in sidecar.volumes)]
+    return [volume for volume in volumes if volume.kind == "bind"]
+
+
+def bound_archive(files: TaskFiles, binds: Sequence[ComposeVolume]) -> bytes:
+    """The files ``binds`` name, as a tar named relative to ``environment/``: each bound file, each
+    bound folder with what is below it, a missing source as an empty folder (Compose makes it).
+    Deterministic (sorted, zero times) and root's, folders 0755, files with their modes — as a
+    checkout on Harbor's host would show them to a root container."""
+    paths: set[str] = set()
+    for bind in binds:
+        paths.add(bind.name)
+        paths.update(path for path in (*files, *files.directories) if path.startswith(f"{bind.name}/"))
+    for path in list(paths):
+        while (path := posixpath.dirname(path)) not in ("", ENVIRONMENT):
+            paths.add(path)
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w", format=tarfile.PAX_FORMAT) as archive:
+        for path in sorted(paths - {ENVIRONMENT}):
+            info = tarfile.TarInfo(posixpath.relpath(path, ENVIRONMENT))
+            if files.has_file(path):
+                info.size, info.mode = len(files[path].data), files[path].mode
+                archive.addfile(info, io.BytesIO(files[path].data))
+            else:
+                info.type, info.mode = tarfile.DIRTYPE, 0o755
+                archive.addfile(info)
+    return buffer.getvalue()
+
+
+def _overlaps(mount_path: str, path: str) -> bool:
+    """Whether a mount at ``mount_path`` is ``path``, inside it or holds it."""
+    return mount_path == path or mount_path.startswith(f"{path}/") or path.startswith(f"{mount_path.rstrip('/')}/")
 
 
 def _table(mapping: Mapping[str, Any], key: str) -> dict[str, Any]:

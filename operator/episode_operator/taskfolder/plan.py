@@ -15,7 +15,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from episode_operator.taskfolder.compose import Sidecar
+from episode_operator.taskfolder.compose import ComposeVolume, Sidecar
 from episode_operator.taskfolder.errors import Problem
 from episode_operator.taskfolder.loader import INSTRUCTION, TESTS, LoadedTask
 from episode_operator.taskfolder.models import (
@@ -114,6 +114,10 @@ class EpisodePlan(PlanModel):
         description="A folder copied into the working directory at seed (docker_image set, no Dockerfile)."
     )
     main_env: dict[str, str] = Field(description="[environment].env over the compose file's main environment.")
+    main_volumes: list[ComposeVolume] = Field(
+        default_factory=list,
+        description="The compose file's volumes of main: the agent pod's main container mounts them.",
+    )
     solution_env: dict[str, str]
     sidecars: list[Sidecar]
     turns: list[TurnPlan]
@@ -163,6 +167,7 @@ def resolve_plan(task: LoadedTask, *, timeout_multiplier: float = 1.0) -> Episod
         environment=config.environment,
         environment_files=_environment_files(task),
         main_env={**task.compose.main_env, **config.environment.env},
+        main_volumes=task.compose.main_volumes,
         solution_env=config.solution.env,
         sidecars=task.compose.sidecars,
         turns=turns,

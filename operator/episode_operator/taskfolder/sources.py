@@ -24,7 +24,9 @@ from typing import BinaryIO
 from episode_operator.taskfolder.errors import Problem
 
 DEFAULT_FILE_MODE = 0o644
-MAX_SYMLINK_HOPS = 40
+# A symlink may point at a symlink, and so on, this many links deep at most: a folder needs no more,
+# and a longer chain is refused as the loop it may be.
+MAX_SYMLINK_HOPS = 8
 TASK_CONFIG = "task.toml"
 
 
@@ -83,13 +85,22 @@ class _Collector:
             return None
         return "/".join(parts)
 
+    @property
+    def entries(self) -> int:
+        """Files and links so far: each counts against ``max_files`` (a link becomes a file)."""
+        return len(self.files) + len(self.symlinks) + len(self.hardlinks)
+
+    def room_for_link(self, path: str) -> bool:
+        """True if one more link fits the count; its resolved size is counted when it is resolved."""
+        return self.room_for(path, 0)
+
     def room_for(self, path: str, size: int) -> bool:
         """True if one more file of ``size`` bytes fits the limits; records the refusal once."""
         if self.full:
             return False
-        if len(self.files) + 1 > self.limits.max_files:
+        if self.entries + 1 > self.limits.max_files:
             self.problems.append(
-                Problem(self.origin, None, f"more than {self.limits.max_files} files; refusing to read on")
+                Problem(path, None, f"more than {self.limits.max_files} files and links; refusing to read on")
             )
             self.full = True
             return False
@@ -117,25 +128,38 @@ class _Collector:
         """Replace links by copies of their targets inside the folder; refuse the rest.
 
         A link's target is only read from this tree, never from the machine, so a link to
-        ``/etc/shadow`` or ``../../secret`` cannot leak anything: it is refused.
+        ``/etc/shadow`` or ``../../secret`` cannot leak anything: it is refused. Each copy counts
+        against the limits as it is made, as the file it becomes (one file of 10 MiB and 20,000
+        links to it would otherwise be a folder of 200 GiB from an archive of a few KiB), and a
+        chain of links deeper than :data:`MAX_SYMLINK_HOPS` is refused.
         """
-        for link, target in sorted(self.hardlinks.items()):
-            resolved = self.path(target)
-            if resolved is not None and resolved in self.files:
-                self.files[link] = self.files[resolved]
-            elif resolved is not None:
-                self.problems.append(Problem(link, None, f"hard link to {target!r}, which is not a file here"))
-        for link in sorted(self.symlinks):
-            resolved_file = self._follow(link)
-            if isinstance(resolved_file, Problem):
-                self.problems.append(resolved_file)
-            else:
-                self.files[link] = self.files[resolved_file]
+        links = [*sorted(self.hardlinks.items()), *((link, None) for link in sorted(self.symlinks))]
+        self.hardlinks, symlinks, self.symlinks = {}, self.symlinks, {}  # counted again as each is resolved
+        for link, target in links:
+            resolved = self._hard(link, target) if target is not None else self._follow(link, symlinks)
+            if isinstance(resolved, Problem):
+                self.problems.append(resolved)
+            if not isinstance(resolved, str):
+                continue
+            entry = self.files[resolved]
+            if not self.room_for(link, len(entry.data)):
+                return
+            self.files[link] = entry
+            self.total_bytes += len(entry.data)
 
-    def _follow(self, link: str) -> str | Problem:
+    def _hard(self, link: str, target: str) -> str | Problem | None:
+        """The file a hard link names; None when its name was refused (and said so) already."""
+        resolved = self.path(target)
+        if resolved is None:
+            return None
+        if resolved not in self.files:
+            return Problem(link, None, f"hard link to {target!r}, which is not a file here")
+        return resolved
+
+    def _follow(self, link: str, symlinks: Mapping[str, str]) -> str | Problem:
         current = link
         for _ in range(MAX_SYMLINK_HOPS):
-            target = self.symlinks[current]
+            target = symlinks[current]
             if target.startswith("/"):
                 return Problem(link, None, f"symlink to the absolute path {target!r} outside the task folder")
             joined = posixpath.normpath(posixpath.join(posixpath.dirname(current), target))
@@ -143,13 +167,13 @@ class _Collector:
                 return Problem(link, None, f"symlink to {target!r} points outside the task folder")
             if joined in self.files:
                 return joined
-            if joined in self.symlinks:
+            if joined in symlinks:
                 current = joined
                 continue
             if joined in self.directories or joined == ".":
                 return Problem(link, None, f"symlink to the directory {target!r} is not supported; copy it")
             return Problem(link, None, f"dangling symlink to {target!r}")
-        return Problem(link, None, "symlink loop")
+        return Problem(link, None, f"a loop, or a chain of more than {MAX_SYMLINK_HOPS} symlinks")
 
 
 class TaskFiles(Mapping[str, TaskFile]):
@@ -268,7 +292,8 @@ class TaskFiles(Mapping[str, TaskFile]):
                     continue
                 info = os.lstat(full)
                 if stat.S_ISLNK(info.st_mode):
-                    collector.symlinks[path] = os.readlink(full)
+                    if collector.room_for_link(path):
+                        collector.symlinks[path] = os.readlink(full)
                     if name in dirnames:
                         dirnames.remove(name)
                 elif stat.S_ISDIR(info.st_mode):
@@ -306,9 +331,11 @@ def _collect_member(collector: _Collector, archive: tarfile.TarFile, member: tar
     if member.isdir():
         collector.directories.add(path)
     elif member.issym():
-        collector.symlinks[path] = member.linkname
+        if collector.room_for_link(path):
+            collector.symlinks[path] = member.linkname
     elif member.islnk():
-        collector.hardlinks[path] = member.linkname
+        if collector.room_for_link(path):
+            collector.hardlinks[path] = member.linkname
     elif member.isreg():
         if collector.room_for(path, member.size):
             extracted = archive.extractfile(member)

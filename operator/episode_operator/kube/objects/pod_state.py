@@ -38,18 +38,15 @@ def pod_verdict(pod: Mapping[str, Any]) -> PodVerdict:
         return PodVerdict(False, True, None, "is being deleted")
     if phase in ("Failed", "Succeeded"):
         reason = status.get("reason") or phase
-        return PodVerdict(False, True, None, f"{reason}: {status.get('message') or 'a container exited'}")
+        # A failed init container (one filling the compose volumes, a toolchain's copier) fails the
+        # pod with no message of its own: what it said is the cause.
+        failed_init = [_exited(c) for c in status.get("initContainerStatuses") or [] if _exit_code(c) not in (None, 0)]
+        message = status.get("message") or (f"init {failed_init[0]}" if failed_init else "a container exited")
+        return PodVerdict(False, True, None, f"{reason}: {message}")
     statuses = list(status.get("containerStatuses") or [])
     for container in statuses:
-        terminated = (container.get("state") or {}).get("terminated")
-        if terminated is not None:
-            return PodVerdict(
-                False,
-                True,
-                None,
-                f"container {container.get('name')} exited with {terminated.get('exitCode')} "
-                f"({terminated.get('reason')}): {(terminated.get('message') or '').strip()[:300]}",
-            )
+        if _exit_code(container) is not None:
+            return PodVerdict(False, True, None, _exited(container))
     for container in statuses:
         waiting = (container.get("state") or {}).get("waiting")
         if waiting is not None and waiting.get("reason") not in STARTING:
@@ -83,6 +80,20 @@ def pod_verdict(pod: Mapping[str, Any]) -> PodVerdict:
     if any((c.get("state") or {}).get("waiting") is not None for c in statuses):
         return PodVerdict(False, False, None, "containers are being created", reason="ContainerCreating")
     return PodVerdict(False, False, None, f"phase {phase}")
+
+
+def _exit_code(container: Mapping[str, Any]) -> int | None:
+    """A terminated container's exit code; None while it has not terminated."""
+    terminated = (container.get("state") or {}).get("terminated")
+    return None if terminated is None else int(terminated.get("exitCode") or 0)
+
+
+def _exited(container: Mapping[str, Any]) -> str:
+    terminated = (container.get("state") or {}).get("terminated") or {}
+    return (
+        f"container {container.get('name')} exited with {terminated.get('exitCode')} "
+        f"({terminated.get('reason')}): {(terminated.get('message') or '').strip()[:300]}"
+    )
 
 
 def latest_event(events: Sequence[Mapping[str, Any]]) -> tuple[str, str] | None:

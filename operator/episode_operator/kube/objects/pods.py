@@ -2,11 +2,25 @@
 
 The agent pod: the task image as ``main`` with its own ENTRYPOINT kept and a keep-alive
 as its arguments, every compose sidecar as another container reachable by its service
-name (``hostAliases`` → 127.0.0.1), an ``emptyDir`` at ``/episode-operator`` shared by
-all containers for the supervisor and its jobs, no service-account token, resources from
-``[environment]`` (its CPUs requested as the operator's ``SandboxRequests`` say). A verifier pod
-is the same shape with the verifier's image and environment and no sidecars. Both are owned by
-the Episode, so deleting it deletes them.
+name (``hostAliases`` → 127.0.0.1), an ``emptyDir`` at ``/episode-operator`` of each container's
+own for the supervisor and its jobs (main's records out of the sidecars' reach, and each sidecar's
+writable by its own user), no service-account token, resources from ``[environment]`` (its
+CPUs requested as the operator's ``SandboxRequests`` say). A verifier pod is the same shape with
+the verifier's image and environment and no sidecars. Both are owned by the Episode, so deleting
+it deletes them.
+
+**Compose volumes** (docs/harbor-layout.md): a named or anonymous volume is one ``emptyDir``
+(``compose-<name>``) that every service naming it mounts; the binds of ``environment/`` are paths of
+one ``emptyDir`` (``episode-operator-binds``) holding the bound files, so binds of the same files share
+what is written through them, as on Harbor's host. Before any container starts, an init container in
+the task's image (``episode-operator-volumes``, as root) fills them as Docker would: it unpacks the bound
+files from the ConfigMap the operator makes for them (:func:`environment_files_config_map`), and
+gives each volume ``main`` mounts what Docker gives a new one — the image's content at the mount
+path with that folder's owner and mode, or (``nocopy``, nothing there) an empty root's 0755 — and
+Harbor's mode 0777 to one mounted at a folder of the sandbox's layout (``/logs/agent``…), which
+Harbor's ``ensure_dirs`` gives it after ``compose up``. The task's image has ``sh`` and ``tar``
+already: the supervisor needs both. A sidecar's image content is not copied in (its image may have
+no shell to copy with): a volume only sidecars name starts as an empty, world-writable ``emptyDir``.
 
 **The verifier's capacity is the agent pod's** (docs/runtime.md, "Pods and capacity"): while a
 separate turn that is not the last verifies, both pods live, so the agent pod reserves the
@@ -19,8 +33,10 @@ agent pod is gone (Gym) and asks for its own requests.
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import math
+import posixpath
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -36,6 +52,7 @@ from episode_operator.api.vocabulary import (
     TURN_LABEL,
 )
 from episode_operator.capture.wire import KEY_ENV
+from episode_operator.kube.objects.env import pod_entries
 from episode_operator.runtime.agents.model import (
     CAPTURE_CONTAINER,
     CAPTURE_PORT,
@@ -46,7 +63,14 @@ from episode_operator.runtime.agents.model import (
 )
 from episode_operator.runtime.sandbox import KEEP_ALIVE
 from episode_operator.runtime.supervisor import SUPERVISOR_DIR
-from episode_operator.taskfolder.compose import Sidecar
+from episode_operator.runtime.turn.context import SANDBOX_LAYOUT
+from episode_operator.taskfolder.compose import (
+    BOUND_ARCHIVE_LIMIT,
+    ENVIRONMENT,
+    ComposeVolume,
+    Sidecar,
+    binds_of,
+)
 from episode_operator.taskfolder.models import EnvironmentConfig
 from episode_operator.taskfolder.plan import EpisodePlan, NetworkPolicy
 
@@ -55,6 +79,40 @@ CAPTURE_VOLUME = "episode-operator-capture"
 CAPTURE_SUPERVISOR_VOLUME = "episode-operator-capture-jobs"
 NAME_LIMIT = 63
 RESERVATION_CONTAINER = "verifier-reservation"
+# Compose volumes: the emptyDir of the bound files, the ConfigMap volume that brings them, its key,
+# the init container that fills the volumes, and where it sees each of them. Named outside what the
+# compose file names (its volumes are compose-<name>, its services' supervisor-<name>).
+ENVIRONMENT_VOLUME = "episode-operator-binds"
+ENVIRONMENT_FILES_VOLUME = "episode-operator-binds-files"
+ENVIRONMENT_ARCHIVE_KEY = "environment.tar"
+VOLUME_FILLER = "episode-operator-volumes"
+FILLER_ROOT = "/episode-operator-init"
+# The filler's arguments: the bound files' archive ('' for none) and their folder, then for each of
+# main's mounts its path in the image, where the filler sees it, how it is filled (copy: Docker's
+# copy of the image's content into a new volume; empty: a new volume without it, `nocopy`; keep: a
+# bind, filled from the archive) and the mode it is then given ('-' to leave it).
+FILL_SCRIPT = """set -eu
+archive=$1 environment=$2
+shift 2
+if [ -n "$archive" ]; then
+    tar -x -f "$archive" -C "$environment"
+    chmod 0755 "$environment"
+fi
+while [ "$#" -ge 4 ]; do
+    image_path=$1 seen=$2 fill=$3 mode=$4
+    shift 4
+    if [ "$fill" != keep ] && [ -z "$(ls -A "$seen")" ]; then
+        if [ "$fill" = copy ] && [ -d "$image_path" ]; then
+            # The folder's own owner and mode come with its content: "$image_path/." is the folder.
+            cp -a "$image_path/." "$seen/"
+        else
+            chown 0:0 "$seen"
+            chmod 0755 "$seen"
+        fi
+    fi
+    [ "$mode" = - ] || chmod "$mode" "$seen"
+done
+"""
 
 
 @dataclass(frozen=True)
@@ -136,6 +194,9 @@ class SandboxPod:
     node_name: str | None = None
     # How much of its limits the pod requests (an operator setting).
     requests: SandboxRequests = field(default_factory=SandboxRequests)
+    # The agent pod: main's compose volumes, and the ConfigMap holding the files the binds name.
+    volumes: Sequence[ComposeVolume] = ()
+    environment_files: str | None = None
 
 
 def short_name(base: str, suffix: str, limit: int = NAME_LIMIT) -> str:
@@ -247,10 +308,9 @@ def _sidecar_container(sidecar: Sidecar, task_image: str, spec: EpisodeSpec) -> 
         "image": sidecar.image or task_image,
         "imagePullPolicy": "IfNotPresent",
         "env": _env_list(sidecar.env),
-        "volumeMounts": [{"name": SUPERVISOR_VOLUME, "mountPath": SUPERVISOR_DIR}]
-        + [
-            {"name": _volume_name(volume.name), "mountPath": volume.mount_path, "readOnly": volume.read_only}
-            for volume in sidecar.volumes
+        "volumeMounts": [
+            {"name": _supervisor_volume(sidecar), "mountPath": SUPERVISOR_DIR},
+            *_compose_mounts(sidecar.volumes),
         ],
     }
     if sidecar.command is not None:
@@ -293,9 +353,106 @@ def _reservation_container(pod: SandboxPod, spec: EpisodeSpec) -> dict[str, Any]
     }
 
 
+def _supervisor_volume(sidecar: Sidecar) -> str:
+    """A sidecar's own supervisor folder."""
+    return short_name("supervisor", re.sub(r"[^a-z0-9-]", "-", sidecar.name.lower()).strip("-") or "sidecar")
+
+
 def _volume_name(compose_name: str) -> str:
     cleaned = re.sub(r"[^a-z0-9-]", "-", compose_name.lower()).strip("-") or "volume"
     return short_name("compose", cleaned)
+
+
+def _bound_path(volume: ComposeVolume) -> str:
+    """Where a bind's files are in the bound files' folder ('' for the whole of environment/)."""
+    return posixpath.relpath(volume.name, ENVIRONMENT).removeprefix(".")
+
+
+def _compose_mounts(volumes: Sequence[ComposeVolume]) -> list[dict[str, Any]]:
+    """A container's mounts of its compose volumes: a volume's emptyDir, or its path of the bound files'."""
+    mounts: list[dict[str, Any]] = []
+    for volume in volumes:
+        mount: dict[str, Any] = {"mountPath": volume.mount_path, "readOnly": volume.read_only}
+        if volume.kind == "bind":
+            mount["name"] = ENVIRONMENT_VOLUME
+            if _bound_path(volume):
+                mount["subPath"] = _bound_path(volume)
+        else:
+            mount["name"] = _volume_name(volume.name)
+        mounts.append(mount)
+    return mounts
+
+
+def _compose_pod_volumes(pod: SandboxPod) -> list[dict[str, Any]]:
+    """The pod's volumes for its services' compose volumes: one emptyDir per volume name, one for the
+    bound files, and the ConfigMap that brings those."""
+    every = [*pod.volumes, *(volume for sidecar in pod.sidecars for volume in sidecar.volumes)]
+    names = sorted({volume.name for volume in every if volume.kind == "volume"})
+    volumes: list[dict[str, Any]] = [{"name": _volume_name(name), "emptyDir": {}} for name in names]
+    if any(volume.kind == "bind" for volume in every):
+        volumes.append({"name": ENVIRONMENT_VOLUME, "emptyDir": {}})
+    if pod.environment_files is not None:
+        volumes.append({"name": ENVIRONMENT_FILES_VOLUME, "configMap": {"name": pod.environment_files}})
+    return volumes
+
+
+def _volume_filler(pod: SandboxPod, spec: EpisodeSpec) -> dict[str, Any] | None:
+    """The init container filling the compose volumes before any container starts (module docstring);
+    None when there is nothing to fill."""
+    binds = bool(binds_of(pod.volumes, pod.sidecars))
+    if binds and pod.environment_files is None:
+        raise ValueError("the pod's compose binds need the ConfigMap of their files")
+    if not binds and not any(volume.kind == "volume" for volume in pod.volumes):
+        return None
+    seen_environment = f"{FILLER_ROOT}/environment"
+    mounts: dict[str, dict[str, Any]] = {}
+    arguments = [f"{FILLER_ROOT}/input/{ENVIRONMENT_ARCHIVE_KEY}" if binds else "", seen_environment]
+    if binds:
+        mounts[ENVIRONMENT_FILES_VOLUME] = {
+            "name": ENVIRONMENT_FILES_VOLUME,
+            "mountPath": f"{FILLER_ROOT}/input",
+            "readOnly": True,
+        }
+        mounts[ENVIRONMENT_VOLUME] = {"name": ENVIRONMENT_VOLUME, "mountPath": seen_environment}
+    for volume in pod.volumes:
+        # Harbor's ensure_dirs makes whatever is mounted at a layout folder 0777 after `compose up`.
+        mode = "0777" if volume.mount_path in SANDBOX_LAYOUT else "-"
+        if volume.kind == "bind":
+            arguments += [volume.mount_path, posixpath.join(seen_environment, _bound_path(volume)), "keep", mode]
+            continue
+        name = _volume_name(volume.name)
+        seen = f"{FILLER_ROOT}/volumes/{name}"
+        mounts[name] = {"name": name, "mountPath": seen}
+        arguments += [volume.mount_path, seen, "copy" if volume.copy_image_content else "empty", mode]
+    return {
+        "name": VOLUME_FILLER,
+        "image": pod.image,
+        "imagePullPolicy": "IfNotPresent",
+        "command": ["sh", "-c", FILL_SCRIPT, VOLUME_FILLER, *arguments],
+        "volumeMounts": list(mounts.values()),
+        # As root whatever the image's USER: it copies the image's files with their owners, as Docker does.
+        "securityContext": {**container_security(spec), "runAsUser": 0, "runAsGroup": 0},
+        "terminationMessagePolicy": "FallbackToLogsOnError",
+    }
+
+
+def environment_files_config_map(episode: OwnerRef, archive: bytes) -> dict[str, Any]:
+    """The ConfigMap bringing the files the compose binds name into the agent pod (the volume filler
+    unpacks it), owned by the Episode and named by its content."""
+    if len(archive) > BOUND_ARCHIVE_LIMIT:
+        raise ValueError(f"the bound files' archive is {len(archive)} bytes; admission allows {BOUND_ARCHIVE_LIMIT}")
+    digest = hashlib.sha256(archive).hexdigest()[:12]
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {
+            "name": short_name(episode.name, f"env-{digest}"),
+            "namespace": episode.namespace,
+            "labels": {**MANAGED_BY, EPISODE_LABEL: label_value(episode.name)},
+            "ownerReferences": [episode.owner_reference()],
+        },
+        "binaryData": {ENVIRONMENT_ARCHIVE_KEY: base64.b64encode(archive).decode()},
+    }
 
 
 def _toolchain_volume(toolchain: Toolchain) -> str:
@@ -314,7 +471,8 @@ def _toolchain_copier(toolchain: Toolchain, images: AgentImages, spec: EpisodeSp
 
 
 def _capture_container(capture: Capture, images: AgentImages, spec: EpisodeSpec) -> dict[str, Any]:
-    """The capture proxy: the operator's image, the key from its Secret, its store mounted here only."""
+    """The capture proxy: the operator's image, the key from its Secret, its store mounted here only,
+    the upstream's addresses pinned (the pod's /etc/hosts is the agent's), its resources and journal bounded."""
     assert images.capture is not None  # admission refuses a model endpoint without a capture image
     args = [
         "capture-proxy",
@@ -322,8 +480,13 @@ def _capture_container(capture: Capture, images: AgentImages, spec: EpisodeSpec)
         f"127.0.0.1:{CAPTURE_PORT}",
         "--upstream",
         capture.upstream,
+        *(option for address in capture.upstream_addresses for option in ("--upstream-address", address)),
         "--store",
         CAPTURE_STORE,
+        "--max-record-bytes",
+        str(capture.bounds.max_record_bytes),
+        "--max-journal-bytes",
+        str(capture.bounds.max_journal_bytes),
     ]
     if capture.token_ids:
         args.append("--token-ids")
@@ -344,6 +507,7 @@ def _capture_container(capture: Capture, images: AgentImages, spec: EpisodeSpec)
             "periodSeconds": 1,
             "failureThreshold": 60,
         },
+        "resources": {"requests": dict(capture.bounds.requests), "limits": dict(capture.bounds.limits)},
         "securityContext": container_security(spec),
     }
     if capture.secret is not None:
@@ -381,13 +545,12 @@ def sandbox_pod(
         "imagePullPolicy": "IfNotPresent",
         "args": list(KEEP_ALIVE),
         "env": _env_list(pod.env),
-        "volumeMounts": [{"name": SUPERVISOR_VOLUME, "mountPath": SUPERVISOR_DIR}],
+        "volumeMounts": [{"name": SUPERVISOR_VOLUME, "mountPath": SUPERVISOR_DIR}, *_compose_mounts(pod.volumes)],
         "securityContext": container_security(spec),
     }
     if pod.role == "agent":
-        main["env"] += spec.agent.env
-        if spec.agent.env_from:
-            main["envFrom"] = spec.agent.env_from
+        # Only the entries naming the pod itself: the agent's values go to its own jobs (kube/objects/env.py).
+        main["env"] += pod_entries(spec.agent.env)
     if pod.environment.workdir:
         main["workingDir"] = pod.environment.workdir
     resources = (
@@ -400,10 +563,14 @@ def sandbox_pod(
     if resources:
         main["resources"] = resources
     volumes: list[dict[str, Any]] = [{"name": SUPERVISOR_VOLUME, "emptyDir": {}}]
-    for volume_name in sorted({volume.name for sidecar in pod.sidecars for volume in sidecar.volumes}):
-        volumes.append({"name": _volume_name(volume_name), "emptyDir": {}})
+    volumes += [{"name": _supervisor_volume(sidecar), "emptyDir": {}} for sidecar in pod.sidecars]
+    volumes += _compose_pod_volumes(pod)
     images = images or AgentImages()
-    init_containers = [_toolchain_copier(toolchain, images, spec) for toolchain in pod.needs.toolchains]
+    filler = _volume_filler(pod, spec)
+    init_containers = [
+        *([filler] if filler else []),
+        *(_toolchain_copier(t, images, spec) for t in pod.needs.toolchains),
+    ]
     for toolchain in pod.needs.toolchains:
         # Read-only: the agent cannot alter its own harness mid-episode.
         main["volumeMounts"].append(

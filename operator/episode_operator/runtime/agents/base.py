@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
 from typing import ClassVar, Protocol
 
 from episode_operator.api.models import AgentSpec
@@ -65,6 +66,14 @@ class AgentKind(Protocol):
     def turn_job(self, turn: TurnRun) -> AgentJob | None:
         """The agent's job for ``turn``; None when the agent does nothing."""
         ...
+
+
+def with_agent_env(spec: JobSpec, agent_env: Mapping[str, str]) -> JobSpec:
+    """``spec`` (an agent kind's job) with the agent's own variables under the kind's own, carried
+    privately: ``spec.agent.env``/``envFrom`` reach the agent's jobs and no other process."""
+    if not agent_env:
+        return spec
+    return replace(spec, env={**agent_env, **spec.env}, private=True)
 
 
 def turn_env(turn: TurnRun) -> dict[str, str]:

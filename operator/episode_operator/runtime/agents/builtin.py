@@ -8,12 +8,13 @@ from episode_operator.api.models import AgentSpec
 from episode_operator.runtime.agents.base import AgentJob, instruction_file, turn_env
 from episode_operator.runtime.agents.model import SandboxNeeds, capture_of, model_env
 from episode_operator.runtime.archive import folder_tar, text_tar
-from episode_operator.runtime.sandbox import JobSpec, Upload
-from episode_operator.runtime.turn.context import INSTRUCTIONS, SOLUTION, TurnRun
+from episode_operator.runtime.sandbox import JobSpec, Upload, sealed
+from episode_operator.runtime.turn.context import INSTRUCTIONS, LOGS_AGENT, SOLUTION, TurnRun
 from episode_operator.runtime.turn.failures import Call
 from episode_operator.taskfolder import EpisodePlan, Problem
 
-ORACLE_OUTPUT = "/logs/agent/oracle.txt"
+ORACLE_OUTPUT = f"{LOGS_AGENT}/oracle.txt"
+SOLVE = "solve.sh"
 
 
 class Oracle:
@@ -50,14 +51,15 @@ class Oracle:
         return AgentJob(
             JobSpec(
                 id=turn.job_id("agent"),
-                command=f"bash {SOLUTION}/solve.sh",
+                command=f"bash {SOLUTION}/{SOLVE}",
                 timeout_sec=plan.agent.timeout_sec,
                 user=plan.agent.user,
                 # [solution].env is authoritative (Harbor's oracle), with a non-interactive apt.
                 env={**turn.services.plan.solution_env, "DEBIAN_FRONTEND": "noninteractive"},
                 output=ORACLE_OUTPUT,
             ),
-            Upload(folder_tar(turn.services.files, plan.solution), SOLUTION, (f"{SOLUTION}/",)),
+            # Root's 0755 with solve.sh executable, as Harbor's `docker compose cp` and `chmod +x` leave them.
+            Upload(folder_tar(turn.services.files, plan.solution, script=SOLVE), SOLUTION, (sealed(f"{SOLUTION}/"),)),
             Call.PLACE_SOLUTION,
         )
 

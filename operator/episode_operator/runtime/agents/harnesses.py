@@ -20,10 +20,11 @@ from typing import Final
 from episode_operator.api.models import ModelApi, ModelEndpoint
 from episode_operator.api.vocabulary import AgentFailure
 from episode_operator.runtime.agents.model import PLACEHOLDER_KEY, Toolchain, proxied_base_url
+from episode_operator.runtime.turn.context import LOGS_AGENT
 
 # Stands for the instruction in a preset's argv: replaced by the file's content as one argv element.
 INSTRUCTION: Final = "\0instruction\0"
-LOGS: Final = "/logs/agent"
+LOGS: Final = LOGS_AGENT
 
 
 @dataclass(frozen=True)

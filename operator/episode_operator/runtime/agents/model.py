@@ -9,10 +9,12 @@ container's environment only, so it appears in no log, status, Event, store or e
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Final
 
 from episode_operator.api.models import ModelEndpoint, SecretKeyRef
+from episode_operator.capture.store import MAX_JOURNAL_BYTES, MAX_RECORD_BYTES
 from episode_operator.capture.wire import agent_base_url
 
 # The capture container: its name in the agent pod, the loopback port its proxy listens on (an
@@ -22,6 +24,10 @@ CAPTURE_PORT: Final = 47311
 CAPTURE_STORE: Final = "/capture"
 # What the agent holds instead of the key: the proxy writes the real one into every request.
 PLACEHOLDER_KEY: Final = "episode-operator-capture-proxy-holds-the-key"
+
+
+# Where the harnesses' toolchains are mounted in the main container, one folder each.
+TOOLCHAINS: Final = "/opt/episode-operator/toolchains"
 
 
 @dataclass(frozen=True)
@@ -34,16 +40,39 @@ class Toolchain:
     @property
     def path(self) -> str:
         """Where the tree is mounted (read-only) in the main container."""
-        return f"/opt/episode-operator/toolchains/{self.name}"
+        return f"{TOOLCHAINS}/{self.name}"
+
+
+# The capture container's resources by default (--capture-requests, --capture-limits): it asks for
+# little (it mostly waits on the model); its memory limit holds a few calls at the proxy's largest
+# request (32 MiB, parsed as JSON) with their records, far above what a long streamed session takes.
+CAPTURE_REQUESTS: Final[Mapping[str, str]] = {"cpu": "10m", "memory": "64Mi"}
+CAPTURE_LIMITS: Final[Mapping[str, str]] = {"cpu": "1", "memory": "1Gi"}
+
+
+@dataclass(frozen=True)
+class CaptureBounds:
+    """What the operator gives every capture container (its settings): Kubernetes resource quantities,
+    and what its proxy may store (a body in one record; all of an attempt's journal)."""
+
+    requests: Mapping[str, str] = field(default_factory=lambda: dict(CAPTURE_REQUESTS))
+    limits: Mapping[str, str] = field(default_factory=lambda: dict(CAPTURE_LIMITS))
+    max_record_bytes: int = MAX_RECORD_BYTES
+    max_journal_bytes: int = MAX_JOURNAL_BYTES
 
 
 @dataclass(frozen=True)
 class Capture:
-    """The capture container an agent pod needs: where calls go, the key's Secret, what to record."""
+    """The capture container an agent pod needs: where calls go, the key's Secret, what to record.
+
+    ``upstream_addresses``: where the upstream's host was resolved to by the operator when it admitted
+    the Episode (kube/upstream.py), the only addresses the proxy connects to; ``bounds``: its settings."""
 
     upstream: str
     secret: SecretKeyRef | None
     token_ids: bool
+    upstream_addresses: tuple[str, ...] = ()
+    bounds: CaptureBounds = field(default_factory=CaptureBounds)
 
 
 @dataclass(frozen=True)

@@ -13,24 +13,32 @@ store. Stage ``trajectory`` then writes the turn's ATIF trajectory, built from t
 
 from __future__ import annotations
 
-import io
+import asyncio
 import json
-import tarfile
 from dataclasses import replace
 from pathlib import PurePosixPath
 
+from episode_operator.api.vocabulary import FAILURE_CAPTURE_LIMIT
 from episode_operator.capture.atif import trajectory_from_calls
-from episode_operator.capture.records import CapturedCall, parse_journal
+from episode_operator.capture.records import CAPTURE_LIMIT, CapturedCall, parse_journal
 from episode_operator.capture.store import calls_file
 from episode_operator.runtime.agents import agent_kind
+from episode_operator.runtime.agents.base import with_agent_env
 from episode_operator.runtime.agents.failures import CONSEQUENCES, classify
 from episode_operator.runtime.agents.model import CAPTURE_CONTAINER, CAPTURE_STORE
-from episode_operator.runtime.archive import text_tar
+from episode_operator.runtime.archive import read_member, text_tar
 from episode_operator.runtime.sandbox import JobSpec, JobState, Sandbox, SandboxError
 from episode_operator.runtime.store import CALLS_FILE, INSTRUCTION_FILE, TRAJECTORY_FILE
 from episode_operator.runtime.turn.collect import carried_artifact
 from episode_operator.runtime.turn.context import TRAJECTORY, TurnRun
-from episode_operator.runtime.turn.failures import EpisodeEnds, Outage, check_started, sandbox_call, sandbox_lost
+from episode_operator.runtime.turn.failures import (
+    EpisodeEnds,
+    Outage,
+    TurnFailed,
+    check_started,
+    sandbox_call,
+    sandbox_lost,
+)
 from episode_operator.runtime.turn.prepare import carried_cleanup
 
 # How long the runner waits, after the agent ended, for calls still being recorded.
@@ -53,7 +61,7 @@ async def run_agent(turn: TurnRun) -> None:
     cleanup = carried_cleanup(turn, "agent")
     if cleanup:
         inputs = replace(inputs, clear=(*inputs.clear, *cleanup))
-    spec = job.spec
+    spec = with_agent_env(job.spec, services.agent_env)
     artifact = carried_artifact(turn)
     if artifact is not None and artifact.service == spec.container:
         spec = replace(spec, download_after=artifact.source, download_exclude=tuple(artifact.exclude))
@@ -70,6 +78,14 @@ async def run_agent(turn: TurnRun) -> None:
     if capture:
         await _capture_job(turn, sandbox, "capture-off", "")
         calls = await _harvest(turn, sandbox)
+        if any(call.local_response_reason == CAPTURE_LIMIT for call in calls):
+            # The agent's calls outgrew the attempt's journal: the proxy stopped forwarding them, so what the
+            # turn did is no longer all recorded. The agent's doing: a measured 0, never an outage.
+            raise TurnFailed(
+                FAILURE_CAPTURE_LIMIT,
+                f"turn {turn.name}: the agent's model calls passed the capture journal's bound; "
+                "the capture proxy answered the rest itself",
+            )
     failure = classify(state, calls, state.output or b"", job.failure_patterns)
     record.agent_failure = failure
     if failure is None:
@@ -158,12 +174,11 @@ async def _harvest(turn: TurnRun, sandbox: Sandbox) -> list[CapturedCall]:
         archive = await sandbox.download([str(path)], container=CAPTURE_CONTAINER)
     except SandboxError as error:
         raise sandbox_lost(error) from error
-    journal = b""
-    with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
-        for member in tar:
-            if member.isfile() and member.name == str(path).lstrip("/"):
-                extracted = tar.extractfile(member)
-                journal = extracted.read() if extracted is not None else b""
+    try:
+        found = await asyncio.to_thread(read_member, archive, str(path).lstrip("/"), turn.services.limits)
+    finally:
+        archive.discard()
+    journal = found or b""
     await turn.services.store.save_file(attempt, turn.name, CALLS_FILE, journal)
     return parse_journal(journal).calls
 

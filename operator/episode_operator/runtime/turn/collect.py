@@ -1,17 +1,23 @@
 """Stage ``collect``: collect hooks, then artifacts — ``main`` first, then the sidecars (TASK-FORMAT.md §3.4.5).
 
 Best effort, as in Harbor and Gym: a failing hook or a missing artifact source is recorded
-(``failed`` in the manifest) and the turn goes on; only a lost sandbox stops it. The
-collected tars are kept in the store, which is also what a separate verifier receives.
+(``failed`` in the manifest) and the turn goes on; only a lost sandbox stops it. Each
+downloaded tar is re-packed by the operator (``runtime/archive.py``: only the regular files
+and directories of the artifact's source; what was refused, and why, is in the manifest) and
+the clean tar is kept in the store, which is also what a separate verifier receives: nothing
+the agent's pod sent reaches it as sent. An artifact past the artifact bound, or a turn's past
+the turn's (``runtime/limits.py``), fails the turn (``agent:output_limit``).
 """
 
 from __future__ import annotations
 
+import asyncio
+from dataclasses import dataclass
 from pathlib import PurePosixPath
 from typing import Any, Final, Literal
 
 from episode_operator.api.models import ArtifactSummary
-from episode_operator.runtime.archive import archive_summary
+from episode_operator.runtime.archive import RefusedMember, repack_artifact
 from episode_operator.runtime.sandbox import CommandFailed, JobSpec, Sandbox, SandboxError
 from episode_operator.runtime.turn.context import TurnRun
 from episode_operator.runtime.turn.failures import sandbox_lost
@@ -47,6 +53,7 @@ async def collect(turn: TurnRun) -> None:
     manifest: list[dict[str, Any]] = []
     claimed: list[str] = []
     counts = ArtifactSummary()
+    left = services.limits.turn_artifact_bytes  # what the turn's artifacts bound leaves
     services_named = {hook.service for hook in plan.collect} | {artifact.service for artifact in plan.artifacts}
     for service in [MAIN_SERVICE, *sorted(services_named - {MAIN_SERVICE})]:
         for number, hook in enumerate(plan.collect):
@@ -67,15 +74,22 @@ async def collect(turn: TurnRun) -> None:
         for entry in plan.artifacts:
             if entry.service != service:
                 continue
-            status, kind = await _collect_artifact(turn, sandbox, len(manifest), entry, claimed)
+            collected = await _collect_artifact(turn, sandbox, len(manifest), entry, claimed, left)
+            left -= collected.size
+            status = collected.status
             manifest.append(
                 {
                     "source": entry.source,
                     "destination": entry.destination,
-                    "type": kind,
+                    "type": collected.kind,
                     "status": status,
                     "service": entry.service,
                     "origin": entry.origin,
+                    **(
+                        {"refused": [{"name": item.name, "reason": item.reason} for item in collected.refused]}
+                        if collected.refused
+                        else {}
+                    ),
                 }
             )
             field = _SUMMARY_FIELD[status]
@@ -84,28 +98,45 @@ async def collect(turn: TurnRun) -> None:
     turn.record.artifacts = counts
 
 
+@dataclass(frozen=True)
+class _Collected:
+    status: ArtifactStatus
+    kind: str
+    size: int = 0
+    refused: tuple[RefusedMember, ...] = ()
+
+
 async def _collect_artifact(
-    turn: TurnRun, sandbox: Sandbox, position: int, entry: ArtifactPlan, claimed: list[str]
-) -> tuple[ArtifactStatus, str]:
+    turn: TurnRun, sandbox: Sandbox, position: int, entry: ArtifactPlan, claimed: list[str], left: int
+) -> _Collected:
     if any(_overlaps(entry.destination, earlier) for earlier in claimed):
-        return "skipped", "directory"
+        return _Collected("skipped", "directory")
     carried = turn.agent_archive if entry is carried_artifact(turn) else None
     try:
-        archive = (
+        raw = (
             carried
             if carried is not None
             else await sandbox.download([entry.source], container=entry.service, exclude=entry.exclude)
         )
     except CommandFailed:
-        return "failed", "directory"
+        return _Collected("failed", "directory")
     except SandboxError as error:
         raise sandbox_lost(error) from error
-    kind, count, present = archive_summary(archive, entry.source)
-    if not present:
-        return "failed", kind
-    claimed.append(entry.destination)
-    await turn.services.store.save_artifact(turn.services.attempt_number, turn.name, position, archive)
-    return ("ok" if count else "empty"), kind
+    limits = turn.services.limits
+    try:
+        repacked = await asyncio.to_thread(repack_artifact, raw, entry.source, limits, turn_left=left)
+    finally:
+        raw.discard()
+        if carried is not None:
+            turn.agent_archive = None
+    try:
+        if not repacked.present:
+            return _Collected("failed", repacked.kind, refused=repacked.refused)
+        claimed.append(entry.destination)
+        await turn.services.store.save_artifact(turn.services.attempt_number, turn.name, position, repacked.archive)
+    finally:
+        repacked.archive.discard()
+    return _Collected("ok" if repacked.files else "empty", repacked.kind, repacked.size, repacked.refused)
 
 
 def _overlaps(first: str, second: str) -> bool:

@@ -8,26 +8,32 @@ state of its own and can be re-run from the status alone after a restart.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from typing import Protocol
 
 from episode_operator.api.models import AgentSpec, EpisodeStatus, TurnStatus
 from episode_operator.api.vocabulary import Stage
-from episode_operator.runtime.sandbox import MAIN_CONTAINER, JobSpec, JobState, Sandbox, Upload
+from episode_operator.runtime.limits import OutputLimits
+from episode_operator.runtime.sandbox import MAIN_CONTAINER, ArchiveFile, JobSpec, JobState, Sandbox, Upload
 from episode_operator.runtime.store import EpisodeStore
 from episode_operator.taskfolder import EpisodePlan, TaskFiles, TurnPlan
 from episode_operator.taskfolder.models import Healthcheck
-from episode_operator.taskfolder.plan import NetworkPolicy
+from episode_operator.taskfolder.plan import CONVENTION_ARTIFACTS, NetworkPolicy
 
 # Fixed paths in the sandbox (TASK-FORMAT.md §1.4).
+LOGS_AGENT = "/logs/agent"
 LOGS_VERIFIER = "/logs/verifier"
 REWARD_JSON = f"{LOGS_VERIFIER}/reward.json"
 REWARD_TXT = f"{LOGS_VERIFIER}/reward.txt"
 TEST_STDOUT = f"{LOGS_VERIFIER}/test-stdout.txt"
 TESTS = "/tests"
 SOLUTION = "/solution"
-TRAJECTORY = "/logs/agent/trajectory.json"
+TRAJECTORY = f"{LOGS_AGENT}/trajectory.json"
+# The folders Harbor gives every environment before its agent starts (mounted from the host there):
+# a task's solution may look for them (a solve.sh telling a shared verifier by its /logs/verifier).
+SANDBOX_LAYOUT = (LOGS_AGENT, LOGS_VERIFIER, CONVENTION_ARTIFACTS)
 # What Gym empties after a turn verified in the agent's sandbox.
 GRADING_FILES = (f"{TESTS}/", f"{LOGS_VERIFIER}/", TRAJECTORY)
 # Where the instructions of agents that read them from a file are placed.
@@ -47,10 +53,20 @@ class TurnServices(Protocol):
     def agent_spec(self) -> AgentSpec: ...
 
     @property
+    def agent_env(self) -> Mapping[str, str]:
+        """``spec.agent.env``/``envFrom`` as read by the operator: for the agent's own jobs only."""
+        ...
+
+    @property
     def attempt_number(self) -> int: ...
 
     @property
     def store(self) -> EpisodeStore: ...
+
+    @property
+    def limits(self) -> OutputLimits:
+        """What a sandbox's answers and a turn's artifacts may hold (runtime/limits.py)."""
+        ...
 
     def now(self) -> float: ...
 
@@ -105,10 +121,11 @@ class TurnRun:
 
     services: TurnServices
     index: int
-    # The tar of the agent's artifacts its job's final answer brought (collect.carried_artifact);
-    # None: collect downloads them. Not kept: a restart re-attaches to the agent's job, whose
-    # answer brings it again.
-    agent_archive: bytes | None = None
+    # The tar of the agent's artifacts its job's final answer brought (collect.carried_artifact),
+    # as the agent's pod sent it; None: collect downloads them. Collect re-packs and discards it
+    # (the runner does if the turn ends first). Not kept: a restart re-attaches to the agent's
+    # job, whose answer brings it again.
+    agent_archive: ArchiveFile | None = None
 
     @property
     def plan(self) -> TurnPlan:

@@ -17,11 +17,13 @@ from typing import Final, Literal
 
 from episode_operator.api.vocabulary import (
     FAILURE_ENVIRONMENT_BUILD,
+    FAILURE_OUTPUT_LIMIT,
     FAILURE_VERIFIER,
     FAILURE_WORKDIR,
     FailureKind,
     OutageKind,
 )
+from episode_operator.runtime.limits import OutputLimitExceeded
 from episode_operator.runtime.sandbox import CommandFailed, JobState, SandboxError
 
 
@@ -49,6 +51,11 @@ class TurnFailed(Exception):
     def __init__(self, failure_kind: FailureKind, message: str) -> None:
         super().__init__(message)
         self.failure_kind: FailureKind = failure_kind
+
+
+def output_limit(error: OutputLimitExceeded) -> TurnFailed:
+    """What a sandbox sending past a bound means in a turn: the turn fails, a measured 0."""
+    return TurnFailed(FAILURE_OUTPUT_LIMIT, f"refused what the sandbox sent: {error}")
 
 
 EndingOutcome = Literal["TerminalFailure", "Masked", "Ungraded"]

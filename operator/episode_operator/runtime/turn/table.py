@@ -126,7 +126,8 @@ TURN: Final[Mapping[Stage, StageRow]] = {
         Stage.VERIFY,
         Published.SEPARATE,  # the agent pod's release and the verifier pod are not redone from collect
         Network.VERIFIER,
-        "Separate: re-attaches to the verifier pod (created if missing) and places the artifacts again "
+        "Separate: re-attaches to the verifier pod (created if the attempt recorded none: a recorded one gone is "
+        "an outage) and places the artifacts again "
         "(nothing has run there yet). Shared: not published, resumes at agent.",
     ),
     Stage.VERIFY: StageRow(
@@ -161,6 +162,13 @@ def resumes_at(stage: Stage, separate: bool) -> Stage:
         if is_published(candidate, separate):
             return candidate
     return order[0]
+
+
+def restart_at(recorded: Stage, separate: bool) -> Stage:
+    """Where a restarted runner begins a turn whose status records ``recorded``: where the table
+    resumes it (:func:`resumes_at`), except that a turn recorded ``done`` has its reward in the
+    status (a shared turn's ``done`` is written with the next turn's cleanup) and is not redone."""
+    return recorded if TURN[recorded].next is None else resumes_at(recorded, separate)
 
 
 def render_table() -> str:

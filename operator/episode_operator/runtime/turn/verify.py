@@ -1,13 +1,15 @@
 """Stages ``verify-prepare``, ``verify`` and ``done``: the verifier, the reward, the gate.
 
 Shared (TASK-FORMAT.md §3.3 step 4): in the agent's sandbox, ``/tests`` and ``/logs/verifier``
-emptied and the layered tests uploaded by the exec that starts ``test.sh`` — so a restarted
-runner re-attaching to ``test.sh`` neither clears its reward files nor replaces its tests.
+sealed (root's, 0755, then emptied: what the agent left there is gone, and its leftover processes
+can neither add to them nor rename them away; ``/logs/verifier`` then given to test.sh's user) and
+the layered tests uploaded by the exec that starts ``test.sh`` — so a restarted runner re-attaching
+to ``test.sh`` neither clears its reward files nor replaces its tests.
 
 Separate (§3.4.6): the agent's sandbox stops first on the last turn; a fresh verifier sandbox
-gets the collected artifacts at their original absolute paths (the first upload emptying
-the grading folders), then ``test.sh`` as above; the verifier sandbox goes once the reward
-is recorded (stage ``done``).
+gets the collected artifacts at their original absolute paths (the first upload sealing
+``/tests``) — the tars the operator re-packed, never what the agent's pod sent — then ``test.sh``
+as above; the verifier sandbox goes once the reward is recorded (stage ``done``).
 
 Then the reward file is read (``reward.json``, else ``reward.txt``), refused if it changed
 after ``test.sh`` exited, and the turn's score and ``min_reward`` gate are recorded — the
@@ -19,7 +21,7 @@ from __future__ import annotations
 from episode_operator.api.models import TurnStatus
 from episode_operator.api.vocabulary import timestamp
 from episode_operator.runtime.archive import mapped_tar
-from episode_operator.runtime.sandbox import JobSpec, Upload
+from episode_operator.runtime.sandbox import JOB_USER, JobSpec, Upload, sealed
 from episode_operator.runtime.turn.context import (
     GRADING_FILES,
     LOGS_VERIFIER,
@@ -32,9 +34,12 @@ from episode_operator.runtime.turn.context import (
 from episode_operator.runtime.turn.failures import Call, check_started, sandbox_call
 from episode_operator.taskfolder.rewards import TurnScore, check_min_reward, parse_reward_files
 
-# The folders emptied before test.sh runs (not the trajectory: it is this turn's transcript).
-VERIFIER_FOLDERS = (f"{TESTS}/", f"{LOGS_VERIFIER}/")
-assert set(VERIFIER_FOLDERS) <= set(GRADING_FILES)
+# The folders emptied before test.sh runs (not the trajectory: it is this turn's transcript), sealed:
+# /tests root's, /logs/verifier test.sh's user's (it writes the rewards there).
+assert {f"{TESTS}/", f"{LOGS_VERIFIER}/"} <= set(GRADING_FILES)
+SEALED_TESTS = sealed(f"{TESTS}/")
+SEALED_REWARDS = sealed(f"{LOGS_VERIFIER}/", JOB_USER)
+TEST_SCRIPT = "test.sh"
 
 
 async def prepare_verifier(turn: TurnRun) -> None:
@@ -46,14 +51,19 @@ async def prepare_verifier(turn: TurnRun) -> None:
         # The agent's sandbox stops before the last turn's separate verifier starts (Gym).
         await services.release_agent()
     sandbox = await services.verifier_sandbox(turn.index)
+    # The clean tars collect re-packed (runtime/archive.py), streamed from the store through files.
     archives = await services.store.artifact_archives(services.attempt_number, turn.name)
-    with sandbox_call(Call.PLACE_VERIFIER_INPUTS):
-        if not archives:
-            await sandbox.clear(list(VERIFIER_FOLDERS))
-        clear: tuple[str, ...] = VERIFIER_FOLDERS
+    try:
+        with sandbox_call(Call.PLACE_VERIFIER_INPUTS):
+            if not archives:
+                await sandbox.clear([SEALED_TESTS])
+            clear: tuple[str, ...] = (SEALED_TESTS,)
+            for archive in archives:
+                await sandbox.upload(archive, "/", clear=clear)
+                clear = ()
+    finally:
         for archive in archives:
-            await sandbox.upload(archive, "/", clear=clear)
-            clear = ()
+            archive.discard()
 
 
 async def verify(turn: TurnRun) -> None:
@@ -63,15 +73,17 @@ async def verify(turn: TurnRun) -> None:
     sandbox = await (services.verifier_sandbox(turn.index) if turn.separate else services.agent_sandbox())
     spec = JobSpec(
         id=turn.job_id("verify"),
-        command=f"bash {TESTS}/test.sh",
+        command=f"bash {TESTS}/{TEST_SCRIPT}",
         timeout_sec=plan.verifier.timeout_sec,
         user=plan.verifier.user,
         env=plan.verifier.env,
         output=TEST_STDOUT,
         read_after=(REWARD_JSON, REWARD_TXT),
     )
-    # A separate verifier's folders were emptied by verify-prepare, before its artifacts arrived.
-    tests = Upload(mapped_tar(services.files, plan.tests), TESTS, () if turn.separate else VERIFIER_FOLDERS)
+    # A separate verifier's /tests was sealed by verify-prepare, before its artifacts arrived.
+    folders = (SEALED_REWARDS,) if turn.separate else (SEALED_TESTS, SEALED_REWARDS)
+    # test.sh executable, as Harbor's verifier makes it (`chmod +x` as root) before running it.
+    tests = Upload(mapped_tar(services.files, plan.tests, script=TEST_SCRIPT), TESTS, folders)
     with sandbox_call(Call.START_VERIFIER):
         state = await services.run_job(sandbox, spec, upload=tests)
     await services.save_job_log(sandbox, turn.name, "verifier", state)

@@ -1,0 +1,349 @@
+"""A fault in every stage of a turn ends with the fault-free reward or a recorded outage (issue 23).
+
+Never a different graded reward: a sandbox lost and silently replaced mid-episode, or an
+operator that resumed somewhere else, shows as a turn graded on a sandbox that did not see the
+earlier turns. The task makes that visible: three steps, each agent appending its step's name
+to a ledger, each test.sh scoring 1 only when the ledger holds exactly the steps so far. The
+fault-free reward is 1; an episode that went on in a fresh pod scores less.
+
+For each stage of turn 2 (of 3, so that a separate turn's verifier runs beside the agent pod)
+and each fault:
+
+- **operator killed** (SIGKILL, started again): the fault-free reward in attempt 1;
+- **agent pod deleted** while the operator runs: an outage, and attempt 2 scores 1;
+- **verifier pod deleted** (separate turns): an outage, and attempt 2 scores 1;
+- **operator down while a pod is deleted** (killed, the pod deleted, started again): an outage
+  recorded by the restarted operator (the pod's uid is in the status), and attempt 2 scores 1.
+
+The stages that run a job (setup, healthcheck, agent, collect, verify) are held there: that
+job waits for a file the test writes once the fault is in place (``/tmp/held`` then
+``/tmp/release``, in the pod the job runs in), so the fault strikes inside the stage. The stages
+with no job that the status records before they run (cleanup; for a separate turn
+verify-prepare and done) are struck as soon as the status shows them. workdir and trajectory run
+no job and are not written: a fault there is one in the stage the status shows, and the unit
+tier kills the runner inside each of them (test_turn_machine.py).
+
+The module runs an operator of its own, in namespaces outside the session operator's prefix.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+from kubernetes.stream import stream
+
+from tests.cluster.conftest import REPO_ROOT, delete_namespace_while_watched, wait_for_default_service_account
+from tests.cluster.harness import TERMINAL, OperatorProcess, create_episode, episode_spec, install_crd, read_episode
+
+# The module's operator and namespace are its own: its tests stay on one worker.
+pytestmark = pytest.mark.xdist_group("fault-matrix")
+
+STEPS = ("a", "b", "c")
+FAULTED = "b"  # the middle turn: a separate verifier of it runs beside the agent pod
+HELD = "/tmp/held"
+RELEASE = "/tmp/release"
+GATE = f"touch {HELD}; until [ -e {RELEASE} ]; do sleep 0.1; done"
+JOB_STAGES = ("setup", "healthcheck", "agent", "collect", "verify")
+# Stages without a job that the status records before they run, by verifier mode.
+STATUS_STAGES = {"shared": ("cleanup",), "separate": ("cleanup", "verify-prepare", "done")}
+EPISODE_TIMEOUT_SEC = 600
+
+
+def ledger_check(upto: str) -> str:
+    expected = "".join(f"{step}\\n" for step in STEPS[: STEPS.index(upto) + 1])
+    return (
+        f'if [ "$(cat /app/runs.txt 2>/dev/null)" = "$(printf "{expected}")" ]; then echo 1; else echo 0; fi'
+        " > /logs/verifier/reward.txt\n"
+    )
+
+
+def gated_task(mode: str, held: str | None) -> dict[str, str]:
+    """The ledger task whose turn 2 holds in stage ``held`` (None: nowhere, the fault-free control)."""
+
+    def gate(stage: str, otherwise: str = "true") -> str:
+        return GATE if held == stage else otherwise
+
+    toml = ['schema_version = "1.4"\n[task]\nname = "fault-matrix/ledger"\n']
+    toml.append("[agent]\ntimeout_sec = 900.0\n[verifier]\ntimeout_sec = 900.0\n")
+    toml.append('[environment]\ndocker_image = "episode-operator.local/sandbox:bookworm"\nworkdir = "/app"\n')
+    files: dict[str, str] = {}
+    for step in STEPS:
+        faulted = step == FAULTED
+        table = f'\n[[steps]]\nname = "{step}"\n'
+        if mode == "separate":
+            table += 'artifacts = ["/app/runs.txt"]\n'
+        table += "[steps.agent]\ntimeout_sec = 900.0\n"
+        if faulted:
+            table += f'[steps.healthcheck]\ncommand = "{gate("healthcheck")}"\ntimeout_sec = 900.0\nretries = 1\n'
+        table += "[steps.verifier]\ntimeout_sec = 900.0\n"
+        if mode == "separate":
+            table += 'environment_mode = "separate"\n'
+        if faulted:
+            table += f'[[steps.verifier.collect]]\ncommand = "{gate("collect")}"\ntimeout_sec = 900.0\n'
+        toml.append(table)
+        files[f"steps/{step}/instruction.md"] = f"Append {step} to /app/runs.txt.\n"
+        files[f"steps/{step}/workdir/setup.sh"] = (gate("setup") if faulted else "true") + "\n"
+        files[f"steps/{step}/tests/test.sh"] = (gate("verify") + "\n" if faulted else "") + ledger_check(step)
+    files["task.toml"] = "".join(toml)
+    return files
+
+
+def agent_command(held: str | None) -> str:
+    gate = GATE if held == "agent" else "true"
+    return f'echo "$EPISODE_TURN_NAME" >> /app/runs.txt\nif [ "$EPISODE_TURN_NAME" = {FAULTED} ]; then {gate}; fi'
+
+
+@dataclass(frozen=True)
+class Case:
+    mode: str  # shared | separate
+    stage: str
+    fault: str  # operator-killed | agent-pod-deleted | verifier-pod-deleted | operator-down-pod-deleted
+
+    @property
+    def name(self) -> str:
+        digest = hashlib.sha256(f"{self.mode}{self.stage}{self.fault}".encode()).hexdigest()[:6]
+        return f"fm-{self.mode[:3]}-{self.stage}-{digest}"
+
+    @property
+    def held(self) -> bool:
+        return self.stage in JOB_STAGES
+
+    @property
+    def victim(self) -> str:
+        """Whose pod the fault deletes: the agent's or the faulted turn's verifier's."""
+        return (
+            "verifier"
+            if self.fault == "verifier-pod-deleted"
+            or (self.fault == "operator-down-pod-deleted" and self.mode == "separate" and self.stage == "verify")
+            else "agent"
+        )
+
+    @property
+    def outage(self) -> bool:
+        """Whether the fault loses what the attempt needs: a pod it uses again. A separate turn's
+        verifier deleted once its reward is recorded (``done``) is one the turn was letting go."""
+        if self.fault == "operator-killed":
+            return False
+        return not (self.fault == "verifier-pod-deleted" and self.stage == "done")
+
+
+def cases() -> list[Case]:
+    found = []
+    for mode in ("shared", "separate"):
+        for stage in (*STATUS_STAGES[mode][:1], *JOB_STAGES, *STATUS_STAGES[mode][1:]):
+            for fault in ("operator-killed", "agent-pod-deleted", "operator-down-pod-deleted"):
+                found.append(Case(mode, stage, fault))
+            # (In verify-prepare the verifier pod may not be made yet when the status shows the stage.)
+            if mode == "separate" and stage in ("verify", "done"):
+                found.append(Case(mode, stage, "verifier-pod-deleted"))
+    return found
+
+
+# --- the cluster side -----------------------------------------------------------------------------
+def pod_names(core: client.CoreV1Api, namespace: str, episode: str) -> list[str]:
+    pods = core.list_namespaced_pod(namespace, label_selector=f"episode-operator.dev/episode={episode}")
+    return [pod.metadata.name for pod in pods.items if not pod.metadata.deletion_timestamp]
+
+
+_EXEC_CLIENTS = threading.local()
+
+
+def exec_api(core: client.CoreV1Api) -> client.CoreV1Api:
+    """This thread's own client for execs: ``stream`` swaps the request method of the client it
+    is given while the exec runs, so a client shared with another thread turns that thread's
+    GETs into websocket handshakes (which the API server answers 200, an ApiException)."""
+    own = getattr(_EXEC_CLIENTS, "core", None)
+    if own is None:
+        own = _EXEC_CLIENTS.core = client.CoreV1Api(client.ApiClient(core.api_client.configuration))
+    return own
+
+
+def in_pod(core: client.CoreV1Api, namespace: str, pod: str, command: str) -> str | None:
+    """``command``'s output in the pod's main container; None when the pod cannot be reached."""
+    try:
+        return str(
+            stream(
+                exec_api(core).connect_get_namespaced_pod_exec,
+                pod,
+                namespace,
+                container="main",
+                command=["sh", "-c", command],
+                stderr=True,
+                stdin=False,
+                stdout=True,
+                tty=False,
+            )
+        )
+    except (ApiException, Exception):  # a pod going away answers in many ways; the caller asks again
+        return None
+
+
+def held_pod(core: client.CoreV1Api, namespace: str, episode: str) -> str | None:
+    for pod in pod_names(core, namespace, episode):
+        if (in_pod(core, namespace, pod, f"[ -e {HELD} ] && echo held") or "").strip() == "held":
+            return pod
+    return None
+
+
+def stage_of(api: client.ApiClient, namespace: str, episode: str) -> tuple[int | None, str | None]:
+    status = read_episode(api, namespace, episode).get("status") or {}
+    turn = status.get("currentTurn")
+    turns = status.get("turns") or []
+    return turn, turns[turn].get("stage") if turn is not None and turn < len(turns) else None
+
+
+def wait_until(condition: Callable[[], Any], what: str, timeout: float, log: Callable[[], str]) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        found = condition()
+        if found:
+            return found
+        time.sleep(0.2)
+    raise AssertionError(f"{what} not after {timeout:.0f} s\n{log()}")
+
+
+@contextlib.contextmanager
+def releasing(core: client.CoreV1Api, namespace: str, episodes: list[str]) -> Iterator[None]:
+    """Every held job of these episodes is released as soon as it holds (attempt 2 holds again)."""
+    stop = threading.Event()
+
+    def release() -> None:
+        while not stop.is_set():
+            for episode in episodes:
+                for pod in pod_names(core, namespace, episode):
+                    in_pod(core, namespace, pod, f"[ -e {HELD} ] && touch {RELEASE}")
+            stop.wait(0.5)
+
+    worker = threading.Thread(target=release, daemon=True)
+    worker.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        worker.join(timeout=30)
+
+
+def finished(api: client.ApiClient, namespace: str, episodes: list[str], log: Callable[[], str]) -> dict[str, Any]:
+    statuses: dict[str, Any] = {}
+
+    def all_done() -> bool:
+        for episode in episodes:
+            status = read_episode(api, namespace, episode).get("status") or {}
+            if status.get("phase") in TERMINAL:
+                statuses[episode] = status
+        return len(statuses) == len(episodes)
+
+    wait_until(all_done, f"episodes {sorted(set(episodes) - set(statuses))} finished", EPISODE_TIMEOUT_SEC, log)
+    return statuses
+
+
+def verdict(case: Case, status: dict[str, Any]) -> str | None:
+    """What is wrong with how the case ended (None: the fault-free reward, or an outage recorded)."""
+    attempts = status.get("attempts") or []
+    got = (status.get("phase"), status.get("outcome"), status.get("reward"), len(attempts))
+    if case.outage:
+        lost = (attempts[0].get("reason") or "") if attempts else ""
+        if got != ("Succeeded", "Graded", 1.0, 2) or lost.split(":")[0] not in ("pod_lost", "container_exited", "exec"):
+            return f"{case}: want an outage then reward 1 in attempt 2, got {got}, attempt 1 ended {lost!r}"
+        return None
+    if got != ("Succeeded", "Graded", 1.0, 1):
+        return f"{case}: want the fault-free reward 1 in attempt 1, got {got}: {status.get('message')}"
+    return None
+
+
+# --- fixtures -------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def matrix(
+    kubeconfig: Path, api_client: client.ApiClient, core: client.CoreV1Api, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[tuple[OperatorProcess, str]]:
+    """The module's own operator, and its namespace (outside the session operator's prefix)."""
+    install_crd(api_client)
+    stem = f"fm{hashlib.sha256(str(REPO_ROOT).encode()).hexdigest()[:4]}-"
+    namespace = f"{stem}{uuid.uuid4().hex[:8]}"
+    core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=namespace)))
+    wait_for_default_service_account(core, namespace)
+    root = tmp_path_factory.mktemp("fault-matrix")
+    operator = OperatorProcess(kubeconfig, root / "data", root / "operator.log", f"{stem}*")
+    operator.start()
+    try:
+        yield operator, namespace
+    finally:
+        delete_namespace_while_watched(core, namespace)
+        operator.stop()
+
+
+def start(api: client.ApiClient, namespace: str, batch: list[Case]) -> None:
+    for case in batch:
+        held = case.stage if case.held else None
+        spec = episode_spec(
+            files=gated_task(case.mode, held), agent={"kind": "command", "command": agent_command(held)}
+        )
+        create_episode(api, namespace, case.name, spec)
+
+
+def victim_pod(case: Case, episode: str) -> str:
+    return f"{episode}-a1" if case.victim == "agent" else f"{episode}-a1-v{STEPS.index(FAULTED) + 1}"
+
+
+def strike(core: client.CoreV1Api, namespace: str, case: Case) -> None:
+    with contextlib.suppress(ApiException):
+        core.delete_namespaced_pod(victim_pod(case, case.name), namespace, grace_period_seconds=0)
+
+
+def reached(api: client.ApiClient, core: client.CoreV1Api, namespace: str, case: Case) -> bool:
+    """Turn 2 is inside the case's stage: its job holds there, or the status shows it."""
+    if case.held:
+        pod = held_pod(core, namespace, case.name)
+        return pod is not None and (case.victim == "agent" or pod == victim_pod(case, case.name))
+    return stage_of(api, namespace, case.name) == (STEPS.index(FAULTED), case.stage)
+
+
+@pytest.mark.parametrize(
+    "fault", ["operator-killed", "agent-pod-deleted", "verifier-pod-deleted", "operator-down-pod-deleted"]
+)
+def test_a_fault_in_every_stage_ends_with_the_fault_free_reward_or_an_outage(
+    api_client: client.ApiClient, core: client.CoreV1Api, matrix: tuple[OperatorProcess, str], fault: str
+) -> None:
+    operator, namespace = matrix
+    batch = [case for case in cases() if case.fault == fault]
+    log = operator.log_tail
+    held = [case for case in batch if case.held]
+    caught = [case for case in batch if not case.held]
+    # The stages a job holds: all at once, each struck where it holds.
+    start(api_client, namespace, held)
+    for case in held:
+        wait_until(lambda case=case: reached(api_client, core, namespace, case), f"{case} held", 300, log)
+    if fault in ("operator-killed", "operator-down-pod-deleted"):
+        operator.kill()
+    if fault != "operator-killed":
+        for case in held:
+            strike(core, namespace, case)
+    if not operator.process or operator.process.poll() is not None:
+        operator.start()
+    with releasing(core, namespace, [case.name for case in held]):
+        statuses = finished(api_client, namespace, [case.name for case in held], log)
+    # The stages the status shows: one at a time, struck the moment they are written.
+    for case in caught:
+        start(api_client, namespace, [case])
+        with releasing(core, namespace, [case.name]):
+            wait_until(lambda case=case: reached(api_client, core, namespace, case), f"{case} reached", 300, log)
+            if fault in ("operator-killed", "operator-down-pod-deleted"):
+                operator.kill()
+            if fault != "operator-killed":
+                strike(core, namespace, case)
+            if operator.process is None or operator.process.poll() is not None:
+                operator.start()
+            statuses.update(finished(api_client, namespace, [case.name], log))
+    wrong = [problem for case in batch if (problem := verdict(case, statuses[case.name])) is not None]
+    assert not wrong, "\n".join(wrong) + f"\noperator log:\n{log()}"
