@@ -563,7 +563,7 @@ print_extras() {
             --then-download)
                 read_scratch
                 quote "$_xa"
-                # shellcheck disable=SC2086 # a subshell: download's failure exits it, not us
+                # A subshell: download's failure exits it, not us.
                 if (eval "cmd_download $_xexs -- $_quoted") >"$_tmp" 2>/dev/null; then
                     printf 'download %s\n' "$(($(wc -c <"$_tmp")))"
                     cat "$_tmp"
@@ -652,7 +652,8 @@ cmd_run() {
         [ -f "$_d/user" ] && get_line "$_d/user" && _user=$_got
         _jobenv=
         for _ef in "$_d"/env/*; do
-            [ -f "$_ef" ] && get "$_ef" || continue
+            [ -f "$_ef" ] || continue
+            get "$_ef" || continue
             quote "$_got"
             _jobenv="${_jobenv}export ${_ef##*/}=$_quoted$NL"
         done
@@ -661,7 +662,7 @@ cmd_run() {
     _stat=
     { IFS= read -r _stat </proc/$$/stat; } 2>/dev/null
     pid_space
-    # shellcheck disable=SC2086
+    # shellcheck disable=SC2086 # fields after "pid (comm) ": starttime is the 20th
     [ -n "$_stat" ] && set -- ${_stat##*) } && write "$_d/runner" "$$ ${20} $_pns"
     [ -f "$_d/runner" ] || write "$_d/runner" "$$"
 
@@ -1075,7 +1076,7 @@ read_frame() {
         # the copy's size, in the same stat, is the length of the bytes that follow.
         _rs=$(stat -c '%s %.9Y' "$_tmp" "$_rp" 2>/dev/null) || _rs=
         _len=${_rs%% *} _mt=${_rs##* }
-        case $_rs in *"$NL"*) ;; *) _len= _mt= ;; esac
+        case $_rs in *"$NL"*) ;; *) _len='' _mt='' ;; esac
         case $_len in '' | *[!0-9]*) _len=$(($(wc -c <"$_tmp"))) ;; esac
         # busybox's stat has no %.9Y: whole seconds then
         case $_mt in '' | *[!0-9.]*) _mt=$(stat -c %Y "$_rp" 2>/dev/null || echo -) ;; esac
@@ -1269,7 +1270,7 @@ cmd_serve() {
             head -c "$_sv_bytes" >"$_sv_in" || die "serve: cannot read the stdin of $_sv_nonce"
             _sv_src=$_sv_in
         fi
-        # shellcheck disable=SC2086 # the words are quoted by the operator (supervisor.py)
+        # The words are quoted by the operator (supervisor.py), so eval splits them back as sent.
         (eval "set -- $_sv_text" && main "$@") <"$_sv_src" 2>"$_sv_err"
         _sv_status=$?
         _sv_errbytes=0
