@@ -727,7 +727,6 @@ cmd_run() {
     _odir=${_out%/*}
     [ -z "$_odir" ] || [ -d "$_odir" ] || mkdir -p "$_odir" 2>/dev/null
     { : >>"$_out"; } 2>/dev/null || unstartable "cannot open the output file $_out"
-    [ -f "$_d/cancel" ] && unstartable "killed before it started"
     # Where this job's own output begins: `output` and --tail return only what follows.
     _osz=0
     if [ -s "$_out" ]; then
@@ -840,37 +839,6 @@ cmd_wait() {
         _xo=$_xa
     done
     print_extras "$_wid" "$@"
-}
-
-cmd_status() {
-    [ $# -eq 1 ] || usage 'status ID'
-    check_id "$1"
-    print_state "$1"
-}
-
-cmd_kill() {
-    [ $# -eq 1 ] || usage 'kill ID'
-    check_id "$1"
-    _d=$JOBS/$1
-    if [ -d "$_d" ] && ! is_done "$_d"; then
-        : >"$_d/cancel"
-        get "$_d/kill_after"
-        _ka=$_got
-        is_num "$_ka" || _ka=5
-        # A runner in its preflight writes the job's pid within moments, or sees `cancel`.
-        _n=0
-        while ! is_done "$_d" && ! job_target "$_d" >/dev/null && [ "$_n" -lt 20 ]; do
-            nap 0.1
-            _n=$((_n + 1))
-        done
-        if ! is_done "$_d" && _tg=$(job_target "$_d"); then
-            kill -TERM "$_tg" 2>/dev/null
-            wait_done "$1" "$_ka"
-            is_done "$_d" || kill -KILL "$_tg" 2>/dev/null
-        fi
-        wait_done "$1" 2
-    fi
-    print_state "$1"
 }
 
 cmd_output() {
@@ -1287,10 +1255,7 @@ main() {
     case $_verb in
         start) cmd_start "$@" ;;
         wait) cmd_wait "$@" ;;
-        status) cmd_status "$@" ;;
-        kill) cmd_kill "$@" ;;
         output) cmd_output "$@" ;;
-        probe) cmd_probe "$@" ;;
         place) cmd_place "$@" ;;
         upload) cmd_upload "$@" ;;
         download) cmd_download "$@" ;;
