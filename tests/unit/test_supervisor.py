@@ -447,8 +447,10 @@ def test_a_job_whose_runner_is_killed_is_reported_lost(host_pod: Pod) -> None:
 
 def test_a_job_never_launched_is_reported_lost(pod: Pod) -> None:
     """A start exec killed between creating the job and launching its runner: lost once its
-    ``created`` marker is a minute old (its modification time; an older script wrote the time)."""
-    for name, content, age in (("stillborn", "", 120), ("recent", "", 10), ("older-script", str(time.time() - 120), 0)):
+    ``created`` marker is a minute old (its modification time, also for an older script's marker,
+    which held the time it was written at)."""
+    old = str(time.time() - 120)
+    for name, content, age in (("stillborn", "", 120), ("recent", "", 10), ("older-script", old, 120)):
         job = pod.base / "jobs" / name
         job.mkdir()
         (job / "created").write_text(content)

@@ -323,13 +323,10 @@ check_lost() {
         runner_alive "$1" && return 0
         _why='lost: the supervising process died without recording an exit code'
     elif [ -f "$1/created" ]; then
-        # Rare (a start exec killed before it launched the runner): forks are fine here.
-        if get_line "$1/created" && [ -n "$_got" ]; then # a record of an older script: the time
-            _age=$(($(int_part "$(date +%s)") - $(int_part "$_got")))
-            [ "$_age" -gt 60 ] || return 0
-        else
-            [ -n "$(find "$1/created" -mmin +1 2>/dev/null)" ] || return 0
-        fi
+        # Rare (a start exec killed before it launched the runner): forks are fine here. Its age
+        # is its modification time's, also for an older script's marker (which held the time it
+        # was written at).
+        [ -n "$(find "$1/created" -mmin +1 2>/dev/null)" ] || return 0
         _why='lost: the job was never launched'
     else
         return 0
@@ -640,7 +637,11 @@ cmd_run() {
         _cmd=$_EO_CMD _shell=$_EO_SHELL _cwd=$_EO_CWD _out=$_EO_OUT _ka=$_EO_KA _timeout=$_EO_TMO _user=$_EO_USER
         _jobenv=$_EO_ENV _mn=$_EO_MN
         unset _EO_SPEC _EO_CMD _EO_SHELL _EO_CWD _EO_OUT _EO_KA _EO_TMO _EO_USER _EO_ENV _EO_MN
-    else # launched by an older script (replaced while it started this job): its files
+    else
+        # Launched by an older script's start, which passed no spec: an operator upgraded (or
+        # restarted on an older image) re-places the script in a running pod, and a start exec
+        # of the script it replaces may still be between its mkdir and its launch, which runs
+        # "$SELF", this file. That start recorded the spec in the job's files.
         get "$_d/command"; _cmd=$_got
         get_line "$_d/shell"; _shell=$_got
         get "$_d/cwd"; _cwd=$_got
