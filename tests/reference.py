@@ -22,7 +22,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-# The versions AGENTS.md describes, pinned by the sha256 of the wheels on PyPI.
+# The versions docs/harnesses.md names ("The reference implementations"), pinned by the sha256 of the wheels on PyPI.
 WHEELS = {
     "nemo-gym": (
         "0.7.0",

@@ -1,4 +1,4 @@
-"""The healthcheck polling algorithm (TASK-FORMAT.md §3.4.3, §5.9) against a fake clock."""
+"""The healthcheck polling algorithm (docs/task-format.md §3.4.3, §5.9) against a fake clock."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The import direction of ARCHITECTURE.md, checked by import-linter's contracts in pyproject.toml."""
+"""The import direction of docs/architecture.md, checked by import-linter's contracts in pyproject.toml."""
 
 from __future__ import annotations
 

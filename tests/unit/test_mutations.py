@@ -4,6 +4,7 @@ and a mutation run reports which test caught it."""
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 
@@ -27,3 +28,15 @@ def test_a_mutation_run_names_the_test_that_caught_it() -> None:
     assert run.returncode == 0, run.stdout + run.stderr
     assert "test_rewards.py::test_reward_file_parsing[txt-arabic-indic-digit]" in run.stdout
     assert run.stdout.rstrip().endswith("1 of 1 mutations caught")
+
+
+def test_docs_testing_shows_every_mutation_caught() -> None:
+    """docs/testing.md has a row for each declared mutation, and each says caught: a mutation
+    added without its run in the docs (or shown missed) fails here."""
+    listed = mutations("--list")
+    names = {line.split()[0] for line in listed.stdout.splitlines() if line.strip()}
+    rows = dict(
+        re.findall(r"^\| `([a-z0-9-]+)` \|.*\| (caught|MISSED[^|]*) \|", (REPO / "docs/testing.md").read_text(), re.M)
+    )
+    assert sorted(names - rows.keys()) == []
+    assert sorted(name for name in names if rows[name] != "caught") == []

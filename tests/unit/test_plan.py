@@ -1,4 +1,4 @@
-"""Turn plans: TASK-FORMAT.md §3 resolution rules and the §5 edge cases decidable without a cluster."""
+"""Turn plans: docs/task-format.md §3 resolution rules and the §5 edge cases decidable without a cluster."""
 
 from __future__ import annotations
 

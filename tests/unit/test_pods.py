@@ -130,7 +130,7 @@ def test_network_policies() -> None:
 
 
 def test_the_agent_pod_reserves_what_its_separate_verifiers_use_and_they_run_on_it() -> None:
-    """docs/runtime.md, "Pods and capacity": the rule that keeps separate verifiers from deadlocking."""
+    """docs/runtime.md, "Pods that wait, and capacity": the rule that keeps separate verifiers from deadlocking."""
     handoff = resolve_plan(load_task(TaskFiles.from_directory(EXAMPLE_TASKS / "separate-verifier-handoff")))
     # Its last turn verifies separately (cpus = 1, 256 MB): that pod starts after the agent pod is gone.
     assert [turn.verifier.mode for turn in handoff.turns] == ["shared", "separate"]

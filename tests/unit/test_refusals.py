@@ -1,4 +1,4 @@
-"""Every load-time refusal of TASK-FORMAT.md §4, one row each, with the file and key named."""
+"""Every load-time refusal of docs/task-format.md §4, one row each, with the file and key named."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Reward files, the min_reward gate and the roll-up (TASK-FORMAT.md §3.6–3.8, §5.1–5.7, §7)."""
+"""Reward files, the min_reward gate and the roll-up (docs/task-format.md §3.6–3.8, §5.1–5.7, §7)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""task.toml parsing: legacy spellings, unknown keys, defaults (TASK-FORMAT.md §2)."""
+"""task.toml parsing: legacy spellings, unknown keys, defaults (docs/task-format.md §2)."""
 
 from __future__ import annotations
 

@@ -117,7 +117,7 @@ def test_a_restart_after_a_missed_gate_reads_the_recorded_gate() -> None:
 
 @pytest.mark.parametrize("separate", [False, True], ids=["shared", "separate"])
 def test_a_verifier_that_cannot_receive_its_tests_masks_the_episode(separate: bool) -> None:
-    """TASK-FORMAT.md §3.3: no tar (or another tool test.sh needs) in the verifier: masked, not retried."""
+    """docs/task-format.md §3.3: no tar (or another tool test.sh needs) in the verifier: masked, not retried."""
     folder = ledger_steps({name: SEPARATE for name in "abc"} if separate else None)
     world = World(broken_uploads={"/tests"})
     status = run(folder, world=world, retries=2)[0]

@@ -1,6 +1,6 @@
 """Admission: an Episode's spec and task folder → what to run, or why not (pure, no I/O).
 
-Everything that can be refused is refused before any pod exists (ARCHITECTURE.md): a spec
+Everything that can be refused is refused before any pod exists (docs/architecture.md): a spec
 the models or the agent registry reject, a task folder the loader refuses, a seed-time
 refusal (no image, a Dockerfile neither replay nor the operator's builds can take — naming
 its line —, an oracle without solutions, an unresolvable ``${VAR}``, what the agent kind

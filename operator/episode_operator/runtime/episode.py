@@ -4,7 +4,7 @@ An attempt's seed is the sequence of ``runtime/seed.py`` and a turn the state ma
 ``runtime/turn/table.py``; this module walks them, and owns what outlives a stage: the
 sandboxes (a replayed image's settings over them, a waiting pod's condition), the job runner
 and its deadline, the status and when it is written, Events and metrics, outages and
-retries, the roll-up (TASK-FORMAT.md §3.7) and the episode's end.
+retries, the roll-up (docs/task-format.md §3.7) and the episode's end.
 
 Failures keep Gym's classes apart (``runtime/turn/failures.py``): a *measured* 0 ends the
 episode with a reward; a *terminal* failure (preparation at step 1) ends it without one and

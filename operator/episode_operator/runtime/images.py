@@ -1,6 +1,6 @@
 """Which image each sandbox of an episode runs and how it is made (pure), and the builder it may need.
 
-The task's images (TASK-FORMAT.md "Gym image rule", §2.13, §7), decided at admission:
+The task's images (docs/task-format.md "Gym image rule", §2.13, §7), decided at admission:
 
 - **the agent's sandbox**: ``spec.image`` (a prebuilt image of the task) over
   ``[environment].docker_image``; else ``environment/Dockerfile``, replayed in its ``FROM`` image

@@ -1,6 +1,6 @@
 """The seed, as one declared sequence: one row per stage, from the images to the agent's own setup.
 
-Every attempt seeds its sandbox before the first turn (TASK-FORMAT.md §3.2, "Gym image rule"):
+Every attempt seeds its sandbox before the first turn (docs/task-format.md §3.2, "Gym image rule"):
 the images it needs are built, the agent's sandbox starts, a Dockerfile is replayed in it, the
 task's ``environment/`` files are placed, the replayed ``ENTRYPOINT`` starts, the environment
 health check passes, and the agent kind sets itself up. For each stage the table says:
@@ -165,7 +165,7 @@ async def replay_in(
 
 async def place_environment_files(seed: SeedServices) -> None:
     """Stage ``environment-files``: with ``docker_image`` and no Dockerfile or compose file,
-    ``environment/`` is copied into the working directory (TASK-FORMAT.md §1.2)."""
+    ``environment/`` is copied into the working directory (docs/task-format.md §1.2)."""
     folder = seed.plan.environment_files
     if folder is None:
         return

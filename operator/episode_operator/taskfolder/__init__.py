@@ -1,7 +1,7 @@
 """The task-folder layer (pure): load, validate and resolve Harbor task folders.
 
 No Kubernetes and no kopf here: everything takes files in memory and returns data, so the
-semantics of TASK-FORMAT.md are tested in milliseconds.
+semantics of docs/task-format.md are tested in milliseconds.
 """
 
 from episode_operator.taskfolder.errors import Problem, TaskRefused

@@ -1,4 +1,4 @@
-"""A dataset folder: which of its folders are task folders (TASK-FORMAT.md §1.1).
+"""A dataset folder: which of its folders are task folders (docs/task-format.md §1.1).
 
 A folder holding ``task.toml`` is a task folder and its name is the task ID. A dataset's
 task folders are its children, or nested deeper (up to six levels, as Gym's current docs

@@ -1,6 +1,6 @@
 """The healthcheck polling algorithm shared by ``[environment.healthcheck]`` and ``[steps.healthcheck]``.
 
-TASK-FORMAT.md §3.4.3 (Harbor's ``run_healthcheck``, which Gym follows): attempts during
+docs/task-format.md §3.4.3 (Harbor's ``run_healthcheck``, which Gym follows): attempts during
 the start period do not count; after it, ``max(retries, 1)`` consecutive failures fail the
 check; an attempt past ``timeout_sec`` is a failure. The clock, the sleep and the attempt
 are injected, so the timing rules are tested without waiting and the runtime supplies

@@ -1,4 +1,4 @@
-"""Load and validate a task folder: every refusal of TASK-FORMAT.md §4 decidable at load.
+"""Load and validate a task folder: every refusal of docs/task-format.md §4 decidable at load.
 
 ``validate_task`` never raises: it returns every problem and warning found, so
 ``kubectl-episode validate`` and the operator's status can show them all. ``load_task``

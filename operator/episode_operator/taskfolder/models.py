@@ -189,7 +189,7 @@ class Healthcheck(TaskSettings):
     retries: int = 3
 
     def worst_case_sec(self) -> float:
-        """The longest a check can take before it fails (TASK-FORMAT.md §3.4.3)."""
+        """The longest a check can take before it fails (docs/task-format.md §3.4.3)."""
         counted = max(self.retries, 1)
         return (
             self.start_period_sec
@@ -539,7 +539,7 @@ class TaskConfig(TaskSettings):
         return "separate" if self.verifier.environment is not None else "shared"
 
     def step_verifier_mode(self, step: StepConfig) -> EnvironmentMode:
-        """A step's mode (TASK-FORMAT.md §3.5): its own setting, else its environment, else the task's."""
+        """A step's mode (docs/task-format.md §3.5): its own setting, else its environment, else the task's."""
         if step.verifier.environment_mode is not None:
             return step.verifier.environment_mode
         if step.verifier.environment is not None:

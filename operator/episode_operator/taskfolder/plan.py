@@ -1,6 +1,6 @@
 """Resolve a loaded task into an episode plan: what each turn runs, as whom, for how long.
 
-This is where TASK-FORMAT.md §3 becomes data: per turn the canary-stripped instruction,
+This is where docs/task-format.md §3 becomes data: per turn the canary-stripped instruction,
 the agent's user and budget, the verifier's mode, sandbox, user, environment and budget,
 the layered ``/tests`` files, the oracle's solution, the artifacts in collection order,
 the step healthcheck and ``min_reward``; per episode the deadline of §3.11. The runtime
@@ -35,7 +35,7 @@ from episode_operator.taskfolder.models import (
 )
 from episode_operator.taskfolder.sources import TASK_CONFIG
 
-# TASK-FORMAT.md §7: the project's values where the sources leave a gap.
+# docs/task-format.md §7: the project's values where the sources leave a gap.
 DEFAULT_AGENT_TIMEOUT_SEC = 28_800.0
 HARNESS_SETUP_ALLOWANCE_SEC = 360.0
 VERIFIER_GRACE_SEC = 30.0
@@ -176,7 +176,7 @@ def resolve_plan(task: LoadedTask, *, timeout_multiplier: float = 1.0) -> Episod
 
 
 def episode_deadline(config: TaskConfig, turns: list[TurnPlan]) -> float:
-    """The episode's bound (TASK-FORMAT.md §3.11 with the §7 allowances), from sandbox start.
+    """The episode's bound (docs/task-format.md §3.11 with the §7 allowances), from sandbox start.
 
     Per turn: harness setup allowance, setup.sh bound, step healthcheck worst case, agent
     and verifier budgets, verifier grace and collect hooks; plus one sandbox start for the
@@ -198,7 +198,7 @@ def episode_deadline(config: TaskConfig, turns: list[TurnPlan]) -> float:
 
 
 def seed_refusals(plan: EpisodePlan, *, accepts_prior_trajectory: bool) -> list[Problem]:
-    """What refuses an episode of this plan when it starts here (TASK-FORMAT.md §4, "Seed").
+    """What refuses an episode of this plan when it starts here (docs/task-format.md §4, "Seed").
 
     These depend on the Episode, not on the folder, so ``validate`` only warns of them.
     ``accepts_prior_trajectory``: the agent may be given a first step's ``trajectory.json``

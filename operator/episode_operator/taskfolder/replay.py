@@ -2,7 +2,7 @@
 
 A task without ``docker_image`` but with ``environment/Dockerfile`` runs, in Gym, by starting
 the Dockerfile's ``FROM`` image and applying the rest of the Dockerfile in it at seed
-(TASK-FORMAT.md "Gym image rule"). This module turns a Dockerfile into a :class:`ReplayPlan`
+(docs/task-format.md "Gym image rule"). This module turns a Dockerfile into a :class:`ReplayPlan`
 — the base image, the ordered steps (``RUN`` lines, copies of the build context's files,
 directories to create) each with the user, working directory and environment a build would
 give it, and the ``ENTRYPOINT`` to start — or refuses it, naming the instruction

@@ -1,6 +1,6 @@
 """Reward files, the ``min_reward`` gate and the roll-up of turns into an episode reward.
 
-The rules are NeMo Gym's (TASK-FORMAT.md §3.6–3.8) with the strict validity this project
+The rules are NeMo Gym's (docs/task-format.md §3.6–3.8) with the strict validity this project
 decided (§7): ``reward.json`` wins over ``reward.txt`` with no fallback; a file must hold
 finite numbers only; anything else is "no valid reward file", which Gym scores as a
 measured 0 that ends the episode.
@@ -165,7 +165,7 @@ class EpisodeScore:
 
 
 def roll_up(strategy: Literal["mean", "final"] | None, turns: Sequence[TurnScore]) -> EpisodeScore:
-    """Roll the turns that ran into the episode's reward (TASK-FORMAT.md §3.7, Gym).
+    """Roll the turns that ran into the episode's reward (docs/task-format.md §3.7, Gym).
 
     ``mean`` (the default for multi-step): the mean over turns that ran, a measured-0 turn
     and a missing key counting 0, for ``reward`` and for every other key alike. ``final``,

@@ -22,7 +22,7 @@ Harbor's ``ensure_dirs`` gives it after ``compose up``. The task's image has ``s
 already: the supervisor needs both. A sidecar's image content is not copied in (its image may have
 no shell to copy with): a volume only sidecars name starts as an empty, world-writable ``emptyDir``.
 
-**The verifier's capacity is the agent pod's** (docs/runtime.md, "Pods and capacity"): while a
+**The verifier's capacity is the agent pod's** (docs/runtime.md, "Pods that wait, and capacity"): while a
 separate turn that is not the last verifies, both pods live, so the agent pod reserves the
 largest such verifier's requests (a ``verifier-reservation`` container that only sleeps) and
 that verifier pod runs on the agent pod's node with its requests released to it (zero requests,

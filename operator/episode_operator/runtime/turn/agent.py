@@ -1,4 +1,4 @@
-"""Stages ``agent`` and ``trajectory``: the agent acts (TASK-FORMAT.md §3.4.4), then its turn is recorded.
+"""Stages ``agent`` and ``trajectory``: the agent acts (docs/task-format.md §3.4.4), then its turn is recorded.
 
 The job and its inputs come from the agent kind's registry entry. Harbor's rule, which Gym
 keeps: the agent's non-zero exit or timeout is recorded and the verifier still decides —

@@ -1,4 +1,4 @@
-"""Stage ``collect``: collect hooks, then artifacts — ``main`` first, then the sidecars (TASK-FORMAT.md §3.4.5).
+"""Stage ``collect``: collect hooks, then artifacts — ``main`` first, then the sidecars (docs/task-format.md §3.4.5).
 
 Best effort, as in Harbor and Gym: a failing hook or a missing artifact source is recorded
 (``failed`` in the manifest) and the turn goes on; only a lost sandbox stops it. Each

@@ -22,7 +22,7 @@ from episode_operator.taskfolder import EpisodePlan, TaskFiles, TurnPlan
 from episode_operator.taskfolder.models import Healthcheck
 from episode_operator.taskfolder.plan import CONVENTION_ARTIFACTS, NetworkPolicy
 
-# Fixed paths in the sandbox (TASK-FORMAT.md §1.4).
+# Fixed paths in the sandbox (docs/task-format.md §1.4).
 LOGS_AGENT = "/logs/agent"
 LOGS_VERIFIER = "/logs/verifier"
 REWARD_JSON = f"{LOGS_VERIFIER}/reward.json"
@@ -95,7 +95,7 @@ class TurnServices(Protocol):
     ) -> None: ...
 
     async def healthcheck(self, sandbox: Sandbox, check: Healthcheck, prefix: str, user: str | int | None) -> bool:
-        """Poll ``check`` as ``user`` (TASK-FORMAT.md §3.4.3); whether it passed."""
+        """Poll ``check`` as ``user`` (docs/task-format.md §3.4.3); whether it passed."""
         ...
 
     async def set_network(self, policy: NetworkPolicy) -> None:

@@ -1,6 +1,6 @@
 """How a turn fails, and the one place where a failed sandbox call becomes one of those failures.
 
-Gym keeps four classes apart (TASK-FORMAT.md §3.9): a *measured* 0 (the turn scored, the
+Gym keeps four classes apart (docs/task-format.md §3.9): a *measured* 0 (the turn scored, the
 episode stops), a *terminal* failure (preparation at step 1: no reward, no retry), a *masked*
 episode (the verifier's environment failed) and an *outage* (the sandbox failed under us: the
 attempt is lost and a fresh one may start). The runner raises the exceptions below; which one
@@ -125,7 +125,7 @@ COMMAND_FAILURES: Final[dict[Call, dict[str | None, Becomes]]] = {
     Call.PLACE_SOLUTION: {"clear": _CLEAR, UNSTARTABLE: _CANNOT_RUN, None: Becomes(outage="place_solution")},
     Call.PLACE_INSTRUCTION: {"clear": _CLEAR, UNSTARTABLE: _CANNOT_RUN, None: Becomes(outage="place_instruction")},
     # The verifier's image must provide bash, timeout, tar, gzip and find: a verifier that cannot
-    # receive its inputs or start test.sh masks the episode (TASK-FORMAT.md §3.3).
+    # receive its inputs or start test.sh masks the episode (docs/task-format.md §3.3).
     Call.PLACE_VERIFIER_INPUTS: {
         "clear": Becomes(outage="clear_grading_files", doing="empty /tests and /logs/verifier"),
         None: Becomes(masked=True),

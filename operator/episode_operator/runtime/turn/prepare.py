@@ -1,6 +1,6 @@
 """Before the agent: the cleanup of the previous turn's grading files, then the turn's preparation.
 
-TASK-FORMAT.md §3.4.1–§3.4.2. Cleanup: after a turn verified in the agent's sandbox, empty
+docs/task-format.md §3.4.1–§3.4.2. Cleanup: after a turn verified in the agent's sandbox, empty
 ``/tests`` and ``/logs/verifier`` and remove ``/logs/agent/trajectory.json`` (an outage when
 it cannot be done). Preparation: switch to the turn's agent user, merge ``workdir/``, run
 ``setup.sh``, poll ``[steps.healthcheck]`` — each failure a :class:`PreparationFailed`.

@@ -1,6 +1,6 @@
 """The turn, as one declared state machine: one row per stage.
 
-Every turn walks these stages in order (TASK-FORMAT.md §3.4). For each stage the table says:
+Every turn walks these stages in order (docs/task-format.md §3.4). For each stage the table says:
 
 - **step** — the function that does the stage's work (each in its own module of this package);
 - **next** — the stage after it (a failed preparation from step 2 on jumps to ``done`` with a

@@ -1,6 +1,6 @@
 """Stages ``verify-prepare``, ``verify`` and ``done``: the verifier, the reward, the gate.
 
-Shared (TASK-FORMAT.md §3.3 step 4): in the agent's sandbox, ``/tests`` and ``/logs/verifier``
+Shared (docs/task-format.md §3.3 step 4): in the agent's sandbox, ``/tests`` and ``/logs/verifier``
 sealed (root's, 0755, then emptied: what the agent left there is gone, and its leftover processes
 can neither add to them nor rename them away; ``/logs/verifier`` then given to test.sh's user) and
 the layered tests uploaded by the exec that starts ``test.sh`` — so a restarted runner re-attaching
