@@ -39,6 +39,8 @@ from episode_operator.runtime.supervisor import SUPERVISOR_PATH, SessionAnswers
 from tests.unit.local_sandbox import LocalPods
 
 SMALL = OutputLimits(answer_bytes=64 * 1024, log_bytes=16 * 1024, artifact_bytes=1 << 20)
+#: A job asked for its state alone (a wait of 0 s, no tail): a verb whose answer is the answer bound.
+STATE = JobSpec(id="j", command="", timeout_sec=1)
 PIECE = b"y" * 65536
 
 
@@ -85,7 +87,8 @@ def test_a_size_that_is_not_one_is_refused_naming_it(text: str) -> None:
 def test_each_command_carries_the_bound_of_its_answer() -> None:
     spec = JobSpec(id="a1.t1.agent", command="x", timeout_sec=10, tail=SMALL.log_bytes)
     with_download = JobSpec(id="j", command="x", timeout_sec=10, tail=100, download_after="/logs/artifacts")
-    assert supervisor.status("j", limits=SMALL).answer.stdout == SMALL.answer_bytes
+    assert supervisor.read_files(["/j"], limits=SMALL).answer.stdout == SMALL.answer_bytes
+    assert supervisor.wait(STATE, 0, limits=SMALL).answer.stdout == SMALL.answer_bytes
     assert supervisor.wait(spec, 30, limits=SMALL).answer.stdout == SMALL.answer_bytes + SMALL.log_bytes + 64
     assert supervisor.start(with_download, limits=SMALL).answer.stdout == SMALL.answer_bytes + 100 + 64 + (1 << 20) + 64
     assert supervisor.download(["/logs/artifacts"], limits=SMALL).answer.stdout == SMALL.artifact_bytes
@@ -158,10 +161,10 @@ def test_a_sessions_answer_streams_to_its_spool_scanning_each_byte_once() -> Non
 def test_a_sessions_endless_answer_stops_at_its_bound() -> None:
     answers = SessionAnswers()
     answers.feed(b"@@EO ready 1 exact\n")
-    command = supervisor.status("j", limits=SMALL)
+    command = supervisor.wait(STATE, 0, limits=SMALL)
     with command.answer.spool() as spool:
         answers.expect("cd" * 16, spool, command.answer)
-        with pytest.raises(OutputLimitExceeded, match=r"^the answer to `status j` passed the answer bound"):
+        with pytest.raises(OutputLimitExceeded, match=r"^the answer to `wait j` passed the answer bound"):
             for _ in range(SMALL.answer_bytes // len(PIECE) + 2):
                 answers.feed(PIECE)
         assert spool.size <= SMALL.answer_bytes
@@ -181,7 +184,7 @@ def test_every_part_of_a_sessions_answer_is_bounded(stream: bytes, error: type[E
     answers.feed(b"@@EO ready 1 exact\n")
     nonce = "ef" * 16
     with Spool(100, "the answer", "its bound") as spool:
-        answers.expect(nonce, spool, supervisor.status("j", limits=SMALL).answer)
+        answers.expect(nonce, spool, supervisor.wait(STATE, 0, limits=SMALL).answer)
         with pytest.raises(error):
             answers.feed(stream.replace(b"NONCE", nonce.encode()))
 
@@ -261,7 +264,7 @@ def test_an_exec_that_answers_endlessly_is_closed_at_its_bound(channel: int, tmp
 
     async def scenario() -> None:
         async with peer_client(peer, tmp_path) as client:
-            command = supervisor.status("j", limits=SMALL)
+            command = supervisor.wait(STATE, 0, limits=SMALL)
             with command.answer.spool() as stdout, Spool(SMALL.answer_bytes, "the stderr", "its bound") as stderr:
                 with pytest.raises(OutputLimitExceeded) as raised:
                     await client.exec(
@@ -270,7 +273,7 @@ def test_an_exec_that_answers_endlessly_is_closed_at_its_bound(channel: int, tmp
                 assert max(stdout.size, stderr.size) <= SMALL.answer_bytes
             async with asyncio.timeout(60):
                 await peer.ended.wait()  # the exec was closed: the peer's writes failed
-        what = "the answer to `status j`" if channel == 1 else "the stderr"
+        what = "the answer to `wait j`" if channel == 1 else "the stderr"
         assert str(raised.value).startswith(f"{what} passed")
 
     asyncio.run(scenario())
@@ -286,7 +289,7 @@ def test_a_session_that_answers_endlessly_is_closed_at_its_bound_and_not_retried
                 return await client.exec_stream("ns", "p", "main", supervisor.serve().argv)
 
             session = Session(opener)
-            command = supervisor.status("j", limits=SMALL)
+            command = supervisor.wait(STATE, 0, limits=SMALL)
             with command.answer.spool() as stdout, pytest.raises(OutputLimitExceeded):
                 await session.call(command, 60, stdout)
             assert not session.open

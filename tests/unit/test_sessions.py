@@ -25,6 +25,9 @@ from episode_operator.runtime.sandbox import ArchiveFile, JobSpec, SandboxError,
 from episode_operator.runtime.turn.context import REWARD_TXT
 from tests.unit.local_sandbox import LocalPods
 
+#: The state of job x now (a wait of 0 s): a verb without stdin.
+STATE_OF_X = supervisor.wait(JobSpec(id="x", command="", timeout_sec=1), 0)
+
 
 @pytest.fixture
 def pods(tmp_path: Path) -> Iterator[LocalPods]:
@@ -157,10 +160,10 @@ def test_stdin_goes_by_exec_where_head_may_read_past_a_request() -> None:
 
         session = Session(opener)
         with Spool(1000, "the answer", "a bound") as stdout:
-            assert (await session.call(supervisor.status("x"), 5, stdout))[0] == 0
+            assert (await session.call(STATE_OF_X, 5, stdout))[0] == 0
             assert stdout.getvalue() == b"id=x phase=unknown\n"
         upload = supervisor.upload(text_tar({"a": "b"}), "/tmp/x")
-        assert session.takes(supervisor.status("x")) and not session.takes(upload)
+        assert session.takes(STATE_OF_X) and not session.takes(upload)
         assert not session.takes(supervisor.placement())  # not a verb: it installs the script
         await session.close()
 
@@ -184,10 +187,10 @@ def test_a_container_without_sessions_is_asked_a_few_times_then_left_to_exec() -
 
         session = Session(opener)
         for _ in range(FAILURES_BEFORE_GIVING_UP):
-            assert session.takes(supervisor.status("x"))
+            assert session.takes(STATE_OF_X)
             with pytest.raises(Exception, match="ended"), Spool(1000, "the answer", "a bound") as stdout:
-                await session.call(supervisor.status("x"), 5, stdout)
-        assert not session.takes(supervisor.status("x")) and opened == FAILURES_BEFORE_GIVING_UP
+                await session.call(STATE_OF_X, 5, stdout)
+        assert not session.takes(STATE_OF_X) and opened == FAILURES_BEFORE_GIVING_UP
 
     asyncio.run(scenario())
 

@@ -26,8 +26,8 @@ spliced into shell text, so any character survives):
     ``--user`` (name or uid; a uid without a passwd entry gets gid 0 and HOME=/, as under
     docker) HOME, USER and LOGNAME are the user's unless ``--env`` sets them. Environment
     names starting with ``_EO_`` are reserved.
-``wait ID S`` / ``status ID`` / ``kill ID``
-    The state after a bounded long poll / now / after TERM, then KILL after kill-after.
+``wait ID S``
+    The state after a bounded long poll (``S`` 0: the state now).
 ``output ID BYTES``
     The last BYTES bytes of the job's own output, raw: what it appended to its output file
     (several jobs may share one, e.g. every turn's solve.sh appends to the oracle's log).
@@ -39,12 +39,13 @@ or its directory or output file is unusable; it never hangs. A job whose supervi
 vanished (e.g. an agent ran ``kill -9 -1``) reads ``phase=exited`` with no exit code and a
 ``reason`` starting with ``lost:``.
 
-Helpers, one exec each: ``probe`` (``key=value`` lines, values percent-encoded),
-``upload DEST BYTES`` (a tar on stdin), ``download [--exclude P]... -- PATH...`` (a tar on
-stdout), ``read -- FILE...`` (framed contents, see :func:`parse_files`), ``clear -- PATH...``,
-``chown-workdir USER DIR``. A verb exits 0 when it did its work (a job's own failure is in
-its state), 1 when the operation failed and 2 when the call was malformed, with one line on
-stderr either way.
+Helpers, one exec each: ``place [FOLDER]...`` (the second half of :func:`placement`: the
+layout folders, the working directory recorded, then the probe's ``key=value`` lines, values
+percent-encoded; see :func:`parse_probe`), ``upload DEST BYTES`` (a tar on stdin),
+``download [--exclude P]... -- PATH...`` (a tar on stdout), ``read -- FILE...`` (framed
+contents, see :func:`parse_files`), ``clear -- PATH...``, ``chown-workdir USER DIR``. A verb
+exits 0 when it did its work (a job's own failure is in its state), 1 when the operation failed
+and 2 when the call was malformed, with one line on stderr either way.
 
 Execs use Kubernetes' websocket v4 protocol, whose stdin cannot be half-closed: every verb
 that reads stdin reads a known length with ``head -c``. Argument lists too large for an exec
@@ -81,7 +82,7 @@ from episode_operator.runtime.sandbox import ArchiveFile, FileContent, JobPhase,
 SUPERVISOR_DIR = "/episode-operator"
 SUPERVISOR_PATH = f"{SUPERVISOR_DIR}/supervisor.sh"
 
-#: Seconds between TERM and KILL when a job runs out of time or is killed (``timeout -k``).
+#: Seconds between TERM and KILL when a job runs out of time (``timeout -k``).
 DEFAULT_KILL_AFTER_SEC = 5.0
 
 #: Above this many bytes of arguments a command sends them on stdin: exec arguments travel
@@ -303,21 +304,6 @@ def wait(spec: JobSpec, max_wait_sec: float, *, limits: OutputLimits = DEFAULT_L
     return _command(args, _job_answer(spec, "wait", limits))
 
 
-def status(job_id: str, *, limits: OutputLimits = DEFAULT_LIMITS) -> Command:
-    """The job's state now."""
-    _check_id(job_id)
-    return _command(["status", job_id], _control(f"the answer to `status {job_id}`", limits))
-
-
-def kill(job_id: str, *, limits: OutputLimits = DEFAULT_LIMITS) -> Command:
-    """TERM the job's process group, KILL it after the job's kill-after delay; answers the state.
-
-    The exec lasts up to the job's kill-after delay plus about three seconds.
-    """
-    _check_id(job_id)
-    return _command(["kill", job_id], _control(f"the answer to `kill {job_id}`", limits))
-
-
 def output(job_id: str, limit: int, *, limits: OutputLimits = DEFAULT_LIMITS) -> Command:
     """The last ``limit`` bytes of the job's own output (raw stdout of the exec, at most ``limit``).
 
@@ -330,11 +316,6 @@ def output(job_id: str, limit: int, *, limits: OutputLimits = DEFAULT_LIMITS) ->
         raise ValueError(f"output limit must be >= 0, got {limit}")
     answer = AnswerBound(limit, f"the output of job {job_id}", f"the {limit} bytes asked for", limits.answer_bytes)
     return _command(["output", job_id, str(limit)], answer)
-
-
-def probe(*, limits: OutputLimits = DEFAULT_LIMITS) -> Command:
-    """Facts about the container: working directory, user, available tools (see :func:`parse_probe`)."""
-    return _command(["probe"], _control("the answer to `probe`", limits))
 
 
 def upload(
@@ -426,7 +407,7 @@ def chown_workdir(user: str | int, directory: str | None = None, *, limits: Outp
 
 
 def parse_state(job_id: str, stdout: bytes) -> JobState:
-    """Read the one-line state the supervisor prints after start, wait, status and kill.
+    """Read the one-line state the supervisor prints after start and wait.
 
     Unknown keys are ignored (a newer script may say more); anything that is not a state of
     ``job_id`` raises ValueError, since acting on a misread state could re-run or lose a turn.
@@ -881,19 +862,16 @@ __all__ = [
     "chown_workdir",
     "clear",
     "download",
-    "kill",
     "output",
     "parse_files",
     "parse_probe",
     "parse_state",
     "placement",
-    "probe",
     "read_files",
     "script_text",
     "serve",
     "session_call",
     "start",
-    "status",
     "upload",
     "wait",
 ]

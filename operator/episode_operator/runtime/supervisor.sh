@@ -323,13 +323,10 @@ check_lost() {
         runner_alive "$1" && return 0
         _why='lost: the supervising process died without recording an exit code'
     elif [ -f "$1/created" ]; then
-        # Rare (a start exec killed before it launched the runner): forks are fine here.
-        if get_line "$1/created" && [ -n "$_got" ]; then # a record of an older script: the time
-            _age=$(($(int_part "$(date +%s)") - $(int_part "$_got")))
-            [ "$_age" -gt 60 ] || return 0
-        else
-            [ -n "$(find "$1/created" -mmin +1 2>/dev/null)" ] || return 0
-        fi
+        # Rare (a start exec killed before it launched the runner): forks are fine here. Its age
+        # is its modification time's, also for an older script's marker (which held the time it
+        # was written at).
+        [ -n "$(find "$1/created" -mmin +1 2>/dev/null)" ] || return 0
         _why='lost: the job was never launched'
     else
         return 0
@@ -563,7 +560,7 @@ print_extras() {
             --then-download)
                 read_scratch
                 quote "$_xa"
-                # shellcheck disable=SC2086 # a subshell: download's failure exits it, not us
+                # A subshell: download's failure exits it, not us.
                 if (eval "cmd_download $_xexs -- $_quoted") >"$_tmp" 2>/dev/null; then
                     printf 'download %s\n' "$(($(wc -c <"$_tmp")))"
                     cat "$_tmp"
@@ -640,7 +637,11 @@ cmd_run() {
         _cmd=$_EO_CMD _shell=$_EO_SHELL _cwd=$_EO_CWD _out=$_EO_OUT _ka=$_EO_KA _timeout=$_EO_TMO _user=$_EO_USER
         _jobenv=$_EO_ENV _mn=$_EO_MN
         unset _EO_SPEC _EO_CMD _EO_SHELL _EO_CWD _EO_OUT _EO_KA _EO_TMO _EO_USER _EO_ENV _EO_MN
-    else # launched by an older script (replaced while it started this job): its files
+    else
+        # Launched by an older script's start, which passed no spec: an operator upgraded (or
+        # restarted on an older image) re-places the script in a running pod, and a start exec
+        # of the script it replaces may still be between its mkdir and its launch, which runs
+        # "$SELF", this file. That start recorded the spec in the job's files.
         get "$_d/command"; _cmd=$_got
         get_line "$_d/shell"; _shell=$_got
         get "$_d/cwd"; _cwd=$_got
@@ -652,7 +653,8 @@ cmd_run() {
         [ -f "$_d/user" ] && get_line "$_d/user" && _user=$_got
         _jobenv=
         for _ef in "$_d"/env/*; do
-            [ -f "$_ef" ] && get "$_ef" || continue
+            [ -f "$_ef" ] || continue
+            get "$_ef" || continue
             quote "$_got"
             _jobenv="${_jobenv}export ${_ef##*/}=$_quoted$NL"
         done
@@ -661,7 +663,7 @@ cmd_run() {
     _stat=
     { IFS= read -r _stat </proc/$$/stat; } 2>/dev/null
     pid_space
-    # shellcheck disable=SC2086
+    # shellcheck disable=SC2086 # fields after "pid (comm) ": starttime is the 20th
     [ -n "$_stat" ] && set -- ${_stat##*) } && write "$_d/runner" "$$ ${20} $_pns"
     [ -f "$_d/runner" ] || write "$_d/runner" "$$"
 
@@ -726,7 +728,6 @@ cmd_run() {
     _odir=${_out%/*}
     [ -z "$_odir" ] || [ -d "$_odir" ] || mkdir -p "$_odir" 2>/dev/null
     { : >>"$_out"; } 2>/dev/null || unstartable "cannot open the output file $_out"
-    [ -f "$_d/cancel" ] && unstartable "killed before it started"
     # Where this job's own output begins: `output` and --tail return only what follows.
     _osz=0
     if [ -s "$_out" ]; then
@@ -839,37 +840,6 @@ cmd_wait() {
         _xo=$_xa
     done
     print_extras "$_wid" "$@"
-}
-
-cmd_status() {
-    [ $# -eq 1 ] || usage 'status ID'
-    check_id "$1"
-    print_state "$1"
-}
-
-cmd_kill() {
-    [ $# -eq 1 ] || usage 'kill ID'
-    check_id "$1"
-    _d=$JOBS/$1
-    if [ -d "$_d" ] && ! is_done "$_d"; then
-        : >"$_d/cancel"
-        get "$_d/kill_after"
-        _ka=$_got
-        is_num "$_ka" || _ka=5
-        # A runner in its preflight writes the job's pid within moments, or sees `cancel`.
-        _n=0
-        while ! is_done "$_d" && ! job_target "$_d" >/dev/null && [ "$_n" -lt 20 ]; do
-            nap 0.1
-            _n=$((_n + 1))
-        done
-        if ! is_done "$_d" && _tg=$(job_target "$_d"); then
-            kill -TERM "$_tg" 2>/dev/null
-            wait_done "$1" "$_ka"
-            is_done "$_d" || kill -KILL "$_tg" 2>/dev/null
-        fi
-        wait_done "$1" 2
-    fi
-    print_state "$1"
 }
 
 cmd_output() {
@@ -1075,7 +1045,7 @@ read_frame() {
         # the copy's size, in the same stat, is the length of the bytes that follow.
         _rs=$(stat -c '%s %.9Y' "$_tmp" "$_rp" 2>/dev/null) || _rs=
         _len=${_rs%% *} _mt=${_rs##* }
-        case $_rs in *"$NL"*) ;; *) _len= _mt= ;; esac
+        case $_rs in *"$NL"*) ;; *) _len='' _mt='' ;; esac
         case $_len in '' | *[!0-9]*) _len=$(($(wc -c <"$_tmp"))) ;; esac
         # busybox's stat has no %.9Y: whole seconds then
         case $_mt in '' | *[!0-9.]*) _mt=$(stat -c %Y "$_rp" 2>/dev/null || echo -) ;; esac
@@ -1269,7 +1239,7 @@ cmd_serve() {
             head -c "$_sv_bytes" >"$_sv_in" || die "serve: cannot read the stdin of $_sv_nonce"
             _sv_src=$_sv_in
         fi
-        # shellcheck disable=SC2086 # the words are quoted by the operator (supervisor.py)
+        # The words are quoted by the operator (supervisor.py), so eval splits them back as sent.
         (eval "set -- $_sv_text" && main "$@") <"$_sv_src" 2>"$_sv_err"
         _sv_status=$?
         _sv_errbytes=0
@@ -1286,10 +1256,7 @@ main() {
     case $_verb in
         start) cmd_start "$@" ;;
         wait) cmd_wait "$@" ;;
-        status) cmd_status "$@" ;;
-        kill) cmd_kill "$@" ;;
         output) cmd_output "$@" ;;
-        probe) cmd_probe "$@" ;;
         place) cmd_place "$@" ;;
         upload) cmd_upload "$@" ;;
         download) cmd_download "$@" ;;
