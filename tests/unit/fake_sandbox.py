@@ -484,6 +484,8 @@ class World:
     sandboxes: dict[str, FakeSandbox] = field(default_factory=dict)
     released: list[str] = field(default_factory=list)
     kept: bool = False
+    # Pods deleted by a release: kept in ``sandboxes`` for the tests to read, gone for the runner.
+    gone: set[str] = field(default_factory=set)
     broken_uploads: set[str] = field(default_factory=set)
     missing_users: set[str | int] = field(default_factory=set)
     unclearable: set[str] = field(default_factory=set)  # paths whose clearing fails
@@ -525,7 +527,7 @@ class World:
     def sandbox(self, name: str, env: Mapping[str, str] | None = None, *, uid: str | None = None) -> FakeSandbox:
         """The sandbox ``name``, created when there is none; ``uid``: the one the runner recorded, which
         must be the one there (as the kube provider: a recorded pod gone or replaced is lost)."""
-        existing = self.sandboxes.get(name)
+        existing = None if name in self.gone else self.sandboxes.get(name)
         if uid is not None and (existing is None or existing.uid != uid):
             raise SandboxError(f"pod {name} (uid {uid}) is gone", kind="pod_lost")
         if existing is None:
@@ -533,6 +535,7 @@ class World:
                 self.fail_creation -= 1
                 raise SandboxError(f"image for {name} cannot be pulled", kind="image_pull")
             self.created[name] += 1
+            self.gone.discard(name)
             existing = self.sandboxes[name] = FakeSandbox(
                 name, self.clock, self, env, uid=f"uid-{name}-{self.created[name]}"
             )
@@ -584,14 +587,18 @@ class FakeProvider:
 
     async def release_verifier(self, attempt: int, turn: int) -> None:
         self.world.released.append(f"pod-a{attempt}-v{turn + 1}")
+        self.world.gone.add(f"pod-a{attempt}-v{turn + 1}")
 
     async def release_agent(self, attempt: int) -> None:
         self.world.released.append(f"pod-a{attempt}")
+        self.world.gone.add(f"pod-a{attempt}")
 
     async def release_all(self, *, keep: bool) -> None:
+        """As the kube provider: every pod of the episode deleted (kept only when ``keep``)."""
         self.world.kept = keep
         if not keep:
             self.world.released.append("all")
+            self.world.gone.update(self.world.sandboxes)
 
 
 class Crash(Exception):
@@ -599,10 +606,11 @@ class Crash(Exception):
 
 
 class FakeSink:
-    def __init__(self, crash_when: Any = None) -> None:
+    def __init__(self, crash_when: Any = None, crash_at_event: str | None = None) -> None:
         self.statuses: list[EpisodeStatus] = []
         self.events: list[tuple[str, str, bool]] = []
         self.crash_when = crash_when
+        self.crash_at_event = crash_at_event  # the runner dies as it sends this Event (once)
 
     async def publish(self, status: EpisodeStatus) -> None:
         self.statuses.append(status.model_copy(deep=True))
@@ -612,6 +620,9 @@ class FakeSink:
 
     async def event(self, reason: str, message: str, *, warning: bool = False) -> None:
         self.events.append((reason, message, warning))
+        if reason == self.crash_at_event:
+            self.crash_at_event = None
+            raise Crash(f"the operator died as it sent {reason}")
 
 
 class MemoryStore:

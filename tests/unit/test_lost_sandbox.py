@@ -154,6 +154,24 @@ def test_an_attempt_ended_by_an_older_runner_before_it_wrote_the_next_is_not_res
     assert (status.phase, status.reward, status.attempt) == ("Succeeded", 1.0, 2), status.message
 
 
+@pytest.mark.parametrize("separate", [False, True], ids=["shared", "separate"])
+def test_a_runner_that_dies_releasing_the_finished_episodes_pods_does_not_run_it_again(separate: bool) -> None:
+    """Every turn graded, the pods deleted, the operator dead before the terminal status: the
+    restarted runner only repeats the ending (the reward it had), never a lost-pod outage and a
+    second attempt that runs the agents again."""
+    world = World()
+    folder = counting_steps({name: SEPARATE for name in "abc"} if separate else None)
+    dying = FakeSink(crash_at_event="EpisodeFinished")
+    with pytest.raises(Crash):
+        run(folder, world=world, sink=dying)
+    last = dying.statuses[-1]
+    assert last.phase == "Running" and "pod-a1" in world.gone
+    status = run(folder, world=world, status=last)[0]
+    assert (status.phase, status.outcome, status.reward, status.attempt) == ("Succeeded", "Graded", 1.0, 1)
+    assert [world.sandboxes["pod-a1"].starts.count(f"a1.t{turn}.agent") for turn in (1, 2, 3)] == [1, 1, 1]
+    assert world.created["pod-a1"] == 1
+
+
 # --- spec.retries.agentOutages -------------------------------------------------------------------
 @pytest.mark.parametrize("policy", ["retry", "score"])
 def test_an_outage_an_agent_caused_is_retried_by_default_and_scored_when_asked(policy: str) -> None:

@@ -478,11 +478,12 @@ def test_reward_file_changed_after_test_sh_is_refused() -> None:
 
 
 def current_turn_stages(sink: FakeSink) -> set[str]:
-    """The stages a restart could resume at: the current turn's stage in each write while Running."""
+    """The stages a restart could resume at: the current turn's stage in each write while Running
+    (but the ending's write, from which a restart repeats the ending and walks no turn)."""
     return {
         stage
         for status in sink.statuses
-        if status.phase == "Running" and status.current_turn is not None
+        if status.phase == "Running" and status.outcome is None and status.current_turn is not None
         if (stage := status.turns[status.current_turn].stage)
     }
 
@@ -529,10 +530,11 @@ def test_the_agent_answer_brings_the_artifacts_unless_a_hook_runs_first() -> Non
 def test_a_shared_turn_costs_three_execs_and_two_status_writes() -> None:
     """workdir/ + setup.sh, solution + solve.sh (its answer brings /logs/artifacts), tests +
     test.sh; the cleanup rides on the first upload. Writes: the turn's start (with the previous
-    turn's end) and the agent's stage."""
+    turn's end) and the agent's stage; once an episode, its ending before the pods go."""
     world, sink = World(), FakeSink()
     run(ledger_steps(), world=world, sink=sink)
     pod = world.sandboxes["pod-a1"]
     assert pod.calls == {"start_job": 9}
-    turn_writes = [s for s in sink.statuses if s.phase == "Running" and any(turn.stage for turn in s.turns)]
-    assert len(turn_writes) == 2 * 3
+    running = [s for s in sink.statuses if s.phase == "Running" and any(turn.stage for turn in s.turns)]
+    assert len([s for s in running if s.outcome is None]) == 2 * 3
+    assert len([s for s in running if s.outcome is not None]) == 1

@@ -213,6 +213,11 @@ class EpisodeRunner:
         self.status = (status or EpisodeStatus()).model_copy(deep=True)
         if is_terminal(self.status.phase):
             return self.status
+        if self.status.outcome is not None:
+            # Written by a runner that was ending the episode and stopped while it released the
+            # sandboxes: the ending is repeated as recorded, never the turns in pods it deleted.
+            await self._end(self.status.outcome, self.status.failure_kind, self.status.message or "")
+            return self.status
         if self.status.phase in (None, "Pending") or not self.status.attempts:
             self._begin()
             await self.publish()
@@ -377,16 +382,19 @@ class EpisodeRunner:
     async def _end(self, outcome: Outcome, failure_kind: str | None, message: str) -> None:
         now = timestamp(self.clock())
         success = outcome == "Graded"
-        self.status.phase = "Succeeded" if success else "Failed"
         self.status.outcome = outcome
         self.status.failure_kind = failure_kind
         self.status.message = message
-        self.status.finished_at = now
         self._attempt.finished_at = self._attempt.finished_at or now
         for record in self.status.turns:
             if record.stage is None:
                 record.phase = "Skipped"
         self._progress()
+        # The ending, written before the sandboxes go (a shared turn's reward is in no status yet):
+        # a restart from here on repeats this ending (see run) and never meets the deleted pods.
+        await self.publish()
+        self.status.phase = "Succeeded" if success else "Failed"
+        self.status.finished_at = now
         self._condition("Running", "False", outcome, message)
         self._condition("Complete" if success else "Failed", "True", outcome, message)
         self.observer.episode_finished(outcome, failure_kind, self.status.reward)
