@@ -14,11 +14,14 @@ import dataclasses
 import logging
 import os
 import time
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, cast
 
 import kopf
+from kopf._cogs.clients import watching  # kopf's watch-stream (see _watch_through_not_found)
+from kopf._cogs.clients.errors import APINotFoundError
 from kopf._cogs.structs.references import NamespaceName, match_namespace  # kopf's --namespace patterns
 from kopf._core.reactor import observation  # kopf's namespace observer (see _namespace_event_listed_too)
 
@@ -451,10 +454,43 @@ def see_listed_namespaces() -> None:
     observation.process_discovered_namespace_event = _namespace_event_listed_too
 
 
+KOPFS_CONTINUOUS_WATCH = watching.continuous_watch
+# Between two tries of a watch the API server answered 404: it is coming back (a restarted API
+# server serves a CRD's endpoint only once it has read the CRD again, seconds after it answers).
+NOT_SERVED_RETRY_SEC = 2.0
+
+
+async def _watch_through_not_found(**kwargs: Any) -> AsyncIterator[Any]:
+    """kopf's continuous watch (list, then watch), for which a 404 ends this stream, not the operator.
+
+    kopf retries a watch that breaks (a reset connection, "410 Gone") but lets a 404 through, and
+    a failed watcher stops the operator: a restarted API server answers "404 page not found" for
+    the Episode CRD's endpoint until it has read the CRD again, so the operator exited with a turn
+    in flight (CI, test_api_server_restart_mid_run). kopf's infinite watch starts the stream again
+    (a fresh listing) after this one ends, as client-go's reflectors retry a watch they cannot open."""
+    try:
+        async for event in KOPFS_CONTINUOUS_WATCH(**kwargs):
+            yield event
+    except APINotFoundError as error:
+        logging.getLogger("episode_operator.watch").warning(
+            "the API server does not serve %s yet (%s); watching again in %.0f s",
+            kwargs.get("resource"),
+            error,
+            NOT_SERVED_RETRY_SEC,
+        )
+        await asyncio.sleep(NOT_SERVED_RETRY_SEC)
+
+
+def watch_through_not_found() -> None:
+    """Install :func:`_watch_through_not_found` (kopf's infinite watch looks it up each time round)."""
+    watching.continuous_watch = _watch_through_not_found
+
+
 def run_operator(options: OperatorOptions) -> None:
     """Run the operator until interrupted (``episode-operator run``)."""
     kopf.configure(verbose=os.environ.get("EPISODE_OPERATOR_VERBOSE") == "1")
     see_listed_namespaces()
+    watch_through_not_found()
     try:
         asyncio.run(_operate(options))
     except KubeError as error:  # e.g. no such Lease namespace, or no right to its Leases

@@ -180,3 +180,47 @@ def test_a_namespace_in_the_watchs_own_listing_is_watched() -> None:
         assert insights.namespaces == set()  # the watch's events still go to kopf's handler
     finally:
         observation.process_discovered_namespace_event = original
+
+
+@pytest.mark.parametrize("installed", [False, True], ids=["kopfs-own", "through-not-found"])
+def test_a_watch_the_api_server_does_not_serve_yet_is_retried_not_fatal(
+    installed: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A restarted API server answers 404 for the CRD's endpoint until it has read the CRD again:
+    kopf's own watch lets the error out (and a failed watcher stops the operator); ours lists and
+    watches again, and the stream goes on with what the API server sends once it serves it."""
+    from kopf._cogs.clients import watching
+    from kopf._cogs.clients.errors import APINotFoundError
+    from kopf._cogs.structs.references import NamespaceName, Resource
+
+    tries: list[int] = []
+
+    async def served_on_the_second_try(**_: Any) -> Any:
+        tries.append(len(tries))
+        if len(tries) == 1:
+            raise APINotFoundError("404 page not found", status=404, headers={})
+        yield {"type": "ADDED", "object": {"metadata": {"name": "e1"}}}
+
+    settings = kopf.OperatorSettings()
+    settings.watching.reconnect_backoff = 0
+    monkeypatch.setattr(handlers, "NOT_SERVED_RETRY_SEC", 0.0)
+    monkeypatch.setattr(handlers, "KOPFS_CONTINUOUS_WATCH", served_on_the_second_try)
+    monkeypatch.setattr(watching, "continuous_watch", served_on_the_second_try)
+    if installed:
+        handlers.watch_through_not_found()
+
+    async def events() -> list[Any]:
+        stream = watching.infinite_watch(
+            settings=settings,
+            resource=Resource(GROUP, VERSION, PLURAL),
+            namespace=NamespaceName("ns"),
+            _iterations=2,
+        )
+        return [event async for event in stream]
+
+    if not installed:
+        with pytest.raises(APINotFoundError):
+            asyncio.run(events())
+        return
+    assert asyncio.run(events()) == [{"type": "ADDED", "object": {"metadata": {"name": "e1"}}}]
+    assert tries == [0, 1]
