@@ -671,6 +671,27 @@ MUTATIONS = [
         "a runner that died in an older runner's back-off resumes the lost attempt in a new pod",
     ),
     Mutation(
+        "ending-written-after-release",
+        EPISODE,
+        "        await self.publish()\n        self.status.phase = \"Succeeded\" if success else \"Failed\"\n",
+        "        self.status.phase = \"Succeeded\" if success else \"Failed\"\n",
+        "a runner killed while it deleted a finished episode's pods runs its turns again in a second attempt",
+    ),
+    Mutation(
+        "recorded-ending-not-repeated",
+        EPISODE,
+        "        if self.status.outcome is not None:\n",
+        "        if False:\n",
+        "a runner killed while it deleted a failed episode's pods runs turn 1's setup again in a second attempt",
+    ),
+    Mutation(
+        "watch-404-fatal",
+        "handlers.py",
+        "    watching.continuous_watch = _watch_through_not_found\n",
+        "    pass\n",
+        "a watch the restarting API server answers 404 stops the operator",
+    ),
+    Mutation(
         "back-off-not-waited",
         EPISODE,
         "await self.sleep(max(parse_timestamp(attempt.not_before) - self.clock(), 0.0))",

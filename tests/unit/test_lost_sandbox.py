@@ -172,6 +172,21 @@ def test_a_runner_that_dies_releasing_the_finished_episodes_pods_does_not_run_it
     assert world.created["pod-a1"] == 1
 
 
+def test_a_runner_that_dies_releasing_a_failed_episodes_pods_repeats_the_failure_not_the_setup() -> None:
+    """Turn 1's setup.sh failed (a terminal failure, no retry), the operator dead as the pods went:
+    the restarted runner ends as recorded, and runs no setup.sh in a second attempt."""
+    world = World()
+    folder = counting_steps({"a": ""}) | {"steps/a/workdir/setup.sh": "exit 1"}
+    dying = FakeSink(crash_at_event="EpisodeFinished")
+    with pytest.raises(Crash):
+        run(folder, world=world, sink=dying)
+    last = dying.statuses[-1]
+    assert (last.phase, last.outcome) == ("Running", "TerminalFailure")
+    status = run(folder, world=world, status=last)[0]
+    assert (status.phase, status.outcome, status.attempt) == ("Failed", "TerminalFailure", 1), status.message
+    assert status.failure_kind == last.failure_kind and "pod-a2" not in world.sandboxes
+
+
 # --- spec.retries.agentOutages -------------------------------------------------------------------
 @pytest.mark.parametrize("policy", ["retry", "score"])
 def test_an_outage_an_agent_caused_is_retried_by_default_and_scored_when_asked(policy: str) -> None:
