@@ -673,8 +673,8 @@ MUTATIONS = [
     Mutation(
         "ending-written-after-release",
         EPISODE,
-        "        await self.publish()\n        self.status.phase = \"Succeeded\" if success else \"Failed\"\n",
-        "        self.status.phase = \"Succeeded\" if success else \"Failed\"\n",
+        '        await self.publish()\n        self.status.phase = "Succeeded" if success else "Failed"\n',
+        '        self.status.phase = "Succeeded" if success else "Failed"\n',
         "a runner killed while it deleted a finished episode's pods runs its turns again in a second attempt",
     ),
     Mutation(

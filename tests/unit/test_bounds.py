@@ -32,7 +32,6 @@ from episode_operator.runtime.limits import (
     OutputLimits,
     Spool,
     parse_size,
-    render_table,
 )
 from episode_operator.runtime.sandbox import ArchiveFile, JobSpec
 from episode_operator.runtime.supervisor import SUPERVISOR_PATH, SessionAnswers
@@ -362,8 +361,3 @@ def test_an_archive_streams_to_a_sessions_stdin(pods: LocalPods, tmp_path: Path)
         await sandbox.close()
 
     asyncio.run(scenario())
-
-
-def test_the_readme_lists_the_bounds_as_the_code_has_them() -> None:
-    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
-    assert render_table() in readme, "run: python -m episode_operator.runtime.limits (into README's output limits)"

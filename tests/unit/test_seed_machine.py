@@ -24,14 +24,12 @@ from episode_operator.runtime.admission import Admission, admit_task
 from episode_operator.runtime.episode import EpisodeConfig, EpisodeRunner
 from episode_operator.runtime.images import BuildFailed, BuildOutage, BuildOutcome, BuildReady, ImagePolicy
 from episode_operator.runtime.sandbox import Waiting, WaitingReport
-from episode_operator.runtime.seed import SEED, SeedPublished, SeedRow, SeedWork, render_table, seed_resumes_at
+from episode_operator.runtime.seed import SEED, SeedPublished, SeedRow, SeedWork, seed_resumes_at
 from episode_operator.taskfolder import TaskFiles
 from episode_operator.taskfolder.buildcontext import BuildSource
 from episode_operator.taskfolder.images import ImageMirrors
-from tests.conftest import REPO
 from tests.unit.fake_sandbox import Crash, FakeProvider, FakeSandbox, FakeSink, MemoryStore, World, unkeyed
 
-DOC = REPO / "docs" / "runtime.md"
 BASE_OUTPUT = b"x86_64\n" + b"\x00".join([b"PATH=/usr/bin:/bin", b"HOME=/root", b""])
 MIRRORS = ImageMirrors.parse(["ubuntu:24.04=local/sandbox:1", "python:3.12=local/python:1"])
 POLICY = ImagePolicy(MIRRORS, "registry.test/builds")
@@ -205,11 +203,6 @@ def test_only_seed_stages_with_work_write_the_status(folder: Any, agent: dict[st
     seeding = [s for s in sink.statuses if s.attempts and s.attempts[-1].ready_at is None]
     # Besides the published stages: the attempt's start, and its pod's PodsReady condition.
     assert len(seeding) == 2 + writes, [s.attempts[-1].seed_stage for s in seeding]
-
-
-def test_the_runtime_docs_show_the_seed_table_as_declared() -> None:
-    hint = "run: python -m episode_operator.runtime.seed >> docs (between the markers)"
-    assert render_table() in DOC.read_text(), hint
 
 
 # Restarts ------------------------------------------------------------------------------------------

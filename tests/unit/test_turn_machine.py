@@ -14,12 +14,9 @@ import pytest
 
 from episode_operator.api.vocabulary import Stage
 from episode_operator.runtime import episode as episode_module
-from episode_operator.runtime.turn.table import TURN, Published, StageRow, is_published, render_table, resumes_at
-from tests.conftest import REPO
+from episode_operator.runtime.turn.table import TURN, Published, StageRow, is_published, resumes_at
 from tests.unit.fake_sandbox import Crash, FakeSink, MemoryStore, World
 from tests.unit.test_runtime import SEPARATE, ledger_steps, run, three_steps
-
-DOC = REPO / "docs" / "runtime.md"
 
 
 def test_every_stage_has_one_row_and_the_rows_chain_to_done() -> None:
@@ -44,11 +41,6 @@ def test_unpublished_rows_say_where_a_restart_resumes() -> None:
         Stage.TRAJECTORY,
         Stage.COLLECT,
     ]
-
-
-def test_the_runtime_docs_show_the_table_as_declared() -> None:
-    text = DOC.read_text()
-    assert render_table() in text, "run: python -m episode_operator.runtime.turn.table >> docs (between the markers)"
 
 
 def crash_inside(monkeypatch: pytest.MonkeyPatch, stage: Stage, turn: int) -> None:

@@ -234,8 +234,7 @@ class TurnStatus(ApiModel):
     phase: TurnPhase = "Pending"
     stage: Stage | None = Field(
         default=None,
-        description="Where the turn is (the runtime's stage table): cleanup, workdir, setup, healthcheck, agent, "
-        "collect, verify-prepare, verify, done.",
+        description=f"Where the turn is (the runtime's stage table): {', '.join(Stage)}.",
     )
     reward: float | None = None
     verifier_rewards: dict[str, float] = Field(default_factory=dict)
@@ -298,8 +297,7 @@ class AttemptStatus(ApiModel):
     )
     seed_stage: SeedStage | None = Field(
         default=None,
-        description="The seed stage the attempt is in (or was last in): images, sandbox, replay, "
-        "environment-files, entrypoint, healthcheck, agent-setup.",
+        description=f"The seed stage the attempt is in (or was last in): {', '.join(SeedStage)}.",
     )
     ready_at: Timestamp | None = Field(
         default=None, description="When the sandbox was ready (the seed's end): the deadline's clock starts."
