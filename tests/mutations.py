@@ -692,6 +692,13 @@ MUTATIONS = [
         "a watch the restarting API server answers 404 stops the operator",
     ),
     Mutation(
+        "hostname-allowlist-admitted",
+        "taskfolder/plan.py",
+        "    problems.extend(hostname_refusals(plan))\n",
+        "",
+        "an allowlist naming a hostname runs under a policy that blocks the host it names",
+    ),
+    Mutation(
         "back-off-not-waited",
         EPISODE,
         "await self.sleep(max(parse_timestamp(attempt.not_before) - self.clock(), 0.0))",

@@ -566,16 +566,19 @@ def test_network_policies_follow_the_phases(
     api_client: client.ApiClient, namespace: str, operator: OperatorProcess
 ) -> None:
     """no-network baseline, an allowlist for the agent: the pod's NetworkPolicy says so in each phase.
+    The same task with a hostname in its allowlist is refused at seed naming the key (a policy
+    cannot name a host: it would block the host it names), before any pod.
 
     The test cluster's bridge CNI stores NetworkPolicies without enforcing them; what is
     checked is what a policy-capable CNI would enforce.
     """
     networking = client.NetworkingV1Api(api_client)
     toml = (
-        '[agent]\nnetwork_mode = "allowlist"\nallowed_hosts = ["198.18.0.0/24", "pypi.org"]\n'
+        '[agent]\nnetwork_mode = "allowlist"\nallowed_hosts = ["198.18.0.0/24", "198.18.255.1"]\n'
         '[environment]\ndocker_image = "episode-operator.local/sandbox:bookworm"\nworkdir = "/app"\n'
         'network_mode = "no-network"\n'
     )
+    named = toml.replace('"198.18.255.1"]', '"pypi.org"]')
     # Every version of the pod's policy, from a watch: the phases after the agent's are too
     # short (collect, verify) for polling to see reliably.
     versions: list[dict[str, Any]] = []
@@ -602,6 +605,20 @@ def test_network_policies_follow_the_phases(
         "fenced",
         episode_spec(EXAMPLES / "hello", edits={"task.toml": toml}, agent={"kind": "command", "command": command}),
     )
+    create_episode(
+        api_client,
+        namespace,
+        "named-host",
+        episode_spec(EXAMPLES / "hello", edits={"task.toml": named}, agent={"kind": "command", "command": command}),
+    )
+    refused = wait_for_episode(api_client, namespace, "named-host", operator)
+    assert (refused["phase"], refused["outcome"], refused["failureKind"]) == (
+        "Failed",
+        "TerminalFailure",
+        "harbor:seed_refused",
+    ), refused
+    assert refused["message"].startswith("refused at seed: task.toml: agent.allowed_hosts: 'pypi.org' is a hostname")
+    assert "podName" not in refused
     status = wait_for_episode(api_client, namespace, "fenced", operator)
     policies.stop()  # the stream ends at its next event: the policy's deletion
     deadline = time.monotonic() + 120  # a bound for a loaded machine, not a budget
@@ -616,8 +633,8 @@ def test_network_policies_follow_the_phases(
     agent = versions[fenced[0]]
     assert agent["pod_selector"]["match_labels"]["episode-operator.dev/role"] == "agent"
     assert agent["policy_types"] == ["Ingress", "Egress"] and not agent["ingress"]
-    assert agent["egress"][0]["to"][0]["ip_block"]["cidr"] == "198.18.0.0/24"
-    assert agent["egress"][1]["ports"][0]["port"] == 53  # a hostname entry can only open DNS
+    assert [peer["ip_block"]["cidr"] for peer in agent["egress"][0]["to"]] == ["198.18.0.0/24", "198.18.255.1/32"]
+    assert len(agent["egress"]) == 1
     before, after = versions[: fenced[0]], versions[fenced[-1] + 1 :]
     assert before and not before[-1]["egress"]  # no-network before the agent (the pod was created fenced)
     assert after and not after[-1]["egress"]  # no-network again after the agent

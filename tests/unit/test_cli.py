@@ -106,6 +106,20 @@ def test_validate_json_of_a_valid_folder_lists_warnings(tmp_path: Path) -> None:
     }
 
 
+def test_validate_warns_of_what_the_operator_refuses_at_seed(tmp_path: Path) -> None:
+    """A valid folder no Episode here can run (an allowlist naming a hostname): valid, with the
+    seed's refusal as a warning naming the key; the same folder with an address has none."""
+    named = '[agent]\nnetwork_mode = "allowlist"\nallowed_hosts = ["pypi.org"]\n'
+    code, output = run("validate", str(write(single_step(named), tmp_path / "named")), "--json")
+    assert code == 0
+    [warning] = json.loads(output)["warnings"]
+    assert (warning["file"], warning["key"]) == ("task.toml", "agent.allowed_hosts")
+    assert warning["message"].startswith("refused at seed: 'pypi.org' is a hostname")
+    address = named.replace("pypi.org", "10.0.0.1")
+    code, output = run("validate", str(write(single_step(address), tmp_path / "address")), "--json")
+    assert (code, json.loads(output)["warnings"]) == (0, [])
+
+
 def test_plan_applies_the_timeout_multiplier() -> None:
     code, output = run("plan", str(EXAMPLE_TASKS / "hello"), "--json", "--timeout-multiplier", "2")
     assert code == 0

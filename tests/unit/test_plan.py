@@ -203,6 +203,36 @@ def test_seed_refusals() -> None:
     assert messages == ["task.toml: environment.os: the operator runs Linux pods only"]
 
 
+@pytest.mark.parametrize(
+    ("toml", "key", "host"),
+    [
+        (
+            '[environment]\nnetwork_mode = "allowlist"\nallowed_hosts = ["10.0.0.0/8", "pypi.org"]\n',
+            "environment",
+            "pypi.org",
+        ),
+        ('[agent]\nnetwork_mode = "allowlist"\nallowed_hosts = ["*.github.com"]\n', "agent", "*.github.com"),
+        ('[verifier]\nnetwork_mode = "allowlist"\nallowed_hosts = ["files.example"]\n', "verifier", "files.example"),
+        ('[agent]\nnetwork_mode = "allowlist"\nallowed_hosts = ["10.0.0.1", "fd00::/8"]\n', None, None),
+        ('[environment]\nnetwork_mode = "public"\n', None, None),
+    ],
+    ids=["environment", "agent-wildcard", "verifier", "addresses-only", "public"],
+)
+def test_a_hostname_in_an_allowlist_is_refused_at_seed_naming_its_key(
+    toml: str, key: str | None, host: str | None
+) -> None:
+    """Harbor's rule: enforce the allowlist or refuse the task. A NetworkPolicy names addresses
+    only, so a hostname would be a policy that blocks the host it names (a measured 0)."""
+    refused = [p.render() for p in seed_refusals(plan_of(single_step(toml)), accepts_prior_trajectory=True)]
+    if key is None:
+        assert refused == []
+        return
+    assert refused == [
+        f"task.toml: {key}.allowed_hosts: {host!r} is a hostname: the operator's NetworkPolicies allow addresses "
+        "and CIDR ranges only, so the host would be unreachable; list its addresses instead"
+    ]
+
+
 # --- tests, solutions, workdir, instructions (§5.12, §5.13, §5.19) -----------------------------------
 def test_tests_are_layered_step_over_task() -> None:
     """§5.13: task helpers + step test.sh → both; a step helper overrides the task's."""

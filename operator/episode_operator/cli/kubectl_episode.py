@@ -6,6 +6,7 @@ Every command answers bad input with a message naming the file and key, and an e
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 from collections.abc import Sequence
@@ -16,16 +17,23 @@ import click
 
 from episode_operator.cli.episodes import register
 from episode_operator.cli.episodesets import register_sets
-from episode_operator.taskfolder import Problem, TaskFiles, resolve_plan, validate_task
+from episode_operator.taskfolder import Problem, TaskFiles, resolve_plan, seed_refusals, validate_task
 from episode_operator.taskfolder.loader import Validation
 
 EXIT_REFUSED = 1
 
 
 def _read(path: str) -> Validation:
+    """The folder's validation, with what the operator would refuse at seed for any agent as warnings
+    (a valid folder that no Episode here can run, e.g. an allowlist naming a hostname)."""
     if not Path(path).exists():
         raise click.BadParameter(f"{path}: no such file or directory", param_hint="PATH")
-    return validate_task(TaskFiles.from_path(path))
+    result = validate_task(TaskFiles.from_path(path))
+    if result.task is None:
+        return result
+    refused = seed_refusals(resolve_plan(result.task), accepts_prior_trajectory=True)
+    seed = [dataclasses.replace(problem, message=f"refused at seed: {problem.message}") for problem in refused]
+    return dataclasses.replace(result, warnings=(*result.warnings, *seed))
 
 
 def _emit_problems(title: str, problems: Sequence[Problem], *, err: bool) -> None:

@@ -81,6 +81,15 @@ def _size_to_mb(raw: Any, key: str) -> int:
     return int(amount * units[text[-1]])
 
 
+def is_address_entry(host: str) -> bool:
+    """Whether a (normalized) ``allowed_hosts`` entry is an IP address or CIDR range, not a hostname."""
+    try:
+        ipaddress.ip_network(host, strict=False)
+    except ValueError:
+        return False
+    return True
+
+
 def normalize_allowed_hosts(hosts: list[str]) -> list[str]:
     """Validate ``allowed_hosts`` entries as Harbor does; lowercased, trailing dot removed."""
     normalized: list[str] = []

@@ -32,6 +32,7 @@ from episode_operator.taskfolder.models import (
     RewardStrategy,
     StepConfig,
     TaskConfig,
+    is_address_entry,
 )
 from episode_operator.taskfolder.sources import TASK_CONFIG
 
@@ -217,9 +218,38 @@ def seed_refusals(plan: EpisodePlan, *, accepts_prior_trajectory: bool) -> list[
                 "a first step's trajectory.json is refused for every agent but the oracle",
             )
         )
+    problems.extend(hostname_refusals(plan))
     users = {turn.agent.user for turn in plan.turns} | {turn.verifier.user for turn in plan.turns}
     for user in sorted(str(user) for user in users if isinstance(user, str) and ":" in user):
         problems.append(Problem(TASK_CONFIG, None, f"user {user!r}: a user with a group runs on Docker only"))
+    return problems
+
+
+def hostname_refusals(plan: EpisodePlan) -> list[Problem]:
+    """Harbor's rule for an allowlist: enforce it or refuse the task. A NetworkPolicy allows
+    addresses and CIDR ranges only; a hostname entry would be a policy that blocks the host it
+    names (the sandbox gets a measured 0 for want of it), so each one refuses the episode."""
+    policies: dict[str, NetworkPolicy] = {"environment.allowed_hosts": baseline_policy(plan.environment)}
+    for turn in plan.turns:
+        policies.setdefault("agent.allowed_hosts", turn.agent.network)
+        policies.setdefault("verifier.allowed_hosts", turn.verifier.network)
+        if turn.verifier.environment is not None:
+            policies.setdefault("verifier.environment.allowed_hosts", baseline_policy(turn.verifier.environment))
+    problems: list[Problem] = []
+    seen: set[str] = set()
+    for key, policy in policies.items():
+        for host in policy.allowed_hosts if policy.mode == "allowlist" else []:
+            if is_address_entry(host) or host in seen:
+                continue
+            seen.add(host)
+            problems.append(
+                Problem(
+                    TASK_CONFIG,
+                    key,
+                    f"{host!r} is a hostname: the operator's NetworkPolicies allow addresses and CIDR ranges "
+                    "only, so the host would be unreachable; list its addresses instead",
+                )
+            )
     return problems
 
 

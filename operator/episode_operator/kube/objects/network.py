@@ -3,9 +3,9 @@
 One policy per sandbox pod, selected by the pod's labels. ``no-network`` denies all
 ingress and egress (containers of the pod still reach each other on 127.0.0.1);
 ``allowlist`` allows egress to the listed IP addresses and CIDR ranges. A NetworkPolicy
-cannot name hosts: hostname entries only open DNS, and enforcing them needs a DNS-aware
-CNI (e.g. Cilium's ``toFQDNs``) — the operator says so in an Event. Enforcement of any
-NetworkPolicy needs a policy-capable CNI; the project's test cluster (a plain bridge)
+cannot name hosts, so a task whose allowlist names a hostname is refused at seed
+(``taskfolder/plan.py``, ``hostname_refusals``) and never reaches this module. Enforcement of
+any NetworkPolicy needs a policy-capable CNI; the project's test cluster (a plain bridge)
 stores them but does not enforce them.
 """
 
@@ -17,33 +17,17 @@ from typing import Any
 
 from episode_operator.api.vocabulary import EPISODE_LABEL
 from episode_operator.kube.objects.pods import OwnerRef, label_value
+from episode_operator.taskfolder.models import is_address_entry
 from episode_operator.taskfolder.plan import NetworkPolicy
-
-DNS_PORTS = [{"protocol": "UDP", "port": 53}, {"protocol": "TCP", "port": 53}]
 
 
 def ip_entries(policy: NetworkPolicy) -> list[str]:
-    """The allowlist entries a NetworkPolicy can express (addresses and ranges, as CIDRs)."""
-    cidrs = []
-    for host in policy.allowed_hosts:
-        try:
-            cidrs.append(ipaddress.ip_network(host, strict=False).with_prefixlen)
-        except ValueError:
-            continue
-    return cidrs
-
-
-def hostname_entries(policy: NetworkPolicy) -> list[str]:
-    """The allowlist entries a NetworkPolicy cannot express (hostnames and ``*.`` wildcards)."""
-    return [host for host in policy.allowed_hosts if not _is_network(host)]
-
-
-def _is_network(host: str) -> bool:
-    try:
-        ipaddress.ip_network(host, strict=False)
-    except ValueError:
-        return False
-    return True
+    """The allowlist's addresses and ranges, as CIDRs."""
+    return [
+        ipaddress.ip_network(host, strict=False).with_prefixlen
+        for host in policy.allowed_hosts
+        if is_address_entry(host)
+    ]
 
 
 def network_policy(
@@ -57,8 +41,6 @@ def network_policy(
         cidrs = ip_entries(policy)
         if cidrs:
             egress.append({"to": [{"ipBlock": {"cidr": cidr}} for cidr in cidrs]})
-        if hostname_entries(policy):
-            egress.append({"ports": DNS_PORTS})
     return {
         "apiVersion": "networking.k8s.io/v1",
         "kind": "NetworkPolicy",
