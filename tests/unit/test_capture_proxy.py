@@ -449,6 +449,45 @@ def test_token_ids_are_asked_for_and_kept(tmp_path: Path) -> None:
     run(tmp_path, scenario, token_ids=True)
 
 
+# --- spec.agent.model.params ---------------------------------------------------------------------------
+CAP_NAMES = {"chat": "max_tokens", "responses": "max_output_tokens", "messages": "max_tokens"}
+
+
+@pytest.mark.parametrize("dialect", DIALECTS)
+@pytest.mark.parametrize("params", [False, True], ids=["harness-defaults", "episode-params"])
+def test_the_episodes_sampling_params_override_what_the_agent_asks_for(
+    tmp_path: Path, dialect: str, params: bool
+) -> None:
+    """An agent (or a harness's defaults) asking for temperature 1.7 and a long answer: with
+    spec.agent.model.params the model is asked at the Episode's temperature, top_p and length cap
+    (under the dialect's own name, every other name of the cap gone), and the record says so;
+    without, the body goes as the agent sent it."""
+    asked = {"temperature": 1.7, "max_completion_tokens": 4096, "max_output_tokens": 4096, "max_tokens": 4096}
+    episode = {"temperature": 0.2, "top_p": 0.9, "max_tokens": 64, "seed": 7}
+
+    async def scenario(proxy: Rig) -> None:
+        async with proxy.post(dialect, **asked) as response:
+            assert response.status == 200
+        sent = json.loads(proxy.upstream.received[0]["body"])
+        (call,) = proxy.calls()
+        assert call.request == sent  # what the model was really asked
+        if not params:
+            assert sent == {**BODIES[dialect], "stream": False, **asked}
+            return
+        caps = {name: sent.get(name) for name in ("max_tokens", "max_output_tokens", "max_completion_tokens")}
+        assert caps == {name: 64 if name == CAP_NAMES[dialect] else None for name in caps}
+        assert (sent["temperature"], sent["top_p"], sent["seed"]) == (0.2, 0.9, 7)
+
+    run(tmp_path, scenario, **({"params": episode} if params else {}))
+
+
+def test_the_proxy_command_refuses_params_that_are_not_a_json_object(tmp_path: Path) -> None:
+    for bad in ("[0.2]", "temperature=0.2"):
+        options = ("--upstream", "http://127.0.0.1:9", "--store", str(tmp_path), "--params", bad)
+        refused = episode_operator("capture-proxy", *options)
+        assert refused.returncode == 2 and "--params" in refused.stderr and "Traceback" not in refused.stderr
+
+
 # --- the commands, as the operator runs them ----------------------------------------------------------
 def episode_operator(*args: str) -> subprocess.CompletedProcess[str]:
     command = Path(sys.executable).parent / "episode-operator"
@@ -474,6 +513,8 @@ def test_the_capture_commands_end_to_end(tmp_path: Path) -> None:
                 str(store),
                 "--read-timeout",
                 "5",
+                "--params",
+                '{"temperature": 0.3}',
             ]
             proxy = subprocess.Popen([*command, *arguments], env=environment, stderr=subprocess.PIPE)
             try:
@@ -492,6 +533,7 @@ def test_the_capture_commands_end_to_end(tmp_path: Path) -> None:
                         await response.read()
                 headers = {name.lower(): value for name, value in upstream.received[0]["headers"].items()}
                 assert headers["authorization"] == f"Bearer {KEY}"
+                assert json.loads(upstream.received[0]["body"])["temperature"] == 0.3
             finally:
                 proxy.send_signal(signal.SIGTERM)
                 code = await asyncio.to_thread(proxy.wait, 60)

@@ -343,3 +343,28 @@ def test_the_reference_check_rejects_a_malformed_row() -> None:
     (failure,) = rows(episode(CASES[6].status))[1]
     with pytest.raises((AssertionError, ValueError)):
         check_failure_row({**failure, "_ng_failure_stage": "preparation"})
+
+
+@pytest.mark.parametrize("params", [{}, {"temperature": 0.2, "top_p": 0.9, "max_tokens": 512, "seed": 7}])
+def test_a_row_says_the_sampling_every_call_was_sent_with(params: dict[str, Any]) -> None:
+    """spec.agent.model.params, which the capture proxy set on every call, in the row's
+    responses_create_params and response under the Responses API's names (Gym's models accept
+    them); without params, none (not a guess of the harness's defaults)."""
+    sampling = {"temperature": 0.2, "top_p": 0.9, "max_output_tokens": 512} if params else {}
+    (row,), _ = rows(episode(TWO_TURNS), evidence("fresh", sampling=sampling))
+    check_rollout_row(row)
+    for entry in (row, *row["turns"]):
+        assert {key: entry["response"][key] for key in sampling} == sampling
+        assert {key: entry["responses_create_params"].get(key) for key in sampling} == sampling
+    if not params:
+        assert (row["response"]["temperature"], row["response"]["top_p"]) == (None, None)
+        assert set(row["responses_create_params"]) == {"input"}
+
+
+def test_the_sampling_of_a_row_is_the_episodes_params_by_their_responses_names() -> None:
+    from episode_operator.api.export import evidence_of
+    from episode_operator.api.models import EpisodeSpec
+
+    model = {"name": "policy", "baseURL": "http://198.19.0.9:8000/v1", "params": {"max_tokens": 64, "top_k": 5}}
+    spec = EpisodeSpec.model_validate({**SPEC, "agent": {"kind": "command", "command": "x", "model": model}})
+    assert evidence_of(spec, {}).sampling == {"max_output_tokens": 64}  # top_k: sent, but no Responses key

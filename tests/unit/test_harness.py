@@ -168,7 +168,9 @@ def test_the_agent_pod_gets_the_toolchain_and_the_capture_container_with_the_key
 
 def test_the_capture_container_gets_the_pinned_addresses_its_bounds_and_resources() -> None:
     """What the driver pinned and the operator's settings reach the proxy as options its CLI takes."""
-    agent = AgentSpec.model_validate(harness("codex") | {"model": {**MODEL, "baseURL": "https://model.test/v1"}})
+    params = {"temperature": 0.2, "top_p": 0.95, "max_tokens": 512}
+    model = {**MODEL, "baseURL": "https://model.test/v1", "params": params}
+    agent = AgentSpec.model_validate(harness("codex") | {"model": model})
     spec = EpisodeSpec.model_validate({"task": {"inline": {"files": {}}}, "agent": agent.to_api()})
     needs = agent_kind(agent).sandbox_needs(agent)
     assert needs.capture is not None
@@ -187,6 +189,7 @@ def test_the_capture_container_gets_the_pinned_addresses_its_bounds_and_resource
     assert options["upstream"] == "https://model.test/v1"
     assert options["upstream_addresses"] == ("198.19.0.9", "2001:db8::9")
     assert (options["max_record_bytes"], options["max_journal_bytes"]) == (4096, 65536)
+    assert json.loads(options["params_json"]) == params  # set on every call by the proxy
 
 
 def test_the_capture_containers_default_resources_are_small_requests_and_a_bounded_limit() -> None:

@@ -48,6 +48,7 @@ from episode_operator.capture.records import (
     parse_journal,
     unattributed_gap,
 )
+from episode_operator.capture.wire import sampling_params
 
 ROLLOUTS = "rollouts.jsonl"
 FAILURES = "rollouts_failures.jsonl"
@@ -98,6 +99,8 @@ class EpisodeEvidence:
     harness_version: str = "unknown"
     model: str | None = None
     turn_sessions: TurnSessions = "fresh"
+    # spec.agent.model.params as a Responses request names them: what every call was sent with.
+    sampling: Mapping[str, Any] = field(default_factory=dict)
 
 
 NO_EVIDENCE = EpisodeEvidence(captured=False)
@@ -127,7 +130,18 @@ def evidence_of(spec: EpisodeSpec, records: Mapping[str, Any]) -> EpisodeEvidenc
         harness_version=(agent.harness.version if agent.harness else None) or "default",
         model=agent.model.name,
         turn_sessions=agent.turn_sessions,
+        sampling=responses_sampling(agent.model.params),
     )
+
+
+# The sampling keys of Gym's responses_create_params and of a Responses object.
+RESPONSES_SAMPLING_KEYS = ("temperature", "top_p", "max_output_tokens")
+
+
+def responses_sampling(params: Mapping[str, Any]) -> dict[str, Any]:
+    """The Episode's sampling parameters under the Responses API's names (the capture proxy sent them)."""
+    named = sampling_params(params, "responses")
+    return {key: named[key] for key in RESPONSES_SAMPLING_KEYS if key in named}
 
 
 # --- identity --------------------------------------------------------------------------------------------
@@ -156,7 +170,11 @@ def rollout_id(metadata: Mapping[str, Any], attempt: int | None) -> str:
 
 # --- Responses objects ----------------------------------------------------------------------------------
 def response_object(
-    model: str, output: list[dict[str, Any]], trajectory: Trajectory | None, created_at: int
+    model: str,
+    output: list[dict[str, Any]],
+    trajectory: Trajectory | None,
+    created_at: int,
+    sampling: Mapping[str, Any],
 ) -> dict[str, Any]:
     """Gym's harbor agent response: its default Responses object with the model, output items and usage."""
     metrics = trajectory.final_metrics if trajectory and trajectory.final_metrics else None
@@ -174,12 +192,12 @@ def response_object(
         "object": "response",
         "output": output,
         "parallel_tool_calls": False,
-        "temperature": None,
+        "temperature": sampling.get("temperature"),
         "tool_choice": "auto",
         "tools": [],
-        "top_p": None,
+        "top_p": sampling.get("top_p"),
         "background": False,
-        "max_output_tokens": None,
+        "max_output_tokens": sampling.get("max_output_tokens"),
         "max_tool_calls": None,
         "previous_response_id": None,
         "prompt": None,
@@ -215,11 +233,14 @@ def input_from_trajectory(trajectory: Trajectory | None) -> list[dict[str, Any]]
     return messages
 
 
-def create_params(instruction: str | None, trajectory: Trajectory | None) -> dict[str, Any]:
-    """The request the agent started from: its instruction as one user message (Gym's harbor rows)."""
+def create_params(
+    instruction: str | None, trajectory: Trajectory | None, sampling: Mapping[str, Any]
+) -> dict[str, Any]:
+    """The request the agent started from: its instruction as one user message (Gym's harbor rows),
+    with the sampling parameters every call was sent with."""
     if instruction is not None:
-        return {"input": [{"role": "user", "content": instruction, "type": "message"}]}
-    return {"input": input_from_trajectory(trajectory)}
+        return {"input": [{"role": "user", "content": instruction, "type": "message"}], **sampling}
+    return {"input": input_from_trajectory(trajectory), **sampling}
 
 
 # --- turns -------------------------------------------------------------------------------------------------
@@ -242,6 +263,7 @@ class TurnView:
     status: TurnStatus
     evidence: TurnEvidence
     trajectory: Trajectory | None
+    sampling: Mapping[str, Any]
 
     @property
     def agent_ran(self) -> bool:
@@ -255,10 +277,10 @@ class TurnView:
     def response(self, model: str) -> dict[str, Any]:
         activation = self.activation
         output = trajectory_to_responses(activation.to_json_dict()) if activation else []
-        return response_object(model, output, activation, epoch(self.status.finished_at))
+        return response_object(model, output, activation, epoch(self.status.finished_at), self.sampling)
 
     def params(self) -> dict[str, Any]:
-        return create_params(self.evidence.instruction, self.activation)
+        return create_params(self.evidence.instruction, self.activation, self.sampling)
 
 
 def turn_views(status: EpisodeStatus, evidence: EpisodeEvidence, session_id: str) -> list[TurnView]:
@@ -277,7 +299,7 @@ def turn_views(status: EpisodeStatus, evidence: EpisodeEvidence, session_id: str
                 session_id=session_id if evidence.turn_sessions == "continue" else f"{session_id}/{turn.name}",
                 earlier_calls=earlier if evidence.turn_sessions == "continue" else (),
             )
-        views.append(TurnView(turn, turn_evidence, trajectory))
+        views.append(TurnView(turn, turn_evidence, trajectory, evidence.sampling))
         earlier.extend(turn_evidence.calls)
     return views
 
@@ -388,10 +410,10 @@ def rollout_row(episode: Mapping[str, Any], evidence: EpisodeEvidence = NO_EVIDE
     last_ran = next((view for view in reversed(views) if view.agent_ran), None)
     failed = bool(status.failure_kind) or masked
     row: dict[str, Any] = {
-        "responses_create_params": last_ran.params() if last_ran else create_params(None, None),
+        "responses_create_params": last_ran.params() if last_ran else create_params(None, None, evidence.sampling),
         "response": last_ran.response(model)
         if last_ran
-        else response_object(model, [], None, epoch(status.finished_at)),
+        else response_object(model, [], None, epoch(status.finished_at), evidence.sampling),
         "reward": status.reward if status.reward is not None else 0.0,
         "mask_sample": masked,
         "failure_kind": status.failure_kind,

@@ -93,7 +93,9 @@ class ModelEndpoint(ApiModel):
     )
     params: dict[str, Any] = Field(
         default_factory=dict,
-        description="Sampling parameters (temperature, top_p, max_tokens, …) for harnesses that take them.",
+        description="Sampling parameters the capture proxy sets on every model call, over what the harness "
+        "sends: temperature, top_p, max_tokens (the length cap, sent as max_output_tokens to a Responses "
+        "endpoint) and any other key of the endpoint's API (seed, top_k, …).",
     )
 
 

@@ -31,8 +31,8 @@ import signal
 import socket
 import time
 import uuid
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -86,6 +86,8 @@ class ProxyConfig:
     read_timeout: float = 300.0
     max_call_seconds: float = 1800.0
     token_ids: bool = False
+    # spec.agent.model.params: set on every model call over what the agent sent (wire.rewrite_request).
+    params: Mapping[str, Any] = field(default_factory=dict)
     fsync: bool = False
     # A request body past this is refused (413). 32 MiB: a 200k-token conversation is about 1 MiB of JSON.
     max_request_bytes: int = 32 * 1024 * 1024
@@ -422,7 +424,7 @@ class Proxy:
         if not isinstance(parsed, dict):
             exchange.keep_request(raw, None)
             return raw
-        sent = rewrite_request(parsed, dialect, token_ids=self.config.token_ids)
+        sent = rewrite_request(parsed, dialect, token_ids=self.config.token_ids, params=self.config.params)
         data = raw if sent == parsed else json.dumps(sent).encode()
         exchange.keep_request(data, sent)
         return data

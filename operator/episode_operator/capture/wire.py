@@ -192,15 +192,40 @@ TOKEN_ID_PARAMS: dict[Dialect, dict[str, Any]] = {
 }
 
 
-def rewrite_request(body: dict[str, Any], dialect: Dialect | None, *, token_ids: bool) -> dict[str, Any]:
+# spec.agent.model.params names a cap on the answer's length as ``max_tokens`` (chat completions'
+# and Messages' name); the Responses API calls it ``max_output_tokens``. Chat completions has a
+# second name for it, which the cap replaces (an endpoint refuses a request with both).
+LENGTH_CAP: dict[Dialect, str] = {"chat": "max_tokens", "messages": "max_tokens", "responses": "max_output_tokens"}
+LENGTH_CAP_NAMES = ("max_tokens", "max_output_tokens", "max_completion_tokens")
+
+
+def sampling_params(params: Mapping[str, Any], dialect: Dialect) -> dict[str, Any]:
+    """``spec.agent.model.params`` as ``dialect`` names them (the length cap under its name there)."""
+    named = {key: value for key, value in params.items() if key not in LENGTH_CAP_NAMES}
+    cap = next((params[name] for name in LENGTH_CAP_NAMES if name in params), None)
+    if cap is not None:
+        named[LENGTH_CAP[dialect]] = cap
+    return named
+
+
+def rewrite_request(
+    body: dict[str, Any], dialect: Dialect | None, *, token_ids: bool, params: Mapping[str, Any] | None = None
+) -> dict[str, Any]:
     """The body sent upstream (and recorded: the record says what the model was really asked).
 
-    With ``token_ids``, a chat completion asks for vLLM's token ids and logprobs. A streamed chat
-    completion asks for its usage (``stream_options.include_usage``, which the OpenAI protocol defines:
-    one last chunk with empty ``choices``) when the client did not say, so token counts are recorded;
-    Responses and Messages streams carry usage already.
+    ``params`` (``spec.agent.model.params``) are set on every model call, over what the harness
+    sent: an eval or a policy's rollouts sample as the Episode says, whatever the harness's defaults
+    (or the agent) ask for. With ``token_ids``, a chat completion asks for vLLM's token ids and
+    logprobs. A streamed chat completion asks for its usage (``stream_options.include_usage``, which
+    the OpenAI protocol defines: one last chunk with empty ``choices``) when the client did not say,
+    so token counts are recorded; Responses and Messages streams carry usage already.
     """
     rewritten = dict(body)
+    if params and dialect is not None:
+        if any(name in params for name in LENGTH_CAP_NAMES):
+            for name in LENGTH_CAP_NAMES:
+                rewritten.pop(name, None)
+        rewritten.update(sampling_params(params, dialect))
     if token_ids and dialect in TOKEN_ID_PARAMS:
         rewritten.update(TOKEN_ID_PARAMS[dialect])
     if dialect == "chat" and rewritten.get("stream") is True and "stream_options" not in rewritten:

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -24,6 +26,16 @@ def listen_address(_context: click.Context, _parameter: click.Parameter, value: 
     if not host or not port.isdigit():
         raise click.BadParameter(f"expected HOST:PORT, got {value!r}")
     return host, int(port)
+
+
+def _params(text: str) -> dict[str, Any]:
+    try:
+        params = json.loads(text)
+    except ValueError as error:
+        raise click.BadParameter(f"not JSON: {error}", param_hint="--params") from error
+    if not isinstance(params, dict):
+        raise click.BadParameter("must be a JSON object", param_hint="--params")
+    return params
 
 
 @click.command("capture-proxy")
@@ -83,6 +95,13 @@ def listen_address(_context: click.Context, _parameter: click.Parameter, value: 
 )
 @click.option("--token-ids", is_flag=True, help="Ask a vLLM upstream for token ids and logprobs (capture.tokenIds).")
 @click.option(
+    "--params",
+    "params_json",
+    default="{}",
+    show_default=True,
+    help="A JSON object set on every model call over what the agent sent (spec.agent.model.params).",
+)
+@click.option(
     "--fsync",
     is_flag=True,
     help="fsync each record before the client sees the call end. Off: an emptyDir dies with its pod, so a "
@@ -98,6 +117,7 @@ def capture_proxy(
     read_timeout: float,
     max_call_seconds: float,
     token_ids: bool,
+    params_json: str,
     fsync: bool,
     max_record_bytes: int,
     max_journal_bytes: int,
@@ -115,6 +135,7 @@ def capture_proxy(
         read_timeout=read_timeout,
         max_call_seconds=max_call_seconds,
         token_ids=token_ids,
+        params=_params(params_json),
         fsync=fsync,
         max_record_bytes=max_record_bytes,
         max_journal_bytes=max_journal_bytes,

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import json
 import math
 import posixpath
 import re
@@ -490,6 +491,8 @@ def _capture_container(capture: Capture, images: AgentImages, spec: EpisodeSpec)
     ]
     if capture.token_ids:
         args.append("--token-ids")
+    if capture.params:
+        args += ["--params", json.dumps(dict(capture.params), sort_keys=True, separators=(",", ":"))]
     container: dict[str, Any] = {
         "name": CAPTURE_CONTAINER,
         "image": images.capture,

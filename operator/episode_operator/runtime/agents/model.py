@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Final
+from typing import Any, Final
 
 from episode_operator.api.models import ModelEndpoint, SecretKeyRef
 from episode_operator.capture.store import MAX_JOURNAL_BYTES, MAX_RECORD_BYTES
@@ -73,6 +73,8 @@ class Capture:
     token_ids: bool
     upstream_addresses: tuple[str, ...] = ()
     bounds: CaptureBounds = field(default_factory=CaptureBounds)
+    # spec.agent.model.params, which the proxy sets on every call (capture/wire.py, rewrite_request).
+    params: Mapping[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -84,7 +86,9 @@ class SandboxNeeds:
 
 
 def capture_of(model: ModelEndpoint | None, *, token_ids: bool) -> Capture | None:
-    return Capture(model.base_url, model.api_key_secret_ref, token_ids) if model is not None else None
+    if model is None:
+        return None
+    return Capture(model.base_url, model.api_key_secret_ref, token_ids, params=dict(model.params))
 
 
 def proxied_base_url(model: ModelEndpoint) -> str:
