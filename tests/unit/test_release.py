@@ -28,8 +28,8 @@ WORKFLOW = REPO / ".github" / "workflows" / "release.yml"
 CHECK_JSONSCHEMA = Path(sys.executable).parent / "check-jsonschema"
 
 
-def load_script(name: str) -> ModuleType:
-    loader = SourceFileLoader(f"hack_{name}", str(REPO / "hack" / name))
+def load_script(name: str, root: Path = REPO) -> ModuleType:
+    loader = SourceFileLoader(f"hack_{name}", str(root / "hack" / name))
     spec = importlib.util.spec_from_loader(f"hack_{name}", loader)
     assert spec is not None
     module = importlib.util.module_from_spec(spec)

@@ -1,0 +1,31 @@
+"""hack/cluster's image cache: an image is rebuilt when what it is built from changes, and only then."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+from tests.conftest import REPO
+from tests.unit.test_release import load_script
+
+
+def keys(cluster: object) -> dict[str, str]:
+    specs = [*cluster.IMAGES.values(), *cluster.toolchain_image_specs()]  # type: ignore[attr-defined]
+    return {spec.name: spec.key() for spec in specs}
+
+
+def test_a_checkout_elsewhere_reuses_the_image_cache(tmp_path: Path) -> None:
+    """The same files in another checkout (a worktree, a CI clone) give the same cache keys; a changed
+    input changes its image's key alone. (A key of the inputs' absolute paths rebuilt every
+    toolchain, minutes each, in every other checkout.)"""
+    here = keys(load_script("cluster"))
+    elsewhere = tmp_path / "checkout"
+    shutil.copytree(REPO / "hack", elsewhere / "hack")
+    moved = keys(load_script("cluster", root=elsewhere))
+    assert moved == here
+    lock = next((elsewhere / "hack" / "toolchains").glob("mini-swe-agent-*.txt"))
+    lock.write_text(lock.read_text() + "# changed\n")
+    changed = keys(load_script("cluster", root=elsewhere))
+    assert {name for name in here if changed[name] != here[name]} == {
+        name for name in here if "toolchain-mini-swe-agent" in name
+    }
