@@ -857,7 +857,7 @@ MUTATIONS = [
     Mutation(
         "agent-outage-never-scored",
         EPISODE,
-        '        if self.config.agent_outages != "score" or outage.kind not in AGENT_CAUSABLE_OUTAGES:',
+        '        if self.config.retries.agent_outages != "score" or outage.kind not in AGENT_CAUSABLE_OUTAGES:',
         "        if True:",
         "spec.retries.agentOutages: score is ignored: an agent that breaks its sandbox buys a retry",
     ),

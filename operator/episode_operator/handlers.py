@@ -70,6 +70,7 @@ from episode_operator.runtime.metrics import Metrics
 from episode_operator.runtime.server import serve
 from episode_operator.runtime.slots import FifoSlots
 from episode_operator.runtime.store import StoreSettings
+from episode_operator.runtime.timing import DEFAULT_TIMING, Timing
 from episode_operator.runtime.wakeups import Wakeups
 from episode_operator.taskfolder.images import ImageMirrors
 
@@ -87,8 +88,8 @@ class OperatorOptions:
     namespaces: tuple[str, ...] = ()
     data_dir: Path = Path("/var/lib/episode-operator/data")
     kubeconfig: str | None = None
-    pull_grace_sec: float = 120.0
-    poll_interval_sec: float = 30.0
+    # How long pulls, unschedulable pods and job polls are waited for (--pull-grace, --poll-interval, …).
+    timing: Timing = DEFAULT_TIMING
     liveness_endpoint: str | None = None
     metrics_host: str = "0.0.0.0"
     metrics_port: int | None = 8080
@@ -105,7 +106,6 @@ class OperatorOptions:
     replicas: ReplicaSettings = field(default_factory=ReplicaSettings)
     # In-cluster builds (--build-registry …); None: a Dockerfile replay cannot apply is refused.
     builds: BuildSettings | None = None
-    unschedulable_timeout_sec: float = 3600.0
     # How much of [environment]'s limits sandbox pods request (--cpu-request-fraction).
     sandbox_requests: SandboxRequests = field(default_factory=SandboxRequests)
     capture_image: str | None = None
@@ -220,8 +220,7 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: ko
     memo.pod_wakeups = Wakeups()
     memo.settings = DriverSettings(
         store=memo.store,
-        pull_grace_sec=options.pull_grace_sec,
-        poll_interval_sec=options.poll_interval_sec,
+        timing=options.timing,
         extra_pod_labels={
             **options.extra_pod_labels,
             **({ROUTE_LABEL: memo.replicas.route} if memo.replicas.route is not None else {}),
@@ -236,7 +235,6 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: ko
             if options.builds is not None
             else None
         ),
-        unschedulable_timeout_sec=options.unschedulable_timeout_sec,
         limits=options.limits,
     )
 

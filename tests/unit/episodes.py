@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from episode_operator.api.models import AgentOutages, AgentSpec, EpisodeStatus
+from episode_operator.api.models import AgentOutages, AgentSpec, EpisodeStatus, RetryPolicy
 from episode_operator.runtime.episode import EpisodeConfig, EpisodeRunner
 from episode_operator.taskfolder import TaskFiles, load_task, resolve_plan
 from tests.unit.fake_sandbox import FakeProvider, FakeSink, MemoryStore, World
@@ -39,10 +39,9 @@ def run(
         files=files,
         agent=AgentSpec.model_validate(agent or {"kind": "oracle"}),
         digest=files.digest(),
-        outage_retries=retries,
+        retries=RetryPolicy(outages=retries, agentOutages=agent_outages),
         keep_pods_on_failure=keep_pods,
         agent_env=agent_env or {},
-        agent_outages=agent_outages,
         limits=world.limits,
     )
     runner = EpisodeRunner(

@@ -470,3 +470,16 @@ def main_command_params(flags: list[str]) -> dict[str, Any]:
 
     params: dict[str, Any] = main.commands["run"].make_context("run", flags).params
     return params
+
+
+def test_the_charts_default_timing_is_the_operators() -> None:
+    """values.yaml restates --pull-grace and --unschedulable-timeout; both must be runtime/timing.py's defaults,
+    or a Helm install and `episode-operator run` wait differently."""
+    from episode_operator.runtime.timing import DEFAULT_TIMING
+
+    (deployment,) = find(render(), "Deployment")
+    args = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
+    timing_flags = [arg for arg in args if arg.startswith(("--pull-grace", "--unschedulable", "--poll"))]
+    options = main_command_params(timing_flags)
+    timed = {name: options[name] for name in ("pull_grace_sec", "poll_interval_sec", "unschedulable_timeout_sec")}
+    assert timed == {name: getattr(DEFAULT_TIMING, name) for name in timed}

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from episode_operator.api.models import AgentSpec, EpisodeStatus
+from episode_operator.api.models import AgentSpec, EpisodeStatus, RetryPolicy
 from episode_operator.runtime.episode import EpisodeConfig, EpisodeRunner
 from episode_operator.runtime.store import EpisodeBlobs, KeptLog
 from episode_operator.runtime.store import kept_logs as store_logs
@@ -50,7 +50,7 @@ def run(
         files=files,
         agent=AgentSpec.model_validate(agent or {"kind": "oracle"}),
         digest=files.digest(),
-        outage_retries=0,
+        retries=RetryPolicy(outages=0),
     )
     runner = EpisodeRunner(config, LocalProvider(pods, plan.main_env), FakeSink(), store)
     return asyncio.run(runner.run(None))

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from episode_operator.api.models import EpisodeSpec, EpisodeStatus
+from episode_operator.api.models import EpisodeSpec, EpisodeStatus, RetryPolicy
 from episode_operator.api.vocabulary import PODS_READY, SeedStage
 from episode_operator.runtime import episode as episode_module
 from episode_operator.runtime.admission import Admission, admit_task
@@ -136,7 +136,7 @@ def run(
         files=files,
         agent=admission.spec.agent,
         digest=admission.digest,
-        outage_retries=retries,
+        retries=RetryPolicy(outages=retries),
         images=admission.images,
     )
     runner = EpisodeRunner(

@@ -18,6 +18,7 @@ from episode_operator.kube.objects.pods import AgentImages
 from episode_operator.kube.upstream import ServiceName, Unresolvable, pin_upstream, service_of
 from episode_operator.runtime.agents.model import CAPTURE_CONTAINER, CaptureBounds
 from episode_operator.runtime.store import BlobStore
+from episode_operator.runtime.timing import Timing
 from tests.unit.folders import single_step
 
 
@@ -209,7 +210,7 @@ def test_the_agent_pods_proxy_gets_the_address_the_driver_pinned() -> None:
         store=BlobStore.memory(),
         agent_images=AgentImages(capture="operator:9"),
         resolve_host=Resolver(),
-        backoff_base_sec=0,
+        timing=Timing(backoff_base_sec=0),
         capture_bounds=CaptureBounds(max_journal_bytes=4096),
     )
     asyncio.run(drive_episode(client, body, settings, logging.getLogger("test")))  # type: ignore[arg-type]

@@ -7,6 +7,7 @@ import os
 import re
 import sys
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -17,6 +18,7 @@ from episode_operator.capture.store import MAX_JOURNAL_BYTES, MAX_RECORD_BYTES
 from episode_operator.cli.capture import COMMANDS as CAPTURE_COMMANDS
 from episode_operator.runtime.allocator import release_free_memory_every, tune_allocator
 from episode_operator.runtime.limits import LIMIT_FLAGS, OutputLimits, format_size, parse_size
+from episode_operator.runtime.timing import DEFAULT_TIMING
 from episode_operator.taskfolder.images import ImageMirrors, InvalidImageReference
 
 RELEASE_INTERVAL_SEC = 30.0
@@ -139,7 +141,7 @@ def main() -> None:
     "--pull-grace",
     "pull_grace_sec",
     type=float,
-    default=120.0,
+    default=DEFAULT_TIMING.pull_grace_sec,
     show_default=True,
     help="Seconds an image may fail to pull before the attempt counts as an outage.",
 )
@@ -147,7 +149,7 @@ def main() -> None:
     "--poll-interval",
     "poll_interval_sec",
     type=float,
-    default=30.0,
+    default=DEFAULT_TIMING.poll_interval_sec,
     show_default=True,
     help="Longest single wait for a job (a bounded long poll).",
 )
@@ -311,7 +313,7 @@ def main() -> None:
     "--unschedulable-timeout",
     "unschedulable_timeout_sec",
     type=click.FloatRange(min=0, min_open=True),
-    default=3600.0,
+    default=DEFAULT_TIMING.unschedulable_timeout_sec,
     show_default=True,
     help="Seconds a sandbox pod the scheduler cannot place is waited for before the attempt counts as an outage.",
 )
@@ -412,8 +414,12 @@ def run(
             namespaces=namespaces,
             data_dir=data_dir,
             kubeconfig=kubeconfig,
-            pull_grace_sec=pull_grace_sec,
-            poll_interval_sec=poll_interval_sec,
+            timing=replace(
+                DEFAULT_TIMING,
+                pull_grace_sec=pull_grace_sec,
+                poll_interval_sec=poll_interval_sec,
+                unschedulable_timeout_sec=unschedulable_timeout_sec,
+            ),
             liveness_endpoint=liveness_endpoint,
             metrics_port=metrics_port or None,
             data_api_port=data_api_port or None,
@@ -432,7 +438,6 @@ def run(
             ),
             toolchain_repository=toolchain_repository,
             builds=builds,
-            unschedulable_timeout_sec=unschedulable_timeout_sec,
             sandbox_requests=sandbox_requests,
             limits=OutputLimits(**limits),
         )

@@ -47,6 +47,7 @@ from episode_operator.runtime.fencing import FencedProvider
 from episode_operator.runtime.images import ImagePolicy
 from episode_operator.runtime.limits import OutputLimits
 from episode_operator.runtime.store import BlobStore
+from episode_operator.runtime.timing import DEFAULT_TIMING, Timing
 from episode_operator.runtime.wakeups import Wakeups
 from episode_operator.taskfolder import TaskFiles
 from episode_operator.taskfolder.compose import binds_of, bound_archive
@@ -59,10 +60,8 @@ class DriverSettings:
 
     # Where logs and artifacts are kept (runtime/store.py): the data directory or a bucket.
     store: BlobStore
-    pull_grace_sec: float = 120.0
-    poll_interval_sec: float = 30.0
-    source_wait_sec: float = 30.0
-    backoff_base_sec: float = 5.0
+    # How long pulls, unschedulable pods, missing task sources and job polls are waited for.
+    timing: Timing = DEFAULT_TIMING
     extra_pod_labels: Mapping[str, str] = field(default_factory=dict)
     # Woken by the pod watch (handlers.py): a starting pod is read when it changes.
     pod_wakeups: Wakeups | None = None
@@ -78,8 +77,6 @@ class DriverSettings:
     capture_bounds: CaptureBounds = field(default_factory=CaptureBounds)
     # How a model endpoint's hostname that is no Service is resolved (kube/upstream.py).
     resolve_host: HostResolver = system_resolver
-    # How long a pod the scheduler cannot place is waited for (--unschedulable-timeout).
-    unschedulable_timeout_sec: float = 3600.0
     # What a sandbox's answers and a turn's artifacts may hold (--answer-limit …: runtime/limits.py).
     limits: OutputLimits = field(default_factory=OutputLimits)
 
@@ -124,7 +121,7 @@ async def drive_episode(
     if isinstance(spec, Refusal):
         return await _refuse(sink, status, spec, generation)
     try:
-        files = await read_task_files(client, episode.namespace, spec.task, settings.source_wait_sec)
+        files = await read_task_files(client, episode.namespace, spec.task, settings.timing.source_wait_sec)
     except TaskSourceError as error:
         return await _refuse(sink, status, Refusal(FAILURE_TASK_SOURCE, str(error)), generation)
     # Validation, planning and the digest read every byte of the folder: off the event loop.
@@ -161,8 +158,7 @@ async def drive_episode(
         admission.main_env,
         extra_labels=labels,
         bound_files=bound_archive(files, binds) if binds else None,
-        pull_grace_sec=settings.pull_grace_sec,
-        unschedulable_timeout_sec=settings.unschedulable_timeout_sec,
+        timing=settings.timing,
         wakeups=settings.pod_wakeups,
         needs=needs,
         images=settings.agent_images,
@@ -175,11 +171,9 @@ async def drive_episode(
         agent=spec.agent,
         digest=admission.digest,
         task_name=admission.task_name,
-        outage_retries=spec.retries.outages,
-        agent_outages=spec.retries.agent_outages,
+        retries=spec.retries,
         keep_pods_on_failure=spec.debug.keep_pods,
-        poll_interval_sec=settings.poll_interval_sec,
-        backoff_base_sec=settings.backoff_base_sec,
+        timing=settings.timing,
         generation=generation,
         images=admission.images,
         agent_env=agent_env.values,

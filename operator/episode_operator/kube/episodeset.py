@@ -48,6 +48,7 @@ from episode_operator.kube.objects.pods import OwnerRef
 from episode_operator.kube.replicas import Claim
 from episode_operator.kube.status import record_event
 from episode_operator.runtime.evaluation import definition_digest, plan_set
+from episode_operator.runtime.timing import DEFAULT_TIMING
 from episode_operator.runtime.wakeups import nap
 
 MESSAGE_LIMIT = 2000
@@ -57,7 +58,7 @@ MESSAGE_LIMIT = 2000
 class SetSettings:
     """How the set loop paces itself."""
 
-    source_wait_sec: float = 30.0  # how long a missing ConfigMap is waited for (GitOps applies in any order)
+    source_wait_sec: float = DEFAULT_TIMING.source_wait_sec
     resync_sec: float = 30.0
     debounce_sec: float = 0.05  # coalesce a burst of child changes into one pass
     error_backoff_sec: float = 5.0

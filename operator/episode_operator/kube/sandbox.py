@@ -57,6 +57,7 @@ from episode_operator.runtime.sandbox import (
     Waiting,
     WaitingReport,
 )
+from episode_operator.runtime.timing import DEFAULT_TIMING, Timing
 from episode_operator.runtime.turn.context import SANDBOX_LAYOUT
 from episode_operator.runtime.wakeups import Wakeups, nap
 from episode_operator.taskfolder import EpisodePlan
@@ -279,9 +280,8 @@ class KubeProvider:
     sandbox_requests: SandboxRequests = field(default_factory=SandboxRequests)
     # The files the task's compose binds name (compose.bound_archive), brought into the agent pod by a ConfigMap.
     bound_files: bytes | None = None
-    pull_grace_sec: float = 120.0
-    # How long a pod the scheduler cannot place is waited for (other Episodes' pods free capacity).
-    unschedulable_timeout_sec: float = 3600.0
+    # How long an image may fail to pull and a pod wait for the scheduler before the attempt is an outage.
+    timing: Timing = DEFAULT_TIMING
     # A pod that waits this long without saying why is asked for its Events (and again as often).
     events_after_sec: float = 5.0
     # Woken when a pod of the episode changes (the operator's pod watch): a starting pod is
@@ -517,15 +517,15 @@ class KubeProvider:
             if verdict.unscheduled:
                 unscheduled_since = unscheduled_since if unscheduled_since is not None else now
                 started = now  # the start bound counts from the pod's placement
-                if now - unscheduled_since > self.unschedulable_timeout_sec:
+                if now - unscheduled_since > self.timing.unschedulable_timeout_sec:
                     raise SandboxError(
-                        f"pod {name} could not be scheduled for {self.unschedulable_timeout_sec:.0f} s: "
+                        f"pod {name} could not be scheduled for {self.timing.unschedulable_timeout_sec:.0f} s: "
                         f"{verdict.message.removeprefix('not scheduled: ')}",
                         kind="unschedulable",
                     )
             if verdict.waiting in PULL_WAITING | CONFIG_WAITING:
                 pulling_since = pulling_since if pulling_since is not None else now
-                if now - pulling_since > self.pull_grace_sec:
+                if now - pulling_since > self.timing.pull_grace_sec:
                     waited: OutageKind = "image_pull" if verdict.waiting in PULL_WAITING else "container_config"
                     raise SandboxError(f"pod {name}: {verdict.message}", kind=waited)
             else:

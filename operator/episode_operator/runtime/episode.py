@@ -31,12 +31,12 @@ from dataclasses import dataclass, field, replace
 from typing import Protocol
 
 from episode_operator.api.models import (
-    AgentOutages,
     AgentSpec,
     AttemptStatus,
     EpisodeStatus,
     PodRecord,
     PodRole,
+    RetryPolicy,
     TaskStatus,
     TurnStatus,
 )
@@ -81,6 +81,7 @@ from episode_operator.runtime.sandbox import (
 )
 from episode_operator.runtime.seed import SEED, ReplayProblem, replay_in, seed_passed, seed_resumes_at, seed_work
 from episode_operator.runtime.store import SEED_LOGS, EpisodeStore
+from episode_operator.runtime.timing import DEFAULT_TIMING, KILL_AFTER_SEC, Timing
 from episode_operator.runtime.turn.context import TurnRun
 from episode_operator.runtime.turn.failures import (
     Call,
@@ -102,7 +103,6 @@ from episode_operator.taskfolder.plan import NetworkPolicy, baseline_policy
 from episode_operator.taskfolder.rewards import TurnScore, roll_up
 
 # Past a job's own bound the supervisor kills it; this margin only covers the kill itself.
-KILL_AFTER_SEC = 5.0
 # An episode whose config names no images runs a prebuilt image in every sandbox.
 PREBUILT = ImagePlan(SandboxImage("", "prebuilt"), ())
 # A condition reason is CamelCase letters, digits, '_', ',' and ':' (metav1.Condition).
@@ -152,13 +152,11 @@ class EpisodeConfig:
     agent: AgentSpec
     digest: str
     task_name: str | None = None
-    outage_retries: int = 2
-    # An agent-causable outage after an agent acted: retried (Gym) or scored a measured 0 (RL).
-    agent_outages: AgentOutages = "retry"
+    # spec.retries: how many fresh attempts outages get, and whether an agent-causable outage after an
+    # agent acted is retried (Gym) or scored a measured 0 (RL).
+    retries: RetryPolicy = field(default_factory=RetryPolicy)
     keep_pods_on_failure: bool = False
-    poll_interval_sec: float = 30.0
-    backoff_base_sec: float = 5.0
-    backoff_max_sec: float = 120.0
+    timing: Timing = DEFAULT_TIMING
     # What a sandbox's answers and a turn's artifacts may hold (runtime/limits.py); the log tail among them.
     limits: OutputLimits = field(default_factory=OutputLimits)
     generation: int | None = None
@@ -415,21 +413,19 @@ class EpisodeRunner:
         attempt.finished_at = timestamp(self.clock())
         await self.event("Outage", f"attempt {attempt.number}: {attempt.reason}", warning=True)
         await self._release_all(keep=False)
-        if attempt.number > self.config.outage_retries:
+        if attempt.number > self.config.retries.outages:
             await self._end(
                 "Ungraded",
                 outage_failure_kind(outage.kind),
                 f"{attempt.number} attempt(s) failed; last: {attempt.reason}",
             )
             return
-        await self._next_attempt(
-            min(self.config.backoff_base_sec * 2 ** (attempt.number - 1), self.config.backoff_max_sec)
-        )
+        await self._next_attempt(self.config.timing.backoff_sec(attempt.number))
 
     def _agent_broke_the_sandbox(self, outage: Outage) -> bool:
         """Whether ``outage`` is scored, not retried: spec.retries.agentOutages says score, the kind is one
         an agent can cause, and an agent acted in the attempt (a turn reached its agent stage)."""
-        if self.config.agent_outages != "score" or outage.kind not in AGENT_CAUSABLE_OUTAGES:
+        if self.config.retries.agent_outages != "score" or outage.kind not in AGENT_CAUSABLE_OUTAGES:
             return False
         order = list(TURN)
         return any(
@@ -643,13 +639,12 @@ class EpisodeRunner:
         if spec.tail == 0:
             spec = replace(spec, tail=self.config.limits.log_bytes)
         try:
-            state = await sandbox.start_job(
-                spec, wait_sec=min(spec.timeout_sec + KILL_AFTER_SEC, self.config.poll_interval_sec), upload=upload
-            )
+            first_wait = min(spec.timeout_sec + KILL_AFTER_SEC, self.config.timing.poll_interval_sec)
+            state = await sandbox.start_job(spec, wait_sec=first_wait, upload=upload)
             while not state.done:
                 if state.phase == "unknown":
                     raise Outage("lost_job", f"job {spec.id} vanished from the sandbox")
-                state = await sandbox.wait_job(spec, max_wait_sec=self.config.poll_interval_sec)
+                state = await sandbox.wait_job(spec, max_wait_sec=self.config.timing.poll_interval_sec)
         except SandboxError as error:
             raise sandbox_lost(error) from error
         self._check_deadline()
@@ -731,7 +726,7 @@ class EpisodeRunner:
             budget_sec=budget_sec,
             turn=turn,
             log_name=log_name,
-            poll_interval_sec=self.config.poll_interval_sec,
+            poll_interval_sec=self.config.timing.poll_interval_sec,
         )
 
     def replayed(self, ready: ReplayReady) -> None:

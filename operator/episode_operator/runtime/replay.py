@@ -60,6 +60,7 @@ from episode_operator.runtime.sandbox import (
 )
 from episode_operator.runtime.store import EpisodeStore
 from episode_operator.runtime.supervisor import SUPERVISOR_DIR
+from episode_operator.runtime.timing import DEFAULT_TIMING
 from episode_operator.taskfolder.errors import Problem
 from episode_operator.taskfolder.models import EnvironmentConfig
 from episode_operator.taskfolder.replay import (
@@ -110,7 +111,7 @@ class ReplayConfig:
     container: str = MAIN_CONTAINER
     turn: str = "seed"
     log_name: str = "replay"
-    poll_interval_sec: float = 30.0
+    poll_interval_sec: float = DEFAULT_TIMING.poll_interval_sec
     tail_bytes: int = 64 * 1024
 
 

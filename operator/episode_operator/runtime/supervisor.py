@@ -78,12 +78,10 @@ from episode_operator.runtime.limits import (
     bound_name,
 )
 from episode_operator.runtime.sandbox import ArchiveFile, FileContent, JobPhase, JobSpec, JobState, Upload
+from episode_operator.runtime.timing import KILL_AFTER_SEC
 
 SUPERVISOR_DIR = "/episode-operator"
 SUPERVISOR_PATH = f"{SUPERVISOR_DIR}/supervisor.sh"
-
-#: Seconds between TERM and KILL when a job runs out of time (``timeout -k``).
-DEFAULT_KILL_AFTER_SEC = 5.0
 
 #: Above this many bytes of arguments a command sends them on stdin: exec arguments travel
 #: in the request URL, which API servers and proxies bound.
@@ -210,7 +208,7 @@ def start(
     spec: JobSpec,
     *,
     wait_sec: float = 0.0,
-    kill_after_sec: float = DEFAULT_KILL_AFTER_SEC,
+    kill_after_sec: float = KILL_AFTER_SEC,
     upload: Upload | None = None,
     limits: OutputLimits = DEFAULT_LIMITS,
 ) -> Command:
@@ -855,7 +853,6 @@ def _excerpt(stdout: bytes, limit: int = 200) -> str:
 
 __all__ = [
     "ARGV_STDIN_THRESHOLD",
-    "DEFAULT_KILL_AFTER_SEC",
     "SUPERVISOR_DIR",
     "SUPERVISOR_PATH",
     "Command",
