@@ -28,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from episode_operator.cli.operator_main import main
 from episode_operator.kube import driver
 from episode_operator.runtime.sandbox import MAIN_CONTAINER, FileContent, JobSpec, JobState, Upload
-from episode_operator.runtime.turn.context import REWARD_TXT
+from episode_operator.runtime.turn.context import REWARD_TXT_PATH
 
 TURN_SEC = float(os.environ.get("BENCH_TURN_SEC", "60"))
 TIMELINE = Path(os.environ.get("BENCH_TIMELINE", "/dev/null"))
@@ -52,7 +52,7 @@ class FakeSandbox:
         started, ends = self.jobs[spec.id]
         if time.time() < ends:
             return JobState(spec.id, "running", started_at=started)
-        files = {path: FileContent(b"1\n" if path == REWARD_TXT else None, ends - 0.5) for path in spec.read_after}
+        files = {path: FileContent(b"1\n" if path == REWARD_TXT_PATH else None, ends - 0.5) for path in spec.read_after}
         archive = EMPTY_TAR.getvalue() if spec.download_after is not None else None
         return JobState(
             spec.id, "exited", 0, started_at=started, finished_at=ends, output=b"", files=files, archive=archive

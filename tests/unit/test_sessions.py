@@ -22,7 +22,7 @@ from episode_operator.runtime import supervisor
 from episode_operator.runtime.archive import text_tar
 from episode_operator.runtime.limits import Spool
 from episode_operator.runtime.sandbox import ArchiveFile, JobSpec, SandboxError, Upload
-from episode_operator.runtime.turn.context import REWARD_TXT
+from episode_operator.runtime.turn.context import REWARD_TXT_PATH
 from tests.unit.local_sandbox import LocalPods
 
 #: The state of job x now (a wait of 0 s): a verb without stdin.
@@ -60,9 +60,9 @@ def test_a_sandboxs_calls_share_one_exec(pods: LocalPods) -> None:
         for turn in range(3):
             upload = Upload(tests, "/tests", clear=("/tests/", "/logs/verifier/"))
             state = await sandbox.start_job(
-                spec(f"t{turn}", "bash /tests/test.sh", read_after=(REWARD_TXT,)), wait_sec=10, upload=upload
+                spec(f"t{turn}", "bash /tests/test.sh", read_after=(REWARD_TXT_PATH,)), wait_sec=10, upload=upload
             )
-            assert state.succeeded and state.files is not None and state.files[REWARD_TXT].data == b"0.75\n"
+            assert state.succeeded and state.files is not None and state.files[REWARD_TXT_PATH].data == b"0.75\n"
         assert await sandbox.read_files(["/tests/test.sh"]) == await sandbox.read_files(["/tests/test.sh"])
         assert pods.execs == 2 and sandbox.sessions["main"].calls == 5
         await sandbox.close()

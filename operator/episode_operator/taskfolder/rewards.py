@@ -16,8 +16,8 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 REWARD_KEY = "reward"
-REWARD_JSON = "reward.json"
-REWARD_TXT = "reward.txt"
+REWARD_JSON_NAME = "reward.json"
+REWARD_TXT_NAME = "reward.txt"
 # One decimal number in ASCII: what float() takes minus nan, inf, underscores, hex and the
 # digits of other scripts ("١", "１"), which float() reads but no verifier means to write.
 NUMBER = re.compile(r"[+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]+)?")
@@ -52,15 +52,15 @@ def parse_reward_files(reward_json: bytes | None, reward_txt: bytes | None) -> R
     """
     if reward_json is not None:
         try:
-            return RewardFile(_parse_json(reward_json), REWARD_JSON)
+            return RewardFile(_parse_json(reward_json), REWARD_JSON_NAME)
         except _Invalid as error:
-            return RewardFile(None, REWARD_JSON, f"{REWARD_JSON}: {error}")
+            return RewardFile(None, REWARD_JSON_NAME, f"{REWARD_JSON_NAME}: {error}")
     if reward_txt is not None:
         try:
-            return RewardFile({REWARD_KEY: _parse_txt(reward_txt)}, REWARD_TXT)
+            return RewardFile({REWARD_KEY: _parse_txt(reward_txt)}, REWARD_TXT_NAME)
         except _Invalid as error:
-            return RewardFile(None, REWARD_TXT, f"{REWARD_TXT}: {error}")
-    return RewardFile(None, None, f"the verifier wrote neither {REWARD_JSON} nor {REWARD_TXT}")
+            return RewardFile(None, REWARD_TXT_NAME, f"{REWARD_TXT_NAME}: {error}")
+    return RewardFile(None, None, f"the verifier wrote neither {REWARD_JSON_NAME} nor {REWARD_TXT_NAME}")
 
 
 def _text(data: bytes) -> str:

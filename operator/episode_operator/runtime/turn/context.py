@@ -21,12 +21,14 @@ from episode_operator.runtime.store import EpisodeStore
 from episode_operator.taskfolder import EpisodePlan, TaskFiles, TurnPlan
 from episode_operator.taskfolder.models import Healthcheck
 from episode_operator.taskfolder.plan import CONVENTION_ARTIFACTS, NetworkPolicy
+from episode_operator.taskfolder.rewards import REWARD_JSON_NAME, REWARD_TXT_NAME
 
 # Fixed paths in the sandbox (docs/task-format.md §1.4).
 LOGS_AGENT = "/logs/agent"
 LOGS_VERIFIER = "/logs/verifier"
-REWARD_JSON = f"{LOGS_VERIFIER}/reward.json"
-REWARD_TXT = f"{LOGS_VERIFIER}/reward.txt"
+# Where the verifier writes them in the sandbox (their names and how they are read: taskfolder/rewards.py).
+REWARD_JSON_PATH = f"{LOGS_VERIFIER}/{REWARD_JSON_NAME}"
+REWARD_TXT_PATH = f"{LOGS_VERIFIER}/{REWARD_TXT_NAME}"
 TEST_STDOUT = f"{LOGS_VERIFIER}/test-stdout.txt"
 TESTS = "/tests"
 SOLUTION = "/solution"

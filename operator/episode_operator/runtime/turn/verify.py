@@ -25,8 +25,8 @@ from episode_operator.runtime.sandbox import JOB_USER, JobSpec, Upload, sealed
 from episode_operator.runtime.turn.context import (
     GRADING_FILES,
     LOGS_VERIFIER,
-    REWARD_JSON,
-    REWARD_TXT,
+    REWARD_JSON_PATH,
+    REWARD_TXT_PATH,
     TEST_STDOUT,
     TESTS,
     TurnRun,
@@ -78,7 +78,7 @@ async def verify(turn: TurnRun) -> None:
         user=plan.verifier.user,
         env=plan.verifier.env,
         output=TEST_STDOUT,
-        read_after=(REWARD_JSON, REWARD_TXT),
+        read_after=(REWARD_JSON_PATH, REWARD_TXT_PATH),
     )
     # A separate verifier's /tests was sealed by verify-prepare, before its artifacts arrived.
     folders = (SEALED_REWARDS,) if turn.separate else (SEALED_TESTS, SEALED_REWARDS)
@@ -91,7 +91,7 @@ async def verify(turn: TurnRun) -> None:
     files = state.files
     if files is None:  # a job that ended before this runner asked for its files
         with sandbox_call(Call.READ_REWARD):
-            files = await sandbox.read_files([REWARD_JSON, REWARD_TXT])
+            files = await sandbox.read_files([REWARD_JSON_PATH, REWARD_TXT_PATH])
     tampered = [
         path
         for path, content in files.items()
@@ -115,7 +115,7 @@ async def verify(turn: TurnRun) -> None:
             warning=True,
         )
         return
-    result = parse_reward_files(files[REWARD_JSON].data, files[REWARD_TXT].data)
+    result = parse_reward_files(files[REWARD_JSON_PATH].data, files[REWARD_TXT_PATH].data)
     if result.rewards is None:
         timed_out = " (the verifier timed out)" if state.timed_out else ""
         await record_score(turn, TurnScore(valid=False), None, f"no valid reward file{timed_out}: {result.error}")
