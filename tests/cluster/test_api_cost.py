@@ -90,9 +90,10 @@ def test_the_status_writes_and_events_are_all_an_episode_sends_besides_its_sandb
     monkeypatch.setattr(driver, "KubeProvider", lambda *_, **__: FakeProvider(World()))
     files = two_steps("write answer {number}\n", "check answer {number}\n")  # the in-memory sandbox's scripts
     counted = drive(kubeconfig, api_client, quiet_namespace, files, tmp_path)
-    # Per episode: running, pod placed, ready, terminal; per turn: its start and its agent stage.
+    # Per episode: running, pod placed, ready, the ending (outcome and reward while the pods are still
+    # there, runtime/episode.py's _end), terminal; per turn: its start and its agent stage.
     # Events: TurnStarted and TurnFinished per turn, EpisodeFinished.
-    assert counted == {"PATCH episodes/status": 4 + 2 * len(STEPS), "POST events": 2 * len(STEPS) + 1}
+    assert counted == {"PATCH episodes/status": 5 + 2 * len(STEPS), "POST events": 2 * len(STEPS) + 1}
     one_each = [("EpisodeFinished", 1), *[("TurnFinished", 1)] * len(STEPS), *[("TurnStarted", 1)] * len(STEPS)]
     assert events_of(core, quiet_namespace) == one_each
     assert read_episode(api_client, quiet_namespace, "counted")["status"]["phase"] == "Succeeded"
@@ -121,7 +122,7 @@ def test_a_real_pod_episode_makes_one_call_per_job_on_one_session_and_nothing_el
         "POST pods": 1,  # the agent pod, after one read found none (counted above)
         # The supervisor's placement, then the session that carries every call after it.
         "GET pods/exec": 2,
-        "PATCH episodes/status": 4 + 2 * len(STEPS),
+        "PATCH episodes/status": 5 + 2 * len(STEPS),
         "POST events": 2 * len(STEPS) + 1,
         "LIST pods": 1,  # releasing the episode's pods
         "DELETE pods": 1,

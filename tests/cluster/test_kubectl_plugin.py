@@ -18,6 +18,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -183,13 +184,12 @@ def test_get_watch_prints_each_change_as_json(
         first = read_until(stream, lambda line: line == "}", "ending the held Episode's object")
         assert json.loads("\n".join(first))["metadata"]["name"] == held
         name = plugin("run", str(EXAMPLES / "hello")).stdout.split()[0].removeprefix("episode/")
-        seen: list[str] = []
-        while not any('"phase": "Succeeded"' in line for line in seen):
-            seen += read_until(stream, lambda line: line == "}", "ending an object")
-    decoder, objects, position, text = json.JSONDecoder(), [], 0, "\n".join(seen)
-    while position < len(text):
-        obj, position = decoder.raw_decode(text, position)
-        objects.append(obj)
-        position += 1
+        # Object by object until the new Episode's own phase is Succeeded: its status says "Succeeded"
+        # elsewhere first (the ending, outcome and all, is written before the phase).
+        objects: list[dict[str, Any]] = []
+        while not any(
+            obj["metadata"]["name"] == name and (obj.get("status") or {}).get("phase") == "Succeeded" for obj in objects
+        ):
+            objects.append(json.loads("\n".join(read_until(stream, lambda line: line == "}", "ending an object"))))
     phases = [(obj.get("status") or {}).get("phase") for obj in objects if obj["metadata"]["name"] == name]
     assert phases[0] is None and "Running" in phases and phases[-1] == "Succeeded", phases

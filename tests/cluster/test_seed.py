@@ -148,6 +148,26 @@ def capacity_operator(
         yield operator
 
 
+def cpu_holders(core: client.CoreV1Api, namespace: str) -> list[str]:
+    """Pods outside ``namespace`` that are placed and request CPU: what a test needing the whole node waits for."""
+    holders = []
+    for pod in core.list_pod_for_all_namespaces().items:
+        if pod.metadata.namespace == namespace or pod.status.phase in ("Succeeded", "Failed") or not pod.spec.node_name:
+            continue
+        requested = [(c.resources.requests or {}).get("cpu") for c in pod.spec.containers if c.resources]
+        if any(requested):
+            state = "terminating" if pod.metadata.deletion_timestamp else pod.status.phase
+            holders.append(f"{pod.metadata.namespace}/{pod.metadata.name} ({state}, cpu {requested})")
+    return holders
+
+
+def wait_for_the_nodes_cpus(core: client.CoreV1Api, namespace: str, timeout: float = 180) -> None:
+    deadline = time.monotonic() + timeout
+    while holders := cpu_holders(core, namespace):
+        assert time.monotonic() < deadline, f"pods other tests left hold the node's CPUs: {holders}"
+        time.sleep(1)
+
+
 class PodWatch:
     """Every pod of a namespace as the API server saw it (its images, its status), from before the test acts."""
 
@@ -473,6 +493,9 @@ def test_six_two_step_separate_verifier_tasks_on_two_cpus_all_finish_and_say_why
     Episodes say why while they are. The operator's default requests (= limits): a request of a
     fraction would let them all run at once."""
     namespace = image_namespace
+    # The node's every CPU is what the agent pods wait for: a pod another test left (one still
+    # terminating, a release's operator) would hold them Pending for the whole timeout.
+    wait_for_the_nodes_cpus(core, namespace)
     pods = PodWatch(core, namespace)
     tasks = [{"name": f"stall-{index}", "inline": {"files": STALL_TASK}} for index in range(6)]
     body = {
