@@ -18,11 +18,10 @@ from kubernetes.stream import stream
 from episode_operator.kube.objects.pods import AgentImages
 from episode_operator.runtime.agents.harnesses import INSTRUCTION, PRESETS, HarnessPreset, HarnessRun
 from episode_operator.runtime.agents.model import Toolchain
+from episode_operator.runtime.sandbox import KEEP_ALIVE
 
-TOOLCHAIN_ROOT = "/opt/episode-operator/toolchains"
 LOGS = "/logs/agent"
 API_KEY = "sk-episode-test-key"  # a fake: the scripted server records it, tests check it arrived
-KEEP_ALIVE = ["sh", "-c", "trap 'exit 0' TERM INT; while :; do sleep 3600 & wait $!; done"]
 
 
 @dataclass(frozen=True)
@@ -126,7 +125,7 @@ def toolchain_pod(name: str, harness: Harness, sandbox_image: str) -> dict[str, 
                     "name": "main",
                     "image": sandbox_image,
                     "imagePullPolicy": "Never",
-                    "args": KEEP_ALIVE,
+                    "args": list(KEEP_ALIVE),
                     "securityContext": {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["NET_RAW"]}},
                     "volumeMounts": [
                         {"name": "toolchain", "mountPath": harness.root, "readOnly": True},

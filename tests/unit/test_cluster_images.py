@@ -33,3 +33,11 @@ def test_a_checkout_elsewhere_reuses_the_image_cache(tmp_path: Path) -> None:
     assert {name for name in here if changed[name] != here[name]} == {
         name for name in here if "toolchain-mini-swe-agent" in name
     }
+
+
+def test_the_toolchain_images_install_where_the_operator_looks() -> None:
+    """hack/toolchain imports nothing of the operator's package, so it spells the toolchains' root
+    itself: it must be the folder the agent pod's toolchain volumes mount (runtime/agents/model.py)."""
+    from episode_operator.runtime.agents.model import TOOLCHAINS
+
+    assert load_script("toolchain").TOOLCHAIN_ROOT == TOOLCHAINS
