@@ -122,7 +122,14 @@ def _module(name: str, code: str) -> types.ModuleType:
 # The Gym modules the checks need, and from each the names wanted (None: the whole, import-light file).
 GYM_MODULES: dict[str, set[str] | None] = {
     "nemo_gym.failure_kinds": None,
-    "nemo_gym.config_types": {"ModelServerRef"},
+    "nemo_gym.config_types": {"ModelServerRef", "ROLLOUT_PATH_PREFIX"},
+    "nemo_gym.global_config": {
+        "ATTEMPT_INDEX_KEY_NAME",
+        "ROLLOUT_ID_KEY_NAME",
+        "ROLLOUT_INDEX_KEY_NAME",
+        "TASK_INDEX_KEY_NAME",
+    },
+    "nemo_gym.rollout_correlation": {"maybe_rollout_id_from_run_body"},
     "nemo_gym.openai_utils": {
         "NeMoGymResponse",
         "NeMoGymResponseCreateParamsNonStreaming",
@@ -134,7 +141,7 @@ GYM_MODULES: dict[str, set[str] | None] = {
         "NeMoGymResponseOutputMessageForTraining",
         "NeMoGymResponseOutputText",
     },
-    "nemo_gym.episode_types": {"EpisodeFailure"},
+    "nemo_gym.episode_types": {"EpisodeFailure", "BaseEpisodeResponse", "BaseEpisodeRequest", "EpisodeId"},
     "nemo_gym.base_resources_server": {"BaseVerifyResponse"},
     "nemo_gym.rollout_observability": {"AgentObservationBundle", "TrajectoryRecord", "ModelCallRef", "ObservationGap"},
     "nemo_gym.base_responses_api_model": {
@@ -145,6 +152,10 @@ GYM_MODULES: dict[str, set[str] | None] = {
         "_reconstruct_streamed_response",
     },
     "nemo_gym.atif_v1_7": None,
+    # How the collector sends an episode request and reads its reply, and harbor's pass@k.
+    "nemo_gym.rollout_collection": {"_episode_request_body", "_episode_record", "_is_episode_response"},
+    "nemo_gym.metrics_config": {"PassMajorityStat"},
+    "nemo_gym.reward_profile": {"compute_pass_majority_metrics"},
     "responses_api_agents.harbor_agent.utils": None,
 }
 
