@@ -34,7 +34,7 @@ from episode_operator.api import export
 from episode_operator.api.export import EpisodeEvidence
 from episode_operator.api.models import EpisodeStatus
 from episode_operator.api.naming import content_name
-from episode_operator.api.vocabulary import is_terminal
+from episode_operator.api.vocabulary import FailureKind, is_terminal
 from episode_operator.runtime.evaluation import pass_at_k
 
 RetryOwner = Literal["gym", "operator"]
@@ -212,17 +212,38 @@ def answer(
     return ids | {"result": None, "failure": failure}
 
 
-def cancelled_answer(run: GymRun, reason: str) -> dict[str, Any]:
-    """The answer to a try the server gave up on (it is shutting down): a failure Gym may dispatch again."""
+def failure_answer(
+    run: GymRun, reason: str, *, terminal: bool, failure_kind: str, stage: export.FailureStage | None = None
+) -> dict[str, Any]:
+    """A failure the server answers itself (no Episode row): in the request's shape."""
+    reason = reason[:FAILURE_REASON_LIMIT]
     if run.shape == "episode":
-        failure = {"failure_reason": reason[:FAILURE_REASON_LIMIT], "terminal": False, "failure_kind": "shutdown"}
+        failure: dict[str, Any] = {"failure_reason": reason, "terminal": terminal, "failure_kind": failure_kind}
+        if stage:
+            failure["stage"] = stage
         ids = {"episode_id": dict(run.body["episode_id"]), "task_id": dict(run.body["task"]["task_id"])}
         return ids | {"result": None, "failure": failure}
-    return {
+    row: dict[str, Any] = {
         "_ng_failure_class": export.FAILURE_CLASS,
-        "_ng_failure_terminal": False,
-        "_ng_failure_message": reason[:FAILURE_REASON_LIMIT],
+        "_ng_failure_terminal": terminal,
+        "_ng_failure_message": reason,
+        "failure_kind": failure_kind,
     }
+    if stage:
+        row["_ng_failure_stage"] = stage
+    return row
+
+
+def cancelled_answer(run: GymRun, reason: str) -> dict[str, Any]:
+    """A try that ended without a verdict (the server is stopping, its Episode was deleted): Gym may
+    dispatch it again."""
+    return failure_answer(run, reason, terminal=False, failure_kind="cancelled")
+
+
+def refused_answer(run: GymRun, reason: str, failure_kind: FailureKind) -> dict[str, Any]:
+    """A try that cannot run (no such task, the API server refuses its Episode): running it again
+    would fail the same way."""
+    return failure_answer(run, reason, terminal=True, failure_kind=failure_kind, stage="admission")
 
 
 # --- /aggregate_metrics -------------------------------------------------------------------------------------
