@@ -47,6 +47,7 @@ from episode_operator.kube.driver import (
     suspend_episode,
 )
 from episode_operator.kube.episodeset import run_episode_set
+from episode_operator.kube.gym import start_gym_server
 from episode_operator.kube.objects.pods import AgentImages, SandboxRequests, label_value
 from episode_operator.kube.replicas import (
     EPISODE_SETS,
@@ -65,6 +66,7 @@ from episode_operator.kube.status import EpisodeGone
 from episode_operator.kube.tombstones import expire_episode
 from episode_operator.runtime.agents.model import CaptureBounds
 from episode_operator.runtime.fencing import Fence, Fenced, HandOver
+from episode_operator.runtime.gym_server import GymSettings
 from episode_operator.runtime.limits import OutputLimits
 from episode_operator.runtime.metrics import Metrics
 from episode_operator.runtime.server import serve
@@ -96,6 +98,9 @@ class OperatorOptions:
     data_api_port: int | None = None
     data_api_service: str = "episode-operator"
     data_api_owner: str = ""
+    # Gym's rollout protocol (--gym-port, --gym-settings): None, off.
+    gym: GymSettings | None = None
+    gym_port: int = 0
     max_active_episodes: int = 0
     extra_pod_labels: dict[str, str] = field(default_factory=dict)
     # Where images are pulled from (--image-mirror); admission applies it to every image an Episode names.
@@ -217,6 +222,11 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: ko
             logger,
             memo.membership.others_staying if memo.membership is not None else nobody_else,
         )
+    memo.gym = None
+    if options.gym is not None:
+        memo.gym = await start_gym_server(
+            memo.client, memo.store, options.gym, options.metrics_host, options.gym_port, logger
+        )
     memo.pod_wakeups = Wakeups()
     memo.settings = DriverSettings(
         store=memo.store,
@@ -276,7 +286,8 @@ async def close(memo: kopf.Memo, **_: Any) -> None:
         if router is not None:  # kopf stopped the drivers before its cleanup: hand their objects on
             # Neither raises: others_staying lists from its last view on errors, hand_over logs and skips.
             await router.hand_over({name_of(identity) for identity in await membership.others_staying()})
-    for server in (getattr(memo, "data_api", None), getattr(memo, "server", None)):  # the data API unregisters
+    servers = (getattr(memo, "gym", None), getattr(memo, "data_api", None), getattr(memo, "server", None))
+    for server in servers:  # the data API unregisters
         if server is not None:
             await server.cleanup()
     client: KubeClient | None = getattr(memo, "client", None)

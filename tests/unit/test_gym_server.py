@@ -8,10 +8,14 @@ whoever waits on it with EpisodeGone, and an Episode is finished only once its s
 from __future__ import annotations
 
 import asyncio
+import os
 import socket
+import subprocess
+import sys
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -27,6 +31,7 @@ from episode_operator.runtime.gym_server import (
     GymServer,
     GymSettings,
     RolloutRefused,
+    load_settings,
     serve,
     try_manifest,
 )
@@ -293,3 +298,35 @@ def test_model_calls_go_through_gyms_model_server_when_it_is_set() -> None:
     assert direct["spec"]["agent"]["model"]["baseURL"] == "http://vllm.models:8000/v1"
     labels = manifest["metadata"]["labels"]
     assert (labels["episode-operator.dev/task-index"], labels["episode-operator.dev/set-attempt"]) == ("3", "2")
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("namespace: evals\n", "gym.yaml: agent: Field required"),
+        ("namespace: evals\nagent: {kind: command, command: x}\nretryOwner: both\n", "gym.yaml: retryOwner"),
+        ("namespace: evals\nagent: {kind: command, command: x}\nmodelServer: gym:8000\n", "gym.yaml: modelServer"),
+        ("[", "gym.yaml: not YAML"),
+    ],
+)
+def test_the_operator_refuses_bad_gym_settings_naming_the_file_and_key(tmp_path: Path, text: str, message: str) -> None:
+    settings = tmp_path / "gym.yaml"
+    settings.write_text(text)
+    program = Path(sys.executable).parent / "episode-operator"
+    started = subprocess.run(
+        [str(program), "run", "--gym-port", "8090", "--gym-settings", str(settings)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "EPISODE_GYM_TOKEN": TOKEN, "KUBECONFIG": str(tmp_path / "none")},
+        check=False,
+    )
+    assert started.returncode == 2, started.stderr
+    assert message in started.stderr and "Traceback" not in started.stderr
+
+
+def test_the_gym_server_needs_a_token(tmp_path: Path) -> None:
+    settings = tmp_path / "gym.yaml"
+    settings.write_text("namespace: evals\nagent: {kind: command, command: x}\n")
+    with pytest.raises(ValueError, match="needs a token"):
+        load_settings(settings.read_text(), "", str(settings))

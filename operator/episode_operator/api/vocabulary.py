@@ -288,6 +288,10 @@ TURN_LABEL: Final = f"{GROUP}/turn"
 # On packed task ConfigMaps and on EpisodeSet children: the task ID (sanitized) and its digest.
 TASK_LABEL: Final = f"{GROUP}/task"
 TASK_DIGEST_LABEL: Final = f"{GROUP}/task-digest"
+# On task ConfigMaps packed into a dataset (`kubectl episode pack --dataset`): the dataset, and the
+# task's name in it as Gym names it (a label value cannot hold every task name).
+DATASET_LABEL: Final = f"{GROUP}/dataset"
+TASK_NAME_ANNOTATION: Final = f"{GROUP}/task-name"
 # On EpisodeSet children: the set, the task's index and the attempt.
 SET_LABEL: Final = f"{GROUP}/set"
 SET_TASK_INDEX_LABEL: Final = f"{GROUP}/task-index"

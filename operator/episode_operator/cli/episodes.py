@@ -6,6 +6,7 @@ import asyncio
 import io
 import json
 import os
+import re
 import sys
 import tarfile
 import time
@@ -37,8 +38,8 @@ from episode_operator.api.models import (
     TurnStatus,
     episode_manifest,
 )
-from episode_operator.api.naming import content_name
-from episode_operator.api.vocabulary import TASK_LABEL, is_terminal
+from episode_operator.api.naming import content_name, document_digest
+from episode_operator.api.vocabulary import DATASET_LABEL, TASK_LABEL, TASK_NAME_ANNOTATION, is_terminal
 from episode_operator.capture.records import parse_journal
 from episode_operator.cli import printing
 from episode_operator.cli.agents import agent_options
@@ -58,6 +59,7 @@ from episode_operator.runtime.store import (
     turn_records,
 )
 from episode_operator.taskfolder import TaskFiles, validate_task
+from episode_operator.taskfolder.dataset import discover_dataset
 
 # Where a watch starts over after the API server ended it (its timeout) or the list went stale.
 WATCH_RESTARTS = 1000
@@ -80,6 +82,52 @@ def _pack_manifest(directory: str) -> dict[str, Any]:
         return task_config_map(_load_folder(directory), task=Path(directory).resolve().name, namespace=None)
     except TaskTooLarge as error:
         raise click.ClickException(f"{directory}: {error}") from error
+
+
+def pack_dataset(directory: str) -> list[tuple[str, dict[str, Any]]]:
+    """(task ID, ConfigMap) of every task folder under ``directory``; every refusal reported at once."""
+    dataset = discover_dataset(directory)
+    problems = [problem.render() for problem in dataset.problems]
+    packed: list[tuple[str, dict[str, Any]]] = []
+    for task in dataset.tasks:
+        files = TaskFiles.from_path(task.path)
+        validation = validate_task(files)
+        if not validation.valid:
+            problems += [f"{task.path}: {problem.render()}" for problem in validation.problems]
+            continue
+        try:
+            packed.append((task.name, task_config_map(files, task=task.name, namespace=None)))
+        except TaskTooLarge as error:
+            problems.append(f"{task.path}: {error}")
+    if problems:
+        for problem in problems:
+            click.echo(f"  {problem}", err=True)
+        raise click.ClickException(f"{directory}: refused ({len(problems)} error(s)); nothing was created")
+    if not packed:
+        raise click.ClickException(
+            f"{directory}: no task folders (a task folder holds task.toml; hidden folders are skipped)"
+        )
+    return packed
+
+
+def _dataset_name(_context: click.Context, parameter: click.Parameter, value: str | None) -> str | None:
+    """A dataset name is a label value (the catalogue is found by label)."""
+    if value is not None and not re.match(r"^[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$", value):
+        raise click.BadParameter(
+            f"{value!r}: letters, digits, '-', '_' and '.', up to 63, starting and ending with a letter or digit",
+            param=parameter,
+        )
+    return value
+
+
+def catalogued(config_map: dict[str, Any], dataset: str, task: str) -> dict[str, Any]:
+    """A task ConfigMap entered in a dataset of the catalogue (the Gym server's, kube/gym.py)."""
+    metadata = config_map["metadata"]
+    metadata["labels"][DATASET_LABEL] = dataset
+    metadata.setdefault("annotations", {})[TASK_NAME_ANNOTATION] = task
+    # Another dataset may hold the same folder: its ConfigMap is its own.
+    metadata["name"] = f"{metadata['name']}-{document_digest(dataset).removeprefix('sha256:')[:6]}"
+    return config_map
 
 
 def placed(manifest: dict[str, Any], namespace: str | None) -> dict[str, Any]:
@@ -132,20 +180,33 @@ def register(cli: click.Group) -> None:
 
     @cli.command()
     @click.argument("directory", type=click.Path(exists=True, file_okay=False))
+    @click.option(
+        "--dataset",
+        default=None,
+        callback=_dataset_name,
+        help="Catalogue every task folder under DIRECTORY as this dataset (its tasks named by their folders' "
+        "paths): the Gym server runs them by name (docs/gym.md).",
+    )
     @cluster_options
-    @manifest_output("create the ConfigMap and print its name")
-    def pack(directory: str, cluster: Cluster, output: str) -> None:
-        """Pack a task folder into a content-addressed ConfigMap."""
-        manifest = placed(_pack_manifest(directory), output_namespace(cluster, output))
+    @manifest_output("create the ConfigMap(s) and print their names")
+    def pack(directory: str, dataset: str | None, cluster: Cluster, output: str) -> None:
+        """Pack a task folder into a content-addressed ConfigMap (with --dataset, every task folder under it)."""
+        if dataset is None:
+            manifests = [_pack_manifest(directory)]
+        else:
+            manifests = [catalogued(config_map, dataset, task) for task, config_map in pack_dataset(directory)]
+        manifests = [placed(manifest, output_namespace(cluster, output)) for manifest in manifests]
         if output == "yaml":
-            click.echo(dump_manifests([manifest]), nl=False)
+            click.echo(dump_manifests(manifests), nl=False)
             return
 
         async def apply(client: KubeClient) -> None:
-            await client.apply_config_map(manifest)
+            for manifest in manifests:
+                await client.apply_config_map(manifest)
 
         cluster.run(apply)
-        click.echo(f"configmap/{manifest['metadata']['name']}")
+        for manifest in manifests:
+            click.echo(f"configmap/{manifest['metadata']['name']}")
 
     @cli.command()
     @click.argument("source", type=click.Path(exists=True))

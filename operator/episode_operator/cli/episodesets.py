@@ -20,40 +20,11 @@ from episode_operator.api.naming import content_name
 from episode_operator.api.vocabulary import API_VERSION, is_terminal
 from episode_operator.cli.agents import agent_options
 from episode_operator.cli.cluster import Cluster, cluster_options
-from episode_operator.cli.episodes import dump_manifests, manifest_output, output_namespace, placed
+from episode_operator.cli.episodes import dump_manifests, manifest_output, output_namespace, pack_dataset, placed
 from episode_operator.kube.client import KubeClient
-from episode_operator.kube.objects.tasks import TaskTooLarge, task_config_map
-from episode_operator.taskfolder import TaskFiles, validate_task
-from episode_operator.taskfolder.dataset import discover_dataset
 
 SHOWN_TASKS = 30
 OUTCOME_CELLS = {"Ungraded": "infra", "Masked": "masked", "TerminalFailure": "term"}
-
-
-def pack_dataset(directory: str) -> list[tuple[str, dict[str, Any]]]:
-    """(task ID, ConfigMap) of every task folder under ``directory``; every refusal reported at once."""
-    dataset = discover_dataset(directory)
-    problems = [problem.render() for problem in dataset.problems]
-    packed: list[tuple[str, dict[str, Any]]] = []
-    for task in dataset.tasks:
-        files = TaskFiles.from_path(task.path)
-        validation = validate_task(files)
-        if not validation.valid:
-            problems += [f"{task.path}: {problem.render()}" for problem in validation.problems]
-            continue
-        try:
-            packed.append((task.name, task_config_map(files, task=task.name, namespace=None)))
-        except TaskTooLarge as error:
-            problems.append(f"{task.path}: {error}")
-    if problems:
-        for problem in problems:
-            click.echo(f"  {problem}", err=True)
-        raise click.ClickException(f"{directory}: refused ({len(problems)} error(s)); nothing was created")
-    if not packed:
-        raise click.ClickException(
-            f"{directory}: no task folders (a task folder holds task.toml; hidden folders are skipped)"
-        )
-    return packed
 
 
 def register_sets(cli: click.Group) -> None:

@@ -183,6 +183,25 @@ def main() -> None:
     "removes the registration too (the Helm chart passes its own).",
 )
 @click.option(
+    "--gym-port",
+    type=click.IntRange(min=0, max=65535),
+    default=0,
+    show_default=True,
+    help="Port of NeMo Gym's environment-server protocol (POST /run, POST /aggregate_metrics; docs/gym.md); 0: off.",
+)
+@click.option(
+    "--gym-settings",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    default=None,
+    help="With --gym-port: a YAML file naming the namespace, the agent and the retry owner of the tries' Episodes.",
+)
+@click.option(
+    "--gym-token-file",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    default=None,
+    help="With --gym-port: the file holding the token every request must carry (else $EPISODE_GYM_TOKEN).",
+)
+@click.option(
     "--max-active-episodes",
     type=click.IntRange(min=0),
     default=0,
@@ -338,6 +357,9 @@ def run(
     data_api_port: int,
     data_api_service: str,
     data_api_owner: str,
+    gym_port: int,
+    gym_settings: Path | None,
+    gym_token_file: Path | None,
     max_active_episodes: int,
     image_mirrors: ImageMirrors,
     lease_namespace: str | None,
@@ -406,6 +428,20 @@ def run(
     if problems := replicas.problems():
         raise click.UsageError("; ".join(problems))
 
+    gym = None
+    if gym_port:
+        from episode_operator.runtime.gym_server import load_settings
+
+        if gym_settings is None:
+            raise click.UsageError("--gym-port needs --gym-settings")
+        token = gym_token_file.read_text().strip() if gym_token_file else os.environ.get("EPISODE_GYM_TOKEN", "")
+        try:
+            gym = load_settings(gym_settings.read_text(), token, str(gym_settings))
+        except ValueError as error:
+            raise click.BadParameter(str(error), param_hint="--gym-settings") from error
+    elif gym_settings or gym_token_file:
+        raise click.UsageError("--gym-settings and --gym-token-file need --gym-port")
+
     # What a burst of Episodes took is given back once it is over (runtime/allocator.py).
     tune_allocator()
     release_free_memory_every(RELEASE_INTERVAL_SEC)
@@ -425,6 +461,8 @@ def run(
             data_api_port=data_api_port or None,
             data_api_service=data_api_service,
             data_api_owner=data_api_owner,
+            gym=gym,
+            gym_port=gym_port,
             max_active_episodes=max_active_episodes,
             image_mirrors=image_mirrors,
             replicas=replicas,

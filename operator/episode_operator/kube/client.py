@@ -354,17 +354,17 @@ class KubeClient:
         return await self.list_objects_at(PLURAL, namespace, selector)
 
     async def list_objects_at(
-        self, plural: str, namespace: str | None, selector: str | None = None
+        self, plural: str, namespace: str | None, selector: str | None = None, *, fields: str | None = None
     ) -> tuple[list[dict[str, Any]], str]:
         """Objects of one of the operator's kinds (``episodes``, ``episodesets``; every namespace for
-        None) and the list's resourceVersion, where a watch starts."""
+        None) and the list's resourceVersion, where a watch starts. ``fields``: a field selector
+        (``metadata.name=NAME``)."""
+        selectors = {"label_selector": selector, **({"field_selector": fields} if fields else {})}
         with _api_call(plural):
             if namespace is None:
-                result = await self.custom.list_cluster_custom_object(GROUP, VERSION, plural, label_selector=selector)
+                result = await self.custom.list_cluster_custom_object(GROUP, VERSION, plural, **selectors)
             else:
-                result = await self.custom.list_namespaced_custom_object(
-                    GROUP, VERSION, namespace, plural, label_selector=selector
-                )
+                result = await self.custom.list_namespaced_custom_object(GROUP, VERSION, namespace, plural, **selectors)
         return list(result.get("items", [])), str((result.get("metadata") or {}).get("resourceVersion", ""))
 
     def watch_episodes(
@@ -373,22 +373,29 @@ class KubeClient:
         return self.watch_objects(PLURAL, namespace, selector, resource_version)
 
     async def watch_objects(
-        self, plural: str, namespace: str | None, selector: str | None, resource_version: str
+        self,
+        plural: str,
+        namespace: str | None,
+        selector: str | None,
+        resource_version: str,
+        *,
+        fields: str | None = None,
     ) -> AsyncIterator[tuple[str, dict[str, Any]]]:
         """The changes after ``resource_version`` as (ADDED|MODIFIED|DELETED, object), until the API
         server ends the watch; a resourceVersion too old to watch from is :class:`Gone`.
 
         Events are read as whole lines of any length (an inline task makes an Episode large)."""
+        selectors = {"label_selector": selector, **({"field_selector": fields} if fields else {})}
         with _api_call(plural):
             if namespace is None:
                 response = await self.custom.list_cluster_custom_object(
-                    GROUP, VERSION, plural, label_selector=selector, watch=True,
-                    resource_version=resource_version, _preload_content=False,
+                    GROUP, VERSION, plural, watch=True, resource_version=resource_version,
+                    _preload_content=False, **selectors,
                 )  # fmt: skip
             else:
                 response = await self.custom.list_namespaced_custom_object(
-                    GROUP, VERSION, namespace, plural, label_selector=selector, watch=True,
-                    resource_version=resource_version, _preload_content=False,
+                    GROUP, VERSION, namespace, plural, watch=True, resource_version=resource_version,
+                    _preload_content=False, **selectors,
                 )  # fmt: skip
             if response.status != 200:
                 await _json(response)  # raises with the API server's message

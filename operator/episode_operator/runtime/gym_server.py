@@ -28,16 +28,26 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+import yaml
 from aiohttp import web
+from pydantic import Field, ValidationError
 
 from episode_operator.api.export import EpisodeEvidence
-from episode_operator.api.models import AgentSpec, EpisodeSpec, RetryPolicy, TaskSource, episode_manifest
+from episode_operator.api.models import (
+    AgentSpec,
+    EpisodeSpec,
+    RetryPolicy,
+    TaskSource,
+    episode_manifest,
+    validation_message,
+)
 from episode_operator.api.vocabulary import (
     FAILURE_INVALID_SPEC,
     FAILURE_TASK_SOURCE,
     GROUP,
     SET_ATTEMPT_LABEL,
     SET_TASK_INDEX_LABEL,
+    ApiModel,
 )
 from episode_operator.runtime.gym import (
     GymRequestError,
@@ -105,6 +115,39 @@ class GymSettings:
     model_server: str | None = None
     image: str | None = None
     timeout_multiplier: float = 1.0
+
+
+class GymServerFile(ApiModel):
+    """The ``--gym-settings`` file (the Helm values' ``gym`` block, camelCase)."""
+
+    namespace: str = Field(min_length=1, description="Where the tries' Episodes are made and the catalogue is.")
+    agent: AgentSpec = Field(description="What acts in each try's sandbox (an Episode's spec.agent).")
+    retry_owner: RetryOwner = Field(
+        default="gym", description="gym: an outage answers a failure Gym retries; operator: the Episode retries it."
+    )
+    default_dataset: str | None = Field(default=None, description="The dataset of a task named without one.")
+    model_server: str | None = Field(
+        default=None,
+        pattern=r"^https?://[^\s/]+/?$",
+        description="Gym's model server (http://host:port): calls go to <it>/ng-rollout/<capture key>/v1.",
+    )
+    image: str | None = Field(default=None, description="A prebuilt sandbox image for every try (spec.image).")
+    timeout_multiplier: float = Field(default=1.0, gt=0, le=100, description="spec.timeoutMultiplier of every try.")
+
+
+def load_settings(text: str, token: str, where: str) -> GymSettings:
+    """The server's settings from the ``--gym-settings`` file; ValueError naming the file and key."""
+    try:
+        document = yaml.safe_load(text)
+    except yaml.YAMLError as error:
+        raise ValueError(f"{where}: not YAML: {error}") from error
+    try:
+        parsed = GymServerFile.model_validate(document)
+    except ValidationError as error:
+        raise ValueError(f"{where}: {validation_message(error).replace('spec.', '', 1)}") from error
+    if not token:
+        raise ValueError("the Gym server needs a token (--gym-token-file, or EPISODE_GYM_TOKEN)")
+    return GymSettings(token=token, **dict(parsed))  # the same fields, the token besides
 
 
 def scope_of(request: web.Request, token: str) -> str:
