@@ -245,3 +245,30 @@ def delete_namespace_while_watched(core: client.CoreV1Api, name: str, timeout: f
     """
     core.delete_namespace(name, propagation_policy="Background")
     wait_for_namespace_gone(core, name, timeout)
+
+
+def why_pods_stay(core: client.CoreV1Api, pods: list[tuple[str, str]], lines: int = 25) -> str:
+    """What the API server and the node say of pods that should be gone: for a failing test's message.
+
+    A pod stuck terminating is the kubelet's or the runtime's story (a sandbox that does not stop, a
+    network teardown that fails), told only in the node's logs; the CI output is all a failed run keeps.
+    """
+    report = []
+    for namespace, name in pods:
+        try:
+            pod = core.read_namespaced_pod(name, namespace)
+        except ApiException as error:
+            report.append(f"{namespace}/{name}: {error.status} {error.reason}")
+            continue
+        statuses = [(c.name, c.state.to_dict() if c.state else None) for c in (pod.status.container_statuses or [])]
+        report.append(
+            f"{namespace}/{name}: phase {pod.status.phase}, deleted at {pod.metadata.deletion_timestamp}, "
+            f"grace {pod.metadata.deletion_grace_period_seconds}, finalizers {pod.metadata.finalizers}, "
+            f"containers {statuses}"
+        )
+        for log in ("kubelet.log", "containerd.log"):
+            path = CLUSTER_DIR / "logs" / log
+            if path.exists():
+                mentions = [line for line in path.read_text(errors="replace").splitlines() if name in line]
+                report.append(f"-- the last {lines} lines of {log} naming {name}:\n" + "\n".join(mentions[-lines:]))
+    return "\n".join(report)

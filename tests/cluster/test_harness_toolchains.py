@@ -66,7 +66,13 @@ def run_turn(
     continue_session: bool = False,
 ) -> None:
     argv = harness.command(instruction, MODEL, model.base_url, continue_session)
-    result = exec_argv(core, namespace, pod, argv, harness.environment(MODEL, model.base_url))
+    try:
+        result = exec_argv(core, namespace, pod, argv, harness.environment(MODEL, model.base_url))
+    except TimeoutError as error:
+        # A harness that never ends: what it asked the model, and what runs in its pod, say where it waits.
+        asked = [{k: v for k, v in r.items() if k not in ("body", "headers", "api_key")} for r in model.requests()]
+        processes = exec_argv(core, namespace, pod, ["ps", "-eo", "pid,etime,stat,args"], timeout=30).stdout
+        raise TimeoutError(f"{error}\nthe model was asked: {asked}\nthe pod runs:\n{processes}") from error
     assert result.exit_code == 0, (
         f"{harness.name} exited {result.exit_code}:\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
     )

@@ -30,7 +30,13 @@ from kubernetes.stream import stream
 
 from episode_operator.api.vocabulary import is_terminal
 from tests.chart import CHART, CRDS, INSTALL, hack_chart
-from tests.cluster.conftest import HACK_CLUSTER, in_ci, unavailable, wait_for_default_service_account
+from tests.cluster.conftest import (
+    HACK_CLUSTER,
+    in_ci,
+    unavailable,
+    wait_for_default_service_account,
+    why_pods_stay,
+)
 from tests.cluster.harness import (
     EXAMPLES,
     OPERATOR_IMAGE,
@@ -416,7 +422,8 @@ def test_uninstall_leaves_nothing_but_the_crd(
         if not any(left.values()) or time.monotonic() > deadline:
             break
         time.sleep(1)
-    assert left == {kind: [] for kind in left}
+    stuck = [(installed.namespace, name) for name in left["pods"]]
+    assert left == {kind: [] for kind in left}, why_pods_stay(core, stuck)
     # Helm never deletes what crds/ installed: the CRD, and so every Episode, stays (README).
     extensions = client.ApiextensionsV1Api(api_client)
     assert extensions.read_custom_resource_definition("episodes.episode-operator.dev").metadata.name

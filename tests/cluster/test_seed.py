@@ -33,6 +33,7 @@ from tests.cluster.conftest import (
     namespace_name,
     namespace_prefix,
     wait_for_default_service_account,
+    why_pods_stay,
 )
 from tests.cluster.harness import (
     GROUP,
@@ -148,7 +149,7 @@ def capacity_operator(
         yield operator
 
 
-def cpu_holders(core: client.CoreV1Api, namespace: str) -> list[str]:
+def cpu_holders(core: client.CoreV1Api, namespace: str) -> list[tuple[str, str]]:
     """Pods outside ``namespace`` that are placed and request CPU: what a test needing the whole node waits for."""
     holders = []
     for pod in core.list_pod_for_all_namespaces().items:
@@ -156,15 +157,16 @@ def cpu_holders(core: client.CoreV1Api, namespace: str) -> list[str]:
             continue
         requested = [(c.resources.requests or {}).get("cpu") for c in pod.spec.containers if c.resources]
         if any(requested):
-            state = "terminating" if pod.metadata.deletion_timestamp else pod.status.phase
-            holders.append(f"{pod.metadata.namespace}/{pod.metadata.name} ({state}, cpu {requested})")
+            holders.append((pod.metadata.namespace, pod.metadata.name))
     return holders
 
 
 def wait_for_the_nodes_cpus(core: client.CoreV1Api, namespace: str, timeout: float = 180) -> None:
     deadline = time.monotonic() + timeout
     while holders := cpu_holders(core, namespace):
-        assert time.monotonic() < deadline, f"pods other tests left hold the node's CPUs: {holders}"
+        assert time.monotonic() < deadline, (
+            f"pods other tests left hold the node's CPUs:\n{why_pods_stay(core, holders)}"
+        )
         time.sleep(1)
 
 
