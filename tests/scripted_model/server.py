@@ -48,6 +48,11 @@ continued session the first instruction is still in the conversation; the newest
 - ``delay``: seconds before the first byte; ``stream_delay``: seconds between SSE events (a slow
   stream).
 
+A chat completion that asks for vLLM's token ids (``return_token_ids``, and ``logprobs``) gets them as
+vLLM gives them: ``prompt_token_ids`` beside the choices, the choice's ``token_ids`` and its
+``logprobs.content`` (tokens spelled ``token_id:<n>`` under ``return_tokens_as_token_ids``). The ids are
+the bytes of the prompt's last message and of the reply, offset by 1000, so a test can recompute them.
+
 Requests that no rule matches are answered too (plain text, or a finish when tools are offered)
 and recorded with ``"rule": null``, so a test can assert that nothing unscripted happened.
 
@@ -445,7 +450,7 @@ def usage_numbers(body: dict[str, Any], reply: Reply) -> tuple[int, int]:
     return prompt, completion
 
 
-def chat_json(model: str, reply: Reply, usage: tuple[int, int]) -> dict[str, Any]:
+def chat_json(model: str, reply: Reply, usage: tuple[int, int], body: dict[str, Any]) -> dict[str, Any]:
     """A chat.completion object."""
     message: dict[str, Any] = {"role": "assistant", "content": reply.text or None}
     if reply.tool_calls:
@@ -457,14 +462,35 @@ def chat_json(model: str, reply: Reply, usage: tuple[int, int]) -> dict[str, Any
             }
             for c in reply.tool_calls
         ]
-    return {
+    choice: dict[str, Any] = {
+        "index": 0,
+        "message": message,
+        "finish_reason": "tool_calls" if reply.tool_calls else "stop",
+    }
+    answer: dict[str, Any] = {
         "id": f"chatcmpl-{uuid.uuid4().hex}",
         "object": "chat.completion",
         "created": int(time.time()),
         "model": model,
-        "choices": [{"index": 0, "message": message, "finish_reason": "tool_calls" if reply.tool_calls else "stop"}],
+        "choices": [choice],
         "usage": {"prompt_tokens": usage[0], "completion_tokens": usage[1], "total_tokens": sum(usage)},
     }
+    if body.get("return_token_ids"):
+        messages = body.get("messages") or [{}]
+        answer["prompt_token_ids"] = token_ids(json.dumps(messages[-1].get("content")))
+        choice["token_ids"] = token_ids(reply.text + json.dumps([c["arguments"] for c in reply.tool_calls]))
+        if body.get("logprobs"):
+            spell = (lambda n: f"token_id:{n}") if body.get("return_tokens_as_token_ids") else str
+            entries = [
+                {"token": spell(n), "logprob": -0.5, "bytes": None, "top_logprobs": []} for n in choice["token_ids"]
+            ]
+            choice["logprobs"] = {"content": entries}
+    return answer
+
+
+def token_ids(text: str) -> list[int]:
+    """The scripted "tokenizer": a token per byte of ``text`` (at most 64), offset by 1000."""
+    return [1000 + byte for byte in text.encode()[:64]]
 
 
 def chat_events(model: str, reply: Reply, usage: tuple[int, int], body: dict[str, Any]) -> Iterator[str]:
@@ -866,9 +892,10 @@ class Handler(BaseHTTPRequestHandler):
         usage = usage_numbers(body, reply)
         stream_delay = rule.stream_delay if rule is not None else 0.0
         if not requested_stream(dialect, body):
-            document = {"chat": chat_json, "responses": responses_json, "messages": messages_json}[dialect](
-                model, reply, usage
-            )
+            if dialect == "chat":
+                document = chat_json(model, reply, usage, body)
+            else:
+                document = {"responses": responses_json, "messages": messages_json}[dialect](model, reply, usage)
             self.send_json(200, document)
         elif dialect == "chat":
             self.send_stream(chat_events(model, reply, usage, body), stream_delay)

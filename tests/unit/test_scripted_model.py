@@ -450,3 +450,18 @@ def test_the_command_line_refuses_a_bad_script_file(tmp_path: Any, capsys: pytes
     path.write_text('{"rules": [{"name": "r", "steps": "run"}]}')
     assert main(["--script", str(path), "--port", "0"]) == 2
     assert f"bad script {path}: rule 'r': `steps` must be a list" in capsys.readouterr().err
+
+
+def test_a_chat_completion_asking_for_token_ids_gets_vllms_and_the_capture_reads_them(server: ScriptedServer) -> None:
+    """The capture proxy asks as Gym's vllm_model asks; what the server answers is what its parser reads."""
+    from episode_operator.capture.records import chat_token_ids
+    from episode_operator.capture.wire import TOKEN_ID_PARAMS
+
+    body = chat_request(False, []) | TOKEN_ID_PARAMS["chat"]
+    answer = json.loads(post(server, "/v1/chat/completions", body).read())
+    prompt, generation, logprobs = chat_token_ids(answer)
+    assert prompt == [1000 + byte for byte in json.dumps(body["messages"][-1]["content"]).encode()[:64]]
+    assert generation and generation == answer["choices"][0]["token_ids"]
+    assert logprobs == [-0.5] * len(generation)
+    plain = json.loads(post(server, "/v1/chat/completions", chat_request(False, [])).read())
+    assert "prompt_token_ids" not in plain and "token_ids" not in plain["choices"][0]
