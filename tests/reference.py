@@ -223,11 +223,13 @@ def check_observation_keys(record: dict[str, Any]) -> None:
             observability.ObservationGap.model_validate(gap)
 
 
-def check_rollout_row(row: dict[str, Any]) -> None:
-    """A ``rollouts.jsonl`` row: Gym's verify response, its observation keys, collector keys Gym's only."""
+def check_rollout_row(row: dict[str, Any], collector_keys: set[str] | None = ROW_COLLECTOR_KEYS) -> None:
+    """A ``rollouts.jsonl`` row: Gym's verify response, its observation keys, collector keys Gym's only
+    (``collector_keys`` None: a row Gym's collector wrote, whose ``_ng_`` keys are all its own)."""
     modules = gym()
     modules["nemo_gym.base_resources_server"].BaseVerifyResponse.model_validate(row)
-    assert {key for key in row if key.startswith("_ng_")} <= ROW_COLLECTOR_KEYS
+    if collector_keys is not None:
+        assert {key for key in row if key.startswith("_ng_")} <= collector_keys
     check_observation_keys(row)
     openai_utils = modules["nemo_gym.openai_utils"]
     for turn in row["turns"]:

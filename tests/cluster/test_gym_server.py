@@ -8,6 +8,7 @@ the agent is a command that solves ``hello``.
 from __future__ import annotations
 
 import base64
+import concurrent.futures
 import http.client
 import json
 import subprocess
@@ -31,6 +32,7 @@ TOKEN = "gym-test-token-0123456789"
 # Slow enough that a /run can be cancelled while its Episode runs; hello's test wants this file.
 SOLVE = "sleep 3; echo 'Hello, world!' > /app/hello.txt"
 GROUP, VERSION, PLURAL = "episode-operator.dev", "v1alpha1", "episodes"
+HOLD = "tests.episode-operator.dev/hold"
 
 
 class GymOperator:
@@ -181,10 +183,34 @@ def test_a_cancelled_run_deletes_its_episode(gym_server: tuple[GymOperator, str]
         assert time.monotonic() < deadline, f"the try's Episode was never made\n{gym.process.log_tail()}"
         time.sleep(0.2)
     assert not is_terminal(mine()[0]), "the Episode finished before the try could be cancelled"
+    # The test's own finalizer holds the cancelled Episode in its deletion while the try is sent again.
+    custom = client.CustomObjectsApi(api_client)
+    name = mine()[0]["metadata"]["name"]
+    while not mine()[0]["metadata"].get("finalizers"):  # the operator's first: a merge patch replaces the list
+        assert time.monotonic() < deadline, f"the operator never took the Episode\n{gym.process.log_tail()}"
+        time.sleep(0.2)
+    finalizers = [*mine()[0]["metadata"]["finalizers"], HOLD]
+    custom.patch_namespaced_custom_object(
+        GROUP, VERSION, namespace, PLURAL, name, {"metadata": {"finalizers": finalizers}}
+    )
     connection.close()  # Gym gives up on the rollout
-    while mine():
+    while not mine()[0]["metadata"].get("deletionTimestamp"):
         assert time.monotonic() < deadline, f"the cancelled try's Episode stays\n{gym.process.log_tail()}"
-        time.sleep(0.5)
+        time.sleep(0.2)
+    # Gym sends the try again (a resumed run) while its cancelled Episode is being deleted: it runs afresh
+    # once that one is gone, and is not answered with the cancelled one's end.
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        again = pool.submit(gym.post, "/run", row(7, 0))
+        while mine()[0]["metadata"].get("finalizers") != [HOLD]:  # the operator has let go of it
+            assert time.monotonic() < deadline, f"the operator keeps its finalizer\n{gym.process.log_tail()}"
+            time.sleep(0.2)
+        while f"{name} of a cancelled try is being deleted: the try runs again" not in gym.process.log_tail(400):
+            assert time.monotonic() < deadline, f"the try sent again did not wait\n{gym.process.log_tail()}"
+            time.sleep(0.2)
+        custom.patch_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name, {"metadata": {"finalizers": []}})
+        answer = again.result(timeout=300)
+    assert answer["reward"] == 1.0, answer
+    assert len(mine()) == 1 and not mine()[0]["metadata"].get("deletionTimestamp")
 
 
 def is_terminal(episode: dict[str, Any]) -> bool:

@@ -16,7 +16,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
-from collections.abc import Mapping
+from collections.abc import AsyncGenerator, Mapping
+from contextlib import aclosing
 from typing import Any
 
 from aiohttp import web
@@ -52,31 +53,61 @@ class KubeRollouts:
         return None
 
     async def create(self, manifest: dict[str, Any]) -> None:
-        try:
-            await self.client.create_episode(manifest)
-        except Conflict:
-            pass  # the same try, created by an earlier /run
-        except KubeError as error:
-            if 400 <= error.status < 500:  # invalid, forbidden, an admission webhook's no
-                raise RolloutRefused(str(error)) from error
-            raise
+        """Create the try's Episode, or join the one an earlier /run of the same try created.
+
+        An Episode of that name being deleted is a cancelled try (Gym closed its /run): the try sent
+        again is run afresh once that one is gone, not answered with its cancellation.
+        """
+        name = manifest["metadata"]["name"]
+        while True:
+            try:
+                await self.client.create_episode(manifest)
+                return
+            except Conflict:
+                if await self._there(name):
+                    return  # the same try, created by an earlier /run
+                self.logger.info(
+                    "episode %s/%s of a cancelled try is being deleted: the try runs again", self.namespace, name
+                )
+                await self._gone(name)
+            except KubeError as error:
+                if 400 <= error.status < 500:  # invalid, forbidden, an admission webhook's no
+                    raise RolloutRefused(str(error)) from error
+                raise
+
+    async def _there(self, name: str) -> bool:
+        """Whether the Episode of this name is there and not being deleted (gone since the create's
+        conflict counts as being deleted)."""
+        items, _ = await self.client.list_objects_at(PLURAL, self.namespace, fields=f"metadata.name={name}")
+        return bool(items) and not items[0]["metadata"].get("deletionTimestamp")
+
+    async def _gone(self, name: str) -> None:
+        async with aclosing(self._follow(self.namespace, name)) as events:
+            async for kind, episode in events:
+                if episode is None or kind == "DELETED":
+                    return
 
     async def finished(self, namespace: str, name: str) -> Mapping[str, Any]:
+        async with aclosing(self._follow(namespace, name)) as events:  # closes the watch when done
+            async for kind, episode in events:
+                if episode is None or kind == "DELETED":
+                    raise EpisodeGone(name)
+                if is_terminal((episode.get("status") or {}).get("phase")):
+                    return episode
+        raise AssertionError("unreachable: _follow never ends")
+
+    async def _follow(self, namespace: str, name: str) -> AsyncGenerator[tuple[str, Mapping[str, Any] | None]]:
+        """The Episode as it is (``LISTED``, None when there is none), then as it changes; listed again
+        after a watch ends or expires, and after an API error (logged) and a pause."""
         fields = f"metadata.name={name}"
         while True:
             try:
                 items, version = await self.client.list_objects_at(PLURAL, namespace, fields=fields)
-                if not items:
-                    raise EpisodeGone(name)
-                if is_terminal((items[0].get("status") or {}).get("phase")):
-                    return items[0]
+                yield "LISTED", (items[0] if items else None)
                 async for kind, episode in self.client.watch_objects(PLURAL, namespace, None, version, fields=fields):
-                    if kind == "DELETED":
-                        raise EpisodeGone(name)
-                    if is_terminal((episode.get("status") or {}).get("phase")):
-                        return episode
+                    yield kind, episode
             except Gone:
-                continue  # list again
+                continue
             except KubeError as error:
                 self.logger.warning("following episode %s/%s: %s", namespace, name, error)
                 await asyncio.sleep(RETRY_PAUSE_SEC)

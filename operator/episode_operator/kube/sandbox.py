@@ -21,8 +21,9 @@ import contextlib
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
-from episode_operator.api.models import EpisodeSpec
+from episode_operator.api.models import KIND, EpisodeSpec
 from episode_operator.api.vocabulary import ATTEMPT_LABEL, EPISODE_LABEL, ROLE_LABEL, TURN_LABEL, OutageKind
 from episode_operator.kube.client import ExecTransportError, KubeClient, KubeError, NotFound
 from episode_operator.kube.objects.network import network_policy
@@ -439,7 +440,11 @@ class KubeProvider:
         with registration as changed:
             try:
                 try:
-                    existing = await self.client.read_pod(self.episode.namespace, name)
+                    existing = await self._not_anothers(
+                        await self.client.read_pod(self.episode.namespace, name),
+                        changed,
+                        pod.environment.build_timeout_sec,
+                    )
                 except NotFound:
                     if recorded is not None:
                         raise SandboxError(
@@ -470,6 +475,34 @@ class KubeProvider:
         except CommandFailed as error:
             raise SandboxError(f"cannot place the supervisor in {name}: {error}", kind="supervisor") from error
         return sandbox
+
+    async def _not_anothers(
+        self, existing: dict[str, Any], changed: asyncio.Event | None, timeout_sec: float
+    ) -> dict[str, Any]:
+        """``existing``, when it is this Episode's; NotFound once it is gone, when it is another's.
+
+        Another Episode's pod of this name is an earlier Episode's of the same name (Gym's try sent
+        again after its cancellation, a GitOps re-apply), deleted with it and still terminating. It is
+        never adopted: what ran in it is not this Episode's.
+        """
+        name = existing["metadata"]["name"]
+        pause = self.poll_first_sec
+        deadline = self.clock() + timeout_sec
+        while not _owned_by(existing, self.episode.uid):
+            if self.clock() > deadline:
+                raise SandboxError(
+                    f"pod {name} of an earlier Episode of this name is still there after {timeout_sec:.0f} s",
+                    kind="pod_lost",
+                )
+            if changed is None:
+                await asyncio.sleep(pause)
+                pause = min(pause * 2, self.poll_max_sec)
+            else:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(changed.wait(), self.watched_poll_max_sec)
+                changed.clear()
+            existing = await self.client.read_pod(self.episode.namespace, name)  # NotFound once it is gone
+        return existing
 
     async def _wait_running(
         self,
@@ -566,3 +599,9 @@ class _Reporter:
     async def running(self) -> None:
         if self.waiting is not None:
             await self.waiting(None)
+
+
+def _owned_by(pod: Mapping[str, Any], uid: str) -> bool:
+    """Whether the pod is not another Episode's: no owner reference names an Episode of another uid."""
+    owners = (pod.get("metadata") or {}).get("ownerReferences") or []
+    return not any(ref.get("kind") == KIND and ref.get("uid") != uid for ref in owners)
