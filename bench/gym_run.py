@@ -23,7 +23,6 @@ import argparse
 import base64
 import json
 import statistics
-import subprocess
 import sys
 import time
 import urllib.request
@@ -33,15 +32,13 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the cluster-test helpers
 
-import yaml
 from kubernetes import client, config, watch
-from tests.cluster.harness import EXAMPLES, GROUP, PLURAL, OperatorProcess, free_port
+from tests.cluster.harness import GROUP, PLURAL, gym_operator
 
 KUBECONFIG = Path("/var/lib/episode-operator/cluster/kubeconfig")
 OUT = Path(__file__).resolve().parent / "out"
 VERSION = "v1alpha1"
 TOKEN = "bench-gym-token"
-KUBECTL_EPISODE = Path(sys.executable).parent / "kubectl-episode"
 
 
 def post_run(port: int, index: int) -> dict[str, Any]:
@@ -98,63 +95,49 @@ def main() -> int:
     core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=namespace)))
     work = OUT / namespace
     work.mkdir(parents=True, exist_ok=True)
-    process: OperatorProcess | None = None
+    agent = {"kind": "command", "command": "echo 'Hello, world!' > /app/hello.txt"}
     try:
-        env = {"KUBECONFIG": str(KUBECONFIG), "PATH": "/usr/bin:/bin"}
-        pack = [str(KUBECTL_EPISODE), "pack", str(EXAMPLES), "--dataset", "examples", "-n", namespace]
-        subprocess.run(pack, check=True, capture_output=True, env=env, timeout=120)
-        settings = work / "gym.yaml"
-        agent = {"kind": "command", "command": "echo 'Hello, world!' > /app/hello.txt"}
-        settings.write_text(yaml.safe_dump({"namespace": namespace, "agent": agent, "retryOwner": "gym"}))
-        (work / "token").write_text(TOKEN)
-        port = free_port()
-        gym_args = ("--gym-port", str(port), "--gym-settings", str(settings), "--gym-token-file", str(work / "token"))
-        process = OperatorProcess(KUBECONFIG, work / "data", work / "operator.log", namespace, extra_args=gym_args)
-        process.start()
-        post_run(port, 999)  # warm: the image on the node, the server's first connection
-        spec = next(
-            e["spec"]
-            for e in custom.list_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL)["items"]
-            if e["metadata"]["name"].startswith("gym-0-999-")
-        )
-        direct(custom, namespace, spec)
-        figures: dict[str, list[float]] = {"gym": [], "direct": []}
-        for index in range(args.repeats):
-            for case in ("gym", "direct") if index % 2 == 0 else ("direct", "gym"):
-                started = time.monotonic()
-                if case == "gym":
-                    answer = post_run(port, index)
-                    assert answer.get("reward") == 1.0, answer
-                else:
-                    episode = direct(custom, namespace, spec)
-                    assert episode["status"].get("reward") == 1.0, episode["status"]
-                figures[case].append(time.monotonic() - started)
-            gym, plain = figures["gym"][-1], figures["direct"][-1]
-            print(f"repeat {index + 1}/{args.repeats}: gym {gym:.3f} s, direct {plain:.3f} s")
-        summary = {
-            case: {"median_s": statistics.median(values), "mean_s": statistics.fmean(values), "runs": values}
-            for case, values in figures.items()
-        }
-        difference = summary["gym"]["median_s"] - summary["direct"]["median_s"]
-        ratio = summary["gym"]["median_s"] / summary["direct"]["median_s"]
-        print(f"{'case':8} {'median s':>9} {'mean s':>8}")
-        for case in ("direct", "gym"):
-            print(f"{case:8} {summary[case]['median_s']:9.3f} {summary[case]['mean_s']:8.3f}")
-        print(f"/run over direct: {difference * 1000:+.0f} ms median, ratio {ratio:.3f}")
-        OUT.mkdir(exist_ok=True)
-        result = {"repeats": args.repeats, "cases": summary, "difference_s": difference, "ratio": ratio}
-        (OUT / "gym_run.json").write_text(json.dumps(result, indent=2) + "\n")
-        return 0
+        with gym_operator(KUBECONFIG, api, namespace, work, agent, TOKEN) as (_, port):
+            return measure(custom, namespace, port, args.repeats)
     finally:
-        custom.delete_collection_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL)
-        deadline = time.monotonic() + 120
-        while custom.list_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL)["items"]:
-            if time.monotonic() > deadline:
-                break
-            time.sleep(0.5)
-        if process is not None:
-            process.stop()
         core.delete_namespace(namespace)
+
+
+def measure(custom: client.CustomObjectsApi, namespace: str, port: int, repeats: int) -> int:
+    post_run(port, 999)  # warm: the image on the node, the server's first connection
+    spec = next(
+        e["spec"]
+        for e in custom.list_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL)["items"]
+        if e["metadata"]["name"].startswith("gym-0-999-")
+    )
+    direct(custom, namespace, spec)
+    figures: dict[str, list[float]] = {"gym": [], "direct": []}
+    for index in range(repeats):
+        for case in ("gym", "direct") if index % 2 == 0 else ("direct", "gym"):
+            started = time.monotonic()
+            if case == "gym":
+                answer = post_run(port, index)
+                assert answer.get("reward") == 1.0, answer
+            else:
+                episode = direct(custom, namespace, spec)
+                assert episode["status"].get("reward") == 1.0, episode["status"]
+            figures[case].append(time.monotonic() - started)
+        gym, plain = figures["gym"][-1], figures["direct"][-1]
+        print(f"repeat {index + 1}/{repeats}: gym {gym:.3f} s, direct {plain:.3f} s")
+    summary = {
+        case: {"median_s": statistics.median(values), "mean_s": statistics.fmean(values), "runs": values}
+        for case, values in figures.items()
+    }
+    difference = summary["gym"]["median_s"] - summary["direct"]["median_s"]
+    ratio = summary["gym"]["median_s"] / summary["direct"]["median_s"]
+    print(f"{'case':8} {'median s':>9} {'mean s':>8}")
+    for case in ("direct", "gym"):
+        print(f"{case:8} {summary[case]['median_s']:9.3f} {summary[case]['mean_s']:8.3f}")
+    print(f"/run over direct: {difference * 1000:+.0f} ms median, ratio {ratio:.3f}")
+    OUT.mkdir(exist_ok=True)
+    result = {"repeats": repeats, "cases": summary, "difference_s": difference, "ratio": ratio}
+    (OUT / "gym_run.json").write_text(json.dumps(result, indent=2) + "\n")
+    return 0
 
 
 if __name__ == "__main__":

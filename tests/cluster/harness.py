@@ -221,6 +221,46 @@ def running_operator(kubeconfig: Path, data_dir: Path, log_path: Path, namespace
 
 
 # Episodes --------------------------------------------------------------------------------------
+@contextlib.contextmanager
+def gym_operator(
+    kubeconfig: Path, api: client.ApiClient, namespace: str, root: Path, agent: dict[str, Any], token: str
+) -> Iterator[tuple[OperatorProcess, int]]:
+    """An operator driving ``namespace`` with its Gym server on (docs/gym.md), and the server's port.
+
+    The examples are packed into the namespace as the dataset ``examples`` (``kubectl episode pack
+    --dataset``, as a user packs them); the tries' Episodes run ``agent`` and Gym owns their retries.
+    At the end the Episodes are deleted while the operator runs (they carry its finalizer).
+    """
+    kubectl_episode = Path(sys.executable).parent / "kubectl-episode"
+    packed = subprocess.run(
+        [str(kubectl_episode), "pack", str(EXAMPLES), "--dataset", "examples", "-n", namespace],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={"KUBECONFIG": str(kubeconfig), "PATH": "/usr/bin:/bin"},
+        check=False,
+    )
+    assert packed.returncode == 0, packed.stderr
+    settings, token_file = root / "gym.yaml", root / "token"
+    settings.write_text(yaml.safe_dump({"namespace": namespace, "agent": agent, "retryOwner": "gym"}))
+    token_file.write_text(token + "\n")
+    port = free_port()
+    gym_args = ("--gym-port", str(port), "--gym-settings", str(settings), "--gym-token-file", str(token_file))
+    process = OperatorProcess(kubeconfig, root / "data", root / "operator.log", namespace, extra_args=gym_args)
+    process.start()
+    try:
+        yield process, port
+    finally:
+        custom = client.CustomObjectsApi(api)
+        custom.delete_collection_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL)
+        deadline = time.monotonic() + 120
+        while custom.list_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL)["items"]:
+            if time.monotonic() > deadline:
+                break
+            time.sleep(0.5)
+        process.stop()
+
+
 def folder_files(folder: Path, edits: Mapping[str, str | None] | None = None) -> dict[str, str]:
     """A task folder as the ``inline.files`` of an Episode; ``edits`` replace or (None) remove files."""
     files = {

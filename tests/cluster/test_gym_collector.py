@@ -26,11 +26,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 from kubernetes import client
 
 from tests.cluster.conftest import unwatched_namespace
-from tests.cluster.harness import EXAMPLES, GROUP, PLURAL, OperatorProcess, free_port, pod_file
+from tests.cluster.harness import GROUP, PLURAL, OperatorProcess, gym_operator, pod_file
 from tests.reference import check_rollout_row
 from tests.scripted_model.deploy import ScriptedModel, deploy_scripted_model
 
@@ -92,20 +91,10 @@ def gym(
 ) -> Iterator[tuple[OperatorProcess, str, int, ScriptedModel]]:
     core = client.CoreV1Api(api_client)
     with unwatched_namespace(core, api_client, "gymc-") as namespace:
-        packed = subprocess.run(
-            [str(KUBECTL_EPISODE), "pack", str(EXAMPLES), "--dataset", "examples", "-n", namespace],
-            capture_output=True,
-            text=True,
-            timeout=120,
-            env={"KUBECONFIG": str(kubeconfig), "PATH": "/usr/bin:/bin"},
-            check=False,
-        )
-        assert packed.returncode == 0, packed.stderr
         model = deploy_scripted_model(core, namespace, HELLO, "episode-operator.local/sandbox:bookworm")
         core.create_namespaced_secret(
             namespace, client.V1Secret(metadata=client.V1ObjectMeta(name="model-key"), string_data={"api-key": KEY})
         )
-        root = tmp_path_factory.mktemp("gym-collector")
         endpoint = {
             "name": MODEL,
             "baseURL": f"{model.base_url}/v1",
@@ -118,30 +107,9 @@ def gym(
             "model": endpoint,
             "capture": {"tokenIds": True},
         }
-        settings = root / "gym.yaml"
-        settings.write_text(yaml.safe_dump({"namespace": namespace, "agent": agent, "retryOwner": "gym"}))
-        token = root / "token"
-        token.write_text(TOKEN + "\n")
-        port = free_port()
-        process = OperatorProcess(
-            kubeconfig,
-            root / "data",
-            root / "operator.log",
-            namespace,
-            extra_args=("--gym-port", str(port), "--gym-settings", str(settings), "--gym-token-file", str(token)),
-        )
-        process.start()
-        try:
+        root = tmp_path_factory.mktemp("gym-collector")
+        with gym_operator(kubeconfig, api_client, namespace, root, agent, TOKEN) as (process, port):
             yield process, namespace, port, model
-        finally:
-            custom = client.CustomObjectsApi(api_client)
-            custom.delete_collection_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL)
-            deadline = time.monotonic() + 120
-            while custom.list_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL)["items"]:
-                if time.monotonic() > deadline:
-                    break
-                time.sleep(0.5)
-            process.stop()
 
 
 def collector_pod(name: str) -> dict[str, Any]:

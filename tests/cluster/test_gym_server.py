@@ -11,7 +11,6 @@ import base64
 import concurrent.futures
 import http.client
 import json
-import subprocess
 import sys
 import time
 import urllib.error
@@ -21,11 +20,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 from kubernetes import client
 
 from tests.cluster.conftest import unwatched_namespace
-from tests.cluster.harness import EXAMPLES, OperatorProcess, free_port
+from tests.cluster.harness import OperatorProcess, gym_operator
 
 KUBECTL_EPISODE = Path(sys.executable).parent / "kubectl-episode"
 TOKEN = "gym-test-token-0123456789"
@@ -62,42 +60,10 @@ def gym_server(
 ) -> Iterator[tuple[GymOperator, str]]:
     core = client.CoreV1Api(api_client)
     with unwatched_namespace(core, api_client, "gym-") as namespace:
-        packed = subprocess.run(
-            [str(KUBECTL_EPISODE), "pack", str(EXAMPLES), "--dataset", "examples", "-n", namespace],
-            capture_output=True,
-            text=True,
-            timeout=120,
-            env={"KUBECONFIG": str(kubeconfig), "PATH": "/usr/bin:/bin"},
-            check=False,
-        )
-        assert packed.returncode == 0, packed.stderr
-        root = tmp_path_factory.mktemp("gym")
-        settings = root / "gym.yaml"
         agent = {"kind": "command", "command": SOLVE}
-        settings.write_text(yaml.safe_dump({"namespace": namespace, "agent": agent, "retryOwner": "gym"}))
-        token = root / "token"
-        token.write_text(TOKEN + "\n")
-        port = free_port()
-        process = OperatorProcess(
-            kubeconfig,
-            root / "data",
-            root / "operator.log",
-            namespace,
-            extra_args=("--gym-port", str(port), "--gym-settings", str(settings), "--gym-token-file", str(token)),
-        )
-        process.start()
-        try:
+        root = tmp_path_factory.mktemp("gym")
+        with gym_operator(kubeconfig, api_client, namespace, root, agent, TOKEN) as (process, port):
             yield GymOperator(process, port), namespace
-        finally:
-            # Episodes carry the operator's finalizer: delete them while it runs.
-            custom = client.CustomObjectsApi(api_client)
-            custom.delete_collection_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL)
-            deadline = time.monotonic() + 120
-            while custom.list_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL)["items"]:
-                if time.monotonic() > deadline:
-                    break
-                time.sleep(0.5)
-            process.stop()
 
 
 def episodes(api_client: client.ApiClient, namespace: str) -> list[dict[str, Any]]:
