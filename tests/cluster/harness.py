@@ -222,15 +222,8 @@ def running_operator(kubeconfig: Path, data_dir: Path, log_path: Path, namespace
 
 # Episodes --------------------------------------------------------------------------------------
 @contextlib.contextmanager
-def gym_operator(
-    kubeconfig: Path, api: client.ApiClient, namespace: str, root: Path, agent: dict[str, Any], token: str
-) -> Iterator[tuple[OperatorProcess, int]]:
-    """An operator driving ``namespace`` with its Gym server on (docs/gym.md), and the server's port.
-
-    The examples are packed into the namespace as the dataset ``examples`` (``kubectl episode pack
-    --dataset``, as a user packs them); the tries' Episodes run ``agent`` and Gym owns their retries.
-    At the end the Episodes are deleted while the operator runs (they carry its finalizer).
-    """
+def pack_examples(kubeconfig: Path, namespace: str) -> None:
+    """The examples packed into ``namespace`` as the dataset ``examples``, as a user packs them."""
     kubectl_episode = Path(sys.executable).parent / "kubectl-episode"
     packed = subprocess.run(
         [str(kubectl_episode), "pack", str(EXAMPLES), "--dataset", "examples", "-n", namespace],
@@ -241,6 +234,18 @@ def gym_operator(
         check=False,
     )
     assert packed.returncode == 0, packed.stderr
+
+
+def gym_operator(
+    kubeconfig: Path, api: client.ApiClient, namespace: str, root: Path, agent: dict[str, Any], token: str
+) -> Iterator[tuple[OperatorProcess, int]]:
+    """An operator driving ``namespace`` with its Gym server on (docs/gym.md), and the server's port.
+
+    The examples are packed into the namespace (``pack_examples``); the tries' Episodes run
+    ``agent`` and Gym owns their retries.
+    At the end the Episodes are deleted while the operator runs (they carry its finalizer).
+    """
+    pack_examples(kubeconfig, namespace)
     settings, token_file = root / "gym.yaml", root / "token"
     settings.write_text(yaml.safe_dump({"namespace": namespace, "agent": agent, "retryOwner": "gym"}))
     token_file.write_text(token + "\n")

@@ -483,3 +483,66 @@ def test_the_charts_default_timing_is_the_operators() -> None:
     options = main_command_params(timing_flags)
     timed = {name: options[name] for name in ("pull_grace_sec", "poll_interval_sec", "unschedulable_timeout_sec")}
     assert timed == {name: getattr(DEFAULT_TIMING, name) for name in timed}
+
+
+GYM_VALUES: dict[str, Any] = {
+    "watchNamespaces": ["evals"],
+    "gym": {
+        "enabled": True,
+        "tokenSecret": {"name": "gym-token"},
+        "settings": {"namespace": "evals", "agent": {"kind": "command", "command": "true"}, "retryOwner": "gym"},
+    },
+}
+
+
+def test_the_gym_server_runs_in_every_replica_with_the_settings_the_operator_reads() -> None:
+    from episode_operator.runtime.gym_server import load_settings
+
+    objects = render(GYM_VALUES)
+    (settings,) = find(objects, "ConfigMap", "episode-operator-gym")
+    loaded = load_settings(settings["data"]["gym.yaml"], "token", "gym.yaml")  # the operator's own parser
+    assert (loaded.namespace, loaded.agent.kind, loaded.retry_owner) == ("evals", "command", "gym")
+    (deployment,) = find(objects, "Deployment")
+    pod = deployment["spec"]["template"]
+    (container,) = pod["spec"]["containers"]
+    assert {"--gym-port=8090", "--gym-settings=/etc/episode-operator/gym/gym.yaml"} <= set(container["args"])
+    token = next(e for e in container["env"] if e["name"] == "EPISODE_GYM_TOKEN")
+    assert token["valueFrom"]["secretKeyRef"] == {"name": "gym-token", "key": "token"}
+    assert {"name": "gym", "containerPort": 8090} in container["ports"]
+    mount = next(m for m in container["volumeMounts"] if m["name"] == "gym-settings")
+    assert mount["mountPath"] == "/etc/episode-operator/gym" and mount["readOnly"]
+    assert pod["metadata"]["annotations"]["episode-operator.dev/gym-settings"]  # a settings change rolls the pods
+    (service,) = find(objects, "Service")
+    assert {"name": "gym", "port": 8090, "targetPort": "gym", "protocol": "TCP"} in service["spec"]["ports"]
+    # Off by default: nothing of it renders.
+    plain = render()
+    assert not find(plain, "ConfigMap", "episode-operator-gym")
+    assert not any(
+        "gym" in arg for arg in find(plain, "Deployment")[0]["spec"]["template"]["spec"]["containers"][0]["args"]
+    )
+
+
+def test_the_gym_settings_keys_are_the_operators() -> None:
+    """values.schema.json lists the settings file's keys: exactly GymServerFile's fields, camelCase."""
+    import json
+
+    from episode_operator.runtime.gym_server import GymServerFile
+
+    schema = json.loads((CHART / "values.schema.json").read_text())
+    keys = set(schema["properties"]["gym"]["properties"]["settings"]["properties"])
+    assert keys == {field.alias or name for name, field in GymServerFile.model_fields.items()}
+
+
+@pytest.mark.parametrize(
+    ("gym", "complaint"),
+    [
+        ({"enabled": True, "settings": GYM_VALUES["gym"]["settings"]}, "gym.tokenSecret.name"),
+        ({"enabled": True, "tokenSecret": {"name": "t"}, "settings": {"namespace": "evals"}}, "gym.settings.agent"),
+        ({"settings": {"namespace": "evals", "agnet": {}}}, "agnet"),
+        ({"settings": {"retryOwner": "both"}}, "retryOwner"),
+    ],
+    ids=["no-token", "no-agent", "misspelled-key", "bad-retry-owner"],
+)
+def test_a_gym_block_that_cannot_serve_is_refused_naming_the_key(gym: dict[str, Any], complaint: str) -> None:
+    with pytest.raises(Exception, match=re.escape(complaint)):
+        render({"gym": gym})
