@@ -31,7 +31,7 @@ from statistics import fmean, median, stdev
 from typing import Any, Literal
 
 from episode_operator.api import export
-from episode_operator.api.export import EpisodeEvidence
+from episode_operator.api.export import ROLLOUT_INDEX_KEY, TASK_INDEX_KEY, EpisodeEvidence
 from episode_operator.api.models import EpisodeStatus
 from episode_operator.api.naming import content_name
 from episode_operator.api.vocabulary import FailureKind, is_terminal
@@ -118,8 +118,8 @@ def parse_run(body: Any, default_dataset: str | None = None) -> GymRun:
         raise GymRequestError("the body: a JSON object (a flat row or an episode request)")
     if isinstance(body.get("episode_id"), Mapping) and isinstance(body.get("task"), Mapping):
         return _parse_episode(body, default_dataset)
-    task_index = _int(body, "_ng_task_index")
-    rollout_index = _int(body, "_ng_rollout_index")
+    task_index = _int(body, TASK_INDEX_KEY)
+    rollout_index = _int(body, ROLLOUT_INDEX_KEY)
     if "_ng_rollout_id" in body:
         rollout_id = _rollout_id(body["_ng_rollout_id"], "_ng_rollout_id")
     elif task_index is not None and rollout_index is not None:
@@ -156,8 +156,8 @@ def _parse_episode(body: Mapping[str, Any], default_dataset: str | None) -> GymR
         rollout_id=_rollout_id(episode_id.get("rollout_id"), "episode_id.rollout_id"),
         attempt=_int(episode_id, "attempt", where="episode_id.") or 0,
         task=_task_ref(task_id.get("task_id"), "task.task_id.task_id", taskset, default_dataset),
-        task_index=_int(task_input, "_ng_task_index", where="task.task_input."),
-        rollout_index=_int(task_input, "_ng_rollout_index", where="task.task_input."),
+        task_index=_int(task_input, TASK_INDEX_KEY, where="task.task_input."),
+        rollout_index=_int(task_input, ROLLOUT_INDEX_KEY, where="task.task_input."),
         body=body,
     )
 
@@ -248,8 +248,6 @@ def refused_answer(run: GymRun, reason: str, failure_kind: FailureKind) -> dict[
 
 # --- /aggregate_metrics -------------------------------------------------------------------------------------
 STATS: dict[str, Callable[[list[float]], float]] = {"mean": fmean, "max": max, "min": min, "median": median}
-TASK_INDEX = "_ng_task_index"
-ROLLOUT_INDEX = "_ng_rollout_index"
 
 
 def numeric_fields(row: Mapping[str, Any]) -> dict[str, float]:
@@ -307,17 +305,17 @@ def aggregate_metrics(verify_responses: Sequence[Mapping[str, Any]]) -> dict[str
     Masked rows (``mask_sample``) are left out of the scores, as Gym's collector leaves them out.
     """
     for number, row in enumerate(verify_responses):
-        if not isinstance(row, Mapping) or not isinstance(row.get(TASK_INDEX), int):
-            raise GymRequestError(f"verify_responses[{number}]: an object with an integer {TASK_INDEX}")
+        if not isinstance(row, Mapping) or not isinstance(row.get(TASK_INDEX_KEY), int):
+            raise GymRequestError(f"verify_responses[{number}]: an object with an integer {TASK_INDEX_KEY}")
     measured = [row for row in verify_responses if not row.get("mask_sample")]
     by_task: dict[int, list[Mapping[str, Any]]] = defaultdict(list)
     for row in measured:
-        by_task[int(row[TASK_INDEX])].append(row)
-    tasks = [sorted(rows, key=lambda row: int(row.get(ROLLOUT_INDEX) or 0)) for _, rows in sorted(by_task.items())]
+        by_task[int(row[TASK_INDEX_KEY])].append(row)
+    tasks = [sorted(rows, key=lambda row: int(row.get(ROLLOUT_INDEX_KEY) or 0)) for _, rows in sorted(by_task.items())]
     agent_metrics: dict[str, Any] = describe(measured) | pass_metrics(tasks)
-    agent_metrics["num_repeats"] = len({row.get(ROLLOUT_INDEX) for row in measured})
+    agent_metrics["num_repeats"] = len({row.get(ROLLOUT_INDEX_KEY) for row in measured})
     group_level = [
-        {TASK_INDEX: index, **describe(rows), "num_rollouts": len(rows)} for index, rows in sorted(by_task.items())
+        {TASK_INDEX_KEY: index, **describe(rows), "num_rollouts": len(rows)} for index, rows in sorted(by_task.items())
     ]
     key_metrics = {key: value for key, value in agent_metrics.items() if key.startswith("mean/")}
     longest = max((len(rollouts) for rollouts in tasks), default=0)
