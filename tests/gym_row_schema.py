@@ -17,6 +17,18 @@ STRING_OR_NULL: dict[str, Any] = {"type": ["string", "null"]}
 REWARDS: dict[str, Any] = {"type": "object", "additionalProperties": {"type": "number"}}
 EPISODE: dict[str, Any] = {"type": "string", "pattern": "^[^/]+/[^/]+$"}
 INDEX: dict[str, Any] = {"type": "integer", "minimum": 0}
+# Gym's identity keys (export.py's docstring), on both kinds of row.
+IDENTITY: dict[str, Any] = {
+    "_ng_task_index": INDEX,
+    "_ng_rollout_index": INDEX,
+    "_ng_attempt_index": {"type": "integer", "minimum": 1},
+    "_ng_environment_server": {"type": "string", "minLength": 1},
+    "_ng_task_id": {"type": "object", "required": ["task_id"]},
+    "agent_ref": {"type": "object", "required": ["name"]},
+    "instance_id": {"type": "string", "pattern": "^[^:]+::.+$"},
+    "task_name": {"type": "string", "minLength": 1},
+}
+FLAG: dict[str, Any] = {"enum": [0, 1]}
 
 TURN: dict[str, Any] = {
     "type": "object",
@@ -62,6 +74,9 @@ ROLLOUT_ROW: dict[str, Any] = {
         "verifier_mode",
         "episode",
         "metadata",
+        "agent_timeout_error",
+        "context_length_exceeded_error",
+        "_ng_environment_server",
     ],
     "properties": {
         "reward": {"type": "number"},
@@ -84,8 +99,9 @@ ROLLOUT_ROW: dict[str, Any] = {
                 "attempts": {"type": "integer", "minimum": 1},
             },
         },
-        "_ng_task_index": INDEX,
-        "_ng_rollout_index": INDEX,
+        "agent_timeout_error": FLAG,
+        "context_length_exceeded_error": FLAG,
+        **IDENTITY,
     },
 }
 
@@ -98,14 +114,14 @@ FAILURE_ROW: dict[str, Any] = {
         "episode",
         "attempt",
         "failure_kind",
+        "_ng_environment_server",
     ],
     "properties": {
         "_ng_failure_class": {"const": "environment_server_failed"},
         "_ng_failure_terminal": {"type": "boolean"},
         "_ng_failure_message": {"type": "string", "maxLength": 2000},
         "_ng_failure_stage": {"enum": ["admission", "seed", "agent", "verification", "cleanup"]},
-        "_ng_task_index": INDEX,
-        "_ng_rollout_index": INDEX,
+        **IDENTITY,
         "episode": EPISODE,
         "attempt": {"type": ["integer", "null"]},
         "failure_kind": STRING_OR_NULL,

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import ast
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -124,6 +125,8 @@ GYM_MODULES: dict[str, set[str] | None] = {
     "nemo_gym.failure_kinds": None,
     "nemo_gym.config_types": {"ModelServerRef", "ROLLOUT_PATH_PREFIX"},
     "nemo_gym.global_config": {
+        "AGENT_REF_KEY_NAME",
+        "ENVIRONMENT_SERVER_STAMP_KEY_NAME",
         "ATTEMPT_INDEX_KEY_NAME",
         "ROLLOUT_ID_KEY_NAME",
         "ROLLOUT_INDEX_KEY_NAME",
@@ -153,7 +156,14 @@ GYM_MODULES: dict[str, set[str] | None] = {
     },
     "nemo_gym.atif_v1_7": None,
     # How the collector sends an episode request and reads its reply, and harbor's pass@k.
-    "nemo_gym.rollout_collection": {"_episode_request_body", "_episode_record", "_is_episode_response"},
+    # and how it tells rollouts apart across runs (``_identity_key``, by ``_routing_identity``).
+    "nemo_gym.rollout_collection": {
+        "_episode_request_body",
+        "_episode_record",
+        "_is_episode_response",
+        "_identity_key",
+        "_routing_identity",
+    },
     "nemo_gym.metrics_config": {"PassMajorityStat"},
     "nemo_gym.reward_profile": {"compute_pass_majority_metrics"},
     "responses_api_agents.harbor_agent.utils": None,
@@ -193,7 +203,27 @@ def gym_example_rows() -> list[dict[str, Any]]:
 
 
 # --- checking our output against Gym's models ---------------------------------------------------------------
-ROW_COLLECTOR_KEYS = {"_ng_task_index", "_ng_rollout_index"}
+def gym_constant(module: str, name: str) -> str:
+    """A string constant of one of Gym's modules, read from its source (``NAME = "value"``)."""
+    found = re.search(rf'^{name} = "([^"]+)"$', source("nemo-gym", module.replace(".", "/") + ".py"), re.MULTILINE)
+    assert found, f"{module} no longer defines {name}"
+    return found.group(1)
+
+
+# The identity keys Gym's collector stamps on every record it writes (rollout_collection.py): ours
+# must be spelled as Gym spells them, and be no others.
+ROW_COLLECTOR_KEYS = {
+    *(
+        gym_constant("nemo_gym.global_config", name)
+        for name in (
+            "TASK_INDEX_KEY_NAME",
+            "ROLLOUT_INDEX_KEY_NAME",
+            "ATTEMPT_INDEX_KEY_NAME",
+            "ENVIRONMENT_SERVER_STAMP_KEY_NAME",
+        )
+    ),
+    gym_constant("nemo_gym.rollout_collection", "NG_TASK_ID_KEY"),
+}
 FAILURE_COLLECTOR_KEYS = ROW_COLLECTOR_KEYS | {
     "_ng_failure_class",
     "_ng_failure_terminal",

@@ -221,7 +221,6 @@ def running_operator(kubeconfig: Path, data_dir: Path, log_path: Path, namespace
 
 
 # Episodes --------------------------------------------------------------------------------------
-@contextlib.contextmanager
 def pack_examples(kubeconfig: Path, namespace: str) -> None:
     """The examples packed into ``namespace`` as the dataset ``examples``, as a user packs them."""
     kubectl_episode = Path(sys.executable).parent / "kubectl-episode"
@@ -236,6 +235,7 @@ def pack_examples(kubeconfig: Path, namespace: str) -> None:
     assert packed.returncode == 0, packed.stderr
 
 
+@contextlib.contextmanager
 def gym_operator(
     kubeconfig: Path, api: client.ApiClient, namespace: str, root: Path, agent: dict[str, Any], token: str
 ) -> Iterator[tuple[OperatorProcess, int]]:

@@ -539,6 +539,8 @@ def test_export_gym_jsonl(
             "gym-jsonl",
             "--output-dir",
             str(tmp_path),
+            "--environment-server",
+            "harbor_env",
         ],
         capture_output=True,
         text=True,
@@ -549,6 +551,10 @@ def test_export_gym_jsonl(
     check_rows(rollouts, failures)
     assert [(row["episode"], row["reward"], len(row["turns"])) for row in rollouts] == [(f"{namespace}/good", 1.0, 3)]
     assert [(row["episode"], row["failure_kind"]) for row in failures] == [(f"{namespace}/bad", "harbor:invalid_task")]
+    # Two standalone Episodes of two tasks: numbered as Gym numbers a dataset's, under the server named.
+    rows = [*rollouts, *failures]
+    assert sorted((row["_ng_task_index"], row["_ng_rollout_index"]) for row in rows) == [(0, 0), (1, 0)]
+    assert {row["_ng_environment_server"] for row in rows} == {"harbor_env"}
 
 
 def test_ttl_deletes_a_finished_episode(

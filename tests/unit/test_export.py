@@ -10,6 +10,8 @@ from typing import Any
 import pytest
 
 from episode_operator.api.export import (
+    ENVIRONMENT_SERVER,
+    GYM_IDENTITY_ANNOTATION,
     NO_EVIDENCE,
     EpisodeEvidence,
     TurnEvidence,
@@ -19,7 +21,7 @@ from episode_operator.api.export import (
 )
 from episode_operator.capture.records import CapturedCall
 from tests.gym_row_schema import check_rows
-from tests.reference import check_failure_row, check_rollout_row
+from tests.reference import check_failure_row, check_rollout_row, gym
 from tests.unit.conversations import INSTRUCTION, captured, chat_call
 
 SPEC = {"task": {"inline": {"files": {}}}, "agent": {"kind": "command", "command": "run-agent"}}
@@ -368,3 +370,106 @@ def test_the_sampling_of_a_row_is_the_episodes_params_by_their_responses_names()
     model = {"name": "policy", "baseURL": "http://198.19.0.9:8000/v1", "params": {"max_tokens": 64, "top_k": 5}}
     spec = EpisodeSpec.model_validate({**SPEC, "agent": {"kind": "command", "command": "x", "model": model}})
     assert evidence_of(spec, {}).sampling == {"max_output_tokens": 64}  # top_k: sent, but no Responses key
+
+
+# --- Gym's identity keys -----------------------------------------------------------------------------------
+GYM_TRY = {
+    "instance_id": "examples::hello",
+    "agent_ref": {"name": "harbor_agent"},
+    "_ng_attempt_index": 2,
+}
+
+
+def gym_try(status: dict[str, Any], identity: Any, **extra: Any) -> dict[str, Any]:
+    item = episode(status, **extra)
+    item["metadata"]["annotations"] = {
+        GYM_IDENTITY_ANNOTATION: identity if isinstance(identity, str) else json.dumps(identity)
+    }
+    return item
+
+
+def test_the_rows_of_a_gym_try_carry_what_gym_named_it_by() -> None:
+    """Gym's third try (``_ng_attempt_index`` 2), lost once inside the Episode: the lost attempt is
+    Gym's try 2, the graded one try 3; both name the agent and the task as Gym's row did."""
+    (row,), (lost,) = rows(gym_try(graded(turn("01-make", 1.0), attempts=2), GYM_TRY, labels=SET_LABELS))
+    check_rows([row], [lost])
+    assert (lost["_ng_attempt_index"], row["_ng_attempt_index"]) == (2, 3)
+    for each in (row, lost):
+        assert each["instance_id"] == "examples::hello" and "task_name" not in each
+        assert each["agent_ref"] == {"name": "harbor_agent"}
+        assert (each["_ng_task_index"], each["_ng_rollout_index"], each["_ng_environment_server"]) == (
+            3,
+            0,
+            ENVIRONMENT_SERVER,
+        )
+
+
+def test_an_episode_gym_did_not_send_names_its_task_and_counts_its_own_tries() -> None:
+    (row,), (lost,) = rows(episode(graded(turn("01-make", 1.0), attempts=2)), environment_server="harbor_env")
+    check_rows([row], [lost])
+    assert row["task_name"] == lost["task_name"] == "org/hello"
+    assert not {"instance_id", "agent_ref", "_ng_task_id"} & (set(row) | set(lost))
+    assert ("_ng_attempt_index" not in lost, row["_ng_attempt_index"]) == (True, 1)
+    assert row["_ng_environment_server"] == lost["_ng_environment_server"] == "harbor_env"
+
+
+@pytest.mark.parametrize(
+    "identity",
+    [
+        "not json",
+        "[1, 2]",
+        {"_ng_attempt_index": "2", "agent_ref": "harbor_agent", "instance_id": 7},
+        {"_ng_attempt_index": -1, "_ng_task_id": ["examples", "hello"]},
+        {"reward": 1.0, "_ng_failure_terminal": True, "mask_sample": False},
+    ],
+    ids=["not JSON", "not an object", "wrong types", "negative attempt", "other keys"],
+)
+def test_an_identity_annotation_gym_did_not_write_changes_no_score_and_no_key(identity: Any) -> None:
+    """Whoever creates an Episode may write its annotations: what is not an identity key of the right
+    type is left out, and the row is the row of an Episode Gym did not send."""
+    status = graded(turn("01-make", 1.0))
+    (row,), _ = rows(gym_try(status, identity))
+    (plain,), _ = rows(episode(status))
+    check_rows([row], [])
+
+    def scored(each: dict[str, Any]) -> dict[str, Any]:  # all but the responses, whose ids are random
+        return {k: v for k, v in each.items() if k not in ("response", "turns")} | {
+            "turns": [{k: v for k, v in entry.items() if k != "response"} for entry in each["turns"]]
+        }
+
+    assert scored(row) == scored(plain)
+
+
+def test_the_agents_timeout_and_context_window_are_gyms_error_flags() -> None:
+    (timed_out,), _ = rows(episode(graded(turn("01-make", 0.0, agentFailure="timeout"))))
+    (overflowed,), _ = rows(
+        episode(graded(turn("01-make", 1.0), turn("02-append", 0.0, agentFailure="context_window")))
+    )
+    (clean,), _ = rows(episode(graded(turn("01-make", 1.0, agentFailure="exited"))))
+    flags = ("agent_timeout_error", "context_length_exceeded_error")
+    assert [tuple(row[flag] for flag in flags) for row in (timed_out, overflowed, clean)] == [(1, 0), (0, 1), (0, 0)]
+
+
+def made(name: str, digest: str, created: str, **extra: Any) -> dict[str, Any]:
+    item = episode({**graded(turn("01-make", 1.0)), "task": {"digest": "sha256:" + digest * 64}}, name=name, **extra)
+    item["metadata"]["creationTimestamp"] = created
+    return item
+
+
+def test_an_export_numbers_the_episodes_without_indices_as_gym_tells_rollouts_apart() -> None:
+    """Standalone Episodes get task indices after every index an exported Episode has, one per task,
+    their rollouts in the order they were made; Gym's own identity key tells every row apart, and
+    the same Episodes number the same way in any order."""
+    child = made("child", "9", "2026-12-01T00:00:00Z", labels=SET_LABELS)
+    later, earlier = made("a1", "0", "2026-12-01T00:00:05Z"), made("a2", "0", "2026-12-01T00:00:01Z")
+    other = made("b", "1", "2026-12-01T00:00:00Z")
+    running = episode({"phase": "Running"}, name="c")
+    rollouts, _ = split_rows([other, later, running, child, earlier])
+    check_rows(rollouts, [])
+    numbered = {row["episode"]: (row["_ng_task_index"], row["_ng_rollout_index"]) for row in rollouts}
+    assert numbered == {"ns/child": (3, 0), "ns/a2": (4, 0), "ns/a1": (4, 1), "ns/b": (5, 0)}
+    collection = gym()["nemo_gym.rollout_collection"]
+    keys = {collection._identity_key(row, collection._routing_identity) for row in rollouts}
+    assert len(keys) == len(rollouts) and {key[0] for key in keys} == {ENVIRONMENT_SERVER}
+    again, _ = split_rows([earlier, child, other, later])
+    assert {row["episode"]: (row["_ng_task_index"], row["_ng_rollout_index"]) for row in again} == numbered

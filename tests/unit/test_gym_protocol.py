@@ -8,13 +8,14 @@ read back with Gym's ``BaseEpisodeResponse`` and ``_episode_record``, and pass@k
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from episode_operator.api.export import NO_EVIDENCE
+from episode_operator.api.export import GYM_IDENTITY_ANNOTATION, NO_EVIDENCE, rows
 from episode_operator.runtime.gym import (
     GymRequestError,
     TaskRef,
@@ -114,6 +115,8 @@ def test_the_task_comes_from_the_row_or_the_default_dataset(body: Any, default: 
         ({**flat_row(), "_ng_attempt_index": -1}, "_ng_attempt_index"),
         ({**flat_row(), "_ng_rollout_id": "x-a1"}, "_ng_rollout_id"),
         ({**flat_row(), "_ng_rollout_id": "../x"}, "_ng_rollout_id"),
+        ({**flat_row(), "agent_ref": "episode_agent"}, "agent_ref"),
+        ({**flat_row(), "agent_ref": {"name": "x" * 20_000}}, "agent_ref, instance_id"),
         ({"episode_id": {"rollout_id": "3-1"}, "task": {"task_id": "x"}}, "task.task_id"),
         (
             {"episode_id": {"rollout_id": "3-1", "attempt": "1"}, "task": episode_request()["task"]},
@@ -192,6 +195,35 @@ def test_a_captured_episode_answers_without_the_keys_the_collector_reserves() ->
 def test_an_unfinished_episode_has_no_answer() -> None:
     with pytest.raises(ValueError, match="not finished"):
         answer(parse_run(flat_row()), finished({"phase": "Running"}), NO_EVIDENCE, "gym")
+
+
+def kept(run: Any, status: dict[str, Any]) -> dict[str, Any]:
+    """The finished Episode of a try, with the identity the server keeps on it (gym_server.try_manifest)."""
+    item = finished(status)
+    item["metadata"]["annotations"] = {GYM_IDENTITY_ANNOTATION: json.dumps(run.identity)}
+    return item
+
+
+def test_a_trys_episode_exports_gyms_identity_and_answers_without_the_collectors_keys() -> None:
+    """Gym's collector stamps agent_ref, _ng_task_id and the indices itself, so the answers leave them
+    out; the same Episode exported offline carries them, as the collector would have written its row."""
+    flat = parse_run(flat_row(_ng_attempt_index=2))
+    item = kept(flat, graded(turn("task", 1.0)))
+    reply = answer(flat, item, NO_EVIDENCE, "gym")
+    assert "agent_ref" not in reply and reply["instance_id"] == "red-team::answer" and "task_name" not in reply
+    (row,), _ = rows(item)
+    assert (row["agent_ref"], row["instance_id"], row["_ng_attempt_index"]) == (
+        {"name": "episode_agent"},
+        "red-team::answer",
+        2,
+    )
+    request = episode_request(attempt=1)
+    materialized = parse_run(request)
+    item = kept(materialized, graded(turn("task", 1.0)))
+    record = gym()[COLLECTION]._episode_record(answer(materialized, item, NO_EVIDENCE, "gym"))
+    (row,), _ = rows(item)
+    assert row["_ng_task_id"] == record["_ng_task_id"] == request["task"]["task_id"]
+    assert row["_ng_attempt_index"] == 1 and not {"task_name", "instance_id", "agent_ref"} & set(row)
 
 
 def test_a_cancelled_try_may_be_dispatched_again() -> None:

@@ -8,6 +8,7 @@ whoever waits on it with EpisodeGone, and an Episode is finished only once its s
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import socket
 import subprocess
@@ -21,7 +22,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from episode_operator.api.export import NO_EVIDENCE, EpisodeEvidence
+from episode_operator.api.export import GYM_IDENTITY_ANNOTATION, NO_EVIDENCE, EpisodeEvidence
 from episode_operator.api.models import AgentSpec
 from episode_operator.runtime.gym import TaskRef
 from episode_operator.runtime.gym_server import (
@@ -165,7 +166,10 @@ def test_a_resent_run_is_the_same_episode_and_the_same_answer() -> None:
             answers = [await (await reply).json() for reply in (first, again)]
             assert answers[0]["result"]["reward"] == answers[1]["result"]["reward"] == 1.0
             assert list(cluster.episodes) == [name] and cluster.episodes[name]["metadata"]["annotations"] == {
-                CAPTURE_KEY_ANNOTATION: "3-1"
+                CAPTURE_KEY_ANNOTATION: "3-1",
+                GYM_IDENTITY_ANNOTATION: json.dumps(
+                    {"_ng_task_id": episode_request()["task"]["task_id"]}, sort_keys=True
+                ),
             }
             # Another attempt of the rollout is another Episode.
             retry = asyncio.create_task(http.post(f"http://{address}/run", json=episode_request(attempt=1)))

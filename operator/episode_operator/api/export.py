@@ -15,12 +15,21 @@ continue       the cumulative session                            none
 =============  ================================================  ================
 
 ``ng_model_call_capture`` holds every call of the final attempt and ``ng_trajectory`` is projected
-from it and the episode's observations as Gym's collector does. Everything here is pure: the
+from it and the episode's observations as Gym's collector does.
+
+Every row carries Gym's identity keys, as its collector stamps them, so that Gym's ``--resume``,
+aggregation and ATIF export read it: ``_ng_task_index`` / ``_ng_rollout_index`` (an EpisodeSet
+child's, a Gym try's, else numbered within the export: :func:`split_rows`), ``_ng_attempt_index``
+(from the second try on), ``_ng_environment_server``, and what Gym's ``/run`` gave the try
+(``agent_ref``, ``_ng_task_id``, the echoed ``instance_id`` / ``task_name``; an Episode made
+otherwise echoes its task's ``task_name``). A rollout row also has the harbor agent's
+``agent_timeout_error`` and ``context_length_exceeded_error``. Everything here is pure: the
 operator's store supplies the captured calls (:class:`EpisodeEvidence`).
 """
 
 from __future__ import annotations
 
+import json
 import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -28,7 +37,7 @@ from datetime import datetime
 from typing import Any, Literal
 
 from episode_operator.api.models import AttemptStatus, EpisodeSpec, EpisodeStatus, TurnStatus
-from episode_operator.api.vocabulary import SET_ATTEMPT_LABEL, SET_TASK_INDEX_LABEL, Stage, is_terminal
+from episode_operator.api.vocabulary import GROUP, SET_ATTEMPT_LABEL, SET_TASK_INDEX_LABEL, Stage, is_terminal
 from episode_operator.capture.atif import (
     Trajectory,
     trajectory_from_calls,
@@ -55,6 +64,14 @@ FAILURES = "rollouts_failures.jsonl"
 # Gym's collector keys (rollout_collection.py, global_config.py): a producer invents no other ``_ng_`` key.
 TASK_INDEX_KEY = "_ng_task_index"
 ROLLOUT_INDEX_KEY = "_ng_rollout_index"
+ATTEMPT_INDEX_KEY = "_ng_attempt_index"
+TASK_ID_KEY = "_ng_task_id"
+ENVIRONMENT_SERVER_KEY = "_ng_environment_server"
+AGENT_REF_KEY = "agent_ref"
+ECHOED_KEYS = ("instance_id", "task_name")  # a flat row's task, echoed in its answer (harbor_agent)
+GYM_IDENTITY_ANNOTATION = f"{GROUP}/gym-identity"
+# The name rows give the server that ran them when no Gym config names it (`export --environment-server`).
+ENVIRONMENT_SERVER = "episode_operator"
 FAILURE_CLASS = "environment_server_failed"
 FailureStage = Literal["admission", "seed", "agent", "verification", "cleanup"]
 # A turn's stage when its attempt failed → Gym's episode stage. Preparing a turn (its cleanup of the
@@ -155,6 +172,58 @@ def set_indices(metadata: Mapping[str, Any]) -> dict[str, int]:
         }
     except (KeyError, ValueError):
         return {}
+
+
+def _an_index(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+# What each key of a kept identity must be; anything else on the annotation (anyone who may create
+# the Episode may write it) is left out of the rows.
+IDENTITY_VALUES: dict[str, Callable[[Any], bool]] = {
+    **dict.fromkeys(ECHOED_KEYS, lambda value: isinstance(value, str) and bool(value)),
+    AGENT_REF_KEY: lambda value: isinstance(value, dict) and isinstance(value.get("name"), str),
+    TASK_ID_KEY: lambda value: isinstance(value, dict) and isinstance(value.get("task_id"), str),
+    ATTEMPT_INDEX_KEY: _an_index,
+}
+
+
+def gym_identity(metadata: Mapping[str, Any]) -> dict[str, Any]:
+    """What Gym's ``/run`` gave the try whose Episode this is (empty for an Episode made otherwise)."""
+    text = (metadata.get("annotations") or {}).get(GYM_IDENTITY_ANNOTATION)
+    try:
+        identity = json.loads(text) if isinstance(text, str) else {}
+    except ValueError:
+        return {}
+    if not isinstance(identity, dict):
+        return {}
+    return {key: value for key, value in identity.items() if key in IDENTITY_VALUES and IDENTITY_VALUES[key](value)}
+
+
+def identity_keys(
+    metadata: Mapping[str, Any], status: EpisodeStatus, attempt: int | None, environment_server: str
+) -> dict[str, Any]:
+    """Gym's identity keys of a row of this attempt of the Episode (its final one: ``None``)."""
+    gym = gym_identity(metadata)
+    echoed = {key: gym[key] for key in ECHOED_KEYS if key in gym}
+    if not gym and status.task and status.task.name:  # an Episode Gym did not send: its task
+        echoed = {"task_name": status.task.name}
+    keys: dict[str, Any] = {**set_indices(metadata), ENVIRONMENT_SERVER_KEY: environment_server, **echoed}
+    # Gym counts tries from 0: the try Gym sent (its own attempt index), then the Episode's retries.
+    tries = int(gym.get(ATTEMPT_INDEX_KEY) or 0) + max((attempt or status.attempt or 1) - 1, 0)
+    if tries:
+        keys[ATTEMPT_INDEX_KEY] = tries
+    keys |= {key: gym[key] for key in (AGENT_REF_KEY, TASK_ID_KEY) if key in gym}
+    return keys
+
+
+def agent_error_flags(status: EpisodeStatus) -> dict[str, int]:
+    """The harbor agent's error flags (1 or 0): a turn's agent ran out of its budget, or its context."""
+    failures = {turn.agent_failure for turn in status.turns}
+    return {
+        "agent_timeout_error": int("timeout" in failures),
+        "context_length_exceeded_error": int("context_window" in failures),
+    }
 
 
 def rollout_id(metadata: Mapping[str, Any], attempt: int | None) -> str:
@@ -398,7 +467,11 @@ def metadata_of(metadata: Mapping[str, Any], spec: EpisodeSpec, status: EpisodeS
     }
 
 
-def rollout_row(episode: Mapping[str, Any], evidence: EpisodeEvidence = NO_EVIDENCE) -> dict[str, Any]:
+def rollout_row(
+    episode: Mapping[str, Any],
+    evidence: EpisodeEvidence = NO_EVIDENCE,
+    environment_server: str = ENVIRONMENT_SERVER,
+) -> dict[str, Any]:
     """The ``rollouts.jsonl`` row of a Graded or Masked Episode."""
     metadata = episode["metadata"]
     status = EpisodeStatus.model_validate(episode.get("status") or {})
@@ -424,7 +497,8 @@ def rollout_row(episode: Mapping[str, Any], evidence: EpisodeEvidence = NO_EVIDE
         "verifier_mode": status.verifier_mode,
         "episode": episode_name(metadata),
         "metadata": metadata_of(metadata, spec, status),
-        **set_indices(metadata),
+        **agent_error_flags(status),
+        **identity_keys(metadata, status, None, environment_server),
     }
     if evidence.captured:
         task_id = (status.task.name if status.task else None) or episode_name(metadata)
@@ -443,6 +517,7 @@ def failure_row(
     terminal: bool,
     message: str,
     stage: FailureStage | None,
+    environment_server: str = ENVIRONMENT_SERVER,
 ) -> dict[str, Any]:
     """One ``rollouts_failures.jsonl`` row: Gym's handled environment failure, no reward, no response."""
     metadata = episode["metadata"]
@@ -451,7 +526,7 @@ def failure_row(
         "_ng_failure_class": FAILURE_CLASS,
         "_ng_failure_terminal": terminal,
         "_ng_failure_message": message[:2000],
-        **set_indices(metadata),
+        **identity_keys(metadata, status, attempt.number if attempt else None, environment_server),
         "episode": episode_name(metadata),
         "attempt": attempt.number if attempt else status.attempt,
         "failure_kind": status.failure_kind if attempt is None else None,
@@ -468,7 +543,9 @@ def failure_stage(status: EpisodeStatus) -> FailureStage:
 
 
 def rows(
-    episode: Mapping[str, Any], evidence: EpisodeEvidence = NO_EVIDENCE
+    episode: Mapping[str, Any],
+    evidence: EpisodeEvidence = NO_EVIDENCE,
+    environment_server: str = ENVIRONMENT_SERVER,
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """``(rollouts, failures)`` of one finished Episode: its row, and a failure row per failed attempt.
 
@@ -479,26 +556,68 @@ def rows(
         return [], []
     retried = [attempt for attempt in status.attempts if attempt.number != status.attempt]
     failures = [
-        failure_row(episode, attempt, terminal=False, message=attempt.reason or "outage", stage=None)
+        failure_row(
+            episode,
+            attempt,
+            terminal=False,
+            message=attempt.reason or "outage",
+            stage=None,
+            environment_server=environment_server,
+        )
         for attempt in retried
     ]
     outcome = str(status.outcome)
     if outcome in ROW_OUTCOMES:
-        return [rollout_row(episode, evidence)], failures
+        return [rollout_row(episode, evidence, environment_server)], failures
     message = status.message or status.failure_kind or outcome
     terminal = TERMINAL_OUTCOMES.get(outcome, False)
-    return [], [*failures, failure_row(episode, None, terminal=terminal, message=message, stage=failure_stage(status))]
+    final = failure_row(
+        episode,
+        None,
+        terminal=terminal,
+        message=message,
+        stage=failure_stage(status),
+        environment_server=environment_server,
+    )
+    return [], [*failures, final]
+
+
+def export_indices(episodes: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, int]]:
+    """Gym's indices of the Episodes that have none (neither an EpisodeSet's child nor a Gym try), by
+    Episode: one task index per task, after every index an Episode has, and its rollouts in the order
+    they were made. The same Episodes always number the same way."""
+    labelled = [set_indices(episode["metadata"]) for episode in episodes]
+    first = 1 + max((indices[TASK_INDEX_KEY] for indices in labelled if indices), default=-1)
+    by_task: dict[str, list[Mapping[str, Any]]] = {}
+    for episode, indices in zip(episodes, labelled, strict=True):
+        if not indices:
+            task = EpisodeStatus.model_validate(episode.get("status") or {}).task
+            key = (task.digest or task.name) if task else None
+            by_task.setdefault(key or episode_name(episode["metadata"]), []).append(episode)
+    numbered: dict[str, dict[str, int]] = {}
+    for offset, key in enumerate(sorted(by_task)):
+        made = sorted(
+            by_task[key], key=lambda e: (e["metadata"].get("creationTimestamp") or "", episode_name(e["metadata"]))
+        )
+        for rollout, episode in enumerate(made):
+            numbered[episode_name(episode["metadata"])] = {TASK_INDEX_KEY: first + offset, ROLLOUT_INDEX_KEY: rollout}
+    return numbered
 
 
 def split_rows(
     episodes: Iterable[Mapping[str, Any]],
     evidence_of: Callable[[Mapping[str, Any]], EpisodeEvidence] = lambda _episode: NO_EVIDENCE,
+    environment_server: str = ENVIRONMENT_SERVER,
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """``(rollouts, failures)`` of the finished episodes; running ones are left out."""
+    finished = [e for e in episodes if is_terminal((e.get("status") or {}).get("phase"))]
+    numbered = export_indices(finished)
     rollouts: list[dict[str, Any]] = []
     failures: list[dict[str, Any]] = []
-    for episode in episodes:
-        done, failed = rows(episode, evidence_of(episode))
+    for episode in finished:
+        done, failed = rows(episode, evidence_of(episode), environment_server)
+        for row in (*done, *failed):
+            row |= numbered.get(episode_name(episode["metadata"]), {})
         rollouts.extend(done)
         failures.extend(failed)
     return rollouts, failures

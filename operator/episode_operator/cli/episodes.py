@@ -22,6 +22,7 @@ from rich.table import Table
 
 from episode_operator.api.export import (
     CALLS_RECORD,
+    ENVIRONMENT_SERVER,
     FAILURES,
     NO_EVIDENCE,
     ROLLOUTS,
@@ -542,6 +543,13 @@ def register_export(cli: click.Group) -> None:
         help="Read each Episode's recorded model calls and trajectories from the operator (Episodes with a "
         "model endpoint); --no-captures writes rows without them.",
     )
+    @click.option(
+        "--environment-server",
+        default=ENVIRONMENT_SERVER,
+        show_default=True,
+        help="The name every row gives the server that ran it (_ng_environment_server): the environment "
+        "server's name in your Gym config, so that Gym groups and resumes the rows under it.",
+    )
     @operator_options
     def export(
         names: tuple[str, ...],
@@ -552,6 +560,7 @@ def register_export(cli: click.Group) -> None:
         output_format: str,
         output_dir: Path,
         captures: bool,
+        environment_server: str,
         data_dir: str | None,
     ) -> None:
         """Write finished Episodes as Gym rows: graded and masked to rollouts.jsonl, failed attempts to the failures."""
@@ -572,7 +581,7 @@ def register_export(cli: click.Group) -> None:
             kept = _kept(cluster, dict(episode), data_dir)
             return evidence_of(spec, kept.turns())
 
-        rollouts, failures = split_rows(cluster.run(fetch), evidence)
+        rollouts, failures = split_rows(cluster.run(fetch), evidence, environment_server)
         output_dir.mkdir(parents=True, exist_ok=True)
         for filename, rows in ((ROLLOUTS, rollouts), (FAILURES, failures)):
             with (output_dir / filename).open("w") as stream:

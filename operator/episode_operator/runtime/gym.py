@@ -23,6 +23,7 @@ retries within the Episode and answers what is left as terminal.
 
 from __future__ import annotations
 
+import json
 import re
 from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
@@ -31,7 +32,14 @@ from statistics import fmean, median, stdev
 from typing import Any, Literal
 
 from episode_operator.api import export
-from episode_operator.api.export import ROLLOUT_INDEX_KEY, TASK_INDEX_KEY, EpisodeEvidence
+from episode_operator.api.export import (
+    ATTEMPT_INDEX_KEY,
+    ECHOED_KEYS,
+    ROLLOUT_INDEX_KEY,
+    TASK_ID_KEY,
+    TASK_INDEX_KEY,
+    EpisodeEvidence,
+)
 from episode_operator.api.models import EpisodeStatus
 from episode_operator.api.naming import content_name
 from episode_operator.api.vocabulary import FailureKind, is_terminal
@@ -46,8 +54,9 @@ RETRY_SUFFIX = re.compile(r"-a\d+$")
 INSTANCE_SEPARATOR = "::"  # Gym's harbor agent: instance_id = "<dataset alias>::<task name>"
 # What Gym's collector refuses in an episode result (rollout_collection.py `_episode_record`).
 COLLECTOR_RESERVED = frozenset({"ng_trajectory", "ng_model_call_capture", "ng_perf"})
-# Echoed from a flat row, as Gym's harbor agents echo them.
-ECHOED_KEYS = ("instance_id", "task_name")
+# Keys the collector writes on every record itself, from the row it sent: not answered.
+COLLECTOR_STAMPED = frozenset({export.AGENT_REF_KEY})
+IDENTITY_LIMIT = 16 * 1024  # bytes of a try's identity kept on its Episode (an annotation)
 FAILURE_REASON_LIMIT = 2000  # EpisodeFailure.failure_reason's max_length
 
 
@@ -79,6 +88,18 @@ class GymRun:
     def capture_key(self) -> str:
         """Gym's capture key (``EpisodeId.capture_key``, ``maybe_rollout_id_from_run_body``)."""
         return self.rollout_id if self.attempt == 0 else f"{self.rollout_id}-a{self.attempt}"
+
+    @property
+    def identity(self) -> dict[str, Any]:
+        """Gym's identity keys of the try, kept on its Episode so that its exported rows carry them."""
+        keys: dict[str, Any] = {key: self.body[key] for key in ECHOED_KEYS if key in self.body}
+        if self.shape == "flat" and isinstance(self.body.get(export.AGENT_REF_KEY), Mapping):
+            keys[export.AGENT_REF_KEY] = dict(self.body[export.AGENT_REF_KEY])
+        if self.shape == "episode":
+            keys[TASK_ID_KEY] = dict(self.body["task"]["task_id"])
+        if self.attempt:
+            keys[ATTEMPT_INDEX_KEY] = self.attempt
+        return keys
 
 
 def _int(body: Mapping[str, Any], key: str, *, where: str = "") -> int | None:
@@ -117,7 +138,19 @@ def parse_run(body: Any, default_dataset: str | None = None) -> GymRun:
     if not isinstance(body, Mapping):
         raise GymRequestError("the body: a JSON object (a flat row or an episode request)")
     if isinstance(body.get("episode_id"), Mapping) and isinstance(body.get("task"), Mapping):
-        return _parse_episode(body, default_dataset)
+        run = _parse_episode(body, default_dataset)
+    else:
+        run = _parse_flat(body, default_dataset)
+    if len(json.dumps(run.identity)) > IDENTITY_LIMIT:
+        raise GymRequestError(
+            f"{', '.join(sorted(run.identity))}: more than {IDENTITY_LIMIT} bytes of the try's identity"
+        )
+    return run
+
+
+def _parse_flat(body: Mapping[str, Any], default_dataset: str | None) -> GymRun:
+    if export.AGENT_REF_KEY in body and not isinstance(body[export.AGENT_REF_KEY], Mapping):
+        raise GymRequestError(f"agent_ref: an object such as {{'name': 'harbor_agent'}}, not {body['agent_ref']!r}")
     task_index = _int(body, TASK_INDEX_KEY)
     rollout_index = _int(body, ROLLOUT_INDEX_KEY)
     if "_ng_rollout_id" in body:
@@ -132,7 +165,7 @@ def parse_run(body: Any, default_dataset: str | None = None) -> GymRun:
     return GymRun(
         shape="flat",
         rollout_id=rollout_id,
-        attempt=_int(body, "_ng_attempt_index") or 0,
+        attempt=_int(body, ATTEMPT_INDEX_KEY) or 0,
         task=_task_ref(body[key], key, None, default_dataset),
         task_index=task_index,
         rollout_index=rollout_index,
@@ -187,7 +220,11 @@ def answer(
     if run.shape == "flat":
         echoed = {key: run.body[key] for key in ECHOED_KEYS if key in run.body}
         if rollouts:
-            return {key: value for key, value in rollouts[0].items() if not key.startswith("_ng_")} | echoed
+            return {
+                key: value
+                for key, value in rollouts[0].items()
+                if not key.startswith("_ng_") and key not in COLLECTOR_STAMPED
+            } | echoed
         final = failures[-1]
         kept = {key: value for key, value in final.items() if key.startswith("_ng_failure_")}
         extra = {"failure_kind": final.get("failure_kind"), "episode": final.get("episode")}
@@ -197,7 +234,7 @@ def answer(
         result = {
             key: value
             for key, value in rollouts[0].items()
-            if not key.startswith("_ng_") and key not in COLLECTOR_RESERVED
+            if not key.startswith("_ng_") and key not in COLLECTOR_RESERVED | COLLECTOR_STAMPED
         }
         return ids | {"result": result, "failure": None}
     final = failures[-1]

@@ -32,7 +32,7 @@ import yaml
 from aiohttp import web
 from pydantic import Field, ValidationError
 
-from episode_operator.api.export import EpisodeEvidence
+from episode_operator.api.export import GYM_IDENTITY_ANNOTATION, EpisodeEvidence
 from episode_operator.api.models import (
     AgentSpec,
     EpisodeSpec,
@@ -198,7 +198,11 @@ def try_manifest(settings: GymSettings, scope: str, run: GymRun, source: Mapping
         # As an EpisodeSet's children: the export's rollout ids and indices are Gym's.
         labels |= {SET_TASK_INDEX_LABEL: str(run.task_index), SET_ATTEMPT_LABEL: str(run.rollout_index + 1)}
     manifest = episode_manifest(settings.namespace, spec, name=episode_name(scope, run), labels=labels)
-    manifest["metadata"]["annotations"] = {CAPTURE_KEY_ANNOTATION: run.capture_key}
+    manifest["metadata"]["annotations"] = {
+        CAPTURE_KEY_ANNOTATION: run.capture_key,
+        # The rows `kubectl episode export` writes of it carry what Gym named the try by.
+        GYM_IDENTITY_ANNOTATION: json.dumps(run.identity, sort_keys=True),
+    }
     return manifest
 
 
