@@ -716,3 +716,62 @@ def test_a_sandbox_requests_the_operators_share_of_its_cpus_and_is_limited_to_al
     )  # fmt: skip
     status = wait_for_episode(api_client, namespace, "sized", operator)
     assert (status["phase"], status["reward"]) == ("Succeeded", 1.0), status
+
+
+# --- Gym's harbor server settings ----------------------------------------------------------------------
+LEDGER = EXAMPLES / "three-step-ledger"
+
+
+def test_the_harbor_settings_change_what_runs_as_gyms_server_would(
+    api_client: client.ApiClient, namespace: str, operator: OperatorProcess
+) -> None:
+    """``spec.harbor`` on the cluster, each setting beside the Episode that shows it (docs/task-format.md
+    §2.14): the ledger's turns verify separately, with its artifacts only; a prompt template reaches the agent
+    of turn 1; a setup.sh past its bound fails its turn; a deadline that cannot fit the sandbox start is
+    refused at seed."""
+    template = "Harbor-wrapped: {instruction}"
+    copy = 'cp "$EPISODE_INSTRUCTION_FILE" /app/instruction-seen.md'
+    wrapped = (
+        'head -n 1 /app/instruction-seen.md | grep -q "^Harbor-wrapped: " && grep -q "Hello, world" '
+        "/app/instruction-seen.md && echo 1 > /logs/verifier/reward.txt || echo 0 > /logs/verifier/reward.txt\n"
+    )
+    specs = {
+        "separated": episode_spec(LEDGER, harbor={"separateVerifierForArtifacts": True}),
+        "templated": episode_spec(
+            EXAMPLES / "hello",
+            edits={"tests/test.sh": wrapped},
+            agent={"kind": "command", "command": copy},
+            harbor={"promptTemplate": template},
+        ),
+        "untemplated": episode_spec(
+            EXAMPLES / "hello", edits={"tests/test.sh": wrapped}, agent={"kind": "command", "command": copy}
+        ),
+        "slow-setup": episode_spec(
+            LEDGER,
+            # Within the step's agent budget (120 s), past the setting's 3 s: only the setting fails it.
+            edits={"steps/01-record/workdir/setup.sh": "#!/usr/bin/env bash\nsleep 20\n"},
+            harbor={"stepSetupTimeoutSec": 3},
+        ),
+        "no-room": episode_spec(
+            EXAMPLES / "hello", harbor={"enforceTaskTimeouts": False, "defaultEpisodeTimeoutSec": 10}
+        ),
+    }
+    for name, spec in specs.items():
+        create_episode(api_client, namespace, name, spec)
+    status = {name: wait_for_episode(api_client, namespace, name, operator, timeout=420) for name in specs}
+
+    # The ledger declares artifacts (/app/ledger): every turn verifies in its own sandbox, which gets the
+    # ledger and not /app/total.txt, so turn 2's total_ok misses its gate (shared, the ledger scores 1:
+    # test_the_examples_reach_their_rewards_in_cluster).
+    separated = status["separated"]
+    ran = [turn for turn in separated["turns"] if turn["phase"] != "Skipped"]
+    assert [turn["verifierMode"] for turn in ran] == ["separate", "separate"], separated["turns"]
+    assert (ran[0]["reward"], ran[1]["verifierRewards"]) == (1.0, {"reward": 0.5, "total_ok": 0.0, "rows_ok": 1.0})
+    assert separated["stoppedAfterTurn"] == "02-total", separated
+    assert status["templated"]["reward"] == 1.0, status["templated"]
+    assert status["untemplated"]["reward"] == 0.0, status["untemplated"]  # the control: no template, no prefix
+    slow = status["slow-setup"]
+    assert (slow["failureKind"], slow["turns"][0]["failureKind"]) == ("harbor:step_setup_failed",) * 2, slow
+    refused = status["no-room"]
+    assert (refused["phase"], refused["failureKind"]) == ("Failed", "harbor:seed_refused"), refused
+    assert "environment.build_timeout_sec" in refused["message"], refused["message"]

@@ -217,7 +217,12 @@ def test_gyms_collector_collects_through_the_operator_and_resumes_without_a_seco
         capture_output=True,
         text=True,
         timeout=60,
-        env={"KUBECONFIG": str(operator.kubeconfig), "PATH": "/usr/local/bin:/usr/bin:/bin"},
+        # kubectl keeps its discovery cache under $HOME/.kube: the operator's folder, not the checkout.
+        env={
+            "KUBECONFIG": str(operator.kubeconfig),
+            "PATH": "/usr/local/bin:/usr/bin:/bin",
+            "HOME": str(operator.data_dir.parent),
+        },
         check=False,
     )
     assert killed.returncode == 0, killed.stderr

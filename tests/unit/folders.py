@@ -11,7 +11,7 @@ from collections.abc import Mapping
 
 from episode_operator.taskfolder import TaskFiles, load_task, resolve_plan, validate_task
 from episode_operator.taskfolder.loader import Validation
-from episode_operator.taskfolder.plan import EpisodePlan
+from episode_operator.taskfolder.plan import SEED_SETTINGS, EpisodePlan, ServerSettings
 
 IMAGE = "episode-operator.local/sandbox:bookworm"
 ENVIRONMENT = f'[environment]\ndocker_image = "{IMAGE}"\n'
@@ -61,8 +61,10 @@ def check(folder: Mapping[str, str | bytes]) -> Validation:
     return validate_task(TaskFiles.from_mapping(folder))
 
 
-def plan_of(folder: Mapping[str, str | bytes], multiplier: float = 1.0) -> EpisodePlan:
-    return resolve_plan(load_task(TaskFiles.from_mapping(folder)), timeout_multiplier=multiplier)
+def plan_of(
+    folder: Mapping[str, str | bytes], multiplier: float = 1.0, settings: ServerSettings = SEED_SETTINGS
+) -> EpisodePlan:
+    return resolve_plan(load_task(TaskFiles.from_mapping(folder)), timeout_multiplier=multiplier, settings=settings)
 
 
 def rendered(validation: Validation) -> list[str]:

@@ -11,6 +11,7 @@ import yaml
 from episode_operator.api.models import EpisodeSpec, EpisodeStatus, TurnStatus
 from episode_operator.kube.objects.crds import CRD_FOLDERS, episode_crd, rendered_crds
 from episode_operator.runtime.admission import Refusal, admit_spec
+from episode_operator.taskfolder.plan import SEED_SETTINGS, ServerSettings
 from tests.conftest import REPO
 
 
@@ -105,6 +106,13 @@ def test_spec_round_trips_in_camel_case() -> None:
         ({"agent": {"kind": "nop", "setup": "x"}}, "spec.agent.setup applies to kind command only, not nop"),
         ({"agent": {"kind": "human"}}, "spec.agent.kind: unknown kind 'human'; one of oracle, nop, command, harness"),
         ({"timeoutMultiplier": 0}, "spec.timeoutMultiplier: Input should be greater than 0"),
+        (
+            {"harbor": {"promptTemplate": "Solve it."}},
+            "spec.harbor.promptTemplate: a prompt template must say where the instruction goes",
+        ),
+        ({"harbor": {"stepSetupTimeoutSec": 0}}, "spec.harbor.stepSetupTimeoutSec: Input should be greater than 0"),
+        ({"harbor": {"verifierGraceSec": -1}}, "spec.harbor.verifierGraceSec: Input should be greater than or equal"),
+        ({"harbor": {"enforceTaskTimeouts": "sometimes"}}, "spec.harbor.enforceTaskTimeouts"),
     ],
 )
 def test_invalid_specs(change: dict[str, Any], fragment: str) -> None:
@@ -126,3 +134,21 @@ def test_status_serializes_without_unset_fields() -> None:
         "turns": [{"name": "a", "phase": "Pending", "verifierRewards": {}}],
         "conditions": [],
     }
+
+
+def test_harbor_settings_default_to_the_seeds_and_reach_the_plan_as_given() -> None:
+    """spec.harbor unset is Gym's server defaults; set, every field reaches resolve_plan by its name."""
+    spec = EpisodeSpec.model_validate(yaml.safe_load(EPISODE))
+    assert spec.harbor.server_settings() == SEED_SETTINGS
+    given = {
+        "stepSetupTimeoutSec": 5,
+        "verifierGraceSec": 1,
+        "enforceTaskTimeouts": False,
+        "defaultEpisodeTimeoutSec": 900,
+        "separateVerifierForArtifacts": True,
+        "promptTemplate": "Context.\n{instruction}",
+    }
+    settings = EpisodeSpec.model_validate({**yaml.safe_load(EPISODE), "harbor": given}).harbor.server_settings()
+    assert settings == ServerSettings(5, 1, False, 900, True, "Context.\n{instruction}")
+    schema = episode_crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"]
+    assert set(schema["harbor"]["properties"]) == set(given)

@@ -304,10 +304,26 @@ def test_model_calls_go_through_gyms_model_server_when_it_is_set() -> None:
     assert (labels["episode-operator.dev/task-index"], labels["episode-operator.dev/set-attempt"]) == ("3", "2")
 
 
+def test_the_harbor_settings_of_the_server_are_every_trys() -> None:
+    from episode_operator.runtime.gym import parse_run
+
+    text = (
+        "namespace: evals\nagent: {kind: command, command: x}\nharbor: {stepSetupTimeoutSec: 30, verifierGraceSec: 5}\n"
+    )
+    settings = load_settings(text, TOKEN, "gym.yaml")
+    spec = try_manifest(settings, "s", parse_run(flat_row()), CATALOGUE[TaskRef("red-team", "answer")])["spec"]
+    assert (spec["harbor"]["stepSetupTimeoutSec"], spec["harbor"]["verifierGraceSec"]) == (30.0, 5.0)
+    assert spec["harbor"]["enforceTaskTimeouts"] is True  # the seed's default for what it does not set
+
+
 @pytest.mark.parametrize(
     ("text", "message"),
     [
         ("namespace: evals\n", "gym.yaml: agent: Field required"),
+        (
+            "namespace: evals\nagent: {kind: command, command: x}\nharbor: {promptTemplate: no placeholder}\n",
+            "gym.yaml: harbor.promptTemplate",
+        ),
         ("namespace: evals\nagent: {kind: command, command: x}\nretryOwner: both\n", "gym.yaml: retryOwner"),
         ("namespace: evals\nagent: {kind: command, command: x}\nmodelServer: gym:8000\n", "gym.yaml: modelServer"),
         ("[", "gym.yaml: not YAML"),

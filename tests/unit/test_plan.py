@@ -10,6 +10,7 @@ from episode_operator.taskfolder.plan import (
     DEFAULT_EPISODE_TIMEOUT_SEC,
     HARNESS_SETUP_ALLOWANCE_SEC,
     VERIFIER_GRACE_SEC,
+    ServerSettings,
     strip_canary,
 )
 from tests.unit.folders import IMAGE, TEST_SH, multi_step, plan_of, single_step, steps_toml
@@ -376,3 +377,56 @@ def test_phase_network_policies() -> None:
     turn = plan_of(single_step(toml)).turns[0]
     assert (turn.agent.network.mode, turn.agent.network.allowed_hosts) == ("no-network", [])
     assert (turn.verifier.network.mode, turn.verifier.network.allowed_hosts) == ("allowlist", ["pypi.org"])
+
+
+# --- Gym's harbor server settings (spec.harbor) ------------------------------------------------------
+def test_the_step_setup_timeout_setting_bounds_setup_sh_unscaled() -> None:
+    toml = steps_toml("a", "b", extra={"a": "[steps.agent]\ntimeout_sec = 40\n"})
+    folder = multi_step(toml, ["a", "b"], {"steps/a/workdir/setup.sh": "true\n"})
+    turns = plan_of(folder, multiplier=3, settings=ServerSettings(step_setup_timeout_sec=7)).turns
+    assert [(turn.setup, turn.setup_timeout_sec) for turn in turns] == [(True, 7.0), (False, None)]
+
+
+def test_the_verifier_grace_setting_is_counted_once_per_turn() -> None:
+    folder = multi_step(steps_toml("a", "b", "c"), ["a", "b", "c"])
+    seed, graceless = plan_of(folder), plan_of(folder, settings=ServerSettings(verifier_grace_sec=0))
+    assert seed.deadline_sec - graceless.deadline_sec == 3 * VERIFIER_GRACE_SEC
+
+
+def test_without_enforced_task_timeouts_the_deadline_is_the_default_and_must_fit_a_sandbox_start() -> None:
+    folder = single_step(f'[environment]\ndocker_image = "{IMAGE}"\nbuild_timeout_sec = 900\n')
+    loose = plan_of(folder, settings=ServerSettings(enforce_task_timeouts=False, default_episode_timeout_sec=1000))
+    assert loose.deadline_sec == 1000 and not seed_refusals(loose, accepts_prior_trajectory=False)
+    tight = plan_of(folder, settings=ServerSettings(enforce_task_timeouts=False, default_episode_timeout_sec=600))
+    (refusal,) = [problem.render() for problem in seed_refusals(tight, accepts_prior_trajectory=False)]
+    assert "environment.build_timeout_sec" in refusal and "defaultEpisodeTimeoutSec" in refusal, refusal
+    # Enforced, the same default only warns: the task's own bound stands.
+    enforced = plan_of(folder, settings=ServerSettings(default_episode_timeout_sec=600))
+    assert enforced.deadline_sec > 600 and any("exceeds the default 600 s" in w for w in enforced.warnings)
+    assert not seed_refusals(enforced, accepts_prior_trajectory=False)
+
+
+def test_separate_verifier_for_artifacts_separates_the_turns_that_declare_artifacts() -> None:
+    toml = steps_toml("plain", "declares", extra={"declares": 'artifacts = ["/app/out"]\n'})
+    folder = multi_step(toml, ["plain", "declares"])
+    assert [t.verifier.mode for t in plan_of(folder).turns] == ["shared", "shared"]
+    separated = plan_of(folder, settings=ServerSettings(separate_verifier_for_artifacts=True))
+    assert [(t.verifier.mode, t.verifier.image) for t in separated.turns] == [("shared", None), ("separate", IMAGE)]
+    # A task-level declaration reaches every turn; the implicit /logs/artifacts is no declaration.
+    task_level = multi_step('artifacts = ["/app/out"]\n' + steps_toml("a", "b"), ["a", "b"])
+    modes = [
+        t.verifier.mode
+        for t in plan_of(task_level, settings=ServerSettings(separate_verifier_for_artifacts=True)).turns
+    ]
+    assert modes == ["separate", "separate"]
+
+
+def test_the_prompt_template_wraps_the_first_turns_instruction_only() -> None:
+    template = ServerSettings(prompt_template="You are in a sandbox.\n\n{instruction}\nAnswer with care.")
+    turns = plan_of(multi_step(steps_toml("a", "b"), ["a", "b"]), settings=template).turns
+    assert [turn.instruction for turn in turns] == [
+        "You are in a sandbox.\n\nInstruction of a.\n\nAnswer with care.",
+        "Instruction of b.\n",
+    ]
+    (single,) = plan_of(single_step(), settings=template).turns
+    assert single.instruction == "You are in a sandbox.\n\nDo the thing.\n\nAnswer with care."

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any, ClassVar, Literal
 
-from pydantic import Field, ValidationError, model_validator
+from pydantic import Field, ValidationError, field_validator, model_validator
 
 from episode_operator.api.vocabulary import (
     API_VERSION,
@@ -24,12 +24,15 @@ from episode_operator.api.vocabulary import (
     Timestamp,
     TurnPhase,
 )
+from episode_operator.taskfolder.plan import INSTRUCTION_PLACEHOLDER, SEED_SETTINGS, ServerSettings
 
 KIND = "Episode"
 PLURAL = "episodes"
 SINGULAR = "episode"
 SHORT_NAMES = ["epi"]
 DEFAULT_TASK_ARCHIVE_KEY = "task.tar.gz"
+MAX_SETTING_SEC = 7 * 24 * 3600.0  # a week: no episode setting in seconds is longer
+PROMPT_TEMPLATE_LIMIT = 64 * 1024
 
 
 # --- spec ---------------------------------------------------------------------------------------
@@ -173,6 +176,56 @@ class RetryPolicy(ApiModel):
     )
 
 
+class HarborSettings(ApiModel):
+    """Gym's harbor server settings, for one Episode (the Gym server's settings set them on every try)."""
+
+    step_setup_timeout_sec: float | None = Field(
+        default=None,
+        gt=0,
+        le=MAX_SETTING_SEC,
+        description="The bound of a step's setup.sh (Gym's step_setup_timeout_s); unset: the step's agent budget.",
+    )
+    verifier_grace_sec: float = Field(
+        default=SEED_SETTINGS.verifier_grace_sec,
+        ge=0,
+        le=MAX_SETTING_SEC,
+        description="Added to each turn's verifier budget in the episode deadline (Gym's verifier_grace_s).",
+    )
+    enforce_task_timeouts: bool = Field(
+        default=SEED_SETTINGS.enforce_task_timeouts,
+        description="The episode deadline is the task's summed bound (true), or defaultEpisodeTimeoutSec "
+        "(false; a task whose sandbox start cannot fit in it is refused at seed).",
+    )
+    default_episode_timeout_sec: float = Field(
+        default=SEED_SETTINGS.default_episode_timeout_sec,
+        gt=0,
+        le=MAX_SETTING_SEC,
+        description="Gym's default_episode_timeout_seconds: the deadline without enforceTaskTimeouts, and the "
+        "bound past which an enforced one is warned of.",
+    )
+    separate_verifier_for_artifacts: bool = Field(
+        default=SEED_SETTINGS.separate_verifier_for_artifacts,
+        description="A turn whose task or step declares artifacts verifies in a separate sandbox "
+        "(Gym's separate_verifier_for_artifacts).",
+    )
+    prompt_template: str | None = Field(
+        default=None,
+        max_length=PROMPT_TEMPLATE_LIMIT,
+        description="Wraps the first turn's instruction, which stands where the template says {instruction} "
+        "(Gym's job-level prompt_template); later turns' instructions are sent as they are.",
+    )
+
+    @field_validator("prompt_template")
+    @classmethod
+    def _names_the_instruction(cls, template: str | None) -> str | None:
+        if template is not None and INSTRUCTION_PLACEHOLDER not in template:
+            raise ValueError(f"a prompt template must say where the instruction goes: {INSTRUCTION_PLACEHOLDER}")
+        return template
+
+    def server_settings(self) -> ServerSettings:
+        return ServerSettings(**dict(self))
+
+
 class DebugSpec(ApiModel):
     keep_pods: bool = Field(default=False, description="Keep the sandbox pods of a failed episode for inspection.")
 
@@ -215,6 +268,9 @@ class EpisodeSpec(ApiModel):
         default_factory=list, description="LocalObjectReferences to pull secrets for sandbox images."
     )
     retries: RetryPolicy = Field(default_factory=RetryPolicy, description="How outages are retried.")
+    harbor: HarborSettings = Field(
+        default_factory=HarborSettings, description="Gym's harbor server settings for this Episode."
+    )
     ttl_seconds_after_finished: int | None = Field(
         default=None, ge=0, description="Delete the Episode this long after it finished."
     )

@@ -89,7 +89,9 @@ def admit_task(spec: EpisodeSpec, files: TaskFiles, policy: ImagePolicy | None =
     if validation.task is None:
         return Refusal(FAILURE_INVALID_TASK, "task refused: " + render_problems(validation.problems), digest)
     agent = AGENTS[spec.agent.kind]
-    plan = resolve_plan(validation.task, timeout_multiplier=spec.timeout_multiplier)
+    plan = resolve_plan(
+        validation.task, timeout_multiplier=spec.timeout_multiplier, settings=spec.harbor.server_settings()
+    )
     images = plan_images(validation.task, plan, image_override=spec.image, policy=policy or ImagePolicy())
     problems = [
         *validation.task.compose.mount_refusals(RESERVED_IN_EVERY_CONTAINER, RESERVED_IN_MAIN),

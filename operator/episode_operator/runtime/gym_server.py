@@ -36,6 +36,7 @@ from episode_operator.api.export import GYM_IDENTITY_ANNOTATION, EpisodeEvidence
 from episode_operator.api.models import (
     AgentSpec,
     EpisodeSpec,
+    HarborSettings,
     RetryPolicy,
     TaskSource,
     episode_manifest,
@@ -115,6 +116,7 @@ class GymSettings:
     model_server: str | None = None
     image: str | None = None
     timeout_multiplier: float = 1.0
+    harbor: HarborSettings = field(default_factory=HarborSettings)
 
 
 class GymServerFile(ApiModel):
@@ -133,6 +135,9 @@ class GymServerFile(ApiModel):
     )
     image: str | None = Field(default=None, description="A prebuilt sandbox image for every try (spec.image).")
     timeout_multiplier: float = Field(default=1.0, gt=0, le=100, description="spec.timeoutMultiplier of every try.")
+    harbor: HarborSettings = Field(
+        default_factory=HarborSettings, description="Gym's harbor server settings: spec.harbor of every try."
+    )
 
 
 def load_settings(text: str, token: str, where: str) -> GymSettings:
@@ -190,6 +195,7 @@ def try_manifest(settings: GymSettings, scope: str, run: GymRun, source: Mapping
         agent=agent,
         image=settings.image,
         timeout_multiplier=settings.timeout_multiplier,
+        harbor=settings.harbor,
         # One side retries outages: Gym dispatches the next attempt itself, or the operator retries within.
         retries=RetryPolicy(outages=0) if settings.retry_owner == "gym" else RetryPolicy(),
     )

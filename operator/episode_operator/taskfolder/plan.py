@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import re
+from dataclasses import dataclass
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -41,6 +42,7 @@ DEFAULT_AGENT_TIMEOUT_SEC = 28_800.0
 HARNESS_SETUP_ALLOWANCE_SEC = 360.0
 VERIFIER_GRACE_SEC = 30.0
 DEFAULT_EPISODE_TIMEOUT_SEC = 21_600.0
+INSTRUCTION_PLACEHOLDER = "{instruction}"  # where a prompt template puts the first turn's instruction
 CONVENTION_ARTIFACTS = "/logs/artifacts"
 SINGLE_STEP_TURN = "task"
 CANARY_LINE = re.compile(r"^(<!--.*canary.*-->|#.*canary.*)$", re.IGNORECASE)
@@ -136,29 +138,62 @@ def strip_canary(text: str) -> str:
     return "\n".join(lines[index:])
 
 
-def resolve_plan(task: LoadedTask, *, timeout_multiplier: float = 1.0) -> EpisodePlan:
+@dataclass(frozen=True)
+class ServerSettings:
+    """Gym's harbor server settings an episode is planned under (an Episode's ``spec.harbor``),
+    with the seed's defaults.
+
+    - ``step_setup_timeout_sec``: the bound of a step's ``setup.sh`` (None: the step's agent budget);
+    - ``verifier_grace_sec``: added to each turn's verifier budget in the deadline;
+    - ``enforce_task_timeouts``: the deadline is the task's summed bound (True), or simply
+      ``default_episode_timeout_sec`` (False: a task that cannot fit one sandbox start in it is refused);
+    - ``separate_verifier_for_artifacts``: a turn whose task or step declares ``artifacts`` verifies separately;
+    - ``prompt_template``: wraps the first turn's instruction (``{instruction}`` stands for it).
+    """
+
+    step_setup_timeout_sec: float | None = None
+    verifier_grace_sec: float = VERIFIER_GRACE_SEC
+    enforce_task_timeouts: bool = True
+    default_episode_timeout_sec: float = DEFAULT_EPISODE_TIMEOUT_SEC
+    separate_verifier_for_artifacts: bool = False
+    prompt_template: str | None = None
+
+
+SEED_SETTINGS = ServerSettings()
+
+
+def resolve_plan(
+    task: LoadedTask, *, timeout_multiplier: float = 1.0, settings: ServerSettings = SEED_SETTINGS
+) -> EpisodePlan:
     """The plan of an episode of ``task``; ``timeout_multiplier`` scales agent and verifier budgets.
 
     The multiplier stands in for Gym's dataset ``timeout_multiplier``: it scales every agent
-    and verifier budget (the implicit 600 s included) and ``setup.sh``'s bound, never collect
-    hooks or healthchecks.
+    and verifier budget (the implicit 600 s included) and ``setup.sh``'s bound (the agent
+    budget), never collect hooks, healthchecks or the server settings' own seconds.
     """
     if not (math.isfinite(timeout_multiplier) and timeout_multiplier > 0):
         raise ValueError(f"timeout multiplier must be a positive number, not {timeout_multiplier!r}")
     config = task.config
-    resolver = _TurnResolver(task, timeout_multiplier)
+    resolver = _TurnResolver(task, timeout_multiplier, settings)
     if config.is_multi_step:
         turns = [resolver.step_turn(step, first=index == 0) for index, step in enumerate(config.steps or [])]
         strategy: RewardStrategy | None = config.multi_step_reward_strategy or "mean"
     else:
         turns = [resolver.single_turn()]
         strategy = None
-    deadline = episode_deadline(config, turns)
+    if settings.prompt_template is not None:
+        first = turns[0]
+        wrapped = settings.prompt_template.replace(INSTRUCTION_PLACEHOLDER, first.instruction)
+        turns[0] = first.model_copy(update={"instruction": wrapped})
+    deadline = episode_deadline(config, turns, settings.verifier_grace_sec)
     warnings = [warning.render() for warning in task.warnings]
-    if deadline > DEFAULT_EPISODE_TIMEOUT_SEC:
+    default = settings.default_episode_timeout_sec
+    if not settings.enforce_task_timeouts:
+        deadline = default
+    elif deadline > default:
         warnings.append(
             f"{TASK_CONFIG}: the episode deadline ({deadline:.0f} s) exceeds the default "
-            f"{DEFAULT_EPISODE_TIMEOUT_SEC:.0f} s; the task's own bound applies"
+            f"{default:.0f} s; the task's own bound applies"
         )
     return EpisodePlan(
         multi_step=config.is_multi_step,
@@ -176,7 +211,9 @@ def resolve_plan(task: LoadedTask, *, timeout_multiplier: float = 1.0) -> Episod
     )
 
 
-def episode_deadline(config: TaskConfig, turns: list[TurnPlan]) -> float:
+def episode_deadline(
+    config: TaskConfig, turns: list[TurnPlan], verifier_grace_sec: float = VERIFIER_GRACE_SEC
+) -> float:
     """The episode's bound (docs/task-format.md §3.11 with the §7 allowances), from sandbox start.
 
     Per turn: harness setup allowance, setup.sh bound, step healthcheck worst case, agent
@@ -189,7 +226,7 @@ def episode_deadline(config: TaskConfig, turns: list[TurnPlan]) -> float:
         total += environment.healthcheck.worst_case_sec()
     for turn in turns:
         total += HARNESS_SETUP_ALLOWANCE_SEC + turn.agent.timeout_sec
-        total += turn.verifier.timeout_sec + VERIFIER_GRACE_SEC
+        total += turn.verifier.timeout_sec + verifier_grace_sec
         total += turn.setup_timeout_sec or 0.0
         total += turn.healthcheck.worst_case_sec() if turn.healthcheck else 0.0
         total += sum(hook.timeout_sec for hook in turn.collect)
@@ -207,6 +244,16 @@ def seed_refusals(plan: EpisodePlan, *, accepts_prior_trajectory: bool) -> list[
     Dockerfile can make them, depends on the operator too: ``runtime/images.py`` decides it.
     """
     problems: list[Problem] = []
+    if plan.deadline_sec < plan.environment.build_timeout_sec:
+        problems.append(
+            Problem(
+                TASK_CONFIG,
+                "environment.build_timeout_sec",
+                f"one sandbox start ({plan.environment.build_timeout_sec:.0f} s) does not fit the episode "
+                f"deadline of {plan.deadline_sec:.0f} s (spec.harbor.defaultEpisodeTimeoutSec, "
+                "with enforceTaskTimeouts false)",
+            )
+        )
     if plan.environment.os != "linux":
         problems.append(Problem(TASK_CONFIG, "environment.os", "the operator runs Linux pods only"))
     first = plan.turns[0]
@@ -254,11 +301,12 @@ def hostname_refusals(plan: EpisodePlan) -> list[Problem]:
 
 
 class _TurnResolver:
-    def __init__(self, task: LoadedTask, multiplier: float) -> None:
+    def __init__(self, task: LoadedTask, multiplier: float, settings: ServerSettings) -> None:
         self.task = task
         self.files = task.files
         self.config = task.config
         self.multiplier = multiplier
+        self.settings = settings
 
     def instruction(self, path: str) -> str:
         return strip_canary(self.files[path].data.decode("utf-8"))
@@ -286,6 +334,9 @@ class _TurnResolver:
             user = step.verifier.user if step.verifier.user is not None else task_verifier.user
             env = {**task_verifier.env, **step.verifier.env}
             declared = step.verifier.environment or task_verifier.environment
+        declares_artifacts = bool(self.config.artifacts or (step is not None and step.artifacts))
+        if self.settings.separate_verifier_for_artifacts and declares_artifacts:
+            mode = "separate"  # Gym's separate_verifier_for_artifacts
         sandbox: EnvironmentConfig | None = None
         image: str | None = None
         baseline = self.config.environment
@@ -380,7 +431,7 @@ class _TurnResolver:
             min_reward=step.min_reward,
             setup=setup,
             # Gym: the server's step_setup_timeout_s, else the step's agent budget.
-            setup_timeout_sec=agent.timeout_sec if setup else None,
+            setup_timeout_sec=(self.settings.step_setup_timeout_sec or agent.timeout_sec) if setup else None,
             workdir=workdir,
             trajectory=trajectory if first and self.files.has_file(trajectory) else None,
         )
