@@ -35,8 +35,17 @@ from tests.cluster.harness import (
     episode_spec,
     read_episode,
 )
+from tests.cluster.toolchains import exec_argv
 
 KUBECTL_EPISODE = str(Path(sys.executable).parent / "kubectl-episode")
+
+
+class Lines(queue.Queue[str]):
+    """The lines a command in the background prints (stdout and stderr), and the command."""
+
+    def __init__(self, process: subprocess.Popen[str]) -> None:
+        super().__init__()
+        self.process = process
 
 
 class Plugin:
@@ -54,12 +63,12 @@ class Plugin:
         return result
 
     @contextlib.contextmanager
-    def watching(self, *args: str) -> Iterator[queue.Queue[str]]:
+    def watching(self, *args: str) -> Iterator[Lines]:
         """``kubectl-episode ARGS`` running in the background; its stdout lines arrive on the queue."""
         process = subprocess.Popen(
             [KUBECTL_EPISODE, *args], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=self.environ
         )
-        lines: queue.Queue[str] = queue.Queue()
+        lines = Lines(process)
 
         def pump() -> None:
             assert process.stdout is not None
@@ -193,3 +202,26 @@ def test_get_watch_prints_each_change_as_json(
             objects.append(json.loads("\n".join(read_until(stream, lambda line: line == "}", "ending an object"))))
     phases = [(obj.get("status") or {}).get("phase") for obj in objects if obj["metadata"]["name"] == name]
     assert phases[0] is None and "Running" in phases and phases[-1] == "Succeeded", phases
+
+
+def test_logs_follow_prints_the_running_agent_as_it_writes_and_ends_with_it(
+    plugin: Plugin, namespace: str, api_client: client.ApiClient, core: client.CoreV1Api, operator: OperatorProcess
+) -> None:
+    """``logs -f`` as a user runs it while the agent works: its first line arrives while the agent
+    still waits (the test holds it), the rest once the test lets it go, and the command ends with the
+    agent, exit 0. Before the agent starts it waits and says so."""
+    command = "echo first-line; while [ ! -f /tmp/release ]; do sleep 0.2; done; echo second-line"
+    spec = episode_spec(EXAMPLES / "hello", agent={"kind": "command", "command": command})
+    with plugin.watching("logs", "followed", "-f") as stream:
+        create_episode(api_client, namespace, "followed", spec)
+        read_until(stream, lambda line: line.startswith("waiting for a turn of"), "saying it waits")
+        read_until(stream, lambda line: line == "first-line", "of the agent's first line")
+        status = read_episode(api_client, namespace, "followed")["status"]
+        assert (status["phase"], status["turns"][0]["stage"]) == ("Running", "agent"), status  # live, not kept
+        pod = next(p["name"] for p in status["attempts"][-1]["pods"] if p["role"] == "agent")
+        released = exec_argv(core, namespace, pod, ["touch", "/tmp/release"], timeout=60)
+        assert released.exit_code == 0, released.stderr
+        seen = read_until(stream, lambda line: line == "second-line", "of the agent's second line")
+        assert "first-line" not in seen, "each line once"
+        assert stream.process.wait(timeout=120) == 0  # it ends with the agent, not by the test's SIGTERM
+        assert not [line for line in stream.queue if "Traceback" in line]

@@ -50,6 +50,8 @@ from episode_operator.kube.objects.children import set_selector
 from episode_operator.kube.objects.tasks import TaskTooLarge, task_config_map
 from episode_operator.runtime.archive import RefusedMember, extract_files
 from episode_operator.runtime.dataapi import API_SERVICE
+from episode_operator.runtime.limits import Spool
+from episode_operator.runtime.sandbox import MAIN_CONTAINER
 from episode_operator.runtime.store import (
     SEED_LOGS,
     BlobStore,
@@ -59,6 +61,8 @@ from episode_operator.runtime.store import (
     render_logs,
     turn_records,
 )
+from episode_operator.runtime.supervisor import FOLLOW_ENDED, FOLLOW_NO_RECORDS, FOLLOW_SCRIPT, JOBS_DIR
+from episode_operator.runtime.turn.context import running_agent_job
 from episode_operator.taskfolder import TaskFiles, validate_task
 from episode_operator.taskfolder.dataset import discover_dataset
 
@@ -381,15 +385,27 @@ def register(cli: click.Group) -> None:
         help="Only this turn: its name, or its number (1 is the first); seed: the seed's (replay, builds, setup).",
     )
     @click.option("--attempt", type=int, default=None, help="Only this attempt (default: all).")
+    @click.option(
+        "-f",
+        "--follow",
+        is_flag=True,
+        help="Follow the agent of the turn running now as it writes, until the turn's agent ends "
+        "(it waits for one to start); an Episode that has finished prints its kept logs.",
+    )
     @operator_options
     def logs(
         name: str,
         cluster: Cluster,
         turn: str | None,
         attempt: int | None,
+        follow: bool,
         data_dir: str | None,
     ) -> None:
         """Print the logs an Episode's seed and turns left (replay, builds, agent, setup, verifier, hooks)."""
+        if follow and (turn is not None or attempt is not None):
+            raise click.UsageError("--follow follows the turn running now: it takes no --turn or --attempt")
+        if follow and cluster.run(lambda client: _follow_agent(client, cluster.namespace, name)):
+            return
         episode = _episode(cluster, name)
         if turn is not None:
             turn = turn_name(EpisodeStatus.model_validate(episode.get("status") or {}), turn)
@@ -504,6 +520,62 @@ class GetView:
             click.echo(printing.render_row(header, self.widths))
         for row in rows:
             click.echo(printing.render_row(row, self.widths))
+
+
+FOLLOW_POLL_SEC = 0.5
+FOLLOW_READ_BYTES = 1024 * 1024  # per read: an agent writing without end is shown, a chunk at a time
+
+
+async def _read_output(client: KubeClient, namespace: str, pod: str, job_id: str, start: int) -> tuple[bytes, bool]:
+    """The agent job's own output from byte ``start`` (a bounded chunk), and whether the job had
+    ended before it was read; nothing yet before the job has records."""
+    stdout = Spool(FOLLOW_READ_BYTES + 1, "the followed output", f"{FOLLOW_READ_BYTES} bytes a read")
+    stderr = Spool(64 * 1024, "the follow read's errors", "64 KiB")
+    argv = ["sh", "-c", FOLLOW_SCRIPT, "sh", f"{JOBS_DIR}/{job_id}", str(start), str(FOLLOW_READ_BYTES)]
+    try:
+        code = await client.exec(namespace, pod, MAIN_CONTAINER, argv, stdout=stdout, stderr=stderr, timeout_sec=30)
+        if code == FOLLOW_NO_RECORDS:
+            return b"", False
+        return stdout.getvalue(), code == FOLLOW_ENDED
+    finally:
+        stdout.close()
+        stderr.close()
+
+
+async def _follow_agent(client: KubeClient, namespace: str, name: str) -> bool:
+    """Print the running turn's agent output as it is written, until that agent ends; False when the
+    Episode had finished before any agent was followed (its kept logs are printed instead)."""
+    followed: tuple[str, str] | None = None
+    turn = 0
+    printed = 0
+    waiting_said = False
+    while followed is None:
+        status = EpisodeStatus.model_validate((await client.get_episode(namespace, name)).get("status") or {})
+        followed = running_agent_job(status)
+        if followed is None:
+            if is_terminal(status.phase):
+                return False
+            if not waiting_said:
+                click.echo(f"waiting for a turn of {namespace}/{name} to run its agent…", err=True)
+                waiting_said = True
+            await asyncio.sleep(FOLLOW_POLL_SEC)
+        turn = (status.current_turn or 0) + 1
+    pod, job_id = followed
+    while True:
+        try:
+            chunk, ended = await _read_output(client, namespace, pod, job_id, printed)
+        except KubeError as error:  # the pod is gone, or going: its containers no longer answer
+            raise click.ClickException(
+                f"the agent pod {namespace}/{pod} no longer answers ({error}) after {printed} bytes of its output: "
+                f"kubectl episode logs {name} --turn {turn} prints what the operator kept"
+            ) from None
+        sys.stdout.buffer.write(chunk)
+        sys.stdout.buffer.flush()
+        printed += len(chunk)
+        if ended and len(chunk) < FOLLOW_READ_BYTES:
+            return True
+        if not chunk:
+            await asyncio.sleep(FOLLOW_POLL_SEC)
 
 
 def _episode(cluster: Cluster, name: str) -> dict[str, Any]:

@@ -82,6 +82,19 @@ from episode_operator.runtime.timing import KILL_AFTER_SEC
 
 SUPERVISOR_DIR = "/episode-operator"
 SUPERVISOR_PATH = f"{SUPERVISOR_DIR}/supervisor.sh"
+# Each job's records (supervisor.sh: jobs/<id>/output_path, output_offset, …).
+JOBS_DIR = f"{SUPERVISOR_DIR}/jobs"
+# What ``kubectl episode logs -f`` runs in the agent's container: the job's output from byte $2 of
+# its own (after the offset the file had when the job started), at most $3 bytes; exit 3 while the
+# job has no records yet, 4 when it had ended before the read (what was read is the rest of it).
+# The records are the agent's to change: the answer is bounded, shown, never trusted.
+FOLLOW_SCRIPT = (
+    'd=$1; p=$(cat "$d/output_path" 2>/dev/null) || exit 3; e=0; '
+    '{ [ -s "$d/exit" ] || [ -f "$d/unstartable" ] || [ -f "$d/lost" ]; } && e=4; '
+    'o=$(cat "$d/output_offset" 2>/dev/null); case $o in "" | *[!0-9]*) o=0 ;; esac; '
+    'tail -c +$((o + $2 + 1)) "$p" 2>/dev/null | head -c "$3"; exit $e'
+)
+FOLLOW_NO_RECORDS, FOLLOW_ENDED = 3, 4
 
 #: Above this many bytes of arguments a command sends them on stdin: exec arguments travel
 #: in the request URL, which API servers and proxies bound.

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import ClassVar
 
 from episode_operator.api.models import AgentSpec
+from episode_operator.api.vocabulary import Stage
 from episode_operator.runtime.agents.base import AgentJob, instruction_file, turn_env
 from episode_operator.runtime.agents.model import SandboxNeeds, capture_of, model_env
 from episode_operator.runtime.archive import folder_tar, text_tar
@@ -50,7 +51,7 @@ class Oracle:
         assert plan.solution is not None
         return AgentJob(
             JobSpec(
-                id=turn.job_id("agent"),
+                id=turn.job_id(Stage.AGENT),
                 command=f"bash {SOLUTION}/{SOLVE}",
                 timeout_sec=plan.agent.timeout_sec,
                 user=plan.agent.user,
@@ -132,7 +133,7 @@ class Command:
         file = instruction_file(turn)
         return AgentJob(
             JobSpec(
-                id=turn.job_id("agent"),
+                id=turn.job_id(Stage.AGENT),
                 command=command,
                 timeout_sec=turn.plan.agent.timeout_sec,
                 user=turn.plan.agent.user,

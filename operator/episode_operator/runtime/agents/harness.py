@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any, ClassVar, Final
 
 from episode_operator.api.models import AgentSpec
+from episode_operator.api.vocabulary import Stage
 from episode_operator.runtime.agents.base import AgentJob, instruction_file, turn_env
 from episode_operator.runtime.agents.harnesses import LOGS, PRESETS, HarnessPreset, harness_run
 from episode_operator.runtime.agents.model import SandboxNeeds, Toolchain, capture_of
@@ -87,7 +88,7 @@ class Harness:
         file = instruction_file(turn)
         return AgentJob(
             JobSpec(
-                id=turn.job_id("agent"),
+                id=turn.job_id(Stage.AGENT),
                 command=preset.command(run, f"{INSTRUCTIONS}/{file}"),
                 timeout_sec=budget(turn.plan.agent.timeout_sec, spec.harness.options),
                 user=turn.plan.agent.user,

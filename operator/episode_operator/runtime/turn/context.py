@@ -16,7 +16,15 @@ from typing import Protocol
 from episode_operator.api.models import AgentSpec, EpisodeStatus, TurnStatus
 from episode_operator.api.vocabulary import Stage
 from episode_operator.runtime.limits import OutputLimits
-from episode_operator.runtime.sandbox import MAIN_CONTAINER, ArchiveFile, JobSpec, JobState, Sandbox, Upload
+from episode_operator.runtime.sandbox import (
+    MAIN_CONTAINER,
+    ArchiveFile,
+    JobSpec,
+    JobState,
+    Sandbox,
+    Upload,
+    keyed_job_id,
+)
 from episode_operator.runtime.store import EpisodeStore
 from episode_operator.taskfolder import EpisodePlan, TaskFiles, TurnPlan
 from episode_operator.taskfolder.models import Healthcheck
@@ -40,6 +48,27 @@ SANDBOX_LAYOUT = (LOGS_AGENT, LOGS_VERIFIER, CONVENTION_ARTIFACTS)
 GRADING_FILES = (f"{TESTS}/", f"{LOGS_VERIFIER}/", TRAJECTORY)
 # Where the instructions of agents that read them from a file are placed.
 INSTRUCTIONS = "/episode-operator/instructions"
+
+
+def turn_job_id(attempt: int, turn_index: int, stage: Stage | str) -> str:
+    """The id of the job of ``stage`` in turn ``turn_index`` (from 0) of attempt ``attempt``, before
+    the attempt's key is applied (``runtime/sandbox.py`` :func:`keyed_job_id`)."""
+    return f"a{attempt}.t{turn_index + 1}.{stage}"
+
+
+def running_agent_job(status: EpisodeStatus) -> tuple[str, str] | None:
+    """``(agent pod, keyed job id)`` of the agent the Episode's current turn runs now, else None
+    (not running, between stages, or its pod not recorded yet): what ``kubectl episode logs -f``
+    follows."""
+    if status.phase != "Running" or status.current_turn is None or status.current_turn >= len(status.turns):
+        return None
+    if status.turns[status.current_turn].stage != Stage.AGENT:
+        return None
+    attempt = next((each for each in status.attempts if each.number == status.attempt), None)
+    pod = next((pod.name for pod in attempt.pods if pod.role == "agent"), None) if attempt else None
+    if attempt is None or pod is None or not attempt.job_key:
+        return None
+    return pod, keyed_job_id(attempt.job_key, turn_job_id(attempt.number, status.current_turn, Stage.AGENT))
 
 
 class TurnServices(Protocol):
@@ -160,7 +189,7 @@ class TurnRun:
 
     def job_id(self, stage: Stage | str) -> str:
         """The deterministic id of this turn's job for ``stage``: a restart re-attaches to it."""
-        return f"a{self.services.attempt_number}.t{self.index + 1}.{stage}"
+        return turn_job_id(self.services.attempt_number, self.index, stage)
 
     def label(self) -> str:
         """``2/3 build``: the turn as Events and messages name it."""
