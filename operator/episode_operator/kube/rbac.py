@@ -211,6 +211,9 @@ USER_PERMISSIONS: tuple[Permission, ...] = (
     ),
     Permission(GROUP, SET_PLURAL, ("create", "get"), "namespaced", "kubectl episode run of an EpisodeSet"),
     Permission("", "configmaps", ("create",), "namespaced", "kubectl episode pack"),
+    Permission(
+        "", "pods/exec", ("create", "get"), "namespaced", "kubectl episode logs -f reads the running agent's output"
+    ),
     *(
         Permission(
             DATA_GROUP,
