@@ -447,18 +447,15 @@ def test_a_job_whose_runner_is_killed_is_reported_lost(host_pod: Pod) -> None:
 
 def test_a_job_never_launched_is_reported_lost(pod: Pod) -> None:
     """A start exec killed between creating the job and launching its runner: lost once its
-    ``created`` marker is a minute old (its modification time, also for an older script's marker,
-    which held the time it was written at)."""
-    old = str(time.time() - 120)
-    for name, content, age in (("stillborn", "", 120), ("recent", "", 10), ("older-script", old, 120)):
+    ``created`` marker is a minute old (its modification time)."""
+    for name, age in (("stillborn", 120), ("recent", 10)):
         job = pod.base / "jobs" / name
         job.mkdir()
-        (job / "created").write_text(content)
+        (job / "created").write_text("")
         os.utime(job / "created", (time.time() - age, time.time() - age))
     assert (pod.state("recent").phase, pod.state("recent").reason) == ("running", None)
-    for name in ("stillborn", "older-script"):
-        state = pod.state(name)
-        assert (state.phase, state.reason) == ("exited", "lost: the job was never launched")
+    state = pod.state("stillborn")
+    assert (state.phase, state.reason) == ("exited", "lost: the job was never launched")
 
 
 def _session_members(session: int) -> list[int]:
@@ -499,7 +496,12 @@ def test_each_container_keeps_its_own_working_directory(host_pod: Pod, tmp_path:
 
 def test_the_script_rejects_malformed_calls(pod: Pod) -> None:
     script = str(pod.base / "supervisor.sh")
-    malformed = (["wait", "../etc", "1"], ["start", "x", "--", "a", "b"], ["start", "x", "--timeout", "t", "--", "a"])
+    malformed = (
+        ["wait", "../etc", "1"],
+        ["start", "x", "--kill-after", "5", "--", "a", "b"],
+        ["start", "x", "--kill-after", "5", "--timeout", "t", "--", "a"],
+        ["start", "x", "--", "a"],
+    )
     gone = (["status", "x"], ["kill", "x"], ["probe"])  # verbs no caller used: removed
     for argv in (*malformed, *gone):
         result = subprocess.run(["sh", script, *argv], capture_output=True, env={"PATH": pod.path}, timeout=30)
@@ -978,25 +980,23 @@ def test_the_job_environment_is_not_written_to_disk(pod: Pod) -> None:
         assert path.is_dir() or secret.encode() not in path.read_bytes(), path
 
 
-def test_a_job_recorded_by_an_older_script_runs_from_its_files(host_pod: Pod, tmp_path: Path) -> None:
-    """A runner started by the previous script (replaced mid-start) reads the job's spec and
-    environment from the job's files."""
-    job = host_pod.base / "jobs" / "legacy"
-    (job / "env").mkdir(parents=True)
-    fields = {"command": 'printf "%s" "$GREETING" > out.txt', "shell": "bash", "cwd": str(tmp_path)}
-    fields |= {"output_path": str(job / "output"), "kill_after": "5", "timeout": "30"}
-    for name, value in fields.items():
-        (job / name).write_text(value)
-    (job / "env" / "GREETING").write_text("it's\nhere\n")
+def test_a_runner_started_without_its_spec_runs_nothing(host_pod: Pod, tmp_path: Path) -> None:
+    """The spec reaches a runner only from its start exec: a runner launched otherwise (by hand, by a
+    script of another version) runs nothing, and the job is found lost like any that never ran."""
+    job = host_pod.base / "jobs" / "bare"
+    job.mkdir(parents=True)
+    (job / "created").write_text("")
+    (job / "command").write_text(f"touch {tmp_path / 'ran'}")
     launched = subprocess.run(
-        ["sh", str(host_pod.base / "supervisor.sh"), "_run", "legacy", "bg"],
+        ["sh", str(host_pod.base / "supervisor.sh"), "_run", "bare", "bg"],
         env={"PATH": host_pod.path},
         capture_output=True,
         timeout=30,
     )
-    assert launched.returncode == 0, launched.stderr
-    assert host_pod.wait("legacy").succeeded
-    assert (tmp_path / "out.txt").read_text() == "it's\nhere\n"
+    assert launched.returncode == 1, launched
+    assert not (job / "runner").exists() and not (tmp_path / "ran").exists()
+    os.utime(job / "created", (time.time() - 120, time.time() - 120))
+    assert (host_pod.state("bare").phase, host_pod.state("bare").reason) == ("exited", "lost: the job was never launched")
 
 
 def test_upload_clears_first_in_the_same_exec(pod: Pod, tmp_path: Path) -> None:

@@ -17,7 +17,7 @@ spliced into shell text, so any character survives):
     Creates ``jobs/ID/`` atomically (mkdir) and launches ``<shell> -c COMMAND`` detached, in
     its own session and process group, stdin from /dev/null, stdout and stderr appended to
     PATH (default ``jobs/ID/output``), bounded by a watchdog (TERM to the group at the
-    timeout, KILL ``--kill-after`` seconds later, default 5). If ``jobs/ID`` exists nothing
+    timeout, KILL ``--kill-after`` seconds later; required). If ``jobs/ID`` exists nothing
     is started: the answer is the existing job's state, so retries never run a command twice.
     Only when it starts the job, it first clears the ``--clear`` paths and extracts the tar
     of N bytes on stdin into DEST, as ``upload`` does (a failure there starts nothing).
@@ -319,8 +319,7 @@ def output(job_id: str, limit: int, *, limits: OutputLimits = DEFAULT_LIMITS) ->
     """The last ``limit`` bytes of the job's own output (raw stdout of the exec, at most ``limit``).
 
     Only what the job appended to its output file: an output file shared with earlier jobs
-    keeps their bytes out (the size at the job's start is recorded; a job recorded by an
-    older script without it gets the file's tail).
+    keeps their bytes out (the size at the job's start is recorded).
     """
     _check_id(job_id)
     if limit < 0:

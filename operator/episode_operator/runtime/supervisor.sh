@@ -324,8 +324,7 @@ check_lost() {
         _why='lost: the supervising process died without recording an exit code'
     elif [ -f "$1/created" ]; then
         # Rare (a start exec killed before it launched the runner): forks are fine here. Its age
-        # is its modification time's, also for an older script's marker (which held the time it
-        # was written at).
+        # is its modification time's.
         [ -n "$(find "$1/created" -mmin +1 2>/dev/null)" ] || return 0
         _why='lost: the job was never launched'
     else
@@ -404,7 +403,7 @@ wait_done() {
 # Parse the options of `start` (all of "$@"); the job's environment into $_jobenv, as shell
 # text that exports it.
 start_opts() {
-    _user='' _timeout='' _kill_after=5 _cwd='' _output='' _shell=bash _wait=0 _cmd='' _upto='' _upbytes='' _jobenv=''
+    _user='' _timeout='' _kill_after='' _cwd='' _output='' _shell=bash _wait=0 _cmd='' _upto='' _upbytes='' _jobenv=''
     _opt=
     _ncmd=-1
     for _a in "$@"; do
@@ -449,6 +448,8 @@ start_opts() {
     done
     [ -z "$_opt" ] || usage "start: $_opt needs a value"
     [ "$_ncmd" -eq 1 ] || usage 'start ID [OPTIONS] -- COMMAND (exactly one command argument)'
+    # No default of its own: the operator always says how long a timed-out job has (runtime/timing.py).
+    [ -n "$_kill_after" ] || usage 'start: --kill-after is required'
     { [ -n "$_upto" ] && [ -n "$_upbytes" ]; } || { [ -z "$_upto" ] && [ -z "$_upbytes" ]; } ||
         usage 'start: --upload-to and --upload-bytes go together'
 }
@@ -511,13 +512,9 @@ cmd_start() {
             /*) ;;
             *) _output=${_cwd%/}/$_output ;;
         esac
-        { write "$_d/command" "$_cmd" &&
-            write "$_d/shell" "$_shell" &&
-            write "$_d/cwd" "$_cwd" &&
-            write "$_d/output_path" "$_output" &&
-            write "$_d/kill_after" "$_kill_after" &&
-            { [ -z "$_timeout" ] || write "$_d/timeout" "$_timeout"; } &&
-            { [ -z "$_user" ] || write "$_d/user" "$_user"; }; } || die "start: cannot record the job in $_d"
+        # The spec reaches the runner in its environment (launch_runner); only where the output goes
+        # is kept, for the output verb.
+        write "$_d/output_path" "$_output" || die "start: cannot record the job in $_d"
         launch_runner "$_id"
     elif [ ! -d "$_d" ]; then
         die "start: cannot create $_d"
@@ -633,33 +630,12 @@ cmd_run() {
     _how=${2:-fg}
     _d=$JOBS/$_id
     [ -d "$_d" ] || exit 1
-    if [ -n "${_EO_SPEC-}" ]; then # the spec, from the start exec (launch_runner)
-        _cmd=$_EO_CMD _shell=$_EO_SHELL _cwd=$_EO_CWD _out=$_EO_OUT _ka=$_EO_KA _timeout=$_EO_TMO _user=$_EO_USER
-        _jobenv=$_EO_ENV _mn=$_EO_MN
-        unset _EO_SPEC _EO_CMD _EO_SHELL _EO_CWD _EO_OUT _EO_KA _EO_TMO _EO_USER _EO_ENV _EO_MN
-    else
-        # Launched by an older script's start, which passed no spec: an operator upgraded (or
-        # restarted on an older image) re-places the script in a running pod, and a start exec
-        # of the script it replaces may still be between its mkdir and its launch, which runs
-        # "$SELF", this file. That start recorded the spec in the job's files.
-        get "$_d/command"; _cmd=$_got
-        get_line "$_d/shell"; _shell=$_got
-        get "$_d/cwd"; _cwd=$_got
-        get "$_d/output_path"; _out=$_got
-        get_line "$_d/kill_after"; _ka=$_got
-        _timeout=
-        [ -f "$_d/timeout" ] && get_line "$_d/timeout" && _timeout=$_got
-        _user=
-        [ -f "$_d/user" ] && get_line "$_d/user" && _user=$_got
-        _jobenv=
-        for _ef in "$_d"/env/*; do
-            [ -f "$_ef" ] || continue
-            get "$_ef" || continue
-            quote "$_got"
-            _jobenv="${_jobenv}export ${_ef##*/}=$_quoted$NL"
-        done
-        container_key
-    fi
+    # The spec comes from the start exec (launch_runner) and nowhere else: a runner started any other
+    # way runs nothing, and its job is found lost (check_lost).
+    [ -n "${_EO_SPEC-}" ] || exit 1
+    _cmd=$_EO_CMD _shell=$_EO_SHELL _cwd=$_EO_CWD _out=$_EO_OUT _ka=$_EO_KA _timeout=$_EO_TMO _user=$_EO_USER
+    _jobenv=$_EO_ENV _mn=$_EO_MN
+    unset _EO_SPEC _EO_CMD _EO_SHELL _EO_CWD _EO_OUT _EO_KA _EO_TMO _EO_USER _EO_ENV _EO_MN
     _stat=
     { IFS= read -r _stat </proc/$$/stat; } 2>/dev/null
     pid_space
