@@ -15,6 +15,10 @@ and each fault:
 - **operator down while a pod is deleted** (killed, the pod deleted, started again): an outage
   recorded by the restarted operator (the pod's uid is in the status), and attempt 2 scores 1.
 
+and, once, the agent pod deleted in the agent stage and the operator killed in the outage's
+back-off that follows: attempt 2, written before the back-off, is the one the restarted
+operator runs (an outage, then reward 1 in attempt 2).
+
 The stages that run a job (setup, healthcheck, agent, collect, verify) are held there: that
 job waits for a file the test writes once the fault is in place (``/tmp/held`` then
 ``/tmp/release``, in the pod the job runs in), so the fault strikes inside the stage. The stages
@@ -405,3 +409,40 @@ def test_a_fault_in_every_stage_ends_with_the_fault_free_reward_or_an_outage(
         statuses[case.name] = finished(api_client, namespace, [episode], log)[episode]
     wrong = [problem for case in batch if (problem := verdict(case, statuses[case.name])) is not None]
     assert not wrong, "\n".join(wrong) + f"\noperator log:\n{log()}"
+
+
+def test_an_operator_killed_in_the_back_off_after_a_lost_pod_runs_the_next_attempt_once(
+    api_client: client.ApiClient, core: client.CoreV1Api, matrix: tuple[OperatorProcess, str]
+) -> None:
+    """The issue's second case: the agent pod deleted in turn 2, then the operator killed within the
+    outage's back-off. Attempt 2 is written before the back-off is waited, so the restarted operator
+    resumes it: an outage, then reward 1 in attempt 2, and never a third attempt or a graded 0.25."""
+    operator, namespace = matrix
+    case = Case("shared", "agent", "agent-pod-deleted")
+    start(api_client, namespace, [case])
+    wait_until(lambda: reached(api_client, core, namespace, case), f"{case} held", 300, operator.log_tail)
+    strike(core, namespace, case)
+    assert operator.process is not None
+    watcher = watch.Watch()
+    try:
+        for event in watcher.stream(
+            client.CustomObjectsApi(api_client).list_namespaced_custom_object,
+            GROUP,
+            VERSION,
+            namespace,
+            PLURAL,
+            field_selector=f"metadata.name={case.name}",
+            timeout_seconds=300,
+        ):
+            attempts = (event["object"].get("status") or {}).get("attempts") or []
+            if len(attempts) == 2 and attempts[1].get("notBefore") and not attempts[1].get("readyAt"):
+                operator.kill()  # inside the back-off: attempt 2 is written, not started
+                break
+        else:
+            raise AssertionError(f"{case}: no event showed attempt 2 in its back-off\n{operator.log_tail()}")
+    finally:
+        watcher.stop()
+    operator.start()
+    with releasing(core, namespace, [case.name]):
+        status = finished(api_client, namespace, [case.name], operator.log_tail)[case.name]
+    assert verdict(case, status) is None, (verdict(case, status), operator.log_tail())

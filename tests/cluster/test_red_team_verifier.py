@@ -70,14 +70,18 @@ USERS = {"root": None, "non-root": "nobody"}
 MODES = ("shared", "separate")
 
 
-def secrets_task() -> dict[str, str]:
+def secrets_task(mode: str) -> dict[str, str]:
     """The task's own setup.sh and test.sh (possibly from a dataset nobody audited) must see no agent
-    secret, while the agent does (the control): test.sh scores 1 only when both hold."""
+    secret, while the agent does (the control): test.sh scores 1 only when both hold. A separate
+    verifier gets what the agent and setup.sh saw as artifacts, and looks in its own pod too."""
     toml = (
         'schema_version = "1.4"\n[task]\nname = "red-team/secrets"\n[agent]\ntimeout_sec = 60.0\n'
         '[verifier]\ntimeout_sec = 60.0\n[environment]\ndocker_image = "episode-operator.local/sandbox:bookworm"\n'
         'workdir = "/app"\n[[steps]]\nname = "only"\n'
     )
+    if mode == "separate":
+        toml += 'artifacts = ["/app/agent-saw.txt", "/app/setup-env.txt"]\n'
+        toml += '[steps.verifier]\nenvironment_mode = "separate"\n'
     check = (
         "saw=$(cat /app/agent-saw.txt)\n"
         "leaked=0\n"
@@ -101,14 +105,15 @@ def episodes() -> dict[str, tuple[dict[str, str], dict[str, Any]]]:
             runs[f"honest-{mode}-{who}"] = (task(mode, user), {"kind": "command", "command": HONEST})
             runs[f"forger-{mode}-{who}"] = (task(mode, user), {"kind": "command", "command": FORGE_RECORD})
     runs["leftover-shared-non-root"] = (task("shared", "nobody"), {"kind": "command", "command": LEFTOVER})
-    runs["secrets"] = (
-        secrets_task(),
-        {
-            "kind": "command",
-            "command": 'printf %s "$TOKEN" > /app/agent-saw.txt',
-            "envFrom": [{"secretRef": {"name": "agent-keys"}}],
-        },
-    )
+    for mode in MODES:
+        runs[f"secrets-{mode}"] = (
+            secrets_task(mode),
+            {
+                "kind": "command",
+                "command": 'printf %s "$TOKEN" > /app/agent-saw.txt',
+                "envFrom": [{"secretRef": {"name": "agent-keys"}}],
+            },
+        )
     return runs
 
 
@@ -158,6 +163,7 @@ def test_a_non_root_agents_leftover_processes_cannot_reach_the_verifier(outcomes
     assert_honest_zero(outcomes["leftover-shared-non-root"])
 
 
-def test_the_agents_secrets_reach_the_agent_and_not_the_tasks_code(outcomes: dict[str, Any]) -> None:
-    status = outcomes["secrets"]
+@pytest.mark.parametrize("mode", MODES)
+def test_the_agents_secrets_reach_the_agent_and_not_the_tasks_code(outcomes: dict[str, Any], mode: str) -> None:
+    status = outcomes[f"secrets-{mode}"]
     assert (status["phase"], status["reward"]) == ("Succeeded", 1.0), status
