@@ -436,7 +436,19 @@ def test_gym_enabled_serves_gyms_rollout_protocol_on_the_service(
     url = f"http://{service.spec.cluster_ip}:{port}/run"
     row = {"instance_id": "examples::hello", "responses_create_params": {"input": []}, "_ng_task_index": 0,
            "_ng_rollout_index": 0}  # fmt: skip
-    assert gym_post(url, row, token=None)[0] == 401
+    # kube-proxy and the endpoints controller learn of the new port and the new pod after the rollout
+    # Helm waited for: until they do, the address refuses connections. Wait for an answer, any answer.
+    deadline = time.monotonic() + 120
+    while True:
+        try:
+            refused = gym_post(url, row, token=None)
+            break
+        except urllib.error.URLError as error:
+            if time.monotonic() > deadline:
+                log = operator_log(core, installed.namespace)
+                raise AssertionError(f"{url} never answered: {error}", log) from error
+            time.sleep(0.5)
+    assert refused[0] == 401, refused
     assert gym_post(url, row, token="not-" + token)[0] == 401
     status, answer = gym_post(url, row, token=token)
     assert status == 200 and answer["reward"] == 1.0, (answer, operator_log(core, installed.namespace))
