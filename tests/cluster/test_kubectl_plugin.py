@@ -211,10 +211,15 @@ def test_logs_follow_prints_the_running_agent_as_it_writes_and_ends_with_it(
     still waits (the test holds it), the rest once the test lets it go, and the command ends with the
     agent, exit 0. Before the agent starts it waits and says so."""
     command = "echo first-line; while [ ! -f /tmp/release ]; do sleep 0.2; done; echo second-line"
-    spec = episode_spec(EXAMPLES / "hello", agent={"kind": "command", "command": command})
+    # Suspended until the command has said it waits: a command slower to start than the Episode's seed
+    # would otherwise meet the agent already running, and rightly not wait.
+    spec = episode_spec(EXAMPLES / "hello", agent={"kind": "command", "command": command}, suspend=True)
     with plugin.watching("logs", "followed", "-f") as stream:
         create_episode(api_client, namespace, "followed", spec)
         read_until(stream, lambda line: line.startswith("waiting for a turn of"), "saying it waits")
+        client.CustomObjectsApi(api_client).patch_namespaced_custom_object(
+            GROUP, VERSION, namespace, PLURAL, "followed", {"spec": {"suspend": False}}
+        )
         read_until(stream, lambda line: line == "first-line", "of the agent's first line")
         status = read_episode(api_client, namespace, "followed")["status"]
         assert (status["phase"], status["turns"][0]["stage"]) == ("Running", "agent"), status  # live, not kept
