@@ -893,7 +893,7 @@ MUTATIONS = [
     Mutation(
         "volume-image-content-lost",
         "kube/objects/pods.py",
-        'if [ "$fill" = copy ] && [ -d "$image_path" ]; then',
+        'if [ "$fill" != new ] && [ -d "$image_path" ]; then',
         "if false; then",
         "a new volume hides what the image had at its path, which Docker copies into it",
     ),
@@ -907,7 +907,7 @@ MUTATIONS = [
     Mutation(
         "volume-layout-mode",
         "kube/objects/pods.py",
-        'mode = "0777" if volume.mount_path in SANDBOX_LAYOUT else "-"',
+        'mode = "0777" if volume.mount_path in ENSURED_DIRS[pod.role] else "-"',
         'mode = "-"',
         "a volume at /logs/artifacts is not 0777 as Harbor's ensure_dirs leaves it: a non-root agent cannot write",
     ),
@@ -973,6 +973,35 @@ MUTATIONS = [
         "return mode | 0o111 if name == script else mode",
         "return mode",
         "solve.sh and test.sh keep a task's 0644, where Harbor makes them executable before running them",
+    ),
+    # A volume only sidecars name, filled from a sidecar's image with the operator's lent copier.
+    Mutation(
+        "sidecar-volume-not-filled",
+        "kube/objects/pods.py",
+        "sidecar_fillers = _sidecar_fillers(pod, spec, images)",
+        "sidecar_fillers: list[dict[str, Any]] = []",
+        "a volume only sidecars name starts empty and 0777: the sidecar finds none of its image's files there",
+    ),
+    Mutation(
+        "sidecar-filler-not-root",
+        "kube/objects/pods.py",
+        '"securityContext": root,',
+        '"securityContext": container_security(spec),',
+        "a sidecar image's USER fills its volume: files of other owners are not copied, or not as theirs",
+    ),
+    Mutation(
+        "volume-nocopy-ignored",
+        "kube/objects/pods.py",
+        '(True, False): "new",',
+        '(True, False): "new-copy",',
+        "a volume mounted `nocopy` first is filled from the image all the same, where Docker leaves it empty",
+    ),
+    Mutation(
+        "copier-missing-unrefused",
+        "runtime/admission.py",
+        "*([] if lends_copier else copier_refusals(validation.task.compose)),",
+        "",
+        "an operator without its own image admits a volume only sidecars name, and its agent pod is never made",
     ),
     Mutation(
         "init-failure-unexplained",

@@ -19,8 +19,12 @@ gives each volume ``main`` mounts what Docker gives a new one — the image's co
 path with that folder's owner and mode, or (``nocopy``, nothing there) an empty root's 0755 — and
 Harbor's mode 0777 to one mounted at a folder of the sandbox's layout (``/logs/agent``…), which
 Harbor's ``ensure_dirs`` gives it after ``compose up``. The task's image has ``sh`` and ``tar``
-already: the supervisor needs both. A sidecar's image content is not copied in (its image may have
-no shell to copy with): a volume only sidecars name starts as an empty, world-writable ``emptyDir``.
+already: the supervisor needs both. A volume only sidecars name is filled from the image of the
+first sidecar naming it, as Docker fills it from the first container mounting it; a sidecar's image
+may have no shell, so the operator lends it one: an init container of the operator's own image
+(``episode-operator-copier``) copies that image's static busybox into an ``emptyDir``, and an init
+container of the sidecar's image (``episode-operator-volumes-<service>``) runs the same fill with it,
+as root. Nothing of the sidecar's image runs: only the lent busybox, reading the image's files.
 
 **The verifier's capacity is the agent pod's** (docs/runtime.md, "Pods that wait, and capacity"): while a
 separate turn that is not the last verifies, both pods live, so the agent pod reserves the
@@ -64,13 +68,14 @@ from episode_operator.runtime.agents.model import (
 )
 from episode_operator.runtime.sandbox import KEEP_ALIVE
 from episode_operator.runtime.supervisor import SUPERVISOR_DIR
-from episode_operator.runtime.turn.context import SANDBOX_LAYOUT
+from episode_operator.runtime.turn.context import LOGS_VERIFIER, SANDBOX_LAYOUT
 from episode_operator.taskfolder.compose import (
     BOUND_ARCHIVE_LIMIT,
     ENVIRONMENT,
     ComposeVolume,
     Sidecar,
     binds_of,
+    sidecar_only_volumes,
 )
 from episode_operator.taskfolder.models import EnvironmentConfig
 from episode_operator.taskfolder.plan import EpisodePlan, NetworkPolicy
@@ -88,10 +93,9 @@ ENVIRONMENT_FILES_VOLUME = "episode-operator-binds-files"
 ENVIRONMENT_ARCHIVE_KEY = "environment.tar"
 VOLUME_FILLER = "episode-operator-volumes"
 FILLER_ROOT = "/episode-operator-init"
-# The filler's arguments: the bound files' archive ('' for none) and their folder, then for each of
-# main's mounts its path in the image, where the filler sees it, how it is filled (copy: Docker's
-# copy of the image's content into a new volume; empty: a new volume without it, `nocopy`; keep: a
-# bind, filled from the archive) and the mode it is then given ('-' to leave it).
+# The filler's arguments: the bound files' archive ('' for none) and their folder, then for each
+# mount its path in the image, where the filler sees it, how it is filled (FILLS) and the mode it is
+# then given ('-' to leave it).
 FILL_SCRIPT = """set -eu
 archive=$1 environment=$2
 shift 2
@@ -103,17 +107,41 @@ while [ "$#" -ge 4 ]; do
     image_path=$1 seen=$2 fill=$3 mode=$4
     shift 4
     if [ "$fill" != keep ] && [ -z "$(ls -A "$seen")" ]; then
-        if [ "$fill" = copy ] && [ -d "$image_path" ]; then
-            # The folder's own owner and mode come with its content: "$image_path/." is the folder.
-            cp -a "$image_path/." "$seen/"
-        else
+        if [ "$fill" = new ] || [ "$fill" = new-copy ]; then
             chown 0:0 "$seen"
             chmod 0755 "$seen"
+        fi
+        if [ "$fill" != new ] && [ -d "$image_path" ]; then
+            # The folder's own owner and mode come with its content: "$image_path/." is the folder.
+            cp -a "$image_path/." "$seen/"
         fi
     fi
     [ "$mode" = - ] || chmod "$mode" "$seen"
 done
 """
+# How FILL_SCRIPT fills a mount, by what Docker does when a container mounts a volume: the first
+# mount of a volume makes it new (root's 0755) and, unless `nocopy`, copies in what the image has at
+# the path; a later mount copies only into a volume still empty (Docker copies whenever a container
+# mounts an empty volume). A bind is filled from the archive.
+FILLS = {
+    # (first mount of the volume, copies the image's content) -> fill
+    (True, True): "new-copy",
+    (True, False): "new",
+    (False, True): "copy",
+    (False, False): "keep",
+}
+BIND_FILL = "keep"
+# The folders Harbor's ensure_dirs makes 0777 after `compose up`, whatever is mounted there: the
+# writable automatic mount targets of the environment (base.py __init__: the agent's three;
+# trial.py _verifier_env_mounts: a separate verifier's /logs/verifier only). It runs in main only.
+ENSURED_DIRS = {"agent": SANDBOX_LAYOUT, "verifier": (LOGS_VERIFIER,)}
+# The copier a sidecar's image is lent (module docstring): the init container and volume, where the
+# fillers see it, and where the operator's own image has its static busybox (Debian's busybox-static).
+COPIER = "episode-operator-copier"
+COPIER_ROOT = "/episode-operator-copier"
+COPIER_BUSYBOX = "/bin/busybox"
+# Copies the busybox, with a link per applet beside it: the fill runs with them alone on its PATH.
+COPIER_INSTALL = 'set -eu\ncp "$1" "$2/busybox"\n"$2/busybox" --install -s "$2"\n'
 
 
 @dataclass(frozen=True)
@@ -140,7 +168,8 @@ class OwnerRef:
 class AgentImages:
     """Where the images an agent pod may need beyond the task's come from (operator settings)."""
 
-    # The operator's own image: it runs the capture proxy (``episode-operator capture-proxy``).
+    # The operator's own image: it runs the capture proxy (``episode-operator capture-proxy``), and
+    # lends its static busybox (COPIER_BUSYBOX) to fill the compose volumes only sidecars mount.
     capture: str | None = None
     # Toolchain images are ``<repository>/toolchain-<name>:<version>`` (hack/toolchain builds them).
     toolchain_repository: str = "episode-operator.local"
@@ -415,16 +444,14 @@ def _volume_filler(pod: SandboxPod, spec: EpisodeSpec) -> dict[str, Any] | None:
             "readOnly": True,
         }
         mounts[ENVIRONMENT_VOLUME] = {"name": ENVIRONMENT_VOLUME, "mountPath": seen_environment}
+    filled: set[str] = set()
     for volume in pod.volumes:
-        # Harbor's ensure_dirs makes whatever is mounted at a layout folder 0777 after `compose up`.
-        mode = "0777" if volume.mount_path in SANDBOX_LAYOUT else "-"
+        # Harbor's ensure_dirs makes whatever is mounted at such a folder 0777 after `compose up`.
+        mode = "0777" if volume.mount_path in ENSURED_DIRS[pod.role] else "-"
         if volume.kind == "bind":
-            arguments += [volume.mount_path, posixpath.join(seen_environment, _bound_path(volume)), "keep", mode]
+            arguments += [volume.mount_path, posixpath.join(seen_environment, _bound_path(volume)), BIND_FILL, mode]
             continue
-        name = _volume_name(volume.name)
-        seen = f"{FILLER_ROOT}/volumes/{name}"
-        mounts[name] = {"name": name, "mountPath": seen}
-        arguments += [volume.mount_path, seen, "copy" if volume.copy_image_content else "empty", mode]
+        arguments += [*_fill_arguments(volume, filled, mounts), mode]
     return {
         "name": VOLUME_FILLER,
         "image": pod.image,
@@ -435,6 +462,72 @@ def _volume_filler(pod: SandboxPod, spec: EpisodeSpec) -> dict[str, Any] | None:
         "securityContext": {**container_security(spec), "runAsUser": 0, "runAsGroup": 0},
         "terminationMessagePolicy": "FallbackToLogsOnError",
     }
+
+
+def _fill_arguments(volume: ComposeVolume, filled: set[str], mounts: dict[str, dict[str, Any]]) -> list[str]:
+    """A volume mount's path in the image, where the filler sees it and how it is filled (FILLS); the
+    filler's mount of the volume added to ``mounts``, its name to ``filled``."""
+    name = _volume_name(volume.name)
+    seen = f"{FILLER_ROOT}/volumes/{name}"
+    mounts[name] = {"name": name, "mountPath": seen}
+    fill = FILLS[(volume.name not in filled, volume.copy_image_content)]
+    filled.add(volume.name)
+    return [volume.mount_path, seen, fill]
+
+
+def _sidecar_fillers(pod: SandboxPod, spec: EpisodeSpec, images: AgentImages) -> list[dict[str, Any]]:
+    """The init containers filling the volumes only sidecars mount, each sidecar's from its own image
+    with the operator's lent busybox (module docstring), the copier that lends it first; none when
+    there are no such volumes."""
+    volumes = sidecar_only_volumes(pod.volumes, pod.sidecars)
+    if not volumes:
+        return []
+    if images.capture is None:
+        raise ValueError("the pod's sidecar-only volumes need the operator's own image to lend its copier")
+    copier_mount = {"name": COPIER, "mountPath": COPIER_ROOT}
+    root = {**container_security(spec), "runAsUser": 0, "runAsGroup": 0}
+    containers: list[dict[str, Any]] = [
+        {
+            "name": COPIER,
+            "image": images.capture,
+            "imagePullPolicy": "IfNotPresent",
+            "command": [COPIER_BUSYBOX, "sh", "-c", COPIER_INSTALL, COPIER, COPIER_BUSYBOX, COPIER_ROOT],
+            "volumeMounts": [copier_mount],
+            "securityContext": container_security(spec),
+            "terminationMessagePolicy": "FallbackToLogsOnError",
+        }
+    ]
+    filled: set[str] = set()
+    for sidecar in pod.sidecars:
+        mine = sidecar_only_volumes(pod.volumes, [sidecar])
+        if not mine:
+            continue
+        mounts: dict[str, dict[str, Any]] = {}
+        # No layout folder is ensured in a sidecar: Harbor's ensure_dirs runs in main.
+        arguments = [argument for volume in mine for argument in (*_fill_arguments(volume, filled, mounts), "-")]
+        containers.append(
+            {
+                "name": _sidecar_filler_name(sidecar),
+                "image": sidecar.image or pod.image,
+                "imagePullPolicy": "IfNotPresent",
+                "command": [f"{COPIER_ROOT}/sh", "-c", FILL_SCRIPT, VOLUME_FILLER, "", "", *arguments],
+                "env": [{"name": "PATH", "value": COPIER_ROOT}],
+                "volumeMounts": [{**copier_mount, "readOnly": True}, *mounts.values()],
+                # As root whatever the image's USER: it copies the image's files with their owners, as Docker does.
+                "securityContext": root,
+                "terminationMessagePolicy": "FallbackToLogsOnError",
+            }
+        )
+    return containers
+
+
+def _sidecar_filler_name(sidecar: Sidecar) -> str:
+    """``episode-operator-volumes-<service>``, a container name (a DNS label) unique by a hash when cut."""
+    cleaned = re.sub(r"[^a-z0-9-]", "-", sidecar.name.lower()).strip("-") or "sidecar"
+    name = f"{VOLUME_FILLER}-{cleaned}"
+    if len(name) <= NAME_LIMIT:
+        return name
+    return f"{VOLUME_FILLER}-{hashlib.sha256(sidecar.name.encode()).hexdigest()[:8]}"
 
 
 def environment_files_config_map(episode: OwnerRef, archive: bytes) -> dict[str, Any]:
@@ -570,8 +663,12 @@ def sandbox_pod(
     volumes += _compose_pod_volumes(pod)
     images = images or AgentImages()
     filler = _volume_filler(pod, spec)
+    sidecar_fillers = _sidecar_fillers(pod, spec, images)
+    if sidecar_fillers:
+        volumes.append({"name": COPIER, "emptyDir": {}})
     init_containers = [
         *([filler] if filler else []),
+        *sidecar_fillers,
         *(_toolchain_copier(t, images, spec) for t in pod.needs.toolchains),
     ]
     for toolchain in pod.needs.toolchains:
