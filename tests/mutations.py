@@ -601,8 +601,8 @@ MUTATIONS = [
     Mutation(
         "verifier-requests-kept",
         "kube/objects/pods.py",
-        "    if pod.node_name is not None:\n        resources = released(resources)\n",
-        "",
+        "    released_requests = pod.node_name is not None\n",
+        "    released_requests = False\n",
         "a verifier on the agent's node asks again for the capacity reserved for it",
     ),
     Mutation(
@@ -1002,6 +1002,49 @@ MUTATIONS = [
         "*([] if lends_copier else copier_refusals(validation.task.compose)),",
         "",
         "an operator without its own image admits a volume only sidecars name, and its agent pod is never made",
+    ),
+    # A separate verifier whose environment is Harbor's environment/: the compose file runs beside it.
+    Mutation(
+        "verifier-without-compose",
+        "kube/sandbox.py",
+        "sidecars = self.plan.sidecars if plan.compose else ()",
+        "sidecars = ()",
+        "a separate verifier in environment/ runs without the task's services: a test.sh asking one fails",
+    ),
+    Mutation(
+        "verifier-compose-whatever-its-environment",
+        "taskfolder/plan.py",
+        "compose = verifier_image_source(self.files, self.config, step).in_task_environment",
+        "compose = True",
+        "a verifier with an image of its own gets the task's services, which Harbor never runs there",
+    ),
+    Mutation(
+        "verifier-compose-env-dropped",
+        "kube/sandbox.py",
+        "env={**self.plan.compose_env, **plan.environment.env} if plan.compose else plan.environment.env,",
+        "env=plan.environment.env,",
+        "a verifier beside the services lacks the environment the compose file gives main",
+    ),
+    Mutation(
+        "verifier-ensures-agent-layout",
+        "kube/objects/pods.py",
+        'ENSURED_DIRS = {"agent": SANDBOX_LAYOUT, "verifier": (LOGS_VERIFIER,)}',
+        'ENSURED_DIRS = {"agent": SANDBOX_LAYOUT, "verifier": SANDBOX_LAYOUT}',
+        "a verifier's volume at /logs/artifacts is made 0777, where Harbor's verifier environment leaves it",
+    ),
+    Mutation(
+        "verifier-sidecars-unreserved",
+        "kube/objects/pods.py",
+        "asked += [sidecar_requests(sidecar.resources) for sidecar in sidecars]",
+        "pass",
+        "the agent pod reserves nothing for a verifier's services: the verifier on its node does not fit",
+    ),
+    Mutation(
+        "verifier-own-compose-ignored",
+        "runtime/images.py",
+        "planner.problems.append(Problem(own_compose, None, VERIFIER_OWN_COMPOSE.format(turn=turn.name)))",
+        "pass",
+        "a tests folder's docker-compose.yaml, Harbor's verifier services, is silently not run",
     ),
     Mutation(
         "init-failure-unexplained",

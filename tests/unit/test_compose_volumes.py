@@ -385,21 +385,44 @@ class ConfigMapPods(Pods):
         return self.make(manifest)
 
 
-def test_the_provider_makes_the_config_map_before_the_agent_pod_and_gives_the_verifier_none() -> None:
+def test_the_provider_makes_the_config_map_before_each_pod_that_runs_the_compose_file() -> None:
+    """The agent pod, and a separate verifier's pod when Harbor's verifier environment is environment/:
+    its compose file runs there too (the same services and volumes, new ones in the new pod, main's
+    environment from it under the verifier's own). A verifier with an image of its own gets none."""
     plan, files = shared_plan()
-    separate = plan.turns[0].verifier.model_copy(update={"mode": "separate", "environment": plan.environment})
-    plan = plan.model_copy(update={"turns": [plan.turns[0].model_copy(update={"verifier": separate})]})
+    separate = plan.turns[0].verifier.model_copy(
+        update={"mode": "separate", "environment": plan.environment.model_copy(update={"env": {"V": "mine"}})}
+    )
+    in_environment = separate.model_copy(update={"compose": True})
+    plan = plan.model_copy(
+        update={
+            "turns": [plan.turns[0].model_copy(update={"verifier": in_environment})] * 2,
+            "compose_env": {"FROM_COMPOSE": "1", "V": "compose's"},
+        }
+    )
     archive = bound_archive(files, binds_of(plan.main_volumes, plan.sidecars))
     pods = ConfigMapPods()
     provider = KubeProvider(pods, EPISODE, SPEC, plan, "task:1", {}, bound_files=archive)  # type: ignore[arg-type]
     asyncio.run(provider.agent(1))
-    asyncio.run(provider.verifier(1, 0, plan.turns[0].verifier))
+    asyncio.run(provider.verifier(1, 1, in_environment))
+    asyncio.run(provider.verifier(1, 0, separate))
     name = environment_files_config_map(EPISODE, archive)["metadata"]["name"]
-    assert pods.made == [f"configmap {name}", "pod vols-a1", "pod vols-a1-v1"]
-    agent, verifier = pods.pods["vols-a1"]["spec"], pods.pods["vols-a1-v1"]["spec"]
-    assert any(m["mountPath"] == "/startup" for m in agent["containers"][0]["volumeMounts"])
-    assert [m["mountPath"] for m in verifier["containers"][0]["volumeMounts"]] == ["/episode-operator"]
-    assert "initContainers" not in verifier
+    assert pods.made == [f"configmap {name}", "pod vols-a1", f"configmap {name}", "pod vols-a1-v2", "pod vols-a1-v1"]
+    agent, beside, alone = (pods.pods[pod]["spec"] for pod in ("vols-a1", "vols-a1-v2", "vols-a1-v1"))
+    assert [c["name"] for c in beside["containers"]] == ["main", "reader"]
+    assert beside["containers"][1:] == agent["containers"][1:]  # the same sidecars, from their images
+    assert beside["containers"][0]["volumeMounts"] == agent["containers"][0]["volumeMounts"]
+    assert beside["containers"][0]["env"] == [{"name": "FROM_COMPOSE", "value": "1"}, {"name": "V", "value": "mine"}]
+    assert beside["hostAliases"] == agent["hostAliases"]
+    # Its volumes are its own pod's emptyDirs, and the Episode's ConfigMap of the task's files: nothing of
+    # the agent's pod (where the agent wrote) reaches it.
+    assert all("emptyDir" in v or v.get("configMap") == {"name": name} for v in beside["volumes"])
+    (filler,) = beside["initContainers"]
+    # Harbor's ensure_dirs in a verifier environment makes /logs/verifier alone 0777: /logs/artifacts is left.
+    assert filler["command"][4:][filler["command"][4:].index("/logs/artifacts") + 3] == "-"
+    assert [c["name"] for c in alone["containers"]] == ["main"]
+    assert [m["mountPath"] for m in alone["containers"][0]["volumeMounts"]] == ["/episode-operator"]
+    assert "initContainers" not in alone and "hostAliases" not in alone
 
 
 # --- the pod, run --------------------------------------------------------------------------------------

@@ -6,8 +6,10 @@ name (``hostAliases`` → 127.0.0.1), an ``emptyDir`` at ``/episode-operator`` o
 own for the supervisor and its jobs (main's records out of the sidecars' reach, and each sidecar's
 writable by its own user), no service-account token, resources from ``[environment]`` (its
 CPUs requested as the operator's ``SandboxRequests`` say). A verifier pod is the same shape with
-the verifier's image and environment and no sidecars. Both are owned by the Episode, so deleting
-it deletes them.
+the verifier's image and environment; when Harbor's verifier environment is the task's
+``environment/`` (``VerifierPlan.compose``), its compose file runs there too: the same sidecars and
+compose volumes, new ones in the new pod, filled as the agent pod's are. Both are owned by the
+Episode, so deleting it deletes them.
 
 **Compose volumes** (docs/harbor-layout.md): a named or anonymous volume is one ``emptyDir``
 (``compose-<name>``) that every service naming it mounts; the binds of ``environment/`` are paths of
@@ -30,8 +32,9 @@ as root. Nothing of the sidecar's image runs: only the lent busybox, reading the
 separate turn that is not the last verifies, both pods live, so the agent pod reserves the
 largest such verifier's requests (a ``verifier-reservation`` container that only sleeps) and
 that verifier pod runs on the agent pod's node with its requests released to it (zero requests,
-its own limits). A pod that holds capacity then never waits for more: separate verifiers can
-never deadlock with agent pods holding what they need. The last turn's verifier starts after the
+its own limits; its sidecars' requests are counted and released with main's). A pod that holds
+capacity then never waits for more: separate verifiers can never deadlock with agent pods holding
+what they need. The last turn's verifier starts after the
 agent pod is gone (Gym) and asks for its own requests.
 """
 
@@ -78,7 +81,7 @@ from episode_operator.taskfolder.compose import (
     sidecar_only_volumes,
 )
 from episode_operator.taskfolder.models import EnvironmentConfig
-from episode_operator.taskfolder.plan import EpisodePlan, NetworkPolicy
+from episode_operator.taskfolder.plan import EpisodePlan, NetworkPolicy, VerifierPlan
 
 SUPERVISOR_VOLUME = "episode-operator"
 CAPTURE_VOLUME = "episode-operator-capture"
@@ -279,17 +282,34 @@ def resources_of(environment: EnvironmentConfig, requests: SandboxRequests) -> d
     return resources
 
 
+def verifier_requests(verifier: VerifierPlan, sidecars: Sequence[Sidecar], requests: SandboxRequests) -> dict[str, str]:
+    """What a separate verifier's pod asks the scheduler for (``requests`` making main's): its main
+    container's requests and, when the task's compose services run beside it, theirs."""
+    if verifier.mode != "separate" or verifier.environment is None:
+        return {}
+    asked = [resources_of(verifier.environment, requests).get("requests") or {}]
+    if verifier.compose:
+        asked += [sidecar_requests(sidecar.resources) for sidecar in sidecars]
+    total: dict[str, float] = {}
+    for container in asked:
+        for name, quantity in container.items():
+            total[name] = total.get(name, 0.0) + _magnitude(quantity)
+    return {name: _quantity(name, magnitude) for name, magnitude in total.items()}
+
+
+def sidecar_requests(resources: Mapping[str, Mapping[str, str]]) -> dict[str, str]:
+    """A container's requests as Kubernetes makes them: its limits where it names no request."""
+    return {**(resources.get("limits") or {}), **(resources.get("requests") or {})}
+
+
 def verifier_reservation(plan: EpisodePlan, requests: SandboxRequests) -> dict[str, str]:
     """What the agent pod reserves for the separate verifiers that run beside it: per resource, the
-    largest request (as ``requests`` makes them) of a separate turn's verifier that is not the last
+    largest request (:func:`verifier_requests`) of a separate turn's verifier pod that is not the last
     (the last starts after the agent pod is gone). GPUs are not reserved: an extended resource
     cannot be requested by one pod and used by another."""
     largest: dict[str, str] = {}
     for turn in plan.turns[:-1]:
-        environment = turn.verifier.environment
-        if turn.verifier.mode != "separate" or environment is None:
-            continue
-        for name, quantity in (resources_of(environment, requests).get("requests") or {}).items():
+        for name, quantity in verifier_requests(turn.verifier, plan.sidecars, requests).items():
             if name not in largest or _magnitude(quantity) > _magnitude(largest[name]):
                 largest[name] = quantity
     return largest
@@ -309,11 +329,20 @@ SUFFIXES = {"m": 0.001, "Mi": 1.0}
 
 
 def _magnitude(quantity: str) -> float:
-    """A quantity as resources_of writes them (a CPU count, ``<n>m``, ``<n>Mi``) as a number to compare."""
+    """A quantity as resources_of and the compose reader write them (a CPU count, ``<n>m``, ``<n>Mi``)
+    as a number to compare and add."""
     for suffix, scale in SUFFIXES.items():
         if quantity.endswith(suffix):
             return float(quantity.removesuffix(suffix)) * scale
     return float(quantity)
+
+
+def _quantity(name: str, magnitude: float) -> str:
+    """A sum of :func:`_magnitude` back as a quantity, as resources_of writes them: whole CPUs as a
+    count, else millicores; the rest in mebibytes."""
+    if name != "cpu":
+        return f"{math.ceil(magnitude)}Mi"
+    return str(int(magnitude)) if magnitude.is_integer() else f"{round(magnitude * 1000)}m"
 
 
 def container_security(spec: EpisodeSpec) -> dict[str, Any]:
@@ -332,7 +361,7 @@ def _env_list(env: Mapping[str, str]) -> list[dict[str, str]]:
     return [{"name": name, "value": value} for name, value in env.items()]
 
 
-def _sidecar_container(sidecar: Sidecar, task_image: str, spec: EpisodeSpec) -> dict[str, Any]:
+def _sidecar_container(sidecar: Sidecar, task_image: str, spec: EpisodeSpec, *, release: bool) -> dict[str, Any]:
     container: dict[str, Any] = {
         "name": sidecar.name,
         "image": sidecar.image or task_image,
@@ -358,7 +387,10 @@ def _sidecar_container(sidecar: Sidecar, task_image: str, spec: EpisodeSpec) -> 
         security["runAsGroup"] = sidecar.run_as_group
     container["securityContext"] = security
     if sidecar.resources:
-        container["resources"] = sidecar.resources
+        # In a verifier pod on the agent pod's reserved capacity, its requests are released as main's are.
+        limits = dict(sidecar.resources.get("limits") or {})
+        asked = {"requests": sidecar_requests(sidecar.resources), "limits": limits}
+        container["resources"] = released(asked) if release else sidecar.resources
     if sidecar.probe is not None:
         probe = sidecar.probe
         container["readinessProbe"] = {
@@ -654,7 +686,9 @@ def sandbox_pod(
         if spec.resources is not None and pod.role == "agent"
         else resources_of(pod.environment, pod.requests)
     )
-    if pod.node_name is not None:
+    # A verifier pod on the agent pod's node runs on the capacity it reserved: its requests released.
+    released_requests = pod.node_name is not None
+    if released_requests:
         resources = released(resources)
     if resources:
         main["resources"] = resources
@@ -688,7 +722,7 @@ def sandbox_pod(
         "terminationGracePeriodSeconds": 5,
         "containers": [
             main,
-            *(_sidecar_container(sidecar, pod.image, spec) for sidecar in pod.sidecars),
+            *(_sidecar_container(sidecar, pod.image, spec, release=released_requests) for sidecar in pod.sidecars),
             *extra_containers,
             *([_reservation_container(pod, spec)] if pod.reservation else []),
         ],
