@@ -21,6 +21,11 @@ RUN --mount=type=cache,target=/root/.cache/pip \
     python -m pip wheel --disable-pip-version-check --wheel-dir /wheels .
 
 FROM ${PYTHON_IMAGE}
+# Debian's static busybox at /bin/busybox: agent and verifier pods borrow it to fill the compose volumes
+# only sidecars mount from a sidecar's image, which may have no shell (kube/objects/pods.py).
+RUN apt-get update \
+ && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends busybox-static \
+ && rm -rf /var/lib/apt/lists/*
 ENV PATH=/opt/episode-operator/bin:$PATH \
     PYTHONUNBUFFERED=1 \
     PYTHONDONTWRITEBYTECODE=1

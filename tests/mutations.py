@@ -601,8 +601,8 @@ MUTATIONS = [
     Mutation(
         "verifier-requests-kept",
         "kube/objects/pods.py",
-        "    if pod.node_name is not None:\n        resources = released(resources)\n",
-        "",
+        "    released_requests = pod.node_name is not None\n",
+        "    released_requests = False\n",
         "a verifier on the agent's node asks again for the capacity reserved for it",
     ),
     Mutation(
@@ -893,7 +893,7 @@ MUTATIONS = [
     Mutation(
         "volume-image-content-lost",
         "kube/objects/pods.py",
-        'if [ "$fill" = copy ] && [ -d "$image_path" ]; then',
+        'if [ "$fill" != new ] && [ -d "$image_path" ]; then',
         "if false; then",
         "a new volume hides what the image had at its path, which Docker copies into it",
     ),
@@ -907,7 +907,7 @@ MUTATIONS = [
     Mutation(
         "volume-layout-mode",
         "kube/objects/pods.py",
-        'mode = "0777" if volume.mount_path in SANDBOX_LAYOUT else "-"',
+        'mode = "0777" if volume.mount_path in ENSURED_DIRS[pod.role] else "-"',
         'mode = "-"',
         "a volume at /logs/artifacts is not 0777 as Harbor's ensure_dirs leaves it: a non-root agent cannot write",
     ),
@@ -973,6 +973,78 @@ MUTATIONS = [
         "return mode | 0o111 if name == script else mode",
         "return mode",
         "solve.sh and test.sh keep a task's 0644, where Harbor makes them executable before running them",
+    ),
+    # A volume only sidecars name, filled from a sidecar's image with the operator's lent copier.
+    Mutation(
+        "sidecar-volume-not-filled",
+        "kube/objects/pods.py",
+        "sidecar_fillers = _sidecar_fillers(pod, spec, images)",
+        "sidecar_fillers: list[dict[str, Any]] = []",
+        "a volume only sidecars name starts empty and 0777: the sidecar finds none of its image's files there",
+    ),
+    Mutation(
+        "sidecar-filler-not-root",
+        "kube/objects/pods.py",
+        '"securityContext": root,',
+        '"securityContext": container_security(spec),',
+        "a sidecar image's USER fills its volume: files of other owners are not copied, or not as theirs",
+    ),
+    Mutation(
+        "volume-nocopy-ignored",
+        "kube/objects/pods.py",
+        '(True, False): "new",',
+        '(True, False): "new-copy",',
+        "a volume mounted `nocopy` first is filled from the image all the same, where Docker leaves it empty",
+    ),
+    Mutation(
+        "copier-missing-unrefused",
+        "runtime/admission.py",
+        "*([] if lends_copier else copier_refusals(validation.task.compose)),",
+        "",
+        "an operator without its own image admits a volume only sidecars name, and its agent pod is never made",
+    ),
+    # A separate verifier whose environment is Harbor's environment/: the compose file runs beside it.
+    Mutation(
+        "verifier-without-compose",
+        "kube/sandbox.py",
+        "sidecars = self.plan.sidecars if plan.compose else ()",
+        "sidecars = ()",
+        "a separate verifier in environment/ runs without the task's services: a test.sh asking one fails",
+    ),
+    Mutation(
+        "verifier-compose-whatever-its-environment",
+        "taskfolder/plan.py",
+        "compose = verifier_image_source(self.files, self.config, step).in_task_environment",
+        "compose = True",
+        "a verifier with an image of its own gets the task's services, which Harbor never runs there",
+    ),
+    Mutation(
+        "verifier-compose-env-dropped",
+        "kube/sandbox.py",
+        "env={**self.plan.compose_env, **plan.environment.env} if plan.compose else plan.environment.env,",
+        "env=plan.environment.env,",
+        "a verifier beside the services lacks the environment the compose file gives main",
+    ),
+    Mutation(
+        "verifier-ensures-agent-layout",
+        "kube/objects/pods.py",
+        'ENSURED_DIRS = {"agent": SANDBOX_LAYOUT, "verifier": (LOGS_VERIFIER,)}',
+        'ENSURED_DIRS = {"agent": SANDBOX_LAYOUT, "verifier": SANDBOX_LAYOUT}',
+        "a verifier's volume at /logs/artifacts is made 0777, where Harbor's verifier environment leaves it",
+    ),
+    Mutation(
+        "verifier-sidecars-unreserved",
+        "kube/objects/pods.py",
+        "asked += [sidecar_requests(sidecar.resources) for sidecar in sidecars]",
+        "pass",
+        "the agent pod reserves nothing for a verifier's services: the verifier on its node does not fit",
+    ),
+    Mutation(
+        "verifier-own-compose-ignored",
+        "runtime/images.py",
+        "planner.problems.append(Problem(own_compose, None, VERIFIER_OWN_COMPOSE.format(turn=turn.name)))",
+        "pass",
+        "a tests folder's docker-compose.yaml, Harbor's verifier services, is silently not run",
     ),
     Mutation(
         "init-failure-unexplained",

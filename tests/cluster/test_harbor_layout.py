@@ -6,6 +6,12 @@
 - The compose volume case: ``main``'s ENTRYPOINT (a replayed Dockerfile's) writes into a named
   volume it shares with a sidecar; the verifier asks the sidecar what it saw there. Its control
   gives the sidecar a volume of another name: the same task, which must then score 0.
+- A volume only sidecars name: the reader sees there what the seeder's image (the operator's, its
+  /var/lib/episode-operator uid 65532's) has at its mount path. Its control mounts it ``nocopy``.
+- A separate verifier whose environment is ``environment/``: its ``test.sh`` asks the compose
+  service beside it, a new one whose volume holds nothing of what the agent planted in its own. Its
+  control declares a verifier image: Harbor's verifier environment is then ``tests/``, without the
+  services, and the same ``test.sh`` must score 0.
 
 Each test prints what the sandbox showed (``pytest -s``).
 """
@@ -20,6 +26,8 @@ from kubernetes import client
 from tests.cluster.harness import TASKS, OperatorProcess, episode_spec, run_episode
 
 STARTUP_EVIDENCE = TASKS / "startup-evidence"
+SEEDED_VOLUME = TASKS / "seeded-volume"
+FRESH_SERVICES = TASKS / "fresh-services"
 LAYOUT_REPORT = "/logs/artifacts/layout.txt"
 # What an oracle written against Harbor checks of the layout during its turn (Harbor 0.25,
 # environments/base.py ensure_dirs: `mkdir -p` and `chmod 777` of the three as root after
@@ -156,3 +164,60 @@ def test_the_control_a_sidecar_naming_another_volume_sees_nothing(
         f"{status}\n{shown(seen)}"
     )
     assert "the reader saw: 404 nothing in /startup" in seen["verifier.txt"]
+
+
+def seeded_compose(mode: str) -> str:
+    """seeded-volume's compose file, the seeder's mount of the volume given ``mode`` (``""`` as it is)."""
+    compose = (SEEDED_VOLUME / "environment" / "docker-compose.yaml").read_text()
+    edited = compose.replace("seeded:/var/lib/episode-operator\n", f"seeded:/var/lib/episode-operator{mode}\n")
+    assert edited.count("seeded:/var/lib/episode-operator") == 1 and (edited != compose) == bool(mode)
+    return edited
+
+
+@pytest.mark.parametrize("mode", ["", ":nocopy"], ids=["filled", "control-nocopy"])
+def test_a_volume_only_sidecars_name_holds_the_first_ones_image_content(
+    api_client: client.ApiClient, namespace: str, operator: OperatorProcess, mode: str
+) -> None:
+    name = "seeded" if not mode else "seeded-nocopy"
+    spec = episode_spec(SEEDED_VOLUME, edits={"environment/docker-compose.yaml": seeded_compose(mode)})
+    status = run_episode(api_client, namespace, name, spec, operator, timeout=300)
+    seen = kept(operator, namespace, name)
+    print(f"\n== {name}\n{shown(seen)}")
+    assert (status["phase"], status["outcome"], status["reward"]) == ("Succeeded", "Graded", 0.0 if mode else 1.0), (
+        f"{status}\n{shown(seen)}"
+    )
+    if mode:  # nocopy: a new volume, root's 0755 and empty, as Docker leaves it
+        assert seen["verifier.txt"].split("the reader sees:\n", 1)[1].splitlines()[0] == "/seen 0:0 755"
+    else:
+        assert "data 65532:65532 755" in seen["verifier.txt"].splitlines()
+
+
+@pytest.mark.parametrize("declared_image", [False, True], ids=["in-environment", "control-own-image"])
+def test_a_separate_verifier_asks_the_new_compose_service_beside_it(
+    api_client: client.ApiClient, namespace: str, operator: OperatorProcess, declared_image: bool
+) -> None:
+    toml = (FRESH_SERVICES / "task.toml").read_text()
+    # The control: a verifier image of its own makes Harbor's verifier environment tests/, without the services.
+    own_image = '\n[verifier.environment]\ndocker_image = "episode-operator.local/sandbox:bookworm"\n'
+    edits = {"task.toml": toml.replace("\n[environment]", own_image + "\n[environment]", 1)} if declared_image else {}
+    name = "own-image" if declared_image else "fresh"
+    status = run_episode(api_client, namespace, name, episode_spec(FRESH_SERVICES, edits=edits), operator, timeout=300)
+    seen = kept(operator, namespace, name)
+    print(f"\n== {name}\n{shown(seen)}")
+    assert (status["phase"], status["outcome"], status["reward"]) == (
+        "Succeeded",
+        "Graded",
+        0.0 if declared_image else 1.0,
+    ), f"{status}\n{shown(seen)}"
+    # During the agent's turn the keeper beside it saw what the agent planted.
+    agent_saw = seen["logs/artifacts/agent-saw.txt"].strip()
+    assert agent_saw.startswith("boot ") and agent_saw.endswith("; /state: planted.txt"), agent_saw
+    said = dict(line.split(": ", 1) for line in seen["verifier.txt"].splitlines() if ": " in line)
+    if declared_image:
+        assert said["this verifier's keeper said"].startswith("unreachable: "), said
+        return
+    # The verifier's keeper is another start of it, its volume new: nothing the agent left reaches it.
+    mine = said["this verifier's keeper said"]
+    assert mine.startswith("boot ") and mine.endswith("; /state: empty"), said
+    assert mine.split(";")[0] != agent_saw.split(";")[0]
+    assert said["this verifier's /state"] == ""

@@ -25,15 +25,19 @@ import pytest
 
 from episode_operator.api.models import EpisodeSpec
 from episode_operator.kube.objects.pods import (
+    COPIER,
+    COPIER_BUSYBOX,
+    COPIER_ROOT,
     ENVIRONMENT_ARCHIVE_KEY,
     VOLUME_FILLER,
+    AgentImages,
     OwnerRef,
     SandboxPod,
     environment_files_config_map,
     sandbox_pod,
 )
 from episode_operator.kube.sandbox import KubeProvider
-from episode_operator.runtime.admission import Admission, Refusal, admit_task
+from episode_operator.runtime.admission import NO_COPIER, Admission, Refusal, admit_task
 from episode_operator.taskfolder import TaskFiles
 from episode_operator.taskfolder.compose import BOUND_ARCHIVE_LIMIT, binds_of, bound_archive, parse_compose
 from episode_operator.taskfolder.models import EnvironmentConfig
@@ -313,12 +317,13 @@ def test_main_mounts_its_volumes_and_shares_them_by_name_with_the_sidecars() -> 
     assert filler["command"][4:] == [
         "/episode-operator-init/input/environment.tar",
         "/episode-operator-init/environment",
-        *("/startup", "/episode-operator-init/volumes/compose-evidence", "copy", "-"),
-        *("/nothing-here", "/episode-operator-init/volumes/compose-fresh", "copy", "-"),
-        *("/opt/data", "/episode-operator-init/volumes/compose-cache", "empty", "-"),
-        *("/logs/artifacts", "/episode-operator-init/volumes/compose-main-anonymous-3", "copy", "0777"),
+        *("/startup", "/episode-operator-init/volumes/compose-evidence", "new-copy", "-"),
+        *("/nothing-here", "/episode-operator-init/volumes/compose-fresh", "new-copy", "-"),
+        *("/opt/data", "/episode-operator-init/volumes/compose-cache", "new", "-"),
+        *("/logs/artifacts", "/episode-operator-init/volumes/compose-main-anonymous-3", "new-copy", "0777"),
         *("/data", "/episode-operator-init/environment/data", "keep", "-"),
         *("/srv/app.ini", "/episode-operator-init/environment/conf/app.ini", "keep", "-"),
+        # The same volume again: Docker copies into it only while it is still empty.
         *("/startup-again", "/episode-operator-init/volumes/compose-evidence", "copy", "-"),
     ]
 
@@ -335,14 +340,14 @@ def test_no_compose_name_takes_a_volume_of_the_operators() -> None:
     assert len(names) == len(set(names)), names
 
 
-def test_without_volumes_on_main_or_binds_the_pod_is_as_it_was() -> None:
-    folder = single_step(files={COMPOSE: "services:\n  web:\n    image: x\n    volumes: ['v:/v']\nvolumes: {v: {}}\n"})
+def test_without_compose_volumes_the_pod_is_as_it_was_and_a_sidecars_bind_is_filled_by_mains_filler() -> None:
+    folder = single_step(files={COMPOSE: "services:\n  web:\n    image: x\n    expose: [80]\n"})
     plan = plan_of(folder)
     pod = sandbox_pod(
         EPISODE, SPEC, SandboxPod("agent", 1, "task:1", plan.environment, sidecars=plan.sidecars), extra_labels={}
     )
     assert "initContainers" not in pod["spec"]
-    assert {"name": "compose-v", "emptyDir": {}} in pod["spec"]["volumes"]
+    assert [volume["name"] for volume in pod["spec"]["volumes"]] == ["episode-operator", "supervisor-web"]
     # A sidecar's bind is filled as main's are: the filler runs for it alone.
     folder = single_step(files={COMPOSE: "services:\n  web:\n    image: x\n    volumes: ['./data:/d']\n", **FILES})
     plan = plan_of(folder)
@@ -380,21 +385,44 @@ class ConfigMapPods(Pods):
         return self.make(manifest)
 
 
-def test_the_provider_makes_the_config_map_before_the_agent_pod_and_gives_the_verifier_none() -> None:
+def test_the_provider_makes_the_config_map_before_each_pod_that_runs_the_compose_file() -> None:
+    """The agent pod, and a separate verifier's pod when Harbor's verifier environment is environment/:
+    its compose file runs there too (the same services and volumes, new ones in the new pod, main's
+    environment from it under the verifier's own). A verifier with an image of its own gets none."""
     plan, files = shared_plan()
-    separate = plan.turns[0].verifier.model_copy(update={"mode": "separate", "environment": plan.environment})
-    plan = plan.model_copy(update={"turns": [plan.turns[0].model_copy(update={"verifier": separate})]})
+    separate = plan.turns[0].verifier.model_copy(
+        update={"mode": "separate", "environment": plan.environment.model_copy(update={"env": {"V": "mine"}})}
+    )
+    in_environment = separate.model_copy(update={"compose": True})
+    plan = plan.model_copy(
+        update={
+            "turns": [plan.turns[0].model_copy(update={"verifier": in_environment})] * 2,
+            "compose_env": {"FROM_COMPOSE": "1", "V": "compose's"},
+        }
+    )
     archive = bound_archive(files, binds_of(plan.main_volumes, plan.sidecars))
     pods = ConfigMapPods()
     provider = KubeProvider(pods, EPISODE, SPEC, plan, "task:1", {}, bound_files=archive)  # type: ignore[arg-type]
     asyncio.run(provider.agent(1))
-    asyncio.run(provider.verifier(1, 0, plan.turns[0].verifier))
+    asyncio.run(provider.verifier(1, 1, in_environment))
+    asyncio.run(provider.verifier(1, 0, separate))
     name = environment_files_config_map(EPISODE, archive)["metadata"]["name"]
-    assert pods.made == [f"configmap {name}", "pod vols-a1", "pod vols-a1-v1"]
-    agent, verifier = pods.pods["vols-a1"]["spec"], pods.pods["vols-a1-v1"]["spec"]
-    assert any(m["mountPath"] == "/startup" for m in agent["containers"][0]["volumeMounts"])
-    assert [m["mountPath"] for m in verifier["containers"][0]["volumeMounts"]] == ["/episode-operator"]
-    assert "initContainers" not in verifier
+    assert pods.made == [f"configmap {name}", "pod vols-a1", f"configmap {name}", "pod vols-a1-v2", "pod vols-a1-v1"]
+    agent, beside, alone = (pods.pods[pod]["spec"] for pod in ("vols-a1", "vols-a1-v2", "vols-a1-v1"))
+    assert [c["name"] for c in beside["containers"]] == ["main", "reader"]
+    assert beside["containers"][1:] == agent["containers"][1:]  # the same sidecars, from their images
+    assert beside["containers"][0]["volumeMounts"] == agent["containers"][0]["volumeMounts"]
+    assert beside["containers"][0]["env"] == [{"name": "FROM_COMPOSE", "value": "1"}, {"name": "V", "value": "mine"}]
+    assert beside["hostAliases"] == agent["hostAliases"]
+    # Its volumes are its own pod's emptyDirs, and the Episode's ConfigMap of the task's files: nothing of
+    # the agent's pod (where the agent wrote) reaches it.
+    assert all("emptyDir" in v or v.get("configMap") == {"name": name} for v in beside["volumes"])
+    (filler,) = beside["initContainers"]
+    # Harbor's ensure_dirs in a verifier environment makes /logs/verifier alone 0777: /logs/artifacts is left.
+    assert filler["command"][4:][filler["command"][4:].index("/logs/artifacts") + 3] == "-"
+    assert [c["name"] for c in alone["containers"]] == ["main"]
+    assert [m["mountPath"] for m in alone["containers"][0]["volumeMounts"]] == ["/episode-operator"]
+    assert "initContainers" not in alone and "hostAliases" not in alone
 
 
 # --- the pod, run --------------------------------------------------------------------------------------
@@ -405,11 +433,13 @@ class MiniKubelet:
     """The containers of one pod manifest, each a bubblewrap namespace: its image (a folder, copied
     for each container as a runtime gives each its own root) as ``/``, its ``volumeMounts`` as
     binds of the pod's volumes (an ``emptyDir`` a fresh 0777 folder, a ConfigMap its keys' files).
-    The image is a Debian one (the host's /usr and /etc) or busybox's applets alone."""
+    The image is a Debian one (the host's /usr and /etc) or busybox's applets alone; a bare image has
+    only the files a test puts in it (no shell, no libc)."""
 
     def __init__(self, root: Path, manifest: dict[str, Any], config_maps: dict[str, dict[str, Any]], flavour: Flavour):
         self.root, self.manifest, self.flavour = root, manifest, flavour
         self.bwrap = tool("bwrap")
+        self.bare: set[Path] = set()
         for spec in manifest["spec"]["volumes"]:
             folder = root / "volumes" / spec["name"]
             folder.mkdir(parents=True)
@@ -420,11 +450,13 @@ class MiniKubelet:
             ):
                 (folder / key).write_bytes(base64.b64decode(value))
 
-    def image(self, name: str) -> Path:
-        """A new image folder: what the flavour needs to run ``sh``; a test adds its own files."""
+    def image(self, name: str, *, bare: bool = False) -> Path:
+        """A new image folder: what the flavour needs to run ``sh`` (nothing when ``bare``); a test adds its files."""
         image = self.root / "images" / name
         image.mkdir(parents=True)
-        if self.flavour == "debian":
+        if bare:
+            self.bare.add(image)
+        elif self.flavour == "debian":
             for link in MERGED_USR:
                 (image / link).symlink_to(f"usr/{link}")
         else:
@@ -445,11 +477,14 @@ class MiniKubelet:
             rootfs.parent.mkdir(parents=True, exist_ok=True)
             subprocess.run(["cp", "-a", str(image), str(rootfs)], check=True)
         system = (
-            ["--ro-bind", "/usr", "/usr", "--ro-bind", "/etc", "/etc"]
+            []
+            if image in self.bare
+            else ["--ro-bind", "/usr", "/usr", "--ro-bind", "/etc", "/etc"]
             if self.flavour == "debian"
             else ["--ro-bind", "/usr/lib", "/usr/lib", "--ro-bind", "/usr/lib64", "/usr/lib64"]
         )
         path = "/usr/sbin:/usr/bin:/sbin:/bin" if self.flavour == "debian" else "/bin"
+        env = [arg for entry in found.get("env", []) for arg in ("--setenv", entry["name"], entry["value"])]
         mounts: list[str] = []
         for mount in found.get("volumeMounts", []):
             source = self.root / "volumes" / mount["name"] / mount.get("subPath", "")
@@ -458,7 +493,7 @@ class MiniKubelet:
             self.bwrap,
             *("--bind", str(rootfs), "/"),
             *system,
-            *("--proc", "/proc", "--dev", "/dev", "--cap-add", "ALL", "--clearenv", "--setenv", "PATH", path),
+            *("--proc", "/proc", "--dev", "/dev", "--cap-add", "ALL", "--clearenv", "--setenv", "PATH", path, *env),
             *mounts,
             "--",
             *(command or found["command"]),
@@ -527,3 +562,117 @@ def test_the_filler_fills_mains_volumes_as_docker_fills_new_ones_and_the_service
         "main", task, ["sh", "-c", "cat /data/new.txt /opt/data/c; (echo x > /data/no) 2>/dev/null || echo read-only"]
     )
     assert back.stdout == "from-reader\nx\nread-only\n", back.stderr
+
+
+# --- a volume only sidecars mount ----------------------------------------------------------------------
+SIDECARS_ONLY = (
+    "services:\n"
+    "  main:\n"
+    "    volumes: ['shared:/shared']\n"
+    "  seeder:\n"
+    "    image: seed:1\n"
+    "    volumes: ['seed:/srv/seed', 'quiet:/srv/quiet:nocopy', 'shared:/shared']\n"
+    "  reader:\n"
+    "    image: read:1\n"
+    "    volumes: ['seed:/seen:ro', 'quiet:/srv/quiet', 'late:/late']\n"
+    "volumes: {seed: {}, quiet: {}, shared: {}, late: {}}\n"
+)
+SEEDER_FILLER, READER_FILLER = f"{VOLUME_FILLER}-seeder", f"{VOLUME_FILLER}-reader"
+
+
+def seen(name: str) -> str:
+    """Where a filler sees the volume ``name``."""
+    return f"/episode-operator-init/volumes/compose-{name}"
+
+
+def sidecars_only_pod(images: AgentImages | None) -> dict[str, Any]:
+    plan = plan_of(single_step(files={COMPOSE: SIDECARS_ONLY}))
+    pod = SandboxPod("agent", 1, "task:1", plan.environment, sidecars=plan.sidecars, volumes=plan.main_volumes)
+    return sandbox_pod(EPISODE, SPEC, pod, extra_labels={}, images=images)
+
+
+def test_a_volume_only_sidecars_mount_is_filled_from_their_images_with_the_operators_copier() -> None:
+    with pytest.raises(ValueError, match="the operator's own image"):
+        sidecars_only_pod(None)
+    spec = sidecars_only_pod(AgentImages(capture="operator:9"))["spec"]
+    assert [c["name"] for c in spec["initContainers"]] == [VOLUME_FILLER, COPIER, SEEDER_FILLER, READER_FILLER]
+    mains, copier, seeder, reader = spec["initContainers"]
+    # The volume main mounts is main's to fill, from the task's image, whoever else names it.
+    assert mains["command"][6:] == ["/shared", seen("shared"), "new-copy", "-"]
+    # The copier: the operator's own image lends its static busybox, with a link per applet.
+    assert (copier["image"], copier["command"][:3], copier["command"][5:]) == (
+        "operator:9",
+        [COPIER_BUSYBOX, "sh", "-c"],
+        [COPIER_BUSYBOX, COPIER_ROOT],
+    )
+    assert copier["volumeMounts"] == [{"name": COPIER, "mountPath": COPIER_ROOT}]
+    assert {"name": COPIER, "emptyDir": {}} in spec["volumes"]
+    for filler, image in ((seeder, "seed:1"), (reader, "read:1")):
+        # The sidecar's image as root, running the lent busybox alone: nothing of the image runs.
+        assert (filler["image"], filler["securityContext"]["runAsUser"], filler["env"]) == (
+            image,
+            0,
+            [{"name": "PATH", "value": COPIER_ROOT}],
+        )
+        assert filler["command"][:2] == [f"{COPIER_ROOT}/sh", "-c"]
+        assert filler["volumeMounts"][0] == {"name": COPIER, "mountPath": COPIER_ROOT, "readOnly": True}
+    # Docker's order: the first mount makes the volume new (and copies unless nocopy); a later one
+    # copies into a volume still empty. No layout folder is ensured in a sidecar.
+    assert seeder["command"][4:] == [
+        *("", ""),
+        *("/srv/seed", seen("seed"), "new-copy", "-"),
+        *("/srv/quiet", seen("quiet"), "new", "-"),
+    ]
+    assert reader["command"][4:] == [
+        *("", ""),
+        *("/seen", seen("seed"), "copy", "-"),
+        *("/srv/quiet", seen("quiet"), "copy", "-"),
+        *("/late", seen("late"), "new-copy", "-"),
+    ]
+
+
+def test_the_lent_copier_fills_them_as_docker_does_from_images_without_a_shell(tmp_path: Path) -> None:
+    kubelet = MiniKubelet(tmp_path, sidecars_only_pod(AgentImages(capture="operator:9")), {}, "debian")
+    operator = kubelet.image("operator", bare=True)
+    (operator / "bin").mkdir()
+    shutil.copy(tool("busybox-static"), operator / "bin" / "busybox")
+    # The sidecars' images: their files alone, no shell and no libc to copy with.
+    seed = kubelet.image("seed", bare=True)
+    (seed / "srv" / "seed" / "deep").mkdir(parents=True)
+    (seed / "srv" / "seed" / "seed.txt").write_text("from the seeder's image\n")
+    (seed / "srv" / "seed" / "seed.txt").chmod(0o640)
+    for path in (seed / "srv" / "seed", seed / "srv" / "seed" / "seed.txt", seed / "srv" / "seed" / "deep"):
+        os.lchown(path, IMAGE_UID, IMAGE_UID)
+    (seed / "srv" / "seed").chmod(0o750)
+    (seed / "srv" / "quiet").mkdir()
+    (seed / "srv" / "quiet" / "left-out").write_text("nocopy\n")
+    read = kubelet.image("read", bare=True)
+    (read / "seen").mkdir()
+    (read / "seen" / "too-late").write_text("the seeder filled it first\n")
+    (read / "srv" / "quiet").mkdir(parents=True)
+    (read / "srv" / "quiet" / "from-reader").write_text("still empty when the reader mounted it\n")
+    assert kubelet.run(READER_FILLER, read, ["/bin/sh", "-c", "true"]).returncode != 0  # no shell of its own
+    for container, image in ((COPIER, operator), (SEEDER_FILLER, seed), (READER_FILLER, read)):
+        ran = kubelet.run(container, image)
+        assert ran.returncode == 0, f"{container}: {ran.stderr}"
+
+    def shown(volume: str) -> list[str]:
+        root = tmp_path / "volumes" / f"compose-{volume}"
+        paths = [root, *sorted(root.rglob("*"))]
+        return [f"{p.relative_to(root)} {p.lstat().st_uid} {stat.S_IMODE(p.lstat().st_mode):o}" for p in paths]
+
+    assert shown("seed") == [f". {IMAGE_UID} 750", f"deep {IMAGE_UID} 755", f"seed.txt {IMAGE_UID} 640"]
+    assert (tmp_path / "volumes" / "compose-seed" / "seed.txt").read_text() == "from the seeder's image\n"
+    assert shown("quiet") == [". 0 755", "from-reader 0 644"]  # nocopy first, then Docker's copy into it
+    assert shown("late") == [". 0 755"]  # nothing in the image there: a new volume, root's
+
+
+def test_an_operator_without_its_own_image_refuses_a_volume_only_sidecars_mount_naming_each_mount() -> None:
+    files = TaskFiles.from_mapping(single_step(files={COMPOSE: SIDECARS_ONLY}))
+    refused = admit_task(SPEC, files, lends_copier=False)
+    assert isinstance(refused, Refusal) and refused.failure_kind == "harbor:seed_refused", refused
+    keys = ["services.seeder.volumes[0]", "services.seeder.volumes[1]", "services.reader.volumes[0]"]
+    keys += ["services.reader.volumes[1]", "services.reader.volumes[2]"]
+    assert refused.message == "refused at seed: " + "; ".join(f"{COMPOSE}: {key}: {NO_COPIER}" for key in keys)
+    # The control: with the operator's own image to lend its copier, the same task is admitted.
+    assert isinstance(admit_task(SPEC, files), Admission)

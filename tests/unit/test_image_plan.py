@@ -14,7 +14,7 @@ import pytest
 
 from episode_operator.api.models import EpisodeSpec
 from episode_operator.runtime.admission import Admission, Refusal, admit_task
-from episode_operator.runtime.images import ImagePlan, ImagePolicy, plan_images
+from episode_operator.runtime.images import VERIFIER_OWN_COMPOSE, ImagePlan, ImagePolicy, plan_images
 from episode_operator.taskfolder import TaskFiles, load_task, resolve_plan
 from episode_operator.taskfolder.images import ImageMirrors
 
@@ -146,6 +146,44 @@ def test_a_separate_verifier_environment_runs_its_image_or_its_tests_dockerfile(
         BUILDS,
     )
     assert [build.role for build in built.builds()] == ["verifier"]
+
+
+COMPOSE = "services:\n  db:\n    image: db:1\n"
+
+
+@pytest.mark.parametrize(
+    ("toml", "tests_files", "compose"),
+    [
+        ("", {}, True),  # Harbor's fallback: the verifier's environment is environment/, its compose file too
+        ('[verifier.environment]\ndocker_image = "python:3.12"\n', {}, False),  # made from tests/
+        ("", {"tests__Dockerfile": "FROM python:3.12\n"}, False),
+    ],
+    ids=["fallback", "declared-image", "tests-dockerfile"],
+)
+def test_a_separate_verifier_gets_the_compose_services_when_harbors_environment_for_it_is_environment(
+    toml: str, tests_files: dict[str, str], compose: bool
+) -> None:
+    """Harbor's resolve_verifier_environment_definition: a declared image or a tests folder with a Dockerfile
+    or docker-compose.yaml defines the verifier's environment; else it is environment/, compose file and all."""
+    base = '[environment]\ndocker_image = "python:3.12"\n'
+    files = folder(SEPARATE + toml + base, environment__docker_compose_yaml=COMPOSE, **tests_files)
+    files = {path.replace("docker_compose_yaml", "docker-compose.yaml"): text for path, text in files.items()}
+    plan = resolve_plan(load_task(TaskFiles.from_mapping(files)))
+    assert plan.turns[0].verifier.compose is compose
+    # A shared verifier runs in the agent's pod, beside its services already: no pod of its own.
+    shared = {path: text.replace('environment_mode = "separate"', "") for path, text in files.items()}
+    assert resolve_plan(load_task(TaskFiles.from_mapping(shared))).turns[0].verifier.compose is False
+
+
+def test_a_verifiers_own_compose_file_is_refused_naming_it() -> None:
+    """A tests folder with a docker-compose.yaml is Harbor's definition of a separate verifier's environment,
+    its services included: the operator runs compose services from environment/ only, so it says so."""
+    files = folder(SEPARATE + '[environment]\ndocker_image = "python:3.12"\n', tests__docker_compose_yaml=COMPOSE)
+    files = {path.replace("docker_compose_yaml", "docker-compose.yaml"): text for path, text in files.items()}
+    assert problems(files) == [f"tests/docker-compose.yaml: {VERIFIER_OWN_COMPOSE.format(turn='task')}"]
+    # The control: a shared verifier's tests/ is only copied to /tests (Harbor reads no compose file there).
+    shared = {path: text.replace('environment_mode = "separate"', "") for path, text in files.items()}
+    assert isinstance(images(shared), ImagePlan)
 
 
 def test_a_steps_tests_dockerfile_comes_before_the_tasks() -> None:

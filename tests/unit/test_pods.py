@@ -20,6 +20,7 @@ from episode_operator.kube.objects.pods import (
 )
 from episode_operator.runtime.sandbox import KEEP_ALIVE
 from episode_operator.taskfolder import TaskFiles, load_task, resolve_plan
+from episode_operator.taskfolder.compose import Sidecar
 from episode_operator.taskfolder.plan import NetworkPolicy
 from tests.conftest import EXAMPLE_TASKS
 
@@ -236,3 +237,29 @@ def test_the_largest_reservation_is_compared_in_the_units_requests_are_written_i
 def test_a_cpu_request_fraction_outside_0_to_1_is_refused(fraction: float) -> None:
     with pytest.raises(ValueError, match="above 0 and at most 1"):
         SandboxRequests(cpu_fraction=fraction)
+
+
+def test_a_verifier_beside_the_compose_services_reserves_and_releases_their_requests_with_mains() -> None:
+    """A verifier pod on the agent pod's node runs on what the agent pod reserved: its sidecars' requests
+    (their limits where they name none, as Kubernetes makes them) are reserved and released with main's."""
+    plan = two_separate_verifiers()  # turn 1 of 2 verifies separately: cpus = 1, 256 MB
+    sidecars = [
+        Sidecar(name="db", image="db:1", resources={"limits": {"cpu": "500m", "memory": "512Mi"}}),
+        Sidecar(name="cache", image="c:1", resources={"requests": {"cpu": "250m"}, "limits": {"cpu": "1"}}),
+    ]
+    alone = plan.model_copy(update={"sidecars": sidecars})
+    assert verifier_reservation(alone, FULL) == {"cpu": "1", "memory": "256Mi"}  # its services are not there
+    beside = plan.turns[0].verifier.model_copy(update={"compose": True})
+    together = alone.model_copy(
+        update={"turns": [plan.turns[0].model_copy(update={"verifier": beside}), plan.turns[1]]}
+    )
+    assert verifier_reservation(together, FULL) == {"cpu": "1750m", "memory": "768Mi"}
+    assert beside.environment is not None
+    pinned = SandboxPod("verifier", 1, "img:1", beside.environment, sidecars=sidecars, turn=0, node_name="node-a")
+    _, db, cache = sandbox_pod(EPISODE, SPEC, pinned, extra_labels={})["spec"]["containers"]
+    assert db["resources"] == {"requests": {"cpu": "0", "memory": "0"}, "limits": {"cpu": "500m", "memory": "512Mi"}}
+    assert cache["resources"] == {"requests": {"cpu": "0"}, "limits": {"cpu": "1"}}
+    # The control: the same services in the agent pod ask for what they name.
+    agent = SandboxPod("agent", 1, "img:1", beside.environment, sidecars=sidecars)
+    _, db, cache = sandbox_pod(EPISODE, SPEC, agent, extra_labels={})["spec"]["containers"]
+    assert (db["resources"], cache["resources"]) == (sidecars[0].resources, sidecars[1].resources)

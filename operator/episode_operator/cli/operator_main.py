@@ -262,8 +262,9 @@ def main() -> None:
     "--capture-image",
     envvar="EPISODE_CAPTURE_IMAGE",
     default=None,
-    help="The operator's own image, which runs the model-call capture proxy in agent pods "
-    "($EPISODE_CAPTURE_IMAGE; the chart sets it). Without it, Episodes with a model endpoint are refused.",
+    help="The operator's own image, which runs the model-call capture proxy in agent pods and lends sandbox "
+    "pods its static busybox to fill compose volumes only sidecars mount ($EPISODE_CAPTURE_IMAGE; the chart "
+    "sets it). Without it, Episodes with a model endpoint or such a volume are refused.",
 )
 @click.option(
     "--capture-requests",

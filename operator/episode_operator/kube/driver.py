@@ -125,7 +125,8 @@ async def drive_episode(
     except TaskSourceError as error:
         return await _refuse(sink, status, Refusal(FAILURE_TASK_SOURCE, str(error)), generation)
     # Validation, planning and the digest read every byte of the folder: off the event loop.
-    admission = await asyncio.to_thread(admit_task, spec, files, settings.image_policy)
+    lends_copier = settings.agent_images.capture is not None
+    admission = await asyncio.to_thread(admit_task, spec, files, settings.image_policy, lends_copier=lends_copier)
     if isinstance(admission, Refusal):
         return await _refuse(sink, status, admission, generation)
     needs = agent_kind(spec.agent).sandbox_needs(spec.agent)

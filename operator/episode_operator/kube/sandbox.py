@@ -37,9 +37,9 @@ from episode_operator.kube.objects.pods import (
     environment_files_config_map,
     episode_selector,
     label_value,
-    resources_of,
     sandbox_pod,
     verifier_pod_name,
+    verifier_requests,
     verifier_reservation,
 )
 from episode_operator.kube.session import ExecStream, Session, SessionFailed
@@ -364,19 +364,24 @@ class KubeProvider:
         uid: str | None = None,
     ) -> KubeSandbox:
         assert plan.environment is not None
+        # Harbor's verifier environment is environment/: its compose file runs there too, in this new pod.
+        sidecars = self.plan.sidecars if plan.compose else ()
         node: str | None = None
-        if turn < len(self.plan.turns) - 1 and resources_of(plan.environment, self.sandbox_requests).get("requests"):
+        if turn < len(self.plan.turns) - 1 and verifier_requests(plan, sidecars, self.sandbox_requests):
             node = await self._agent_node(attempt)
         pod = SandboxPod(
             role="verifier",
             attempt=attempt,
             image=plan.image or self.image,
             environment=plan.environment,
-            env=plan.environment.env,
+            env={**self.plan.compose_env, **plan.environment.env} if plan.compose else plan.environment.env,
+            sidecars=sidecars,
             turn=turn,
             network=plan.network,
             node_name=node,
             requests=self.sandbox_requests,
+            volumes=self.plan.main_volumes if plan.compose else (),
+            environment_files=await self._bound_files_config_map() if plan.compose else None,
         )
         return await self._ready(pod, waiting, uid)
 

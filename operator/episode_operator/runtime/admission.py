@@ -31,6 +31,7 @@ from episode_operator.runtime.images import ImagePlan, ImagePolicy, plan_images,
 from episode_operator.runtime.supervisor import SUPERVISOR_DIR
 from episode_operator.runtime.turn.context import LOGS_VERIFIER, TESTS
 from episode_operator.taskfolder import EpisodePlan, Problem, TaskFiles, resolve_plan, seed_refusals, validate_task
+from episode_operator.taskfolder.compose import COMPOSE_FILES, ComposeSpec, sidecar_only_volumes
 from episode_operator.taskfolder.envtemplates import UnresolvedTemplate, resolve_env_templates
 
 # Status messages are bounded (an Episode's status lives in etcd with the object).
@@ -44,6 +45,13 @@ RESERVED_IN_MAIN = {
     LOGS_VERIFIER: f"the verifier writes its reward there, {SEALED}",
     TOOLCHAINS: "the harnesses' toolchains are mounted there",
 }
+
+# A volume only sidecars mount is filled from a sidecar's image with the busybox the operator's own image
+# lends (kube/objects/pods.py): an operator without that image cannot fill it as Docker does.
+NO_COPIER = (
+    "a volume only sidecars mount is filled from a sidecar's image by the copier the operator's own image "
+    "lends, and this operator has none (episode-operator run --capture-image; the chart sets it to its own image)"
+)
 
 
 @dataclass(frozen=True)
@@ -81,9 +89,11 @@ def admit_spec(document: Mapping[str, Any]) -> EpisodeSpec | Refusal:
     return spec
 
 
-def admit_task(spec: EpisodeSpec, files: TaskFiles, policy: ImagePolicy | None = None) -> Admission | Refusal:
+def admit_task(
+    spec: EpisodeSpec, files: TaskFiles, policy: ImagePolicy | None = None, *, lends_copier: bool = True
+) -> Admission | Refusal:
     """Load, validate and plan the task for ``spec`` under the operator's image ``policy``, with every
-    seed-time refusal."""
+    seed-time refusal; ``lends_copier``: the operator has its own image, which lends sidecars a copier."""
     digest = files.digest()
     validation = validate_task(files)
     if validation.task is None:
@@ -95,6 +105,7 @@ def admit_task(spec: EpisodeSpec, files: TaskFiles, policy: ImagePolicy | None =
     images = plan_images(validation.task, plan, image_override=spec.image, policy=policy or ImagePolicy())
     problems = [
         *validation.task.compose.mount_refusals(RESERVED_IN_EVERY_CONTAINER, RESERVED_IN_MAIN),
+        *([] if lends_copier else copier_refusals(validation.task.compose)),
         *(images if isinstance(images, list) else []),
         *seed_refusals(plan, accepts_prior_trajectory=agent.accepts_prior_trajectory),
         *agent.seed_refusals(plan, spec.agent),
@@ -110,6 +121,13 @@ def admit_task(spec: EpisodeSpec, files: TaskFiles, policy: ImagePolicy | None =
     return Admission(
         spec, with_images(plan, images), main_env, images.agent.image, digest, task.name if task else None, images
     )
+
+
+def copier_refusals(compose: ComposeSpec) -> list[Problem]:
+    """Each mount of a volume only sidecars name, for an operator that has no copier to fill it with."""
+    file = compose.file or COMPOSE_FILES[0]
+    volumes = sidecar_only_volumes(compose.main_volumes, compose.sidecars)
+    return [Problem(file, volume.key, NO_COPIER) for volume in volumes]
 
 
 def resolve_plan_env(plan: EpisodePlan, spec: EpisodeSpec) -> tuple[EpisodePlan, dict[str, str]]:

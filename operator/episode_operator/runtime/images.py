@@ -40,6 +40,16 @@ from episode_operator.taskfolder.images import ImageMirrors, InvalidImageReferen
 from episode_operator.taskfolder.replay import plan_replay
 from episode_operator.taskfolder.sources import TASK_CONFIG, TaskFiles
 
+# Harbor runs a verifier environment defined by a tests folder with that folder's compose file; the
+# operator runs compose services from environment/docker-compose.yaml only (docs/harbor-layout.md).
+VERIFIER_COMPOSE_FILE = "docker-compose.yaml"
+VERIFIER_OWN_COMPOSE = (
+    "Harbor runs turn {turn}'s separate verifier in an environment made from this folder, this compose "
+    "file's services and volumes included; the operator runs no verifier's own compose file, only "
+    "environment/docker-compose.yaml (beside the agent, and beside a separate verifier whose environment "
+    "is environment/)"
+)
+
 
 @dataclass(frozen=True)
 class ImagePolicy:
@@ -111,6 +121,9 @@ def plan_images(
         environment = turn.verifier.environment
         assert environment is not None
         found = verifier_image_source(task.files, task.config, steps[index] if steps else None)
+        own_compose = f"{found.folder}/{VERIFIER_COMPOSE_FILE}"
+        if not found.in_task_environment and task.files.has_file(own_compose):
+            planner.problems.append(Problem(own_compose, None, VERIFIER_OWN_COMPOSE.format(turn=turn.name)))
         if found.image is not None:
             verifiers.append(planner.prebuilt(found.image, f"the verifier environment of {turn.name}"))
         elif found.dockerfile is not None:

@@ -761,6 +761,19 @@ def binds_of(main_volumes: Sequence[ComposeVolume], sidecars: Sequence[Sidecar])
     return [volume for volume in volumes if volume.kind == "bind"]
 
 
+def sidecar_only_volumes(main_volumes: Sequence[ComposeVolume], sidecars: Sequence[Sidecar]) -> list[ComposeVolume]:
+    """The sidecars' mounts of the named or anonymous volumes ``main`` does not mount, in the compose
+    file's order: each is filled from a sidecar's own image (``kube/objects/pods.py``), as Docker fills
+    a new volume from the container that mounts it."""
+    mains = {volume.name for volume in main_volumes if volume.kind == "volume"}
+    return [
+        volume
+        for sidecar in sidecars
+        for volume in sidecar.volumes
+        if volume.kind == "volume" and volume.name not in mains
+    ]
+
+
 def bound_archive(files: TaskFiles, binds: Sequence[ComposeVolume]) -> bytes:
     """The files ``binds`` name, as a tar named relative to ``environment/``: each bound file, each
     bound folder with what is below it, a missing source as an empty folder (Compose makes it).

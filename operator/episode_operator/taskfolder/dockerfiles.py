@@ -4,7 +4,8 @@ A task's images come from ``docker_image`` where one is declared, else from a Do
 ``environment/Dockerfile`` for the agent's sandbox (context ``environment/``); for a separate
 verifier, Harbor's precedence (``verifier_mode.resolve_verifier_environment_definition``): the
 step's verifier environment's ``docker_image``, else a ``Dockerfile`` in the step's tests folder,
-then the same for the task's ``[verifier.environment]`` and ``tests/``, else the task's own image;
+then the same for the task's ``[verifier.environment]`` and ``tests/``, else the task's own image
+(the verifier's environment is then ``environment/``, its compose file included);
 and a compose sidecar's ``build:``. Each is replayed (:mod:`episode_operator.taskfolder.replay`)
 or built in the cluster; ``validate`` warns of what replay would refuse, naming the line, since
 only a configured build can take it.
@@ -15,13 +16,16 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from episode_operator.taskfolder.compose import ComposeSpec
+from episode_operator.taskfolder.compose import ENVIRONMENT, ComposeSpec
 from episode_operator.taskfolder.errors import Problem
 from episode_operator.taskfolder.models import StepConfig, TaskConfig
 from episode_operator.taskfolder.replay import plan_replay
 from episode_operator.taskfolder.sources import TaskFiles
 
 ENVIRONMENT_DOCKERFILE = "environment/Dockerfile"
+# The files that make a tests folder a verifier's environment definition (Harbor's
+# resolve_verifier_environment_definition looks for these names only).
+VERIFIER_DEFINITION_FILES = ("Dockerfile", "docker-compose.yaml")
 
 
 @dataclass(frozen=True)
@@ -39,10 +43,18 @@ class DockerfileSource:
 @dataclass(frozen=True)
 class VerifierImageSource:
     """Where a separate verifier's image comes from: a declared ``image``, a ``dockerfile``, or
-    (both None) the task's own image, made as the agent sandbox's is."""
+    (both None) the task's own image, made as the agent sandbox's is; ``folder`` is Harbor's
+    definition directory of the verifier's environment, where a ``docker-compose.yaml`` runs too
+    (``environment`` when it falls back to the task's own)."""
 
     image: str | None = None
     dockerfile: DockerfileSource | None = None
+    folder: str = ENVIRONMENT
+
+    @property
+    def in_task_environment(self) -> bool:
+        """Harbor's verifier environment is ``environment/``: the task's compose file runs beside it."""
+        return self.folder == ENVIRONMENT
 
 
 def verifier_image_source(files: TaskFiles, config: TaskConfig, step: StepConfig | None) -> VerifierImageSource:
@@ -53,9 +65,12 @@ def verifier_image_source(files: TaskFiles, config: TaskConfig, step: StepConfig
     candidates.append((config.verifier.environment, "tests", "verifier"))
     for environment, folder, role in candidates:
         if environment is not None and environment.docker_image:
-            return VerifierImageSource(image=environment.docker_image)
-        if files.has_file(f"{folder}/Dockerfile"):
-            return VerifierImageSource(dockerfile=DockerfileSource(role, f"{folder}/Dockerfile", folder))
+            return VerifierImageSource(image=environment.docker_image, folder=folder)
+        dockerfile = f"{folder}/Dockerfile"
+        if files.has_file(dockerfile):
+            return VerifierImageSource(dockerfile=DockerfileSource(role, dockerfile, folder), folder=folder)
+        if any(files.has_file(f"{folder}/{name}") for name in VERIFIER_DEFINITION_FILES):
+            return VerifierImageSource(folder=folder)
     return VerifierImageSource()
 
 

@@ -17,6 +17,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from episode_operator.taskfolder.compose import ComposeVolume, Sidecar
+from episode_operator.taskfolder.dockerfiles import verifier_image_source
 from episode_operator.taskfolder.errors import Problem
 from episode_operator.taskfolder.loader import INSTRUCTION, TESTS, LoadedTask
 from episode_operator.taskfolder.models import (
@@ -79,6 +80,11 @@ class VerifierPlan(PlanModel):
         description="The separate verifier's sandbox (step's, else task's, else a copy of [environment])."
     )
     network: NetworkPolicy
+    compose: bool = Field(
+        default=False,
+        description="The task's compose services and volumes run beside this separate verifier: Harbor's "
+        "verifier environment is then environment/, its docker-compose.yaml included.",
+    )
 
 
 class ArtifactPlan(PlanModel):
@@ -117,6 +123,11 @@ class EpisodePlan(PlanModel):
         description="A folder copied into the working directory at seed (docker_image set, no Dockerfile)."
     )
     main_env: dict[str, str] = Field(description="[environment].env over the compose file's main environment.")
+    compose_env: dict[str, str] = Field(
+        default_factory=dict,
+        description="The compose file's main environment: a separate verifier beside the compose services has "
+        "its own environment's env over it.",
+    )
     main_volumes: list[ComposeVolume] = Field(
         default_factory=list,
         description="The compose file's volumes of main: the agent pod's main container mounts them.",
@@ -203,6 +214,7 @@ def resolve_plan(
         environment=config.environment,
         environment_files=_environment_files(task),
         main_env={**task.compose.main_env, **config.environment.env},
+        compose_env=task.compose.main_env,
         main_volumes=task.compose.main_volumes,
         solution_env=config.solution.env,
         sidecars=task.compose.sidecars,
@@ -340,10 +352,12 @@ class _TurnResolver:
         sandbox: EnvironmentConfig | None = None
         image: str | None = None
         baseline = self.config.environment
+        compose = False
         if mode == "separate":
             sandbox = declared or self.config.environment.model_copy(deep=True)
             image = sandbox.docker_image
             baseline = sandbox
+            compose = verifier_image_source(self.files, self.config, step).in_task_environment
         return VerifierPlan(
             mode=mode,
             timeout_sec=timeout * self.multiplier,
@@ -352,6 +366,7 @@ class _TurnResolver:
             image=image,
             environment=sandbox,
             network=_phase_network(baseline, task_verifier),
+            compose=compose,
         )
 
     def tests(self, step_folder: str | None) -> dict[str, str]:

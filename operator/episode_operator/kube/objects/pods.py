@@ -6,8 +6,10 @@ name (``hostAliases`` → 127.0.0.1), an ``emptyDir`` at ``/episode-operator`` o
 own for the supervisor and its jobs (main's records out of the sidecars' reach, and each sidecar's
 writable by its own user), no service-account token, resources from ``[environment]`` (its
 CPUs requested as the operator's ``SandboxRequests`` say). A verifier pod is the same shape with
-the verifier's image and environment and no sidecars. Both are owned by the Episode, so deleting
-it deletes them.
+the verifier's image and environment; when Harbor's verifier environment is the task's
+``environment/`` (``VerifierPlan.compose``), its compose file runs there too: the same sidecars and
+compose volumes, new ones in the new pod, filled as the agent pod's are. Both are owned by the
+Episode, so deleting it deletes them.
 
 **Compose volumes** (docs/harbor-layout.md): a named or anonymous volume is one ``emptyDir``
 (``compose-<name>``) that every service naming it mounts; the binds of ``environment/`` are paths of
@@ -19,15 +21,20 @@ gives each volume ``main`` mounts what Docker gives a new one — the image's co
 path with that folder's owner and mode, or (``nocopy``, nothing there) an empty root's 0755 — and
 Harbor's mode 0777 to one mounted at a folder of the sandbox's layout (``/logs/agent``…), which
 Harbor's ``ensure_dirs`` gives it after ``compose up``. The task's image has ``sh`` and ``tar``
-already: the supervisor needs both. A sidecar's image content is not copied in (its image may have
-no shell to copy with): a volume only sidecars name starts as an empty, world-writable ``emptyDir``.
+already: the supervisor needs both. A volume only sidecars name is filled from the image of the
+first sidecar naming it, as Docker fills it from the first container mounting it; a sidecar's image
+may have no shell, so the operator lends it one: an init container of the operator's own image
+(``episode-operator-copier``) copies that image's static busybox into an ``emptyDir``, and an init
+container of the sidecar's image (``episode-operator-volumes-<service>``) runs the same fill with it,
+as root. Nothing of the sidecar's image runs: only the lent busybox, reading the image's files.
 
 **The verifier's capacity is the agent pod's** (docs/runtime.md, "Pods that wait, and capacity"): while a
 separate turn that is not the last verifies, both pods live, so the agent pod reserves the
 largest such verifier's requests (a ``verifier-reservation`` container that only sleeps) and
 that verifier pod runs on the agent pod's node with its requests released to it (zero requests,
-its own limits). A pod that holds capacity then never waits for more: separate verifiers can
-never deadlock with agent pods holding what they need. The last turn's verifier starts after the
+its own limits; its sidecars' requests are counted and released with main's). A pod that holds
+capacity then never waits for more: separate verifiers can never deadlock with agent pods holding
+what they need. The last turn's verifier starts after the
 agent pod is gone (Gym) and asks for its own requests.
 """
 
@@ -64,16 +71,17 @@ from episode_operator.runtime.agents.model import (
 )
 from episode_operator.runtime.sandbox import KEEP_ALIVE
 from episode_operator.runtime.supervisor import SUPERVISOR_DIR
-from episode_operator.runtime.turn.context import SANDBOX_LAYOUT
+from episode_operator.runtime.turn.context import LOGS_VERIFIER, SANDBOX_LAYOUT
 from episode_operator.taskfolder.compose import (
     BOUND_ARCHIVE_LIMIT,
     ENVIRONMENT,
     ComposeVolume,
     Sidecar,
     binds_of,
+    sidecar_only_volumes,
 )
 from episode_operator.taskfolder.models import EnvironmentConfig
-from episode_operator.taskfolder.plan import EpisodePlan, NetworkPolicy
+from episode_operator.taskfolder.plan import EpisodePlan, NetworkPolicy, VerifierPlan
 
 SUPERVISOR_VOLUME = "episode-operator"
 CAPTURE_VOLUME = "episode-operator-capture"
@@ -88,10 +96,9 @@ ENVIRONMENT_FILES_VOLUME = "episode-operator-binds-files"
 ENVIRONMENT_ARCHIVE_KEY = "environment.tar"
 VOLUME_FILLER = "episode-operator-volumes"
 FILLER_ROOT = "/episode-operator-init"
-# The filler's arguments: the bound files' archive ('' for none) and their folder, then for each of
-# main's mounts its path in the image, where the filler sees it, how it is filled (copy: Docker's
-# copy of the image's content into a new volume; empty: a new volume without it, `nocopy`; keep: a
-# bind, filled from the archive) and the mode it is then given ('-' to leave it).
+# The filler's arguments: the bound files' archive ('' for none) and their folder, then for each
+# mount its path in the image, where the filler sees it, how it is filled (FILLS) and the mode it is
+# then given ('-' to leave it).
 FILL_SCRIPT = """set -eu
 archive=$1 environment=$2
 shift 2
@@ -103,17 +110,41 @@ while [ "$#" -ge 4 ]; do
     image_path=$1 seen=$2 fill=$3 mode=$4
     shift 4
     if [ "$fill" != keep ] && [ -z "$(ls -A "$seen")" ]; then
-        if [ "$fill" = copy ] && [ -d "$image_path" ]; then
-            # The folder's own owner and mode come with its content: "$image_path/." is the folder.
-            cp -a "$image_path/." "$seen/"
-        else
+        if [ "$fill" = new ] || [ "$fill" = new-copy ]; then
             chown 0:0 "$seen"
             chmod 0755 "$seen"
+        fi
+        if [ "$fill" != new ] && [ -d "$image_path" ]; then
+            # The folder's own owner and mode come with its content: "$image_path/." is the folder.
+            cp -a "$image_path/." "$seen/"
         fi
     fi
     [ "$mode" = - ] || chmod "$mode" "$seen"
 done
 """
+# How FILL_SCRIPT fills a mount, by what Docker does when a container mounts a volume: the first
+# mount of a volume makes it new (root's 0755) and, unless `nocopy`, copies in what the image has at
+# the path; a later mount copies only into a volume still empty (Docker copies whenever a container
+# mounts an empty volume). A bind is filled from the archive.
+FILLS = {
+    # (first mount of the volume, copies the image's content) -> fill
+    (True, True): "new-copy",
+    (True, False): "new",
+    (False, True): "copy",
+    (False, False): "keep",
+}
+BIND_FILL = "keep"
+# The folders Harbor's ensure_dirs makes 0777 after `compose up`, whatever is mounted there: the
+# writable automatic mount targets of the environment (base.py __init__: the agent's three;
+# trial.py _verifier_env_mounts: a separate verifier's /logs/verifier only). It runs in main only.
+ENSURED_DIRS = {"agent": SANDBOX_LAYOUT, "verifier": (LOGS_VERIFIER,)}
+# The copier a sidecar's image is lent (module docstring): the init container and volume, where the
+# fillers see it, and where the operator's own image has its static busybox (Debian's busybox-static).
+COPIER = "episode-operator-copier"
+COPIER_ROOT = "/episode-operator-copier"
+COPIER_BUSYBOX = "/bin/busybox"
+# Copies the busybox, with a link per applet beside it: the fill runs with them alone on its PATH.
+COPIER_INSTALL = 'set -eu\ncp "$1" "$2/busybox"\n"$2/busybox" --install -s "$2"\n'
 
 
 @dataclass(frozen=True)
@@ -140,7 +171,8 @@ class OwnerRef:
 class AgentImages:
     """Where the images an agent pod may need beyond the task's come from (operator settings)."""
 
-    # The operator's own image: it runs the capture proxy (``episode-operator capture-proxy``).
+    # The operator's own image: it runs the capture proxy (``episode-operator capture-proxy``), and
+    # lends its static busybox (COPIER_BUSYBOX) to fill the compose volumes only sidecars mount.
     capture: str | None = None
     # Toolchain images are ``<repository>/toolchain-<name>:<version>`` (hack/toolchain builds them).
     toolchain_repository: str = "episode-operator.local"
@@ -250,17 +282,34 @@ def resources_of(environment: EnvironmentConfig, requests: SandboxRequests) -> d
     return resources
 
 
+def verifier_requests(verifier: VerifierPlan, sidecars: Sequence[Sidecar], requests: SandboxRequests) -> dict[str, str]:
+    """What a separate verifier's pod asks the scheduler for (``requests`` making main's): its main
+    container's requests and, when the task's compose services run beside it, theirs."""
+    if verifier.mode != "separate" or verifier.environment is None:
+        return {}
+    asked = [resources_of(verifier.environment, requests).get("requests") or {}]
+    if verifier.compose:
+        asked += [sidecar_requests(sidecar.resources) for sidecar in sidecars]
+    total: dict[str, float] = {}
+    for container in asked:
+        for name, quantity in container.items():
+            total[name] = total.get(name, 0.0) + _magnitude(quantity)
+    return {name: _quantity(name, magnitude) for name, magnitude in total.items()}
+
+
+def sidecar_requests(resources: Mapping[str, Mapping[str, str]]) -> dict[str, str]:
+    """A container's requests as Kubernetes makes them: its limits where it names no request."""
+    return {**(resources.get("limits") or {}), **(resources.get("requests") or {})}
+
+
 def verifier_reservation(plan: EpisodePlan, requests: SandboxRequests) -> dict[str, str]:
     """What the agent pod reserves for the separate verifiers that run beside it: per resource, the
-    largest request (as ``requests`` makes them) of a separate turn's verifier that is not the last
+    largest request (:func:`verifier_requests`) of a separate turn's verifier pod that is not the last
     (the last starts after the agent pod is gone). GPUs are not reserved: an extended resource
     cannot be requested by one pod and used by another."""
     largest: dict[str, str] = {}
     for turn in plan.turns[:-1]:
-        environment = turn.verifier.environment
-        if turn.verifier.mode != "separate" or environment is None:
-            continue
-        for name, quantity in (resources_of(environment, requests).get("requests") or {}).items():
+        for name, quantity in verifier_requests(turn.verifier, plan.sidecars, requests).items():
             if name not in largest or _magnitude(quantity) > _magnitude(largest[name]):
                 largest[name] = quantity
     return largest
@@ -280,11 +329,20 @@ SUFFIXES = {"m": 0.001, "Mi": 1.0}
 
 
 def _magnitude(quantity: str) -> float:
-    """A quantity as resources_of writes them (a CPU count, ``<n>m``, ``<n>Mi``) as a number to compare."""
+    """A quantity as resources_of and the compose reader write them (a CPU count, ``<n>m``, ``<n>Mi``)
+    as a number to compare and add."""
     for suffix, scale in SUFFIXES.items():
         if quantity.endswith(suffix):
             return float(quantity.removesuffix(suffix)) * scale
     return float(quantity)
+
+
+def _quantity(name: str, magnitude: float) -> str:
+    """A sum of :func:`_magnitude` back as a quantity, as resources_of writes them: whole CPUs as a
+    count, else millicores; the rest in mebibytes."""
+    if name != "cpu":
+        return f"{math.ceil(magnitude)}Mi"
+    return str(int(magnitude)) if magnitude.is_integer() else f"{round(magnitude * 1000)}m"
 
 
 def container_security(spec: EpisodeSpec) -> dict[str, Any]:
@@ -303,7 +361,7 @@ def _env_list(env: Mapping[str, str]) -> list[dict[str, str]]:
     return [{"name": name, "value": value} for name, value in env.items()]
 
 
-def _sidecar_container(sidecar: Sidecar, task_image: str, spec: EpisodeSpec) -> dict[str, Any]:
+def _sidecar_container(sidecar: Sidecar, task_image: str, spec: EpisodeSpec, *, release: bool) -> dict[str, Any]:
     container: dict[str, Any] = {
         "name": sidecar.name,
         "image": sidecar.image or task_image,
@@ -329,7 +387,10 @@ def _sidecar_container(sidecar: Sidecar, task_image: str, spec: EpisodeSpec) -> 
         security["runAsGroup"] = sidecar.run_as_group
     container["securityContext"] = security
     if sidecar.resources:
-        container["resources"] = sidecar.resources
+        # In a verifier pod on the agent pod's reserved capacity, its requests are released as main's are.
+        limits = dict(sidecar.resources.get("limits") or {})
+        asked = {"requests": sidecar_requests(sidecar.resources), "limits": limits}
+        container["resources"] = released(asked) if release else sidecar.resources
     if sidecar.probe is not None:
         probe = sidecar.probe
         container["readinessProbe"] = {
@@ -415,16 +476,14 @@ def _volume_filler(pod: SandboxPod, spec: EpisodeSpec) -> dict[str, Any] | None:
             "readOnly": True,
         }
         mounts[ENVIRONMENT_VOLUME] = {"name": ENVIRONMENT_VOLUME, "mountPath": seen_environment}
+    filled: set[str] = set()
     for volume in pod.volumes:
-        # Harbor's ensure_dirs makes whatever is mounted at a layout folder 0777 after `compose up`.
-        mode = "0777" if volume.mount_path in SANDBOX_LAYOUT else "-"
+        # Harbor's ensure_dirs makes whatever is mounted at such a folder 0777 after `compose up`.
+        mode = "0777" if volume.mount_path in ENSURED_DIRS[pod.role] else "-"
         if volume.kind == "bind":
-            arguments += [volume.mount_path, posixpath.join(seen_environment, _bound_path(volume)), "keep", mode]
+            arguments += [volume.mount_path, posixpath.join(seen_environment, _bound_path(volume)), BIND_FILL, mode]
             continue
-        name = _volume_name(volume.name)
-        seen = f"{FILLER_ROOT}/volumes/{name}"
-        mounts[name] = {"name": name, "mountPath": seen}
-        arguments += [volume.mount_path, seen, "copy" if volume.copy_image_content else "empty", mode]
+        arguments += [*_fill_arguments(volume, filled, mounts), mode]
     return {
         "name": VOLUME_FILLER,
         "image": pod.image,
@@ -435,6 +494,72 @@ def _volume_filler(pod: SandboxPod, spec: EpisodeSpec) -> dict[str, Any] | None:
         "securityContext": {**container_security(spec), "runAsUser": 0, "runAsGroup": 0},
         "terminationMessagePolicy": "FallbackToLogsOnError",
     }
+
+
+def _fill_arguments(volume: ComposeVolume, filled: set[str], mounts: dict[str, dict[str, Any]]) -> list[str]:
+    """A volume mount's path in the image, where the filler sees it and how it is filled (FILLS); the
+    filler's mount of the volume added to ``mounts``, its name to ``filled``."""
+    name = _volume_name(volume.name)
+    seen = f"{FILLER_ROOT}/volumes/{name}"
+    mounts[name] = {"name": name, "mountPath": seen}
+    fill = FILLS[(volume.name not in filled, volume.copy_image_content)]
+    filled.add(volume.name)
+    return [volume.mount_path, seen, fill]
+
+
+def _sidecar_fillers(pod: SandboxPod, spec: EpisodeSpec, images: AgentImages) -> list[dict[str, Any]]:
+    """The init containers filling the volumes only sidecars mount, each sidecar's from its own image
+    with the operator's lent busybox (module docstring), the copier that lends it first; none when
+    there are no such volumes."""
+    volumes = sidecar_only_volumes(pod.volumes, pod.sidecars)
+    if not volumes:
+        return []
+    if images.capture is None:
+        raise ValueError("the pod's sidecar-only volumes need the operator's own image to lend its copier")
+    copier_mount = {"name": COPIER, "mountPath": COPIER_ROOT}
+    root = {**container_security(spec), "runAsUser": 0, "runAsGroup": 0}
+    containers: list[dict[str, Any]] = [
+        {
+            "name": COPIER,
+            "image": images.capture,
+            "imagePullPolicy": "IfNotPresent",
+            "command": [COPIER_BUSYBOX, "sh", "-c", COPIER_INSTALL, COPIER, COPIER_BUSYBOX, COPIER_ROOT],
+            "volumeMounts": [copier_mount],
+            "securityContext": container_security(spec),
+            "terminationMessagePolicy": "FallbackToLogsOnError",
+        }
+    ]
+    filled: set[str] = set()
+    for sidecar in pod.sidecars:
+        mine = sidecar_only_volumes(pod.volumes, [sidecar])
+        if not mine:
+            continue
+        mounts: dict[str, dict[str, Any]] = {}
+        # No layout folder is ensured in a sidecar: Harbor's ensure_dirs runs in main.
+        arguments = [argument for volume in mine for argument in (*_fill_arguments(volume, filled, mounts), "-")]
+        containers.append(
+            {
+                "name": _sidecar_filler_name(sidecar),
+                "image": sidecar.image or pod.image,
+                "imagePullPolicy": "IfNotPresent",
+                "command": [f"{COPIER_ROOT}/sh", "-c", FILL_SCRIPT, VOLUME_FILLER, "", "", *arguments],
+                "env": [{"name": "PATH", "value": COPIER_ROOT}],
+                "volumeMounts": [{**copier_mount, "readOnly": True}, *mounts.values()],
+                # As root whatever the image's USER: it copies the image's files with their owners, as Docker does.
+                "securityContext": root,
+                "terminationMessagePolicy": "FallbackToLogsOnError",
+            }
+        )
+    return containers
+
+
+def _sidecar_filler_name(sidecar: Sidecar) -> str:
+    """``episode-operator-volumes-<service>``, a container name (a DNS label) unique by a hash when cut."""
+    cleaned = re.sub(r"[^a-z0-9-]", "-", sidecar.name.lower()).strip("-") or "sidecar"
+    name = f"{VOLUME_FILLER}-{cleaned}"
+    if len(name) <= NAME_LIMIT:
+        return name
+    return f"{VOLUME_FILLER}-{hashlib.sha256(sidecar.name.encode()).hexdigest()[:8]}"
 
 
 def environment_files_config_map(episode: OwnerRef, archive: bytes) -> dict[str, Any]:
@@ -561,7 +686,9 @@ def sandbox_pod(
         if spec.resources is not None and pod.role == "agent"
         else resources_of(pod.environment, pod.requests)
     )
-    if pod.node_name is not None:
+    # A verifier pod on the agent pod's node runs on the capacity it reserved: its requests released.
+    released_requests = pod.node_name is not None
+    if released_requests:
         resources = released(resources)
     if resources:
         main["resources"] = resources
@@ -570,8 +697,12 @@ def sandbox_pod(
     volumes += _compose_pod_volumes(pod)
     images = images or AgentImages()
     filler = _volume_filler(pod, spec)
+    sidecar_fillers = _sidecar_fillers(pod, spec, images)
+    if sidecar_fillers:
+        volumes.append({"name": COPIER, "emptyDir": {}})
     init_containers = [
         *([filler] if filler else []),
+        *sidecar_fillers,
         *(_toolchain_copier(t, images, spec) for t in pod.needs.toolchains),
     ]
     for toolchain in pod.needs.toolchains:
@@ -591,7 +722,7 @@ def sandbox_pod(
         "terminationGracePeriodSeconds": 5,
         "containers": [
             main,
-            *(_sidecar_container(sidecar, pod.image, spec) for sidecar in pod.sidecars),
+            *(_sidecar_container(sidecar, pod.image, spec, release=released_requests) for sidecar in pod.sidecars),
             *extra_containers,
             *([_reservation_container(pod, spec)] if pod.reservation else []),
         ],

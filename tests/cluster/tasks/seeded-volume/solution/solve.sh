@@ -1,0 +1,3 @@
+#!/bin/bash
+# Nothing to solve: the verifier asks the reader what it sees.
+true
