@@ -55,6 +55,7 @@ VERIFY = "runtime/turn/verify.py"
 PREPARE = "runtime/turn/prepare.py"
 COLLECT = "runtime/turn/collect.py"
 AGENTS = "runtime/agents/builtin.py"
+GYM_SERVER = "runtime/gym_server.py"
 MUTATIONS = [
     # As whom, with which environment.
     Mutation(
@@ -980,6 +981,35 @@ MUTATIONS = [
         'message = status.get("message") or (f"init {failed_init[0]}" if failed_init else "a container exited")',
         'message = status.get("message") or "a container exited"',
         "a pod whose volume filler failed says only 'a container exited'",
+    ),
+    # The Gym server's settings (runtime/gym_server.py): the Helm values' gym.settings, read at start.
+    Mutation(
+        "gym-settings-unknown-key-dropped",
+        GYM_SERVER,
+        '    model_config = ConfigDict(extra="forbid")\n',
+        "",
+        "a misspelled key of the Gym server's settings (modelServr) is dropped: what it meant is silently its default",
+    ),
+    Mutation(
+        "gym-harbor-unknown-key-dropped",
+        GYM_SERVER,
+        'model_config = ConfigDict(extra="forbid", strict=True)',
+        "model_config = ConfigDict(strict=True)",
+        "a misspelled harbor setting of the Gym server (verifierGrace) is dropped: every try runs with the default",
+    ),
+    Mutation(
+        "gym-harbor-lax-types",
+        GYM_SERVER,
+        'model_config = ConfigDict(extra="forbid", strict=True)',
+        'model_config = ConfigDict(extra="forbid")',
+        'a harbor setting of another type is coerced, not refused (the string "yes" is taken for true)',
+    ),
+    Mutation(
+        "gym-harbor-settings-row-missing",
+        GYM_SERVER,
+        "for name, setting in HarborSettings.model_fields.items():",
+        "for name, setting in list(HarborSettings.model_fields.items())[:-1]:",
+        "a harbor setting has no row in the README's table of Helm values",
     ),
 ]
 

@@ -326,6 +326,8 @@ def test_the_harbor_settings_of_the_server_are_every_trys() -> None:
         ),
         ("namespace: evals\nagent: {kind: command, command: x}\nretryOwner: both\n", "gym.yaml: retryOwner"),
         ("namespace: evals\nagent: {kind: command, command: x}\nmodelServer: gym:8000\n", "gym.yaml: modelServer"),
+        # A misspelled key is refused, never dropped: the setting it meant would silently be the default.
+        ("namespace: evals\nagent: {kind: command, command: x}\nmodelServr: http://g:1\n", "gym.yaml: modelServr"),
         ("[", "gym.yaml: not YAML"),
     ],
 )

@@ -30,7 +30,7 @@ from typing import Any, Protocol
 
 import yaml
 from aiohttp import web
-from pydantic import Field, ValidationError
+from pydantic import ConfigDict, Field, ValidationError
 
 from episode_operator.api.export import GYM_IDENTITY_ANNOTATION, EpisodeEvidence
 from episode_operator.api.models import (
@@ -119,8 +119,18 @@ class GymSettings:
     harbor: HarborSettings = field(default_factory=HarborSettings)
 
 
+class HarborSettingsFile(HarborSettings):
+    """``harbor`` of the ``--gym-settings`` file: an Episode's ``spec.harbor``, but a key the model does not
+    know, or a value of another type ("yes" for a boolean), is refused, not dropped as the API server prunes."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+
 class GymServerFile(ApiModel):
-    """The ``--gym-settings`` file (the Helm values' ``gym`` block, camelCase)."""
+    """The ``--gym-settings`` file (the Helm values' ``gym`` block, camelCase); a key it does not know is
+    refused, naming it (a misspelled setting would otherwise be silently the default)."""
+
+    model_config = ConfigDict(extra="forbid")
 
     namespace: str = Field(min_length=1, description="Where the tries' Episodes are made and the catalogue is.")
     agent: AgentSpec = Field(description="What acts in each try's sandbox (an Episode's spec.agent).")
@@ -135,9 +145,27 @@ class GymServerFile(ApiModel):
     )
     image: str | None = Field(default=None, description="A prebuilt sandbox image for every try (spec.image).")
     timeout_multiplier: float = Field(default=1.0, gt=0, le=100, description="spec.timeoutMultiplier of every try.")
-    harbor: HarborSettings = Field(
-        default_factory=HarborSettings, description="Gym's harbor server settings: spec.harbor of every try."
+    harbor: HarborSettingsFile = Field(
+        default_factory=HarborSettingsFile, description="Gym's harbor server settings: spec.harbor of every try."
     )
+
+
+# Where the chart's values put the server's harbor settings (helm/episode-operator/values.yaml).
+HARBOR_VALUES = "gym.settings.harbor"
+
+
+def render_harbor_table() -> str:
+    """The README's table of Gym's harbor server settings, from :class:`HarborSettings` itself: each one's
+    Helm value, Episode field, default and meaning (``tests/doc_tables.py``; a unit test fails when the
+    README's copy drifts)."""
+    defaults = HarborSettings()
+    lines = ["| Helm value | Episode field | default | meaning |", "| --- | --- | --- | --- |"]
+    for name, setting in HarborSettings.model_fields.items():
+        key = setting.alias or name
+        value = getattr(defaults, name)
+        shown = json.dumps(int(value) if isinstance(value, float) and value.is_integer() else value)
+        lines.append(f"| `{HARBOR_VALUES}.{key}` | `spec.harbor.{key}` | `{shown}` | {setting.description} |")
+    return "\n".join(lines) + "\n"
 
 
 def load_settings(text: str, token: str, where: str) -> GymSettings:
@@ -152,7 +180,8 @@ def load_settings(text: str, token: str, where: str) -> GymSettings:
         raise ValueError(f"{where}: {validation_message(error).replace('spec.', '', 1)}") from error
     if not token:
         raise ValueError("the Gym server needs a token (--gym-token-file, or EPISODE_GYM_TOKEN)")
-    return GymSettings(token=token, **dict(parsed))  # the same fields, the token besides
+    fields = dict(parsed) | {"harbor": HarborSettings(**dict(parsed.harbor))}
+    return GymSettings(token=token, **fields)  # the same fields, the token besides
 
 
 def scope_of(request: web.Request, token: str) -> str:
