@@ -1011,6 +1011,21 @@ MUTATIONS = [
         "for name, setting in list(HarborSettings.model_fields.items())[:-1]:",
         "a harbor setting has no row in the README's table of Helm values",
     ),
+    Mutation(
+        "gym-training-capture-unrouted",
+        "runtime/gym.py",
+        '{"evaluation": "", "training": "/training-token-capture"}',
+        '{"evaluation": "", "training": ""}',
+        "modelServerCapture: training sends the calls to Gym's evaluation capture: its training capture records "
+        "nothing, and Gym masks a rollout whose row has no token ids",
+    ),
+    Mutation(
+        "gym-training-capture-serverless",
+        GYM_SERVER,
+        'if self.model_server_capture != "evaluation" and self.model_server is None:',
+        "if False:",
+        "modelServerCapture: training without modelServer is taken: the calls reach no capture of Gym's, silently",
+    ),
 ]
 
 

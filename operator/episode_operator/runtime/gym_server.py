@@ -26,11 +26,11 @@ import json
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, Self
 
 import yaml
 from aiohttp import web
-from pydantic import ConfigDict, Field, ValidationError
+from pydantic import ConfigDict, Field, ValidationError, model_validator
 
 from episode_operator.api.export import GYM_IDENTITY_ANNOTATION, EpisodeEvidence
 from episode_operator.api.models import (
@@ -53,12 +53,14 @@ from episode_operator.api.vocabulary import (
 from episode_operator.runtime.gym import (
     GymRequestError,
     GymRun,
+    ModelCapture,
     RetryOwner,
     TaskRef,
     aggregate_metrics,
     answer,
     cancelled_answer,
     episode_name,
+    model_base_url,
     parse_run,
     refused_answer,
 )
@@ -69,7 +71,6 @@ DEFAULT_SCOPE = "default"
 # A scope is a label value.
 SCOPE = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$")
 SHUTDOWN_GRACE_S = 2.0
-ROLLOUT_PREFIX = "ng-rollout"  # Gym's per-rollout path on its model server (config_types.ROLLOUT_PATH_PREFIX)
 
 
 class EpisodeGone(Exception):
@@ -114,6 +115,7 @@ class GymSettings:
     # Gym's model server: the agent's calls go to <it>/ng-rollout/<capture key>/v1, so Gym's own capture
     # sees them too (the operator's capture proxy stays in between).
     model_server: str | None = None
+    model_server_capture: ModelCapture = "evaluation"
     image: str | None = None
     timeout_multiplier: float = 1.0
     harbor: HarborSettings = field(default_factory=HarborSettings)
@@ -143,11 +145,25 @@ class GymServerFile(ApiModel):
         pattern=r"^https?://[^\s/]+/?$",
         description="Gym's model server (http://host:port): calls go to <it>/ng-rollout/<capture key>/v1.",
     )
+    model_server_capture: ModelCapture = Field(
+        default="evaluation",
+        description="Which of Gym's captures records the calls at its model server, as its run's token_id_capture "
+        "says: evaluation (<it>/ng-rollout/<key>/v1) or training (<it>/ng-rollout/<key>/training-token-capture/v1).",
+    )
     image: str | None = Field(default=None, description="A prebuilt sandbox image for every try (spec.image).")
     timeout_multiplier: float = Field(default=1.0, gt=0, le=100, description="spec.timeoutMultiplier of every try.")
     harbor: HarborSettingsFile = Field(
         default_factory=HarborSettingsFile, description="Gym's harbor server settings: spec.harbor of every try."
     )
+
+    @model_validator(mode="after")
+    def _capture_needs_the_model_server(self) -> Self:
+        if self.model_server_capture != "evaluation" and self.model_server is None:
+            raise ValueError(
+                f"modelServerCapture: {self.model_server_capture} is a capture of Gym's model server: "
+                "name it in modelServer"
+            )
+        return self
 
 
 # Where the chart's values put the server's harbor settings (helm/episode-operator/values.yaml).
@@ -217,7 +233,7 @@ def try_manifest(settings: GymSettings, scope: str, run: GymRun, source: Mapping
     """The Episode of a try."""
     agent = settings.agent
     if settings.model_server and agent.model is not None:
-        routed = f"{settings.model_server.rstrip('/')}/{ROLLOUT_PREFIX}/{run.capture_key}/v1"
+        routed = model_base_url(settings.model_server, run.capture_key, settings.model_server_capture)
         agent = agent.model_copy(update={"model": agent.model.model_copy(update={"base_url": routed})})
     spec = EpisodeSpec(
         task=TaskSource.model_validate(source),
