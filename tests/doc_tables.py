@@ -12,7 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from episode_operator.runtime import limits, seed
+from episode_operator.runtime import gym_server, limits, seed
 from episode_operator.runtime.turn import table
 
 REPO = Path(__file__).resolve().parent.parent
@@ -46,6 +46,7 @@ BLOCKS = (
     Block("docs/runtime.md", "seed table", seed.render_table),
     Block("docs/runtime.md", "stage table", table.render_table),
     Block("README.md", "output limits", limits.render_table),
+    Block("README.md", "harbor settings", gym_server.render_harbor_table),
 )
 
 

@@ -55,6 +55,7 @@ VERIFY = "runtime/turn/verify.py"
 PREPARE = "runtime/turn/prepare.py"
 COLLECT = "runtime/turn/collect.py"
 AGENTS = "runtime/agents/builtin.py"
+GYM_SERVER = "runtime/gym_server.py"
 MUTATIONS = [
     # As whom, with which environment.
     Mutation(
@@ -1052,6 +1053,50 @@ MUTATIONS = [
         'message = status.get("message") or (f"init {failed_init[0]}" if failed_init else "a container exited")',
         'message = status.get("message") or "a container exited"',
         "a pod whose volume filler failed says only 'a container exited'",
+    ),
+    # The Gym server's settings (runtime/gym_server.py): the Helm values' gym.settings, read at start.
+    Mutation(
+        "gym-settings-unknown-key-dropped",
+        GYM_SERVER,
+        '    model_config = ConfigDict(extra="forbid")\n',
+        "",
+        "a misspelled key of the Gym server's settings (modelServr) is dropped: what it meant is silently its default",
+    ),
+    Mutation(
+        "gym-harbor-unknown-key-dropped",
+        GYM_SERVER,
+        'model_config = ConfigDict(extra="forbid", strict=True)',
+        "model_config = ConfigDict(strict=True)",
+        "a misspelled harbor setting of the Gym server (verifierGrace) is dropped: every try runs with the default",
+    ),
+    Mutation(
+        "gym-harbor-lax-types",
+        GYM_SERVER,
+        'model_config = ConfigDict(extra="forbid", strict=True)',
+        'model_config = ConfigDict(extra="forbid")',
+        'a harbor setting of another type is coerced, not refused (the string "yes" is taken for true)',
+    ),
+    Mutation(
+        "gym-harbor-settings-row-missing",
+        GYM_SERVER,
+        "for name, setting in HarborSettings.model_fields.items():",
+        "for name, setting in list(HarborSettings.model_fields.items())[:-1]:",
+        "a harbor setting has no row in the README's table of Helm values",
+    ),
+    Mutation(
+        "gym-training-capture-unrouted",
+        "runtime/gym.py",
+        '{"evaluation": "", "training": "/training-token-capture"}',
+        '{"evaluation": "", "training": ""}',
+        "modelServerCapture: training sends the calls to Gym's evaluation capture: its training capture records "
+        "nothing, and Gym masks a rollout whose row has no token ids",
+    ),
+    Mutation(
+        "gym-training-capture-serverless",
+        GYM_SERVER,
+        'if self.model_server_capture != "evaluation" and self.model_server is None:',
+        "if False:",
+        "modelServerCapture: training without modelServer is taken: the calls reach no capture of Gym's, silently",
     ),
 ]
 

@@ -123,7 +123,7 @@ def _module(name: str, code: str) -> types.ModuleType:
 # The Gym modules the checks need, and from each the names wanted (None: the whole, import-light file).
 GYM_MODULES: dict[str, set[str] | None] = {
     "nemo_gym.failure_kinds": None,
-    "nemo_gym.config_types": {"ModelServerRef", "ROLLOUT_PATH_PREFIX"},
+    "nemo_gym.config_types": {"ModelServerRef", "ROLLOUT_PATH_PREFIX", "TOKEN_CAPTURE_PATH_SEGMENT"},
     "nemo_gym.global_config": {
         "AGENT_REF_KEY_NAME",
         "ENVIRONMENT_SERVER_STAMP_KEY_NAME",
@@ -133,6 +133,8 @@ GYM_MODULES: dict[str, set[str] | None] = {
         "TASK_INDEX_KEY_NAME",
     },
     "nemo_gym.rollout_correlation": {"maybe_rollout_id_from_run_body"},
+    # How an agent routes a rollout's model calls through Gym's model server (resolve_model_base_url).
+    "nemo_gym.server_utils": {"apply_rollout_prefix"},
     "nemo_gym.openai_utils": {
         "NeMoGymResponse",
         "NeMoGymResponseCreateParamsNonStreaming",

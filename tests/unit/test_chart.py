@@ -546,3 +546,97 @@ def test_the_gym_settings_keys_are_the_operators() -> None:
 def test_a_gym_block_that_cannot_serve_is_refused_naming_the_key(gym: dict[str, Any], complaint: str) -> None:
     with pytest.raises(Exception, match=re.escape(complaint)):
         render({"gym": gym})
+
+
+def gym_yaml(values: dict[str, Any]) -> str:
+    """The --gym-settings file the chart renders for ``values``."""
+    (settings,) = find(render(values), "ConfigMap", "episode-operator-gym")
+    text: str = settings["data"]["gym.yaml"]
+    return text
+
+
+def with_harbor(harbor: dict[str, Any]) -> dict[str, Any]:
+    settings = GYM_VALUES["gym"]["settings"] | {"harbor": harbor}
+    return GYM_VALUES | {"gym": GYM_VALUES["gym"] | {"settings": settings}}
+
+
+def test_the_charts_harbor_settings_are_harbor_settings_defaults() -> None:
+    """values.yaml restates each of Gym's harbor server settings at HarborSettings' default (the seed's, an
+    Episode's own), and a release that sets none of them gives every try exactly those."""
+    from episode_operator.api.models import HarborSettings
+    from episode_operator.runtime.gym_server import load_settings
+
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+    assert values["gym"]["settings"]["harbor"] == HarborSettings().model_dump(by_alias=True)
+    assert load_settings(gym_yaml(GYM_VALUES), "token", "gym.yaml").harbor == HarborSettings()
+
+
+def test_the_schema_types_each_harbor_setting_as_the_operator_does() -> None:
+    """Each setting's type and bounds in values.schema.json are HarborSettings' own (its JSON schema); the
+    schema adds only the prompt template's placeholder, which the operator checks in a validator."""
+    import json
+
+    from episode_operator.api.models import HarborSettings
+
+    def helm_form(declared: dict[str, Any]) -> dict[str, Any]:
+        variants = declared.get("anyOf", [declared])
+        types = [variant["type"] for variant in variants]
+        bounds = {key: value for variant in variants for key, value in variant.items() if key != "type"}
+        return {"type": types[0] if len(types) == 1 else types, **bounds}
+
+    schema = json.loads((CHART / "values.schema.json").read_text())
+    harbor = schema["properties"]["gym"]["properties"]["settings"]["properties"]["harbor"]
+    assert harbor["additionalProperties"] is False
+    models = HarborSettings.model_json_schema(by_alias=True)["properties"]
+    stated = {key: {k: v for k, v in given.items() if k != "pattern"} for key, given in harbor["properties"].items()}
+    assert stated == {
+        key: helm_form({k: v for k, v in declared.items() if k not in ("default", "description", "title")})
+        for key, declared in models.items()
+    }
+    assert harbor["properties"]["promptTemplate"]["pattern"] == re.escape("{instruction}")
+
+
+def test_each_harbor_setting_of_the_release_reaches_every_try() -> None:
+    from episode_operator.api.models import HarborSettings
+    from episode_operator.runtime.gym import parse_run
+    from episode_operator.runtime.gym_server import load_settings, try_manifest
+
+    chosen = {
+        "stepSetupTimeoutSec": 45,
+        "verifierGraceSec": 5,
+        "enforceTaskTimeouts": False,
+        "defaultEpisodeTimeoutSec": 900,
+        "separateVerifierForArtifacts": True,
+        "promptTemplate": "Work in /app.\n{instruction}",
+    }
+    assert set(chosen) == {field.alias for field in HarborSettings.model_fields.values()}  # every one of them
+    settings = load_settings(gym_yaml(with_harbor(chosen)), "token", "gym.yaml")
+    row = {"instance_id": "examples::hello", "_ng_task_index": 0, "_ng_rollout_index": 0}
+    manifest = try_manifest(settings, "run-1", parse_run(row), {"configMap": {"name": "task-hello"}})
+    assert manifest["spec"]["harbor"] == chosen
+
+
+@pytest.mark.parametrize(
+    ("harbor", "key"),
+    [
+        ({"verifierGraceSec": -1}, "verifierGraceSec"),
+        ({"stepSetupTimeoutSec": 0}, "stepSetupTimeoutSec"),
+        ({"defaultEpisodeTimeoutSec": 10**7}, "defaultEpisodeTimeoutSec"),
+        ({"enforceTaskTimeouts": "yes"}, "enforceTaskTimeouts"),
+        ({"separateVerifierForArtifacts": "no"}, "separateVerifierForArtifacts"),
+        ({"promptTemplate": "Solve it."}, "promptTemplate"),
+        ({"verifierGrace": 1}, "verifierGrace"),
+    ],
+)
+def test_a_bad_harbor_setting_is_refused_by_the_chart_and_the_operator_naming_the_key(
+    harbor: dict[str, Any], key: str
+) -> None:
+    from episode_operator.runtime.gym_server import load_settings
+
+    with pytest.raises(helm.HelmValuesError, match=re.escape("'/gym/settings/harbor")) as refused:
+        render(with_harbor(harbor))
+    assert key in str(refused.value)
+    # The operator refuses the same file at start (a release made without the schema, a hand-written file).
+    text = yaml.safe_dump({"namespace": "evals", "agent": {"kind": "command", "command": "true"}, "harbor": harbor})
+    with pytest.raises(ValueError, match=re.escape(f"gym.yaml: harbor.{key}")):
+        load_settings(text, "token", "gym.yaml")

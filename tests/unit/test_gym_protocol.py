@@ -23,6 +23,7 @@ from episode_operator.runtime.gym import (
     answer,
     cancelled_answer,
     episode_name,
+    model_base_url,
     parse_run,
 )
 from tests.reference import check_failure_row, check_rollout_row, gym
@@ -81,6 +82,22 @@ def test_the_capture_key_is_gyms(task: int, rollout: int, attempt: int, explicit
         body["_ng_rollout_id"] = explicit
     run = parse_run(body)
     assert run.capture_key == gym()["nemo_gym.rollout_correlation"].maybe_rollout_id_from_run_body(body)
+
+
+@pytest.mark.parametrize("server", ["http://gym-model:8000", "http://gym-model:8000/"])
+@pytest.mark.parametrize(("capture", "token_capture"), [("evaluation", False), ("training", True)])
+@pytest.mark.parametrize("attempt", [0, 2])
+def test_a_trys_model_calls_take_the_route_gyms_agents_take(
+    server: str, capture: Any, token_capture: bool, attempt: int
+) -> None:
+    """Gym's agents call its model server at ``apply_rollout_prefix(server, rollout id, token_capture=…)``
+    then ``/v1`` (base_responses_api_agent.py ``resolve_model_base_url``): the key its capture files the
+    calls under, and the route of the capture its run asked for."""
+    run = parse_run(flat_row(**({"_ng_attempt_index": attempt} if attempt else {})))
+    prefix = gym()["nemo_gym.server_utils"].apply_rollout_prefix
+    assert model_base_url(server, run.capture_key, capture) == (
+        f"{prefix(server.rstrip('/'), run.capture_key, token_capture=token_capture)}/v1"
+    )
 
 
 @pytest.mark.parametrize("attempt", [0, 2])

@@ -15,7 +15,7 @@ import subprocess
 import sys
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -300,6 +300,17 @@ def test_model_calls_go_through_gyms_model_server_when_it_is_set() -> None:
     assert manifest["spec"]["agent"]["model"]["baseURL"] == "http://gym-model:8000/ng-rollout/3-1-a2/v1"
     direct = try_manifest(GymSettings(namespace="evals", agent=AGENT, token=TOKEN), "s", run, source)
     assert direct["spec"]["agent"]["model"]["baseURL"] == "http://vllm.models:8000/v1"
+    # Gym's training capture (its run's token_id_capture) records the calls on a route of its own.
+    training = load_settings(
+        "namespace: evals\nagent: {kind: command, command: x}\n"
+        "modelServer: http://gym-model:8000\nmodelServerCapture: training\n",
+        TOKEN,
+        "gym.yaml",
+    )
+    trained = try_manifest(replace(training, agent=AGENT), "s", run, source)
+    assert trained["spec"]["agent"]["model"]["baseURL"] == (
+        "http://gym-model:8000/ng-rollout/3-1-a2/training-token-capture/v1"
+    )
     labels = manifest["metadata"]["labels"]
     assert (labels["episode-operator.dev/task-index"], labels["episode-operator.dev/set-attempt"]) == ("3", "2")
 
@@ -326,6 +337,12 @@ def test_the_harbor_settings_of_the_server_are_every_trys() -> None:
         ),
         ("namespace: evals\nagent: {kind: command, command: x}\nretryOwner: both\n", "gym.yaml: retryOwner"),
         ("namespace: evals\nagent: {kind: command, command: x}\nmodelServer: gym:8000\n", "gym.yaml: modelServer"),
+        (
+            "namespace: evals\nagent: {kind: command, command: x}\nmodelServerCapture: training\n",
+            "gym.yaml: modelServerCapture: training is a capture of Gym's model server",
+        ),
+        # A misspelled key is refused, never dropped: the setting it meant would silently be the default.
+        ("namespace: evals\nagent: {kind: command, command: x}\nmodelServr: http://g:1\n", "gym.yaml: modelServr"),
         ("[", "gym.yaml: not YAML"),
     ],
 )

@@ -90,7 +90,13 @@ def documented_values() -> set[str]:
                 parent = span.rsplit(".", 1)[0] + "." if "." in span else ""
     for row in table_after("| flag | Helm value | default | what it bounds |"):
         names.update(code_spans(row[1]))
+    names.update(harbor_rows())
     return names
+
+
+def harbor_rows() -> list[str]:
+    """The Helm values the table of Gym's harbor server settings has a row for."""
+    return [code_spans(row[0])[0] for row in table_after("| Helm value | Episode field | default | meaning |")]
 
 
 def test_the_values_table_names_every_value_of_the_chart_and_no_other() -> None:
@@ -103,6 +109,13 @@ def test_the_values_table_names_every_value_of_the_chart_and_no_other() -> None:
     assert {
         name for name in documented if name not in leaves and not any(leaf.startswith(f"{name}.") for leaf in leaves)
     } == set()
+
+
+def test_each_harbor_setting_of_the_chart_has_a_row_of_its_own() -> None:
+    """The values table's `gym.settings` row covers the settings as a whole; each of Gym's harbor
+    server settings the chart holds has its own row besides, with its Episode field."""
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+    assert harbor_rows() == [f"gym.settings.harbor.{key}" for key in values["gym"]["settings"]["harbor"]]
 
 
 def test_the_harness_table_has_a_row_for_each_preset_at_its_version_and_image() -> None:

@@ -47,6 +47,12 @@ from episode_operator.runtime.evaluation import pass_at_k
 
 RetryOwner = Literal["gym", "operator"]
 Shape = Literal["flat", "episode"]
+# Which of Gym's two captures of a rollout's model calls records them at its model server
+# (nemo_gym/token_id_capture/config.py): evaluation keeps requests and answers, training token ids and
+# log probabilities. Each is a route of Gym's model server under the rollout's prefix.
+ModelCapture = Literal["evaluation", "training"]
+CAPTURE_ROUTES: dict[ModelCapture, str] = {"evaluation": "", "training": "/training-token-capture"}
+ROLLOUT_PREFIX = "ng-rollout"  # Gym's per-rollout path on its model server (config_types.ROLLOUT_PATH_PREFIX)
 
 # Gym's EpisodeId.rollout_id (episode_types.py): a retry is spelled by `attempt`, never by the id.
 ROLLOUT_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
@@ -193,6 +199,12 @@ def _parse_episode(body: Mapping[str, Any], default_dataset: str | None) -> GymR
         rollout_index=_int(task_input, ROLLOUT_INDEX_KEY, where="task.task_input."),
         body=body,
     )
+
+
+def model_base_url(model_server: str, capture_key: str, capture: ModelCapture) -> str:
+    """A try's model base URL through Gym's model server, as Gym's own agents make it
+    (``resolve_model_base_url``: the server, ``/ng-rollout/<capture key>`` and the capture's route, ``/v1``)."""
+    return f"{model_server.rstrip('/')}/{ROLLOUT_PREFIX}/{capture_key}{CAPTURE_ROUTES[capture]}/v1"
 
 
 def episode_name(scope: str, run: GymRun) -> str:

@@ -26,11 +26,11 @@ import json
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, Self
 
 import yaml
 from aiohttp import web
-from pydantic import Field, ValidationError
+from pydantic import ConfigDict, Field, ValidationError, model_validator
 
 from episode_operator.api.export import GYM_IDENTITY_ANNOTATION, EpisodeEvidence
 from episode_operator.api.models import (
@@ -53,12 +53,14 @@ from episode_operator.api.vocabulary import (
 from episode_operator.runtime.gym import (
     GymRequestError,
     GymRun,
+    ModelCapture,
     RetryOwner,
     TaskRef,
     aggregate_metrics,
     answer,
     cancelled_answer,
     episode_name,
+    model_base_url,
     parse_run,
     refused_answer,
 )
@@ -69,7 +71,6 @@ DEFAULT_SCOPE = "default"
 # A scope is a label value.
 SCOPE = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$")
 SHUTDOWN_GRACE_S = 2.0
-ROLLOUT_PREFIX = "ng-rollout"  # Gym's per-rollout path on its model server (config_types.ROLLOUT_PATH_PREFIX)
 
 
 class EpisodeGone(Exception):
@@ -114,13 +115,24 @@ class GymSettings:
     # Gym's model server: the agent's calls go to <it>/ng-rollout/<capture key>/v1, so Gym's own capture
     # sees them too (the operator's capture proxy stays in between).
     model_server: str | None = None
+    model_server_capture: ModelCapture = "evaluation"
     image: str | None = None
     timeout_multiplier: float = 1.0
     harbor: HarborSettings = field(default_factory=HarborSettings)
 
 
+class HarborSettingsFile(HarborSettings):
+    """``harbor`` of the ``--gym-settings`` file: an Episode's ``spec.harbor``, but a key the model does not
+    know, or a value of another type ("yes" for a boolean), is refused, not dropped as the API server prunes."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+
 class GymServerFile(ApiModel):
-    """The ``--gym-settings`` file (the Helm values' ``gym`` block, camelCase)."""
+    """The ``--gym-settings`` file (the Helm values' ``gym`` block, camelCase); a key it does not know is
+    refused, naming it (a misspelled setting would otherwise be silently the default)."""
+
+    model_config = ConfigDict(extra="forbid")
 
     namespace: str = Field(min_length=1, description="Where the tries' Episodes are made and the catalogue is.")
     agent: AgentSpec = Field(description="What acts in each try's sandbox (an Episode's spec.agent).")
@@ -133,11 +145,43 @@ class GymServerFile(ApiModel):
         pattern=r"^https?://[^\s/]+/?$",
         description="Gym's model server (http://host:port): calls go to <it>/ng-rollout/<capture key>/v1.",
     )
+    model_server_capture: ModelCapture = Field(
+        default="evaluation",
+        description="Which of Gym's captures records the calls at its model server, as its run's token_id_capture "
+        "says: evaluation (<it>/ng-rollout/<key>/v1) or training (<it>/ng-rollout/<key>/training-token-capture/v1).",
+    )
     image: str | None = Field(default=None, description="A prebuilt sandbox image for every try (spec.image).")
     timeout_multiplier: float = Field(default=1.0, gt=0, le=100, description="spec.timeoutMultiplier of every try.")
-    harbor: HarborSettings = Field(
-        default_factory=HarborSettings, description="Gym's harbor server settings: spec.harbor of every try."
+    harbor: HarborSettingsFile = Field(
+        default_factory=HarborSettingsFile, description="Gym's harbor server settings: spec.harbor of every try."
     )
+
+    @model_validator(mode="after")
+    def _capture_needs_the_model_server(self) -> Self:
+        if self.model_server_capture != "evaluation" and self.model_server is None:
+            raise ValueError(
+                f"modelServerCapture: {self.model_server_capture} is a capture of Gym's model server: "
+                "name it in modelServer"
+            )
+        return self
+
+
+# Where the chart's values put the server's harbor settings (helm/episode-operator/values.yaml).
+HARBOR_VALUES = "gym.settings.harbor"
+
+
+def render_harbor_table() -> str:
+    """The README's table of Gym's harbor server settings, from :class:`HarborSettings` itself: each one's
+    Helm value, Episode field, default and meaning (``tests/doc_tables.py``; a unit test fails when the
+    README's copy drifts)."""
+    defaults = HarborSettings()
+    lines = ["| Helm value | Episode field | default | meaning |", "| --- | --- | --- | --- |"]
+    for name, setting in HarborSettings.model_fields.items():
+        key = setting.alias or name
+        value = getattr(defaults, name)
+        shown = json.dumps(int(value) if isinstance(value, float) and value.is_integer() else value)
+        lines.append(f"| `{HARBOR_VALUES}.{key}` | `spec.harbor.{key}` | `{shown}` | {setting.description} |")
+    return "\n".join(lines) + "\n"
 
 
 def load_settings(text: str, token: str, where: str) -> GymSettings:
@@ -152,7 +196,8 @@ def load_settings(text: str, token: str, where: str) -> GymSettings:
         raise ValueError(f"{where}: {validation_message(error).replace('spec.', '', 1)}") from error
     if not token:
         raise ValueError("the Gym server needs a token (--gym-token-file, or EPISODE_GYM_TOKEN)")
-    return GymSettings(token=token, **dict(parsed))  # the same fields, the token besides
+    fields = dict(parsed) | {"harbor": HarborSettings(**dict(parsed.harbor))}
+    return GymSettings(token=token, **fields)  # the same fields, the token besides
 
 
 def scope_of(request: web.Request, token: str) -> str:
@@ -188,7 +233,7 @@ def try_manifest(settings: GymSettings, scope: str, run: GymRun, source: Mapping
     """The Episode of a try."""
     agent = settings.agent
     if settings.model_server and agent.model is not None:
-        routed = f"{settings.model_server.rstrip('/')}/{ROLLOUT_PREFIX}/{run.capture_key}/v1"
+        routed = model_base_url(settings.model_server, run.capture_key, settings.model_server_capture)
         agent = agent.model_copy(update={"model": agent.model.model_copy(update={"base_url": routed})})
     spec = EpisodeSpec(
         task=TaskSource.model_validate(source),
