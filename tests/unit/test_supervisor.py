@@ -996,7 +996,10 @@ def test_a_runner_started_without_its_spec_runs_nothing(host_pod: Pod, tmp_path:
     assert launched.returncode == 1, launched
     assert not (job / "runner").exists() and not (tmp_path / "ran").exists()
     os.utime(job / "created", (time.time() - 120, time.time() - 120))
-    assert (host_pod.state("bare").phase, host_pod.state("bare").reason) == ("exited", "lost: the job was never launched")
+    assert (host_pod.state("bare").phase, host_pod.state("bare").reason) == (
+        "exited",
+        "lost: the job was never launched",
+    )
 
 
 def test_upload_clears_first_in_the_same_exec(pod: Pod, tmp_path: Path) -> None:
