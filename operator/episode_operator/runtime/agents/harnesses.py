@@ -248,6 +248,13 @@ def paired(entries: Mapping[str, HarnessEntry], commands: Mapping[str, HarnessCo
 
 PRESETS: Final[Mapping[str, HarnessPreset]] = paired(HARNESSES, COMMANDS)
 
+# How the docs' table names each model API.
+API_NAMES: Final[Mapping[ModelApi, str]] = {
+    "chat-completions": "chat completions",
+    "responses": "Responses",
+    "messages": "Anthropic Messages",
+}
+
 
 def continue_arguments(preset: HarnessPreset) -> list[str]:
     """The arguments a continued turn's command has and a fresh one's has not (empty: it cannot continue)."""
@@ -256,3 +263,18 @@ def continue_arguments(preset: HarnessPreset) -> list[str]:
     fresh = preset.argv(harness_run(toolchain, model, continue_session=False))
     continued = preset.argv(harness_run(toolchain, model, continue_session=True))
     return [part for part in continued if part not in fresh]
+
+
+def render_table(image: Callable[[Toolchain], str], presets: Mapping[str, HarnessPreset] = PRESETS) -> str:
+    """The harness table of README.md and docs/harnesses.md (tests/doc_tables.py), one row per registry
+    entry; ``image`` names a toolchain's image (the kube layer's ``AgentImages().toolchain``)."""
+    lines = ["| harness | version | toolchain image | model API | continue |", "| --- | --- | --- | --- | --- |"]
+    for preset in presets.values():
+        entry = preset.entry
+        version = f"{entry.version} ({entry.version_note})" if entry.version_note else entry.version
+        apis = " or ".join(API_NAMES[model_api(api)] for api in entry.apis)
+        resume = continue_arguments(preset)
+        continues = f"`{' '.join(resume)}`" if preset.continues else "no"
+        image_name = image(Toolchain(preset.name, preset.version))
+        lines.append(f"| {entry.name} ({entry.origin}) | {version} | `{image_name}` | {apis} | {continues} |")
+    return "\n".join(lines) + "\n"
