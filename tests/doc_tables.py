@@ -12,7 +12,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from episode_operator.kube.objects.pods import AgentImages
 from episode_operator.runtime import gym_server, limits, seed
+from episode_operator.runtime.agents import harnesses
 from episode_operator.runtime.turn import table
 
 REPO = Path(__file__).resolve().parent.parent
@@ -47,6 +49,9 @@ BLOCKS = (
     Block("docs/runtime.md", "stage table", table.render_table),
     Block("README.md", "output limits", limits.render_table),
     Block("README.md", "harbor settings", gym_server.render_harbor_table),
+    # One row per entry of the harness registry (runtime/agents/harness_registry.py).
+    Block("README.md", "harness table", lambda: harnesses.render_table(AgentImages().toolchain)),
+    Block("docs/harnesses.md", "harness table", lambda: harnesses.render_table(AgentImages().toolchain)),
 )
 
 

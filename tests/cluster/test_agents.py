@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 from kubernetes import client
 
+from episode_operator.runtime.agents.harnesses import PRESETS
 from tests.cluster.harness import (
     OperatorProcess,
     context_kubeconfig,
@@ -92,7 +93,7 @@ def task_files(toml: str = TASK_TOML) -> dict[str, str]:
 
 
 def agent(model: ScriptedModel, harness: str, **extra: Any) -> dict[str, Any]:
-    api = {"claude-code": "messages", "codex": "responses"}.get(harness, "chat-completions")
+    api = PRESETS[harness].entry.apis[0]
     endpoint = {"name": MODEL, "baseURL": f"{model.base_url}/v1", "api": api, "apiKeySecretRef": {"name": "model-key"}}
     return {"kind": "harness", "harness": {"name": harness}, "model": endpoint, **extra}
 

@@ -110,7 +110,7 @@ def test_harness_runs_the_scripted_commands_offline(
     assert logs.exit_code == 0, f"no native log {harness.native_logs} under {LOGS}: {logs.stderr}"
 
 
-CONTINUING = sorted(name for name in HARNESSES if name != "mini-swe-agent")
+CONTINUING = sorted(name for name, harness in HARNESSES.items() if harness.preset.continues)
 
 
 @pytest.mark.parametrize("sandbox", CONTINUING, indirect=True)

@@ -3,7 +3,8 @@
 A toolchain image (`hack/cluster images`, built by hack/toolchain) holds one self-contained tree;
 an init container copies it into an emptyDir that the main container -- the task's image, here
 the plain sandbox image -- mounts read-only at the tree's own path. `HARNESSES` runs the
-operator's own presets (runtime/agents/harnesses.py), pointed straight at the scripted server.
+operator's own presets (runtime/agents/harnesses.py), one per entry of the harness registry,
+pointed straight at the scripted server.
 """
 
 from __future__ import annotations
@@ -34,11 +35,15 @@ class Harness:
     """
 
     preset: HarnessPreset
-    native_logs: tuple[str, ...]  # globs under LOGS the harness writes
 
     @property
     def name(self) -> str:
         return self.preset.name
+
+    @property
+    def native_logs(self) -> tuple[str, ...]:
+        """Globs under LOGS of the files a run writes (its registry entry's)."""
+        return self.preset.entry.native_logs
 
     @property
     def version(self) -> str:
@@ -83,15 +88,7 @@ class Harness:
 
 
 DIALECTS = {"chat-completions": "chat", "responses": "responses", "messages": "messages"}
-HARNESSES: dict[str, Harness] = {
-    harness.name: harness
-    for harness in (
-        Harness(PRESETS["mini-swe-agent"], ("mini-swe-agent.trajectory.json",)),
-        Harness(PRESETS["opencode"], ("opencode/xdg-data/opencode/opencode.db",)),
-        Harness(PRESETS["claude-code"], ("sessions/projects/*/*.jsonl",)),
-        Harness(PRESETS["codex"], ("codex/sessions/*/*/*/rollout-*.jsonl",)),
-    )
-}
+HARNESSES: dict[str, Harness] = {name: Harness(preset) for name, preset in PRESETS.items()}
 
 
 def toolchain_pod(name: str, harness: Harness, sandbox_image: str) -> dict[str, Any]:

@@ -8,6 +8,8 @@ from pathlib import Path
 from tests.conftest import REPO
 from tests.unit.test_release import load_script
 
+REGISTRY = Path("operator/episode_operator/runtime/agents/harness_registry.py")
+
 
 def keys(cluster: object) -> dict[str, str]:
     """The keys of the images whose inputs are files of the checkout. (An image with a `prepare` step
@@ -17,22 +19,52 @@ def keys(cluster: object) -> dict[str, str]:
     return {spec.name: spec.key() for spec in specs if not spec.prepare}
 
 
+def checkout(tmp_path: Path) -> Path:
+    """What the image keys are computed from, copied elsewhere: hack/ and the harness registry."""
+    elsewhere = tmp_path / "checkout"
+    shutil.copytree(REPO / "hack", elsewhere / "hack")
+    (elsewhere / REGISTRY).parent.mkdir(parents=True)
+    shutil.copy2(REPO / REGISTRY, elsewhere / REGISTRY)
+    return elsewhere
+
+
+def edit(path: Path, old: str, new: str) -> None:
+    text = path.read_text()
+    assert text.count(old) == 1, f"{path} no longer has {old!r} once"
+    path.write_text(text.replace(old, new))
+
+
+def changed_images(before: dict[str, str], after: dict[str, str]) -> set[str]:
+    return {name for name in before if after[name] != before[name]}
+
+
 def test_a_checkout_elsewhere_reuses_the_image_cache(tmp_path: Path) -> None:
     """The same files in another checkout (a worktree, a CI clone) give the same cache keys; a changed
     input changes its image's key alone. (A key of the inputs' absolute paths rebuilt every
     toolchain, minutes each, in every other checkout.)"""
     here = keys(load_script("cluster"))
     assert any("toolchain-" in name for name in here), here
-    elsewhere = tmp_path / "checkout"
-    shutil.copytree(REPO / "hack", elsewhere / "hack")
+    elsewhere = checkout(tmp_path)
     moved = keys(load_script("cluster", root=elsewhere))
     assert moved == here
     lock = next((elsewhere / "hack" / "toolchains").glob("mini-swe-agent-*.txt"))
     lock.write_text(lock.read_text() + "# changed\n")
     changed = keys(load_script("cluster", root=elsewhere))
-    assert {name for name in here if changed[name] != here[name]} == {
-        name for name in here if "toolchain-mini-swe-agent" in name
-    }
+    assert changed_images(here, changed) == {name for name in here if "toolchain-mini-swe-agent" in name}
+
+
+def test_a_harness_registry_entry_keys_its_own_toolchain_image_alone(tmp_path: Path) -> None:
+    """The registry holds every harness, but a toolchain image is keyed by its own entry's toolchain
+    part: what one harness is built from rebuilds that harness's image, and a change to an entry's
+    other fields (its docs row) rebuilds none."""
+    elsewhere = checkout(tmp_path)
+    before = keys(load_script("cluster", root=elsewhere))
+    registry = elsewhere / REGISTRY
+    edit(registry, 'debian=("libc6", "libgcc-s1", "bash"),', 'debian=("libc6", "libgcc-s1", "bash", "zsh"),')
+    rebuilt = keys(load_script("cluster", root=elsewhere))
+    assert changed_images(before, rebuilt) == {name for name in before if "toolchain-claude-code" in name}
+    edit(registry, 'origin="npm `@openai/codex`",', 'origin="npm `@openai/codex` (platform package)",')
+    assert keys(load_script("cluster", root=elsewhere)) == rebuilt
 
 
 def test_the_toolchain_images_install_where_the_operator_looks() -> None:

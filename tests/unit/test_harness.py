@@ -33,12 +33,7 @@ from tests.unit.folders import multi_step, steps_toml
 from tests.unit.test_runtime import run
 
 MODEL = {"name": "scripted-m1", "baseURL": "http://198.19.0.9:8000/v1"}
-APIS = {
-    "mini-swe-agent": "chat-completions",
-    "opencode": "chat-completions",
-    "claude-code": "messages",
-    "codex": "responses",
-}
+APIS = {name: preset.entry.apis[0] for name, preset in PRESETS.items()}  # each harness's default API
 
 
 def harness(name: str, **extra: Any) -> dict[str, Any]:

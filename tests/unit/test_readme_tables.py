@@ -116,16 +116,3 @@ def test_each_harbor_setting_of_the_chart_has_a_row_of_its_own() -> None:
     server settings the chart holds has its own row besides, with its Episode field."""
     values = yaml.safe_load((CHART / "values.yaml").read_text())
     assert harbor_rows() == [f"gym.settings.harbor.{key}" for key in values["gym"]["settings"]["harbor"]]
-
-
-def test_the_harness_table_has_a_row_for_each_preset_at_its_version_and_image() -> None:
-    from episode_operator.runtime.agents.harnesses import PRESETS
-
-    rows = table_after("| harness | version | toolchain image |", (REPO / "docs" / "harnesses.md").read_text())
-    shown = [(row[0].split()[0], row[1].split()[0], code_spans(row[2])[0]) for row in rows]
-    assert shown == [
-        (name, preset.version, f"episode-operator.local/toolchain-{name}:{preset.version}")
-        for name, preset in PRESETS.items()
-    ]
-    continues = {row[0].split()[0]: row[4] != "no" for row in rows}
-    assert continues == {name: preset.continues for name, preset in PRESETS.items()}

@@ -1,11 +1,13 @@
 """The harness presets: how each agent harness runs a turn in the sandbox, offline (docs/harnesses.md).
 
-A preset owns its run command (the instruction is one argv element, read from a file and never
-interpreted by a shell), its model environment, its offline switches, where its native log and
-session state live under ``/logs/agent/``, whether and how it continues a session, the model APIs
-it speaks, and the patterns of its output that tell its failures apart. Its toolchain — a
-self-contained tree with its own loader and libraries — reaches any task image through an init
-container (``hack/toolchain``); the harness never needs the network but the model's.
+A preset is a harness's registry entry (``harness_registry.py``: its version, the model APIs it
+speaks, whether it continues a session, where its native log and session state live under
+``/logs/agent/``, its toolchain) with its code here, keyed by the entry's name (``COMMANDS``): its
+run command (the instruction is one argv element, read from a file and never interpreted by a
+shell), its model environment and offline switches, and the patterns of its output that tell its
+failures apart. Its toolchain — a self-contained tree with its own loader and libraries — reaches
+any task image through an init container (``hack/toolchain``); the harness never needs the network
+but the model's.
 """
 
 from __future__ import annotations
@@ -15,10 +17,11 @@ import re
 import shlex
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Final
+from typing import Final, cast, get_args
 
 from episode_operator.api.models import ModelApi, ModelEndpoint
 from episode_operator.api.vocabulary import AgentFailure
+from episode_operator.runtime.agents.harness_registry import HARNESSES, HarnessEntry
 from episode_operator.runtime.agents.model import PLACEHOLDER_KEY, Toolchain, proxied_base_url
 from episode_operator.runtime.turn.context import LOGS_AGENT
 
@@ -46,18 +49,54 @@ def harness_run(toolchain: Toolchain, model: ModelEndpoint, *, continue_session:
 
 
 @dataclass(frozen=True)
-class HarnessPreset:
-    name: str
-    version: str  # the default (its toolchain image's tag)
-    apis: frozenset[ModelApi]
-    continues: bool
+class HarnessCommand:
+    """The code of one harness, keyed by its registry name in ``COMMANDS``."""
+
     argv: Callable[[HarnessRun], list[str]]
     env: Callable[[HarnessRun], dict[str, str]]
-    # Where its native log and session state live (kept across turns; Gym's cleanup removes only
-    # trajectory.json): what `continue` relies on.
-    state: tuple[str, ...]
     # Its output's say on a failure, when the model calls recorded none (first match wins).
     failure_patterns: tuple[tuple[re.Pattern[str], AgentFailure], ...] = field(default=())
+
+
+@dataclass(frozen=True)
+class HarnessPreset:
+    """A harness's registry entry with its code: what the ``harness`` agent kind runs."""
+
+    entry: HarnessEntry
+    code: HarnessCommand
+
+    @property
+    def name(self) -> str:
+        return self.entry.name
+
+    @property
+    def version(self) -> str:
+        """The default version (its toolchain image's tag)."""
+        return self.entry.version
+
+    @property
+    def apis(self) -> frozenset[ModelApi]:
+        return frozenset(model_api(api) for api in self.entry.apis)
+
+    @property
+    def continues(self) -> bool:
+        return self.entry.continues
+
+    @property
+    def state(self) -> tuple[str, ...]:
+        """Where its native log and session state live (kept across turns; Gym's cleanup removes only
+        trajectory.json): what ``continue`` relies on."""
+        return tuple(f"{LOGS}/{path}" for path in self.entry.state)
+
+    def argv(self, run: HarnessRun) -> list[str]:
+        return self.code.argv(run)
+
+    def env(self, run: HarnessRun) -> dict[str, str]:
+        return self.code.env(run)
+
+    @property
+    def failure_patterns(self) -> tuple[tuple[re.Pattern[str], AgentFailure], ...]:
+        return self.code.failure_patterns
 
     def command(self, run: HarnessRun, instruction_file: str) -> str:
         """The shell line the supervisor runs: each argv element quoted, the instruction read from its file.
@@ -91,125 +130,151 @@ def _codex_provider(run: HarnessRun) -> str:
     )
 
 
-PRESETS: Final[Mapping[str, HarnessPreset]] = {
-    preset.name: preset
-    for preset in (
-        HarnessPreset(
-            name="mini-swe-agent",
-            version="2.4.6",
-            apis=frozenset({"chat-completions"}),
-            continues=False,
-            argv=lambda run: [
-                f"{run.toolchain.path}/bin/mini-swe-agent",
-                "--yolo",
-                f"--model=openai/{run.model}",
-                f"--task={INSTRUCTION}",
-                f"--output={LOGS}/mini-swe-agent.trajectory.json",
-                "-c",
-                "mini",
-                "--exit-immediately",
-            ],
-            env=lambda run: {
-                "OPENAI_API_KEY": run.api_key,
-                "OPENAI_BASE_URL": run.base_url,
-                "MSWEA_CONFIGURED": "true",
-                "MSWEA_COST_TRACKING": "ignore_errors",
-                # Offline: litellm reads its cost map from the package, not the internet.
-                "LITELLM_LOCAL_MODEL_COST_MAP": "true",
-            },
-            state=(f"{LOGS}/mini-swe-agent.trajectory.json",),
-        ),
-        HarnessPreset(
-            name="opencode",
-            version="1.17.11",
-            apis=frozenset({"chat-completions"}),
-            continues=True,
-            argv=lambda run: [
-                f"{run.toolchain.path}/bin/opencode",
-                f"--model=episode/{run.model}",
-                "run",
-                "--format=json",
-                *(["--continue"] if run.continue_session else []),
-                "--dangerously-skip-permissions",
-                "--",
-                INSTRUCTION,
-            ],
-            env=lambda run: {
-                "EPISODE_MODEL_API_KEY": run.api_key,
-                "OPENCODE_CONFIG_CONTENT": _opencode_config(run),
-                "XDG_DATA_HOME": f"{LOGS}/opencode/xdg-data",
-                "XDG_STATE_HOME": f"{LOGS}/opencode/xdg-state",
-                # Offline: no update check, no sharing, no models.dev catalogue, no LSP downloads.
-                "OPENCODE_DISABLE_AUTOUPDATE": "1",
-                "OPENCODE_DISABLE_SHARE": "1",
-                "OPENCODE_DISABLE_MODELS_FETCH": "true",
-                "OPENCODE_DISABLE_LSP_DOWNLOAD": "true",
-            },
-            state=(f"{LOGS}/opencode/",),
-        ),
-        HarnessPreset(
-            name="claude-code",
-            version="2.1.332",
-            apis=frozenset({"messages"}),
-            continues=True,
-            argv=lambda run: [
-                f"{run.toolchain.path}/bin/claude",
-                "--verbose",
-                "--output-format=stream-json",
-                "--permission-mode=bypassPermissions",
-                *(["--continue"] if run.continue_session else []),
-                "--print",
-                "--",
-                INSTRUCTION,
-            ],
-            env=lambda run: {
-                "ANTHROPIC_API_KEY": run.api_key,
-                "ANTHROPIC_BASE_URL": run.base_url.removesuffix("/v1"),
-                "ANTHROPIC_MODEL": run.model,
-                "CLAUDE_CONFIG_DIR": f"{LOGS}/sessions",
-                # Offline: no telemetry, no update checks; bypassPermissions as root in a sandbox.
-                "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
-                "DISABLE_AUTOUPDATER": "1",
-                "IS_SANDBOX": "1",
-            },
-            state=(f"{LOGS}/sessions/",),
-        ),
-        HarnessPreset(
-            name="codex",
-            version="0.144.4",
-            apis=frozenset({"responses"}),
-            continues=True,
-            argv=lambda run: [
-                f"{run.toolchain.path}/bin/codex",
-                "exec",
-                *(["resume", "--last"] if run.continue_session else []),
-                "--dangerously-bypass-approvals-and-sandbox",
-                "--skip-git-repo-check",
-                "--model",
-                run.model,
-                "--json",
-                "-c",
-                'model_provider="episode"',
-                "-c",
-                _codex_provider(run),
-                # Offline: without these codex reaches chatgpt.com and api.github.com at start.
-                "-c",
-                "features.plugins=false",
-                "-c",
-                "features.remote_plugin=false",
-                "-c",
-                "features.apps=false",
-                "-c",
-                "check_for_update_on_startup=false",
-                "-c",
-                "analytics.enabled=false",
-                "-c",
-                'web_search="disabled"',
-                "--",
-                INSTRUCTION,
-            ],
-            env=lambda run: {"EPISODE_MODEL_API_KEY": run.api_key, "CODEX_HOME": f"{LOGS}/codex"},
-            state=(f"{LOGS}/codex/",),
-        ),
-    )
+COMMANDS: Final[Mapping[str, HarnessCommand]] = {
+    "mini-swe-agent": HarnessCommand(
+        argv=lambda run: [
+            f"{run.toolchain.path}/bin/mini-swe-agent",
+            "--yolo",
+            f"--model=openai/{run.model}",
+            f"--task={INSTRUCTION}",
+            f"--output={LOGS}/mini-swe-agent.trajectory.json",
+            "-c",
+            "mini",
+            "--exit-immediately",
+        ],
+        env=lambda run: {
+            "OPENAI_API_KEY": run.api_key,
+            "OPENAI_BASE_URL": run.base_url,
+            "MSWEA_CONFIGURED": "true",
+            "MSWEA_COST_TRACKING": "ignore_errors",
+            # Offline: litellm reads its cost map from the package, not the internet.
+            "LITELLM_LOCAL_MODEL_COST_MAP": "true",
+        },
+    ),
+    "opencode": HarnessCommand(
+        argv=lambda run: [
+            f"{run.toolchain.path}/bin/opencode",
+            f"--model=episode/{run.model}",
+            "run",
+            "--format=json",
+            *(["--continue"] if run.continue_session else []),
+            "--dangerously-skip-permissions",
+            "--",
+            INSTRUCTION,
+        ],
+        env=lambda run: {
+            "EPISODE_MODEL_API_KEY": run.api_key,
+            "OPENCODE_CONFIG_CONTENT": _opencode_config(run),
+            "XDG_DATA_HOME": f"{LOGS}/opencode/xdg-data",
+            "XDG_STATE_HOME": f"{LOGS}/opencode/xdg-state",
+            # Offline: no update check, no sharing, no models.dev catalogue, no LSP downloads.
+            "OPENCODE_DISABLE_AUTOUPDATE": "1",
+            "OPENCODE_DISABLE_SHARE": "1",
+            "OPENCODE_DISABLE_MODELS_FETCH": "true",
+            "OPENCODE_DISABLE_LSP_DOWNLOAD": "true",
+        },
+    ),
+    "claude-code": HarnessCommand(
+        argv=lambda run: [
+            f"{run.toolchain.path}/bin/claude",
+            "--verbose",
+            "--output-format=stream-json",
+            "--permission-mode=bypassPermissions",
+            *(["--continue"] if run.continue_session else []),
+            "--print",
+            "--",
+            INSTRUCTION,
+        ],
+        env=lambda run: {
+            "ANTHROPIC_API_KEY": run.api_key,
+            "ANTHROPIC_BASE_URL": run.base_url.removesuffix("/v1"),
+            "ANTHROPIC_MODEL": run.model,
+            "CLAUDE_CONFIG_DIR": f"{LOGS}/sessions",
+            # Offline: no telemetry, no update checks; bypassPermissions as root in a sandbox.
+            "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
+            "DISABLE_AUTOUPDATER": "1",
+            "IS_SANDBOX": "1",
+        },
+    ),
+    "codex": HarnessCommand(
+        argv=lambda run: [
+            f"{run.toolchain.path}/bin/codex",
+            "exec",
+            *(["resume", "--last"] if run.continue_session else []),
+            "--dangerously-bypass-approvals-and-sandbox",
+            "--skip-git-repo-check",
+            "--model",
+            run.model,
+            "--json",
+            "-c",
+            'model_provider="episode"',
+            "-c",
+            _codex_provider(run),
+            # Offline: without these codex reaches chatgpt.com and api.github.com at start.
+            "-c",
+            "features.plugins=false",
+            "-c",
+            "features.remote_plugin=false",
+            "-c",
+            "features.apps=false",
+            "-c",
+            "check_for_update_on_startup=false",
+            "-c",
+            "analytics.enabled=false",
+            "-c",
+            'web_search="disabled"',
+            "--",
+            INSTRUCTION,
+        ],
+        env=lambda run: {"EPISODE_MODEL_API_KEY": run.api_key, "CODEX_HOME": f"{LOGS}/codex"},
+    ),
 }
+
+
+def model_api(name: str) -> ModelApi:
+    """A registry entry's API as the spec's name of it (the registry, stdlib-only, spells it as a string)."""
+    if name not in get_args(ModelApi):
+        raise ValueError(f"harness registry: {name!r} is not a model API ({', '.join(get_args(ModelApi))})")
+    return cast(ModelApi, name)
+
+
+def paired(entries: Mapping[str, HarnessEntry], commands: Mapping[str, HarnessCommand]) -> dict[str, HarnessPreset]:
+    """Each registry entry with its code: an entry without code, or code without an entry, stops the import."""
+    unpaired = sorted(entries.keys() ^ commands.keys())
+    if unpaired:
+        raise LookupError(f"harnesses without both a registry entry and a COMMANDS entry: {', '.join(unpaired)}")
+    return {name: HarnessPreset(entry, commands[name]) for name, entry in entries.items()}
+
+
+PRESETS: Final[Mapping[str, HarnessPreset]] = paired(HARNESSES, COMMANDS)
+
+# How the docs' table names each model API.
+API_NAMES: Final[Mapping[ModelApi, str]] = {
+    "chat-completions": "chat completions",
+    "responses": "Responses",
+    "messages": "Anthropic Messages",
+}
+
+
+def continue_arguments(preset: HarnessPreset) -> list[str]:
+    """The arguments a continued turn's command has and a fresh one's has not (empty: it cannot continue)."""
+    model = ModelEndpoint.model_validate({"name": "m", "baseURL": "http://model/v1", "api": sorted(preset.apis)[0]})
+    toolchain = Toolchain(preset.name, preset.version)
+    fresh = preset.argv(harness_run(toolchain, model, continue_session=False))
+    continued = preset.argv(harness_run(toolchain, model, continue_session=True))
+    return [part for part in continued if part not in fresh]
+
+
+def render_table(image: Callable[[Toolchain], str], presets: Mapping[str, HarnessPreset] = PRESETS) -> str:
+    """The harness table of README.md and docs/harnesses.md (tests/doc_tables.py), one row per registry
+    entry; ``image`` names a toolchain's image (the kube layer's ``AgentImages().toolchain``)."""
+    lines = ["| harness | version | toolchain image | model API | continue |", "| --- | --- | --- | --- | --- |"]
+    for preset in presets.values():
+        entry = preset.entry
+        version = f"{entry.version} ({entry.version_note})" if entry.version_note else entry.version
+        apis = " or ".join(API_NAMES[model_api(api)] for api in entry.apis)
+        resume = continue_arguments(preset)
+        continues = f"`{' '.join(resume)}`" if preset.continues else "no"
+        image_name = image(Toolchain(preset.name, preset.version))
+        lines.append(f"| {entry.name} ({entry.origin}) | {version} | `{image_name}` | {apis} | {continues} |")
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,133 @@
+"""The harness registry: one entry per agent harness the operator runs (docs/harnesses.md, "The registry").
+
+An entry is a harness's identity: its name and version, the model APIs it speaks, whether it
+continues a session, where its native log and session state land, how its toolchain is assembled
+and its row of the docs' table. Everything else that names a harness is keyed by an entry's name
+or derived from the entries: the preset's command (``runtime/agents/harnesses.py``, ``COMMANDS``),
+the toolchain's assembly (``hack/toolchain``, ``ASSEMBLERS``), the toolchain images ``hack/cluster
+images`` builds, the cluster tests' tables, and the tables of README.md and docs/harnesses.md.
+
+Standard library only, and nothing of the package: ``hack/toolchain`` loads this file by its path,
+with the host's Python, before any virtualenv exists.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Final
+
+
+@dataclass(frozen=True)
+class ToolchainBuild:
+    """What ``hack/toolchain`` assembles the harness's tree from (its assembler, keyed by the harness's name, says how).
+
+    ``debian``: the Debian packages whose files the tree may take (glibc always; Python for a
+    Python harness). ``npm``, ``pypi``: the registry packages the assembler fetches, by their role
+    in it, each with ``{version}`` standing for the harness's version; a ``pypi`` harness's
+    requirements are pinned in ``hack/toolchains/NAME-VERSION.txt``, less ``lock_excluded``.
+    ``entry``: the command, relative to the tree, that the preset runs. ``unbundled``: tree paths
+    of files the harness ships but never runs here, whose libraries are not bundled.
+    """
+
+    debian: tuple[str, ...]
+    entry: str
+    npm: dict[str, str] = field(default_factory=dict)
+    pypi: dict[str, str] = field(default_factory=dict)
+    lock_excluded: tuple[str, ...] = ()
+    lock_excluded_why: str = ""
+    unbundled: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class HarnessEntry:
+    """One harness. Paths under the agent's log folder (``/logs/agent``) are relative to it.
+
+    ``apis``: the model APIs it speaks (``spec.agent.model.api``), the first its default.
+    ``continues``: whether it can continue the session of the earlier turns (``turnSessions:
+    continue``). ``state``: where its native log and session state live (kept across turns: what
+    ``continue`` relies on). ``native_logs``: globs of the files a run writes there (the cluster
+    tests look for them). ``origin`` and ``version_note``: its docs row's source and pin.
+    """
+
+    name: str
+    version: str  # the default (its toolchain image's tag)
+    apis: tuple[str, ...]
+    continues: bool
+    state: tuple[str, ...]
+    native_logs: tuple[str, ...]
+    toolchain: ToolchainBuild
+    origin: str
+    version_note: str = ""
+
+
+HARNESSES: Final[dict[str, HarnessEntry]] = {
+    entry.name: entry
+    for entry in (
+        HarnessEntry(
+            name="mini-swe-agent",
+            version="2.4.6",
+            apis=("chat-completions",),
+            continues=False,
+            state=("mini-swe-agent.trajectory.json",),
+            native_logs=("mini-swe-agent.trajectory.json",),
+            toolchain=ToolchainBuild(
+                debian=("libc6", "libgcc-s1", "libstdc++6", "python3.11-minimal", "libpython3.11-stdlib"),
+                entry="bin/mini-swe-agent",
+                pypi={"harness": "mini-swe-agent=={version}"},
+                # With pandas, pyarrow and numpy it would triple what every sandbox copies.
+                lock_excluded=("datasets",),
+                lock_excluded_why="only mini-swe-agent's SWE-bench batch runners import it",
+            ),
+            origin="PyPI",
+        ),
+        HarnessEntry(
+            name="opencode",
+            version="1.17.11",
+            apis=("chat-completions",),
+            continues=True,
+            state=("opencode/",),
+            native_logs=("opencode/xdg-data/opencode/opencode.db",),
+            toolchain=ToolchainBuild(
+                debian=("libc6", "libgcc-s1"),
+                entry="bin/opencode",
+                npm={"binary": "opencode-linux-x64@{version}", "config": "@opencode-ai/plugin@{version}"},
+                # The native addons among the seeded plugin packages (msgpackr's, for glibc and musl)
+                # are optional speed-ups only a user's custom tool could load; msgpackr has a JS fallback.
+                unbundled=("share/opencode-config/node_modules",),
+            ),
+            origin="npm `opencode-ai`",
+            version_note="Gym's pin",
+        ),
+        HarnessEntry(
+            name="claude-code",
+            version="2.1.332",
+            apis=("messages",),
+            continues=True,
+            state=("sessions/",),
+            native_logs=("sessions/projects/*/*.jsonl",),
+            toolchain=ToolchainBuild(
+                debian=("libc6", "libgcc-s1", "bash"),
+                entry="bin/claude",
+                npm={"binary": "@anthropic-ai/claude-code-linux-x64@{version}"},
+            ),
+            origin="npm `@anthropic-ai/claude-code`",
+        ),
+        HarnessEntry(
+            name="codex",
+            version="0.144.4",
+            apis=("responses",),
+            continues=True,
+            state=("codex/",),
+            native_logs=("codex/sessions/*/*/*/rollout-*.jsonl",),
+            toolchain=ToolchainBuild(
+                debian=("libc6", "libgcc-s1"),
+                entry="bin/codex",
+                npm={"platform": "@openai/codex@{version}-linux-x64"},
+                # zsh is for an experimental shell mode (off) and needs a newer glibc (2.38) than the tree's.
+                unbundled=("vendor/codex-resources/zsh/bin/zsh",),
+            ),
+            origin="npm `@openai/codex`",
+            version_note="Gym's pin",
+        ),
+    )
+}
