@@ -96,6 +96,7 @@ def test_logprobs_give_ids_only_when_every_token_is_spelled_as_one() -> None:
         (TOKENS._replace(generation_log_probs=[-0.5]), False),
         (TOKENS._replace(prompt_token_ids=None), False),
     ],
+    ids=["whole", "a-logprob-short", "no-prompt"],
 )
 def test_a_bundle_is_complete_with_all_three_and_a_logprob_per_token(tokens: TokenIds, complete: bool) -> None:
     assert tokens.complete is complete
