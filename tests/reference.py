@@ -12,6 +12,7 @@ extras). Nothing of Gym's server stack (fastapi, ray, …) is executed.
 from __future__ import annotations
 
 import ast
+import builtins
 import os
 import re
 import subprocess
@@ -85,23 +86,32 @@ def _used(statement: ast.stmt) -> set[str]:
 
 
 def select(code: str, wanted: set[str] | None) -> str:
-    """The statements of ``code`` that define ``wanted`` (all when None), with what they use, in order."""
+    """The statements of ``code`` that define ``wanted`` (all when None), with what they use, in order.
+
+    A call the module makes as it loads (Gym registers its item unions' tags so: their serialization
+    depends on it) is kept when everything it names is kept; other expressions (docstrings) never are.
+    """
     tree = ast.parse(code)
     body = [statement for statement in tree.body if not isinstance(statement, ast.Expr)]  # docstrings
     if wanted is None:
-        keep = body
-    else:
-        needed = set(wanted)
-        chosen: set[int] = set()
-        changed = True
-        while changed:
-            changed = False
-            for index, statement in enumerate(body):
-                if index not in chosen and _defined(statement) & needed:
-                    chosen.add(index)
-                    needed |= _used(statement)
-                    changed = True
-        keep = [_trimmed(statement, needed) for index, statement in enumerate(body) if index in chosen]
+        return ast.unparse(ast.Module(body=body, type_ignores=[]))
+    needed = set(wanted)
+    chosen: set[int] = set()
+    changed = True
+    while changed:
+        changed = False
+        for index, statement in enumerate(tree.body):
+            if index not in chosen and _defined(statement) & needed:
+                chosen.add(index)
+                needed |= _used(statement)
+                changed = True
+    defined = set(dir(builtins)).union(*(_defined(tree.body[index]) for index in chosen))
+    chosen |= {
+        index
+        for index, statement in enumerate(tree.body)
+        if isinstance(statement, ast.Expr) and isinstance(statement.value, ast.Call) and _used(statement) <= defined
+    }
+    keep = [_trimmed(statement, needed) for index, statement in enumerate(tree.body) if index in chosen]
     return ast.unparse(ast.Module(body=keep, type_ignores=[]))
 
 
@@ -119,6 +129,35 @@ def _module(name: str, code: str) -> types.ModuleType:
     exec(compile(code, f"<reference {name}>", "exec"), module.__dict__)
     return module
 
+
+# The names nemo_gym/responses_converter.py imports from nemo_gym/openai_utils.py.
+RESPONSES_CONVERTER_NEEDS = (
+    "NeMoGymChatCompletion",
+    "NeMoGymChatCompletionAssistantMessageForTrainingParam",
+    "NeMoGymChatCompletionAssistantMessageParam",
+    "NeMoGymChatCompletionDeveloperMessageParam",
+    "NeMoGymChatCompletionMessageParam",
+    "NeMoGymChatCompletionMessageToolCallFunctionParam",
+    "NeMoGymChatCompletionMessageToolCallParam",
+    "NeMoGymChatCompletionSystemMessageParam",
+    "NeMoGymChatCompletionToolMessageParam",
+    "NeMoGymChatCompletionToolParam",
+    "NeMoGymChatCompletionToolUnionParam",
+    "NeMoGymChatCompletionUserMessageParam",
+    "NeMoGymChoice",
+    "NeMoGymFunctionDefinition",
+    "NeMoGymResponseInputTokensDetails",
+    "NeMoGymResponseOutputItem",
+    "NeMoGymResponseOutputRefusal",
+    "NeMoGymResponseOutputTokensDetails",
+    "NeMoGymResponseReasoningItem",
+    "NeMoGymResponseUsage",
+    "NeMoGymSummary",
+    "Reasoning",
+    "TokenIDLogProbMixin",
+    "_validate_atomic_token_metadata",
+    "training_variant_of",
+)
 
 # The Gym modules the checks need, and from each the names wanted (None: the whole, import-light file).
 GYM_MODULES: dict[str, set[str] | None] = {
@@ -145,6 +184,11 @@ GYM_MODULES: dict[str, set[str] | None] = {
         "NeMoGymResponseOutputMessage",
         "NeMoGymResponseOutputMessageForTraining",
         "NeMoGymResponseOutputText",
+        "NeMoGymChatCompletionCreateParamsNonStreaming",
+        # Run as the module loads (``select``): instances of the Responses item unions serialize by it.
+        "_register_item_tags",
+        # What Gym's ResponsesConverter imports from it.
+        *RESPONSES_CONVERTER_NEEDS,
     },
     "nemo_gym.episode_types": {"EpisodeFailure", "BaseEpisodeResponse", "BaseEpisodeRequest", "EpisodeId"},
     "nemo_gym.base_resources_server": {"BaseVerifyResponse"},
@@ -169,6 +213,9 @@ GYM_MODULES: dict[str, set[str] | None] = {
     "nemo_gym.metrics_config": {"PassMajorityStat"},
     "nemo_gym.reward_profile": {"compute_pass_majority_metrics"},
     "responses_api_agents.harbor_agent.utils": None,
+    # How Gym's vllm_model turns a Responses request into the chat completion it sends vLLM: where an
+    # earlier answer's token ids go (capture/correction.py).
+    "nemo_gym.responses_converter": {"ResponsesConverter"},
 }
 
 

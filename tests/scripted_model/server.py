@@ -48,10 +48,24 @@ continued session the first instruction is still in the conversation; the newest
 - ``delay``: seconds before the first byte; ``stream_delay``: seconds between SSE events (a slow
   stream).
 
-A chat completion that asks for vLLM's token ids (``return_token_ids``, and ``logprobs``) gets them as
-vLLM gives them: ``prompt_token_ids`` beside the choices, the choice's ``token_ids`` and its
-``logprobs.content`` (tokens spelled ``token_id:<n>`` under ``return_tokens_as_token_ids``). The ids are
-the bytes of the prompt's last message and of the reply, offset by 1000, so a test can recompute them.
+A request that asks for token ids gets them as its upstream would give them (the capture proxy asks so
+with ``capture.tokenIds``), streamed or not:
+
+- chat completions, as vLLM: ``return_token_ids`` puts ``prompt_token_ids`` beside the choices (on the
+  first chunk of a stream) and the generation's ``token_ids`` on the choice (on the chunks that carry
+  it); ``logprobs`` puts ``logprobs.content`` there (tokens spelled ``token_id:<n>`` under
+  ``return_tokens_as_token_ids``).
+- Responses, as vLLM: ``enable_response_messages`` adds ``input_messages`` and ``output_messages``, raw
+  token messages (``{type: raw_message_tokens, message, tokens}``) of the prompt and the generation;
+  ``include: [message.output_text.logprobs]`` puts each generated token's logprob on the output text
+  (tokens spelled as text, as vLLM does without its ``--return-tokens-as-token-ids``). A stream's
+  ``response.completed`` carries them, as vLLM's does.
+- Messages: vLLM returns none there; asked in chat's names (``return_token_ids``), this server puts
+  Gym's ``prompt_token_ids``, ``generation_token_ids`` and ``generation_log_probs`` on the message (a
+  stream: the prompt's on ``message_start``'s message, the generation's on ``message_delta``).
+
+The ids are the bytes of the prompt's last message and of the reply, offset by 1000 (at most 64), so a
+test can recompute them; every logprob is -0.5.
 
 Requests that no rule matches are answered too (plain text, or a finish when tools are offered)
 and recorded with ``"rule": null``, so a test can assert that nothing unscripted happened.
@@ -476,16 +490,12 @@ def chat_json(model: str, reply: Reply, usage: tuple[int, int], body: dict[str, 
         "usage": {"prompt_tokens": usage[0], "completion_tokens": usage[1], "total_tokens": sum(usage)},
     }
     if body.get("return_token_ids"):
-        messages = body.get("messages") or [{}]
-        answer["prompt_token_ids"] = token_ids(json.dumps(messages[-1].get("content")))
-        choice["token_ids"] = token_ids(reply.text + json.dumps([c["arguments"] for c in reply.tool_calls]))
-        if body.get("logprobs"):
-            spell = (lambda n: f"token_id:{n}") if body.get("return_tokens_as_token_ids") else str
-            entries = [
-                {"token": spell(n), "logprob": -0.5, "bytes": None, "top_logprobs": []} for n in choice["token_ids"]
-            ]
-            choice["logprobs"] = {"content": entries}
+        answer["prompt_token_ids"] = prompt_token_ids("chat", body)
+    choice |= chat_token_fields(generation_token_ids(reply), body)
     return answer
+
+
+LOG_PROB = -0.5  # every token's
 
 
 def token_ids(text: str) -> list[int]:
@@ -493,15 +503,58 @@ def token_ids(text: str) -> list[int]:
     return [1000 + byte for byte in text.encode()[:64]]
 
 
+def token_text(token: int) -> str:
+    """A token as text (the inverse of :func:`token_ids`, one byte)."""
+    return bytes([token - 1000]).decode("utf-8", "replace")
+
+
+def prompt_token_ids(dialect: str, body: dict[str, Any]) -> list[int]:
+    """The prompt's token ids: its last message's (or item's) content."""
+    history = body.get("input" if dialect == "responses" else "messages")
+    if not isinstance(history, list):
+        return token_ids(json.dumps(history))
+    last = history[-1] if history and isinstance(history[-1], dict) else {}
+    return token_ids(json.dumps(last.get("content", last.get("output"))))
+
+
+def generation_token_ids(reply: Reply) -> list[int]:
+    return token_ids(reply.text + json.dumps([c["arguments"] for c in reply.tool_calls]))
+
+
+def chat_token_fields(tokens: list[int], body: dict[str, Any]) -> dict[str, Any]:
+    """What a chat choice (or a chunk's) carries of the generated ``tokens``, as the request asked."""
+    fields: dict[str, Any] = {}
+    if body.get("return_token_ids"):
+        fields["token_ids"] = tokens
+    if body.get("logprobs"):
+        spell = (lambda n: f"token_id:{n}") if body.get("return_tokens_as_token_ids") else token_text
+        entries = [{"token": spell(n), "logprob": LOG_PROB, "bytes": None, "top_logprobs": []} for n in tokens]
+        fields["logprobs"] = {"content": entries}
+    return fields
+
+
 def chat_events(model: str, reply: Reply, usage: tuple[int, int], body: dict[str, Any]) -> Iterator[str]:
     """chat.completion.chunk events, then [DONE]."""
     base = {"id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion.chunk", "created": int(time.time())}
     base["model"] = model
 
-    def chunk(delta: dict[str, Any], finish: str | None = None) -> str:
-        return sse(None, base | {"choices": [{"index": 0, "delta": delta, "finish_reason": finish}]})
+    # The generation's token ids go on the chunks that carry text or arguments, a token a byte, what is
+    # left on the last; the prompt's on the first chunk (vLLM's stream with ``return_token_ids``).
+    generated = generation_token_ids(reply)
 
-    yield chunk({"role": "assistant", "content": ""})
+    def chunk(delta: dict[str, Any], finish: str | None = None, first: bool = False) -> str:
+        nonlocal generated
+        choice = {"index": 0, "delta": delta, "finish_reason": finish}
+        text = delta.get("content") or "".join(c["function"].get("arguments", "") for c in delta.get("tool_calls", []))
+        tokens, generated = (
+            (generated, []) if finish else (generated[: len(text.encode())], generated[len(text.encode()) :])
+        )
+        if tokens:
+            choice |= chat_token_fields(tokens, body)
+        prompt = {"prompt_token_ids": prompt_token_ids("chat", body)} if first and body.get("return_token_ids") else {}
+        return sse(None, base | prompt | {"choices": [choice]})
+
+    yield chunk({"role": "assistant", "content": ""}, first=True)
     if reply.text:
         for piece in pieces(reply.text):
             yield chunk({"content": piece})
@@ -549,9 +602,11 @@ def responses_output(reply: Reply) -> list[dict[str, Any]]:
     return output
 
 
-def responses_json(model: str, reply: Reply, usage: tuple[int, int], status: str = "completed") -> dict[str, Any]:
-    """A Responses `response` object."""
-    return {
+def responses_json(
+    model: str, reply: Reply, usage: tuple[int, int], body: dict[str, Any], status: str = "completed"
+) -> dict[str, Any]:
+    """A Responses `response` object, with vLLM's token ids and logprobs when ``body`` asks for them."""
+    answer = {
         "id": f"resp_{uuid.uuid4().hex}",
         "object": "response",
         "created_at": int(time.time()),
@@ -569,11 +624,27 @@ def responses_json(model: str, reply: Reply, usage: tuple[int, int], status: str
             "total_tokens": sum(usage),
         },
     }
+    generated = generation_token_ids(reply)
+    if body.get("enable_response_messages"):
+        raw = "raw_message_tokens"
+        prompt = prompt_token_ids("responses", body)
+        answer["input_messages"] = [{"type": raw, "message": "".join(map(token_text, prompt)), "tokens": prompt}]
+        answer["output_messages"] = [{"type": raw, "message": "".join(map(token_text, generated)), "tokens": generated}]
+    if "message.output_text.logprobs" in (body.get("include") or []):
+        # vLLM puts every generated token's logprob on the output text (none without text to put them on).
+        logprobs = [
+            {"token": text, "logprob": LOG_PROB, "bytes": list(text.encode()), "top_logprobs": []}
+            for text in map(token_text, generated)
+        ]
+        for item in answer["output"]:
+            if item["type"] == "message":
+                item["content"] = [part | {"logprobs": logprobs} for part in item["content"]]
+    return answer
 
 
-def responses_events(model: str, reply: Reply, usage: tuple[int, int]) -> Iterator[str]:
+def responses_events(model: str, reply: Reply, usage: tuple[int, int], body: dict[str, Any]) -> Iterator[str]:
     """The Responses stream: created, per-item added/delta/done, completed."""
-    final = responses_json(model, reply, usage)
+    final = responses_json(model, reply, usage, body)
     sequence = iter(range(1_000_000))
 
     def event(kind: str, **fields: Any) -> str:
@@ -632,9 +703,9 @@ def messages_content(reply: Reply) -> list[dict[str, Any]]:
     return content
 
 
-def messages_json(model: str, reply: Reply, usage: tuple[int, int]) -> dict[str, Any]:
-    """An Anthropic `message` object."""
-    return {
+def messages_json(model: str, reply: Reply, usage: tuple[int, int], body: dict[str, Any]) -> dict[str, Any]:
+    """An Anthropic `message` object, with Gym's token fields when ``body`` asks in chat's names."""
+    answer = {
         "id": f"msg_{uuid.uuid4().hex}",
         "type": "message",
         "role": "assistant",
@@ -649,11 +720,22 @@ def messages_json(model: str, reply: Reply, usage: tuple[int, int]) -> dict[str,
             "cache_read_input_tokens": 0,
         },
     }
+    if body.get("return_token_ids"):
+        generated = generation_token_ids(reply)
+        answer["prompt_token_ids"] = prompt_token_ids("messages", body)
+        answer["generation_token_ids"] = generated
+        answer["generation_log_probs"] = [LOG_PROB] * len(generated)
+    return answer
 
 
-def messages_events(model: str, reply: Reply, usage: tuple[int, int]) -> Iterator[str]:
-    """The Messages stream: message_start, blocks (start/delta/stop), message_delta, message_stop."""
-    final = messages_json(model, reply, usage)
+GENERATION_FIELDS = ("generation_token_ids", "generation_log_probs")
+
+
+def messages_events(model: str, reply: Reply, usage: tuple[int, int], body: dict[str, Any]) -> Iterator[str]:
+    """The Messages stream: message_start, blocks (start/delta/stop), message_delta, message_stop; token
+    fields as its usage goes: the prompt's on the start, the generation's on the last delta."""
+    final = messages_json(model, reply, usage, body)
+    generation = {field: final.pop(field) for field in GENERATION_FIELDS if field in final}
     start = final | {"content": [], "stop_reason": None, "usage": final["usage"] | {"output_tokens": 0}}
     yield sse("message_start", {"type": "message_start", "message": start})
     yield sse("ping", {"type": "ping"})
@@ -674,7 +756,8 @@ def messages_events(model: str, reply: Reply, usage: tuple[int, int]) -> Iterato
                 yield sse("content_block_delta", {"type": "content_block_delta", "index": index, "delta": delta})
         yield sse("content_block_stop", {"type": "content_block_stop", "index": index})
     delta = {"stop_reason": final["stop_reason"], "stop_sequence": None}
-    yield sse("message_delta", {"type": "message_delta", "delta": delta, "usage": {"output_tokens": usage[1]}})
+    ending = {"type": "message_delta", "delta": delta, "usage": {"output_tokens": usage[1]}}
+    yield sse("message_delta", ending | generation)
     yield sse("message_stop", {"type": "message_stop"})
 
 
@@ -892,17 +975,13 @@ class Handler(BaseHTTPRequestHandler):
         usage = usage_numbers(body, reply)
         stream_delay = rule.stream_delay if rule is not None else 0.0
         if not requested_stream(dialect, body):
-            if dialect == "chat":
-                document = chat_json(model, reply, usage, body)
-            else:
-                document = {"responses": responses_json, "messages": messages_json}[dialect](model, reply, usage)
+            document = {"chat": chat_json, "responses": responses_json, "messages": messages_json}[dialect](
+                model, reply, usage, body
+            )
             self.send_json(200, document)
-        elif dialect == "chat":
-            self.send_stream(chat_events(model, reply, usage, body), stream_delay)
-        elif dialect == "responses":
-            self.send_stream(responses_events(model, reply, usage), stream_delay)
         else:
-            self.send_stream(messages_events(model, reply, usage), stream_delay)
+            events = {"chat": chat_events, "responses": responses_events, "messages": messages_events}[dialect]
+            self.send_stream(events(model, reply, usage, body), stream_delay)
 
     def api_key(self) -> str | None:
         """The credential the client sent (Bearer token or x-api-key), for tests to check."""

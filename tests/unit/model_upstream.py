@@ -1,10 +1,12 @@
 """A model endpoint in the test's own event loop, for the capture proxy to forward to.
 
 It answers the three dialects in JSON or SSE with canned answers shaped like the real APIs (and the
-model listing and Anthropic's token count), and misbehaves on request (``x-behave`` header): an error
-status, garbage, no answer at all, a stream that stalls, a stream whose last chunk waits for the test's
-say-so, a redirect (to ``x-redirect-to``), an answer padded to ``x-pad`` bytes. It records what it
-received, and listens where a test says (an attacker's listener is one more of these).
+model listing and Anthropic's token count), with token ids when a request asks for them (as vLLM gives
+them for chat completions and Responses; in Gym's names on a Messages answer), and misbehaves on
+request (``x-behave`` header): an error status, garbage, no answer at all, a stream that stalls, a
+stream whose last chunk waits for the test's say-so, a redirect (to ``x-redirect-to``), an answer
+padded to ``x-pad`` bytes. It records what it received, and listens where a test says (an attacker's
+listener is one more of these).
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import json
 import ssl
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -227,6 +229,8 @@ GENERATION = [(101, -0.5), (102, -0.25)]
 
 def vllm_token_answer(answer: dict[str, Any], request: dict[str, Any]) -> dict[str, Any]:
     """A chat completion as vLLM answers ``logprobs``, ``return_tokens_as_token_ids`` and ``return_token_ids``."""
+    if not request.get("return_tokens_as_token_ids"):
+        return answer
     choice = dict(answer["choices"][0])
     choice["logprobs"] = {
         "content": [
@@ -242,6 +246,8 @@ def vllm_token_answer(answer: dict[str, Any], request: dict[str, Any]) -> dict[s
 def vllm_token_stream(chunks: list[bytes], request: dict[str, Any]) -> list[bytes]:
     """A streamed chat completion as vLLM sends it with token ids: the prompt's on the first chunk, each
     generated token's id and logprob on the chunk that carries it (here: the two content chunks)."""
+    if not request.get("return_tokens_as_token_ids"):
+        return chunks
     out = []
     tokens = iter(GENERATION)
     for chunk in chunks:
@@ -262,6 +268,96 @@ def vllm_token_stream(chunks: list[bytes], request: dict[str, Any]) -> list[byte
         out.append(sse(None, event))
     return out
 
+
+RAW_PROMPT = "<|user|>hi<|assistant|>"  # what the scripted chat template made of the request
+
+
+def vllm_responses_token_answer(answer: dict[str, Any], request: dict[str, Any]) -> dict[str, Any]:
+    """A Responses answer as vLLM gives ``enable_response_messages`` (raw token messages: the prompt's in
+    ``input_messages``, the generation's in ``output_messages``) and ``include: message.output_text.logprobs``
+    (every generated token's logprob on the output text, tokens spelled as text: ``token_id:<n>`` would
+    need the server's ``--return-tokens-as-token-ids``)."""
+    out = dict(answer)
+    if request.get("enable_response_messages"):
+        generated = [token for token, _ in GENERATION]
+        out["input_messages"] = [{"type": "raw_message_tokens", "message": RAW_PROMPT, "tokens": PROMPT_TOKEN_IDS}]
+        out["output_messages"] = [{"type": "raw_message_tokens", "message": "Listing.", "tokens": generated}]
+    if "message.output_text.logprobs" in (request.get("include") or []):
+        logprobs = [{"token": "L", "logprob": logprob, "bytes": [76], "top_logprobs": []} for _, logprob in GENERATION]
+        out["output"] = [
+            {**item, "content": [part | {"logprobs": logprobs} for part in item["content"]]}
+            if item["type"] == "message"
+            else item
+            for item in answer["output"]
+        ]
+    return out
+
+
+def gym_messages_token_answer(answer: dict[str, Any], request: dict[str, Any]) -> dict[str, Any]:
+    """A Messages answer asked in chat's names (``return_token_ids``), with Gym's fields on the message."""
+    if not request.get("return_token_ids"):
+        return answer
+    return {**answer, **GYM_TOKEN_FIELDS}
+
+
+GYM_TOKEN_FIELDS = {
+    "prompt_token_ids": PROMPT_TOKEN_IDS,
+    "generation_token_ids": [token for token, _ in GENERATION],
+    "generation_log_probs": [logprob for _, logprob in GENERATION],
+}
+
+
+def rewrite_events(chunks: list[bytes], change: Callable[[str | None, dict[str, Any]], dict[str, Any]]) -> list[bytes]:
+    """The chunks of a named-event stream with each event's data as ``change(event, data)`` makes it (a chunk
+    that holds no event, such as a comment, kept as it is)."""
+    out = []
+    for chunk in chunks:
+        lines = chunk.decode().splitlines()
+        data = next((line.removeprefix("data: ") for line in lines if line.startswith("data: ")), None)
+        if data is None:
+            out.append(chunk)
+            continue
+        event = next((line.removeprefix("event: ") for line in lines if line.startswith("event: ")), None)
+        out.append(sse(event, change(event, json.loads(data))))
+    return out
+
+
+def vllm_responses_token_stream(chunks: list[bytes], request: dict[str, Any]) -> list[bytes]:
+    """A Responses stream whose terminal event carries the answer as :func:`vllm_responses_token_answer`."""
+
+    def change(event: str | None, data: dict[str, Any]) -> dict[str, Any]:
+        if event != "response.completed":
+            return data
+        return {**data, "response": vllm_responses_token_answer(data["response"], request)}
+
+    return rewrite_events(chunks, change)
+
+
+def gym_messages_token_stream(chunks: list[bytes], request: dict[str, Any]) -> list[bytes]:
+    """A Messages stream with Gym's fields where its usage goes: the prompt's ids on the message's start, the
+    generation's on its last delta."""
+
+    def change(event: str | None, data: dict[str, Any]) -> dict[str, Any]:
+        if event == "message_start":
+            return {**data, "message": {**data["message"], "prompt_token_ids": PROMPT_TOKEN_IDS}}
+        if event == "message_delta":
+            return {**data, **{key: value for key, value in GYM_TOKEN_FIELDS.items() if key != "prompt_token_ids"}}
+        return data
+
+    return rewrite_events(chunks, change) if request.get("return_token_ids") else chunks
+
+
+# How each API's answer carries token ids when the request asks for them (and untouched when it does not).
+TOKEN_ANSWERS = {
+    "chat": vllm_token_answer,
+    "responses": vllm_responses_token_answer,
+    "messages": gym_messages_token_answer,
+}
+TOKEN_STREAMS = {
+    "chat": vllm_token_stream,
+    "responses": vllm_responses_token_stream,
+    "messages": gym_messages_token_stream,
+}
 
 DIALECT_PATHS = {"chat": "/v1/chat/completions", "responses": "/v1/responses", "messages": "/v1/messages"}
 # The routes that are no model call, as the real APIs answer them.
@@ -312,16 +408,13 @@ class Upstream:
         pad = int(request.headers.get("x-pad", "0"))
         if not parsed.get("stream"):
             answer = JSON_ANSWERS[dialect] | ({"padding": "x" * pad} if pad else {})
-            if parsed.get("return_tokens_as_token_ids"):
-                answer = vllm_token_answer(answer, parsed)
-            return web.json_response(answer)
+            return web.json_response(TOKEN_ANSWERS[dialect](answer, parsed))
         response = web.StreamResponse(headers={"content-type": "text/event-stream"})
         await response.prepare(request)
         chunks = sse_answer(dialect)
         if pad:  # one long SSE comment before the answer: a stream larger than any record
             chunks = [b": " + b"x" * pad + b"\n\n", *chunks]
-        if parsed.get("return_tokens_as_token_ids"):
-            chunks = vllm_token_stream(chunks, parsed)
+        chunks = TOKEN_STREAMS[dialect](chunks, parsed)
         for index, chunk in enumerate(chunks):
             if index == len(chunks) - 1:
                 if behave == "stall":

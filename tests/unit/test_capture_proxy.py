@@ -19,9 +19,10 @@ import aiohttp
 import pytest
 
 from episode_operator.capture.proxy import KeyScrubber, ProxyConfig, start
-from episode_operator.capture.records import CapturedCall, model_call_record
+from episode_operator.capture.records import TOKEN_FIELDS, TOKEN_ID_READERS, CapturedCall, model_call_record
 from episode_operator.capture.store import CaptureStore, CurrentTurn, read_journal
 from episode_operator.capture.wire import agent_base_url
+from tests.reference import gym
 from tests.unit.model_upstream import (
     DIALECT_PATHS,
     GENERATION,
@@ -410,41 +411,157 @@ def test_turn_names_cannot_escape_the_store(tmp_path: Path) -> None:
 
 
 # --- token ids ----------------------------------------------------------------------------------------
-def test_token_ids_are_kept_from_a_stream(tmp_path: Path) -> None:
+# What the proxy asks each API for (capture/wire.py), as the request upstream shows it.
+ASKED: dict[str, dict[str, Any]] = {
+    "chat": {"logprobs": True, "top_logprobs": 0, "return_tokens_as_token_ids": True, "return_token_ids": True},
+    "responses": {"top_logprobs": 0, "enable_response_messages": True, "include": ["message.output_text.logprobs"]},
+    "messages": {"logprobs": True, "top_logprobs": 0, "return_tokens_as_token_ids": True, "return_token_ids": True},
+}
+KEPT = (PROMPT_TOKEN_IDS, [token for token, _ in GENERATION], [logprob for _, logprob in GENERATION])
+
+
+def kept(call: CapturedCall) -> tuple[Any, Any, Any]:
+    return call.prompt_token_ids, call.generation_token_ids, call.generation_log_probs
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["json", "stream"])
+@pytest.mark.parametrize("dialect", DIALECTS)
+def test_token_ids_are_asked_for_and_kept(tmp_path: Path, dialect: str, stream: bool) -> None:
+    """Every API, streamed or not: asked as its upstream understands, kept in Gym's names."""
+
     async def scenario(proxy: Rig) -> None:
-        async with proxy.post("chat", stream=True) as response:
+        async with proxy.post(dialect, stream=stream) as response:
+            assert response.status == 200
             await response.read()
+        (received,) = proxy.upstream.received
+        sent = json.loads(received["body"])
+        assert {key: sent.get(key) for key in ASKED[dialect]} == ASKED[dialect]
         (call,) = proxy.calls()
-        assert (call.prompt_token_ids, call.generation_token_ids) == (
-            PROMPT_TOKEN_IDS,
-            [token for token, _ in GENERATION],
-        )
-        assert call.generation_log_probs == [logprob for _, logprob in GENERATION]
-        assert call.error_category is None and call.response is not None
+        assert kept(call) == KEPT
+        assert call.error_category is None and call.request == sent and call.carried_token_ids is None
 
     run(tmp_path, scenario, token_ids=True)
 
 
-def test_token_ids_are_asked_for_and_kept(tmp_path: Path) -> None:
+def test_a_responses_call_keeps_what_it_includes_and_adds_the_logprobs(tmp_path: Path) -> None:
+    async def scenario(proxy: Rig) -> None:
+        async with proxy.post("responses", include=["reasoning.encrypted_content"]) as response:
+            await response.read()
+        sent = json.loads(proxy.upstream.received[0]["body"])
+        assert sent["include"] == ["reasoning.encrypted_content", "message.output_text.logprobs"]
+        (call,) = proxy.calls()
+        assert kept(call) == KEPT
+
+    run(tmp_path, scenario, token_ids=True)
+
+
+@pytest.mark.parametrize("dialect", DIALECTS)
+def test_without_token_ids_nothing_is_asked_nor_kept_nor_carried(tmp_path: Path, dialect: str) -> None:
+    """The control: the proxy adds nothing to a request, and keeps no token ids even when the agent asked
+    for them itself and the upstream answered them; nor does the next call carry any."""
+
+    async def scenario(proxy: Rig) -> None:
+        async with proxy.post(dialect) as response:
+            await response.read()
+        async with proxy.post(dialect, **ASKED[dialect]) as response:
+            answer = await response.json()
+        assert TOKEN_ID_READERS[dialect](answer) == KEPT  # the upstream did answer them
+        async with proxy.session.post(proxy.endpoint(dialect), json=continued(dialect, answer)) as response:
+            await response.read()
+        plain, _, following = (json.loads(received["body"]) for received in proxy.upstream.received)
+        assert plain == {**BODIES[dialect], "stream": False}
+        assert following == continued(dialect, answer)
+        assert all(kept(call) == (None, None, None) and call.carried_token_ids is None for call in proxy.calls())
+
+    run(tmp_path, scenario)
+
+
+# The answer's message or item that carries its token ids on the next request: chat, the assistant
+# message after the user's; Responses, the answer's last item (user, reasoning, message, function_call).
+CARRIED_AT = {"chat": ("messages", 1), "responses": ("input", 3)}
+
+
+def continued(dialect: str, answer: dict[str, Any]) -> dict[str, Any]:
+    """The request a harness sends after ``answer``: its history, the answer as it replays it (without
+    token ids), then the tool's result."""
+    if dialect == "chat":
+        message = {key: answer["choices"][0]["message"][key] for key in ("role", "content", "tool_calls")}
+        result = {"role": "tool", "tool_call_id": "call_1", "content": "app.py"}
+        return {**BODIES["chat"], "messages": [*BODIES["chat"]["messages"], message, result]}
+    if dialect == "responses":
+        result = {"type": "function_call_output", "call_id": "call_1", "output": "app.py"}
+        return {**BODIES["responses"], "input": [{"role": "user", "content": "hi"}, *answer["output"], result]}
+    replayed = {"role": "assistant", "content": answer["content"]}
+    result = {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1", "content": "app.py"}]}
+    return {**BODIES["messages"], "messages": [*BODIES["messages"]["messages"], replayed, result]}
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["json", "stream"])
+@pytest.mark.parametrize("dialect", DIALECTS)
+def test_the_next_call_carries_the_answers_token_ids_where_gym_does(tmp_path: Path, dialect: str, stream: bool) -> None:
+    """On-policy correction: the request that continues an answer carries that answer's token ids on it,
+    as Gym's vllm_model sends them (chat: on the assistant message) and its Responses endpoint takes them
+    (on the answer's last item); never on Messages, where neither Gym nor vLLM reads them. Gym's own
+    request models and converter read them where the proxy put them."""
+
+    async def scenario(proxy: Rig) -> None:
+        async with proxy.post(dialect, stream=stream) as response:
+            await response.read()
+        (first,) = proxy.calls()
+        assert first.response is not None and kept(first) == KEPT
+        following = continued(dialect, first.response)
+        async with proxy.session.post(proxy.endpoint(dialect), json=following) as response:
+            assert response.status == 200
+        sent = json.loads(proxy.upstream.received[1]["body"])
+        second = next(call for call in proxy.calls() if call.model_call_id != first.model_call_id)
+        assert second.request is not None
+        recorded_history = second.request.get("messages") or second.request["input"]
+        assert not any(set(TOKEN_FIELDS) & set(entry) for entry in recorded_history)  # recorded by reference
+        if dialect not in CARRIED_AT:
+            assert sent == {**following, **ASKED[dialect]} and second.carried_token_ids is None
+            return
+        name, at = CARRIED_AT[dialect]
+        assert {key: sent[name][at][key] for key in TOKEN_FIELDS} == dict(zip(TOKEN_FIELDS, KEPT, strict=True))
+        assert [index for index, entry in enumerate(sent[name]) if set(TOKEN_FIELDS) & set(entry)] == [at]
+        assert second.carried_token_ids == [first.model_call_id]
+        assert {**sent, name: following[name]} == {**following, **ASKED[dialect]} == second.request
+        assert gym_chat_messages(dialect, sent)[1] == {
+            **gym_chat_messages(dialect, following)[1],
+            **dict(zip(TOKEN_FIELDS, KEPT, strict=True)),
+        }
+
+    run(tmp_path, scenario, token_ids=True)
+
+
+def gym_chat_messages(dialect: str, request: dict[str, Any]) -> list[dict[str, Any]]:
+    """The chat messages Gym's vllm_model sends vLLM for ``request`` (its conversation only)."""
+    utils = gym()["nemo_gym.openai_utils"]
+    if dialect == "chat":
+        params = utils.NeMoGymChatCompletionCreateParamsNonStreaming.model_validate(
+            {"model": "m", "messages": request["messages"]}
+        )
+    else:
+        converter = gym()["nemo_gym.responses_converter"].ResponsesConverter(return_token_id_information=True)
+        params = converter.responses_to_chat_completion_create_params(
+            utils.NeMoGymResponseCreateParamsNonStreaming.model_validate({"model": "m", "input": request["input"]})
+        )
+    messages: list[dict[str, Any]] = params.model_dump(exclude_unset=True)["messages"]
+    return messages
+
+
+def test_a_request_that_does_not_continue_an_answer_carries_nothing(tmp_path: Path) -> None:
+    """The same answer after another question is not that answer: nothing is carried."""
+
     async def scenario(proxy: Rig) -> None:
         async with proxy.post("chat") as response:
-            assert (await response.json())["prompt_token_ids"] == PROMPT_TOKEN_IDS
-        async with proxy.post("responses") as response:
+            answer = await response.json()
+        elsewhere = continued("chat", answer)
+        elsewhere["messages"][0] = {"role": "user", "content": "something else"}
+        async with proxy.session.post(proxy.endpoint("chat"), json=elsewhere) as response:
             await response.read()
-        chat, responses = (json.loads(received["body"]) for received in proxy.upstream.received)
-        assert {
-            key: chat[key] for key in ("logprobs", "top_logprobs", "return_tokens_as_token_ids", "return_token_ids")
-        } == {
-            "logprobs": True,
-            "top_logprobs": 0,
-            "return_tokens_as_token_ids": True,
-            "return_token_ids": True,
-        }
-        assert "logprobs" not in responses  # Gym drives vLLM through chat completions only
-        chat_call, _ = proxy.calls()
-        assert chat_call.prompt_token_ids == PROMPT_TOKEN_IDS
-        assert chat_call.generation_token_ids == [token for token, _ in GENERATION]
-        assert chat_call.generation_log_probs == [logprob for _, logprob in GENERATION]
+        sent = json.loads(proxy.upstream.received[1]["body"])
+        assert sent == {**elsewhere, **ASKED["chat"]}
+        assert all(call.carried_token_ids is None for call in proxy.calls())
 
     run(tmp_path, scenario, token_ids=True)
 

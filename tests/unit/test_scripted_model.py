@@ -16,6 +16,9 @@ from typing import Any
 
 import pytest
 
+from episode_operator.capture.records import TOKEN_ID_READERS, TokenIds
+from episode_operator.capture.sse import reassemble
+from episode_operator.capture.wire import rewrite_request
 from tests.scripted_model.server import (
     ScriptedServer,
     ScriptError,
@@ -452,16 +455,26 @@ def test_the_command_line_refuses_a_bad_script_file(tmp_path: Any, capsys: pytes
     assert f"bad script {path}: rule 'r': `steps` must be a list" in capsys.readouterr().err
 
 
-def test_a_chat_completion_asking_for_token_ids_gets_vllms_and_the_capture_reads_them(server: ScriptedServer) -> None:
-    """The capture proxy asks as Gym's vllm_model asks; what the server answers is what its parser reads."""
-    from episode_operator.capture.records import chat_token_ids
-    from episode_operator.capture.wire import TOKEN_ID_PARAMS
-
-    body = chat_request(False, []) | TOKEN_ID_PARAMS["chat"]
-    answer = json.loads(post(server, "/v1/chat/completions", body).read())
-    prompt, generation, logprobs = chat_token_ids(answer)
-    assert prompt == [1000 + byte for byte in json.dumps(body["messages"][-1]["content"]).encode()[:64]]
-    assert generation and generation == answer["choices"][0]["token_ids"]
-    assert logprobs == [-0.5] * len(generation)
-    plain = json.loads(post(server, "/v1/chat/completions", chat_request(False, [])).read())
-    assert "prompt_token_ids" not in plain and "token_ids" not in plain["choices"][0]
+@pytest.mark.parametrize("stream", [False, True], ids=["json", "sse"])
+@pytest.mark.parametrize("dialect", sorted(DIALECTS))
+def test_a_call_asking_for_token_ids_gets_them_and_the_capture_reads_them(
+    server: ScriptedServer, dialect: str, stream: bool
+) -> None:
+    """Asked as the capture proxy asks (capture/wire.py), each API answers as its upstream would, streamed or
+    not; the capture's own readers (and its stream reassembly) take the ids the server made."""
+    path, request, *_ = DIALECTS[dialect]
+    body = request(stream, [])
+    asked = rewrite_request(body, dialect, token_ids=True)  # type: ignore[arg-type]
+    response = post(server, path, asked)
+    answer = reassemble(response.read(), dialect) if stream else json.loads(response.read())  # type: ignore[arg-type]
+    assert answer is not None
+    reply = server.recorder.snapshot()[-1]["reply"]
+    generated = reply["text"] + json.dumps([call["arguments"] for call in reply["tool_calls"]])
+    history = body["input" if dialect == "responses" else "messages"]
+    tokens = TOKEN_ID_READERS[dialect](answer)  # type: ignore[index]
+    assert tokens.prompt_token_ids == [1000 + byte for byte in json.dumps(history[-1]["content"]).encode()[:64]]
+    assert tokens.generation_token_ids == [1000 + byte for byte in generated.encode()[:64]]
+    assert tokens.generation_log_probs == [-0.5] * len(tokens.generation_token_ids)
+    response = post(server, path, body)
+    plain = reassemble(response.read(), dialect) if stream else json.loads(response.read())  # type: ignore[arg-type]
+    assert plain is not None and TOKEN_ID_READERS[dialect](plain) == TokenIds()  # type: ignore[index]

@@ -17,6 +17,7 @@ operator names the current turn and reads a turn's records by exec into the capt
 (``capture-turn``, ``capture-harvest``; :mod:`.store` says why not a port). Everything else is pure:
 the record models and their derivations (:mod:`.records`, mirroring NeMo Gym's
 ``ng_model_call_capture``), SSE reassembly (:mod:`.sse`), the wire rules of the three dialects
-(:mod:`.wire`), conversations (:mod:`.conversation`), ATIF trajectories (:mod:`.atif`) and Gym's
-observation records (:mod:`.observability`).
+(:mod:`.wire`), conversations (:mod:`.conversation`), the token ids an answer's continuation carries
+back (:mod:`.correction`), ATIF trajectories (:mod:`.atif`) and Gym's observation records
+(:mod:`.observability`).
 """

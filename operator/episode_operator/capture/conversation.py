@@ -42,6 +42,9 @@ class Entry:
     reasoning: str | None = None
     tool_calls: list[ToolCall] = field(default_factory=list)
     call_id: str | None = None  # a tool result's call
+    # Where a request spelled it: the index of its (last) message or item in the request's list, so that
+    # what belongs on it can be put back there (capture/correction.py). Not part of what it says.
+    at: int | None = field(default=None, compare=False)
 
     def key(self) -> tuple[Any, ...]:
         """What must match for two spellings to be the same entry (reasoning is often dropped on resend)."""
@@ -87,16 +90,17 @@ def _add_reasoning(entry: Entry, text: str | None) -> None:
 
 
 # --- chat completions --------------------------------------------------------------------------------
-def _chat_message(entries: list[Entry], message: Mapping[str, Any]) -> None:
+def _chat_message(entries: list[Entry], message: Mapping[str, Any]) -> Entry | None:
+    """Read a message into ``entries``; the entry it made (None: a role that says nothing here)."""
     kind = ROLE_KINDS.get(str(message.get("role")))
     if kind is None:
-        return
+        return None
     if kind == "tool":
         entries.append(Entry("tool", text_of(message.get("content")), call_id=message.get("tool_call_id")))
-        return
+        return entries[-1]
     if kind != "assistant":
         entries.append(Entry(kind, text_of(message.get("content"))))
-        return
+        return entries[-1]
     entry = Entry("assistant", text_of(message.get("content")))
     _add_reasoning(entry, message.get("reasoning_content") or message.get("reasoning"))
     for call in message.get("tool_calls") or []:
@@ -107,13 +111,14 @@ def _chat_message(entries: list[Entry], message: Mapping[str, Any]) -> None:
             )
         )
     entries.append(entry)
+    return entry
 
 
 def chat_request(request: Mapping[str, Any]) -> list[Entry]:
     entries: list[Entry] = []
-    for message in request.get("messages") or []:
-        if isinstance(message, Mapping):
-            _chat_message(entries, message)
+    for index, message in enumerate(request.get("messages") or []):
+        if isinstance(message, Mapping) and (entry := _chat_message(entries, message)) is not None:
+            entry.at = index
     return entries
 
 
@@ -129,24 +134,33 @@ def chat_response(response: Mapping[str, Any]) -> list[Entry]:
 
 
 # --- Responses ---------------------------------------------------------------------------------------
-def _responses_item(entries: list[Entry], item: Mapping[str, Any]) -> None:
+def _responses_item(entries: list[Entry], item: Mapping[str, Any]) -> Entry | None:
+    """Read an item into ``entries`` (one answer's items merge into one entry); the entry it went into."""
     kind = item.get("type", "message")
     if kind == "message":
         role = ROLE_KINDS.get(str(item.get("role")))
         if role == "assistant":
             entry = _merge_assistant(entries)
             entry.text = "\n".join(text for text in (entry.text, text_of(item.get("content"))) if text)
-        elif role is not None:
+            return entry
+        if role is not None:
             entries.append(Entry(role, text_of(item.get("content"))))
+            return entries[-1]
     elif kind in ("function_call", "custom_tool_call"):
         arguments = json_arguments(item.get("arguments")) if kind == "function_call" else {"input": item.get("input")}
         call_id = str(item.get("call_id") or item.get("id") or "")
-        _merge_assistant(entries).tool_calls.append(ToolCall(call_id, str(item.get("name") or ""), arguments))
+        entry = _merge_assistant(entries)
+        entry.tool_calls.append(ToolCall(call_id, str(item.get("name") or ""), arguments))
+        return entry
     elif kind in ("function_call_output", "custom_tool_call_output"):
         entries.append(Entry("tool", text_of(item.get("output")), call_id=item.get("call_id")))
+        return entries[-1]
     elif kind == "reasoning":
         summary = [part.get("text") for part in item.get("summary") or [] if isinstance(part, Mapping)]
-        _add_reasoning(_merge_assistant(entries), "\n".join(text for text in summary if isinstance(text, str)) or None)
+        entry = _merge_assistant(entries)
+        _add_reasoning(entry, "\n".join(text for text in summary if isinstance(text, str)) or None)
+        return entry
+    return None
 
 
 def responses_request(request: Mapping[str, Any]) -> list[Entry]:
@@ -156,9 +170,9 @@ def responses_request(request: Mapping[str, Any]) -> list[Entry]:
     items = request.get("input")
     if isinstance(items, str):
         entries.append(Entry("user", items))
-    for item in items if isinstance(items, list) else []:
-        if isinstance(item, Mapping):
-            _responses_item(entries, item)
+    for index, item in enumerate(items if isinstance(items, list) else []):
+        if isinstance(item, Mapping) and (entry := _responses_item(entries, item)) is not None:
+            entry.at = index
     return entries
 
 

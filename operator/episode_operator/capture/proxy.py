@@ -42,13 +42,14 @@ from aiohttp import web
 from aiohttp.abc import AbstractResolver, ResolveResult
 from yarl import URL
 
+from episode_operator.capture.correction import AnswerTokens
 from episode_operator.capture.records import (
     CAPTURE_LIMIT,
     ROUTE_REFUSED,
     STREAM_END_CATEGORIES,
+    TOKEN_ID_READERS,
     CapturedCall,
     ErrorCategory,
-    chat_token_ids,
     classify_status,
 )
 from episode_operator.capture.sse import SseScanner, reassemble
@@ -217,6 +218,7 @@ class Exchange:
     def __init__(self, proxy: Proxy, request: web.Request, dialect: Dialect | None) -> None:
         current = proxy.tracker.current()
         self.max_record_bytes = proxy.config.max_record_bytes
+        self.token_ids = proxy.config.token_ids
         self.started_at = time.time()
         self.start = time.perf_counter()
         self.call = CapturedCall(
@@ -284,8 +286,10 @@ class Exchange:
                 call.response_raw = body.decode("utf-8", "replace")
             if parsed is None and category is None and not call.streaming:
                 category = "capture_parse_error"
-            if parsed is not None and call.dialect == "chat" and call.request and call.request.get("return_token_ids"):
-                call.prompt_token_ids, call.generation_token_ids, call.generation_log_probs = chat_token_ids(parsed)
+            if parsed is not None and self.token_ids:  # kept when asked for, as the proxy asked
+                call.prompt_token_ids, call.generation_token_ids, call.generation_log_probs = TOKEN_ID_READERS[
+                    call.dialect
+                ](parsed)
         elif body:
             call.response_raw = body.decode("utf-8", "replace")
         unread = call.response is None and call.dialect is not None and not (call.truncated or {}).get("response")
@@ -315,6 +319,8 @@ class Proxy:
         self.writer = CallWriter(store, fsync=config.fsync, max_journal_bytes=config.max_journal_bytes)
         # The (attempt, turn) journals that already hold their capture_limit record: one each, no more.
         self.limit_recorded: set[tuple[int | None, str | None]] = set()
+        # Answers' token ids, carried on the requests that continue them (``token_ids`` only).
+        self.answers = AnswerTokens()
         self.session: aiohttp.ClientSession | None = None
 
     async def start(self, _app: web.Application) -> None:
@@ -339,6 +345,7 @@ class Proxy:
         """Store the call before the client sees its end. A write lands in the page cache, which the
         capture container's readers see at once; only an fsync waits for the disk (off a thread then)."""
         exchange.recorded = True
+        self.answers.remember(call)  # a call with token ids (asked for: ``token_ids``) that may be continued
         try:
             if self.writer.fsync:
                 await asyncio.to_thread(self.writer.append, call)
@@ -425,8 +432,13 @@ class Proxy:
             exchange.keep_request(raw, None)
             return raw
         sent = rewrite_request(parsed, dialect, token_ids=self.config.token_ids, params=self.config.params)
+        recorded = sent
+        if self.config.token_ids and dialect is not None:
+            sent, carried = self.answers.carry(dialect, sent)
+            exchange.call.carried_token_ids = carried or None
         data = raw if sent == parsed else json.dumps(sent).encode()
-        exchange.keep_request(data, sent)
+        # Recorded without the carried token ids (the record names their calls, whose records hold them).
+        exchange.keep_request(data if recorded is sent else json.dumps(recorded).encode(), recorded)
         return data
 
     async def _answer_locally(

@@ -12,9 +12,9 @@ outcome), plus ours: which attempt and turn it belongs to, and vLLM's token ids 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Final, Literal
+from typing import Any, Final, Literal, NamedTuple
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -105,6 +105,12 @@ class CapturedCall(BaseModel):
     prompt_token_ids: list[int] | None = None
     generation_token_ids: list[int] | None = None
     generation_log_probs: list[float] | None = None
+    # On-policy correction (capture/correction.py): the calls whose token ids the request sent upstream
+    # carried on its history. Recorded by reference: those ids are in these calls' records, and a request
+    # carrying all of them grows with the square of the conversation.
+    carried_token_ids: list[str] | None = Field(
+        default=None, description="model_call_ids of the earlier answers whose token ids went upstream with it."
+    )
 
     @property
     def attributed(self) -> bool:
@@ -243,31 +249,104 @@ def tool_calls_and_reasoning(response: Mapping[str, Any]) -> tuple[list[dict[str
 
 
 # --- vLLM token ids --------------------------------------------------------------------------------
-def chat_token_ids(response: Mapping[str, Any]) -> tuple[list[int] | None, list[int] | None, list[float] | None]:
-    """``(prompt_token_ids, generation_token_ids, generation_log_probs)`` of a vLLM chat completion.
+#: Gym's token fields (``REQUIRED_TOKEN_METADATA_FIELDS``), named alike on an answer and on a later request.
+TOKEN_FIELDS: Final = ("prompt_token_ids", "generation_token_ids", "generation_log_probs")
+RAW_TOKENS = "raw_message_tokens"  # vLLM's Responses ``input_messages``/``output_messages`` entry type
 
-    The sources Gym's vllm_model reads, in its order: a bundle on the message; the prompt's ids at the
-    top (``return_token_ids``) with the generation's on the choice; the generation's from the choice's
-    logprobs, whose tokens read ``token_id:<n>`` under ``return_tokens_as_token_ids``. Missing pieces are
-    None (the record keeps what there is; the trajectory says which are missing).
-    """
+
+class TokenIds(NamedTuple):
+    """One call's token ids and log-probabilities, in Gym's names; a piece the answer lacks is None."""
+
+    prompt_token_ids: list[int] | None = None
+    generation_token_ids: list[int] | None = None
+    generation_log_probs: list[float] | None = None
+
+    @property
+    def complete(self) -> bool:
+        """All three, one log-probability per generated token: what Gym takes as a token bundle
+        (``_validate_atomic_token_metadata``, ``_validate_token_bundle``)."""
+        return (
+            self.prompt_token_ids is not None
+            and self.generation_token_ids is not None
+            and self.generation_log_probs is not None
+            and len(self.generation_token_ids) == len(self.generation_log_probs)
+        )
+
+
+def gym_bundle(holder: Mapping[str, Any]) -> TokenIds | None:
+    """Gym's bundle where a Gym-style server puts it (an assistant message, a Responses output item);
+    None when ``holder`` carries no generation."""
+    if holder.get("generation_token_ids") is None:
+        return None
+    return TokenIds(
+        _ints(holder.get("prompt_token_ids")),
+        _ints(holder["generation_token_ids"]),
+        _floats(holder.get("generation_log_probs")),
+    )
+
+
+def logprob_entries(entries: Any) -> tuple[list[float] | None, list[int] | None]:
+    """vLLM's per-token logprob entries (``{token, logprob}``): their log-probabilities, and the token ids
+    when every token is spelled ``token_id:<n>`` (``return_tokens_as_token_ids``)."""
+    if not isinstance(entries, list):
+        return None, None
+    entries = [entry for entry in entries if isinstance(entry, dict)]
+    log_probs = [float(entry["logprob"]) for entry in entries if _is_number(entry.get("logprob"))]
+    tokens = [str(entry.get("token")) for entry in entries]
+    spelled = None
+    if tokens and all(token.startswith("token_id:") and token[9:].isdigit() for token in tokens):
+        spelled = [int(token.removeprefix("token_id:")) for token in tokens]
+    return log_probs or None, spelled
+
+
+def chat_token_ids(response: Mapping[str, Any]) -> TokenIds:
+    """A chat completion's token ids, from the sources Gym's vllm_model reads, in its order: a bundle on
+    the message; the prompt's ids at the top (``return_token_ids``) with the generation's on the choice;
+    the generation's from the choice's logprobs, whose tokens read ``token_id:<n>``."""
     choice = first_choice(response)
-    message = mapping(choice.get("message"))
-    if message.get("generation_token_ids") is not None:
-        return message.get("prompt_token_ids"), message["generation_token_ids"], message.get("generation_log_probs")
+    if (bundle := gym_bundle(mapping(choice.get("message")))) is not None:
+        return bundle
     prompt = response.get("prompt_token_ids", choice.get("prompt_token_ids"))
-    entries = mapping(choice.get("logprobs")).get("content")
-    log_probs = None
-    from_logprobs = None
-    if isinstance(entries, list):
-        log_probs = [
-            float(entry["logprob"]) for entry in entries if isinstance(entry, dict) and _is_number(entry.get("logprob"))
-        ]
-        tokens = [str(entry.get("token")) for entry in entries if isinstance(entry, dict)]
-        if tokens and all(token.startswith("token_id:") for token in tokens):
-            from_logprobs = [int(token.removeprefix("token_id:")) for token in tokens]
-    generation = choice.get("token_ids") if choice.get("token_ids") is not None else from_logprobs
-    return _ints(prompt), _ints(generation), log_probs or None
+    log_probs, spelled = logprob_entries(mapping(choice.get("logprobs")).get("content"))
+    generation = choice.get("token_ids") if choice.get("token_ids") is not None else spelled
+    return TokenIds(_ints(prompt), _ints(generation), log_probs)
+
+
+def responses_token_ids(response: Mapping[str, Any]) -> TokenIds:
+    """A Responses answer's token ids: Gym's bundle on its output items (Gym's vllm_model puts it on the
+    last one); else vLLM's Responses transport, which has no ``return_token_ids``: the raw token messages
+    of ``enable_response_messages`` (``input_messages``: the prompt; ``output_messages``: the generation)
+    and the chosen tokens' logprobs on the output text (``include: message.output_text.logprobs``)."""
+    items = [item for item in response.get("output") or [] if isinstance(item, dict)]
+    bundles = [bundle for item in items if (bundle := gym_bundle(item)) is not None]
+    if bundles:
+        return bundles[-1]
+    texts = [part for item in items for part in item.get("content") or [] if isinstance(part, dict)]
+    entries = [entry for part in texts if part.get("type") == "output_text" for entry in part.get("logprobs") or []]
+    log_probs, spelled = logprob_entries(entries)
+    prompts, generated = _raw_tokens(response.get("input_messages")), _raw_tokens(response.get("output_messages"))
+    generation = [token for tokens in generated for token in tokens] if generated else spelled
+    return TokenIds(prompts[0] if prompts else None, _ints(generation), log_probs)
+
+
+def messages_token_ids(response: Mapping[str, Any]) -> TokenIds:
+    """An Anthropic message's token ids: Gym's fields on the message itself (it is the assistant message).
+    Neither vLLM's Messages endpoint nor Gym's serves them; an upstream that does is read here."""
+    return gym_bundle(response) or TokenIds()
+
+
+#: Where each API's answer carries its token ids (records.CapturedCall keeps them in Gym's names).
+TOKEN_ID_READERS: dict[Dialect, Callable[[Mapping[str, Any]], TokenIds]] = {
+    "chat": chat_token_ids,
+    "responses": responses_token_ids,
+    "messages": messages_token_ids,
+}
+
+
+def _raw_tokens(messages: Any) -> list[list[int]]:
+    """The token lists of vLLM's raw token messages (``{type: raw_message_tokens, message, tokens}``)."""
+    raw = [entry for entry in messages if isinstance(entry, dict)] if isinstance(messages, list) else []
+    return [tokens for entry in raw if entry.get("type") == RAW_TOKENS and (tokens := _ints(entry.get("tokens")))]
 
 
 def _is_number(value: Any) -> bool:
@@ -277,6 +356,12 @@ def _is_number(value: Any) -> bool:
 def _ints(value: Any) -> list[int] | None:
     if isinstance(value, list) and all(type(item) is int for item in value):
         return value
+    return None
+
+
+def _floats(value: Any) -> list[float] | None:
+    if isinstance(value, list) and all(_is_number(item) for item in value):
+        return [float(item) for item in value]
     return None
 
 

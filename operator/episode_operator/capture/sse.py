@@ -2,7 +2,9 @@
 
 The rebuilding follows NeMo Gym's capture (``_reconstruct_*_sse`` in ``base_responses_api_model.py``)
 so that a streamed call is recorded as the same response object a non-streamed one would be; it adds
-what Gym gets elsewhere for chat completions: vLLM's token ids and logprobs carried by the chunks.
+what Gym gets elsewhere: token ids and logprobs carried by a chat completion's chunks (vLLM's), and Gym's
+token fields on a message's start and end events. A Responses stream needs nothing more: its terminal
+event carries the whole response, token ids included.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ import json
 import re
 from typing import Any
 
+from episode_operator.capture.records import TOKEN_FIELDS
 from episode_operator.capture.wire import TERMINAL_EVENTS, Dialect, SseEnd
 
 EVENT_SEPARATOR = re.compile(rb"\r?\n\r?\n")
@@ -85,12 +88,16 @@ def _messages(events: list[dict[str, Any]]) -> dict[str, Any] | None:
     blocks: dict[int, dict[str, Any]] = {}
     usage: dict[str, Any] = {}
     tool_json: dict[int, str] = {}
+    # Gym's token fields, where an upstream that serves them on Messages sends them: like the usage, the
+    # prompt's on the message's start, the generation's on its last delta.
+    tokens: dict[str, Any] = {}
     for event in events:
         kind = event.get("type")
         if kind == "message_start":
             start = event.get("message") or {}
             message = {key: start[key] for key in ("id", "type", "role", "model", "stop_reason") if start.get(key)}
             usage.update(start.get("usage") or {})
+            tokens.update((field, start[field]) for field in TOKEN_FIELDS if field in start)
         elif kind == "content_block_start":
             blocks[event.get("index", len(blocks))] = dict(event.get("content_block") or {})
         elif kind == "content_block_delta":
@@ -109,6 +116,7 @@ def _messages(events: list[dict[str, Any]]) -> dict[str, Any] | None:
                 tool_json[index] = tool_json.get(index, "") + (delta.get("partial_json") or "")
         elif kind == "message_delta":
             usage.update(event.get("usage") or {})
+            tokens.update((field, event[field]) for field in TOKEN_FIELDS if field in event)
             stop = (event.get("delta") or {}).get("stop_reason")
             if message is not None and stop:
                 message["stop_reason"] = stop
@@ -123,7 +131,7 @@ def _messages(events: list[dict[str, Any]]) -> dict[str, Any] | None:
             except ValueError:
                 block["input"] = {"_raw": tool_json[index]}
         content.append(block)
-    result: dict[str, Any] = {**(message or {}), "type": "message", "content": content}
+    result: dict[str, Any] = {**(message or {}), "type": "message", "content": content, **tokens}
     if usage:
         result["usage"] = usage
     return result

@@ -183,12 +183,28 @@ def downstream_headers(upstream: Mapping[str, str]) -> dict[str, str]:
 
 
 # --- request rewrites ------------------------------------------------------------------------------
-# vLLM's token-id transport, exactly as Gym's vllm_model asks for it (return_token_id_information with
-# request_prompt_and_generation_token_ids): the chosen token's logprob and id (``top_logprobs`` pinned
-# to 0, since vLLM reads a null as "no logprobs"), tokens spelled ``token_id:<n>``, and the prompt's
-# and generation's token ids in the response. Gym drives vLLM through chat completions only.
+# vLLM's token-id transport, per API, as the proxy asks for it (``capture.tokenIds``): the fields it sets,
+# and (TOKEN_ID_LIST_PARAMS) the values it adds to a list the client may have started. What each answer
+# carries back is read by records.TOKEN_ID_READERS.
+# - chat: exactly as Gym's vllm_model asks vLLM (return_token_id_information with
+#   request_prompt_and_generation_token_ids): the chosen token's logprob and id (``top_logprobs`` pinned
+#   to 0, since vLLM reads a null as "no logprobs"), tokens spelled ``token_id:<n>``, and the prompt's and
+#   generation's token ids in the response.
+# - responses: vLLM's Responses endpoint has no ``return_token_ids`` (nor does Gym ask it anything: its
+#   vllm_model converts Responses to chat completions). The prompt's and generation's ids come as raw
+#   token messages (``enable_response_messages``), the chosen tokens' logprobs on the output text
+#   (``include: message.output_text.logprobs`` with ``top_logprobs`` 0).
+# - messages: vLLM serves Anthropic's Messages through its chat-completions code and returns no token
+#   ids there (Gym's Messages endpoint keeps them out of its answer too); the proxy asks in chat's names,
+#   which that code reads, so an upstream that answers them is asked the way it understands.
 TOKEN_ID_PARAMS: dict[Dialect, dict[str, Any]] = {
     "chat": {"logprobs": True, "top_logprobs": 0, "return_tokens_as_token_ids": True, "return_token_ids": True},
+    "responses": {"top_logprobs": 0, "enable_response_messages": True},
+    "messages": {"logprobs": True, "top_logprobs": 0, "return_tokens_as_token_ids": True, "return_token_ids": True},
+}
+TOKEN_ID_LIST_PARAMS: dict[Dialect, dict[str, tuple[str, ...]]] = {
+    # codex sends ``include: ["reasoning.encrypted_content"]``: kept, the logprobs added.
+    "responses": {"include": ("message.output_text.logprobs",)},
 }
 
 
@@ -215,10 +231,11 @@ def rewrite_request(
 
     ``params`` (``spec.agent.model.params``) are set on every model call, over what the harness
     sent: an eval or a policy's rollouts sample as the Episode says, whatever the harness's defaults
-    (or the agent) ask for. With ``token_ids``, a chat completion asks for vLLM's token ids and
-    logprobs. A streamed chat completion asks for its usage (``stream_options.include_usage``, which
-    the OpenAI protocol defines: one last chunk with empty ``choices``) when the client did not say,
-    so token counts are recorded; Responses and Messages streams carry usage already.
+    (or the agent) ask for. With ``token_ids``, every model call asks for vLLM's token ids and
+    logprobs as its API spells them (:data:`TOKEN_ID_PARAMS`). A streamed chat completion asks for
+    its usage (``stream_options.include_usage``, which the OpenAI protocol defines: one last chunk
+    with empty ``choices``) when the client did not say, so token counts are recorded; Responses and
+    Messages streams carry usage already.
     """
     rewritten = dict(body)
     if params and dialect is not None:
@@ -226,8 +243,12 @@ def rewrite_request(
             for name in LENGTH_CAP_NAMES:
                 rewritten.pop(name, None)
         rewritten.update(sampling_params(params, dialect))
-    if token_ids and dialect in TOKEN_ID_PARAMS:
+    if token_ids and dialect is not None:
         rewritten.update(TOKEN_ID_PARAMS[dialect])
+        for name, values in TOKEN_ID_LIST_PARAMS.get(dialect, {}).items():
+            asked = rewritten.get(name)
+            present: list[Any] = asked if isinstance(asked, list) else []
+            rewritten[name] = [*present, *(value for value in values if value not in present)]
     if dialect == "chat" and rewritten.get("stream") is True and "stream_options" not in rewritten:
         rewritten["stream_options"] = {"include_usage": True}
     return rewritten
