@@ -267,9 +267,9 @@ MUTATIONS = [
     ),
     Mutation(
         "model-auth-retried",
-        "runtime/agents/failures.py",
-        '"model_auth": Consequence(ungraded=FAILURE_MODEL_AUTH),',
-        '"model_auth": Consequence(outage="model_unavailable"),',
+        "api/vocabulary.py",
+        '    "model_auth": "fail",\n',
+        '    "model_auth": "retry",\n',
         "a refused API key is retried as an outage",
     ),
     Mutation(
@@ -1199,6 +1199,20 @@ MUTATIONS = [
         'if self.model_server_capture != "evaluation" and self.model_server is None:',
         "if False:",
         "modelServerCapture: training without modelServer is taken: the calls reach no capture of Gym's, silently",
+    ),
+    Mutation(
+        "agent-outcome-policy-ignored",
+        "runtime/agents/failures.py",
+        "outcome = policy.get(failure, DEFAULT_AGENT_OUTCOMES[failure])",
+        "outcome = DEFAULT_AGENT_OUTCOMES[failure]",
+        "spec.harbor.agentOutcomePolicy is ignored: every agent failure does what the seed's table says",
+    ),
+    Mutation(
+        "agent-outcome-policy-unnamed-measured",
+        "runtime/agents/failures.py",
+        "outcome = policy.get(failure, DEFAULT_AGENT_OUTCOMES[failure])",
+        'outcome = policy.get(failure, "measure")',
+        "a failure the policy does not name is measured, not given its default (a 429 is graded, not retried)",
     ),
 ]
 

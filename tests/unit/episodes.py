@@ -5,7 +5,8 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from episode_operator.api.models import AgentOutages, AgentSpec, EpisodeStatus, RetryPolicy
+from episode_operator.api.models import AgentOutages, AgentSpec, EpisodeStatus, HarborSettings, RetryPolicy
+from episode_operator.api.vocabulary import AgentFailure, AgentOutcome
 from episode_operator.runtime.episode import EpisodeConfig, EpisodeRunner
 from episode_operator.taskfolder import TaskFiles, load_task, resolve_plan
 from tests.unit.fake_sandbox import FakeProvider, FakeSink, MemoryStore, World
@@ -26,6 +27,7 @@ def run(
     observer: Any = None,
     agent_env: dict[str, str] | None = None,
     agent_outages: AgentOutages = "retry",
+    agent_outcomes: dict[AgentFailure, AgentOutcome] | None = None,
 ) -> tuple[EpisodeStatus, World, FakeSink, MemoryStore]:
     world = world or World()
     sink = sink or FakeSink()
@@ -42,6 +44,7 @@ def run(
         retries=RetryPolicy(outages=retries, agentOutages=agent_outages),
         keep_pods_on_failure=keep_pods,
         agent_env=agent_env or {},
+        agent_outcomes=HarborSettings.model_validate({"agentOutcomePolicy": agent_outcomes or {}}).agent_outcome_policy,
         limits=world.limits,
     )
     runner = EpisodeRunner(

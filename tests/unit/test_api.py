@@ -151,4 +151,5 @@ def test_harbor_settings_default_to_the_seeds_and_reach_the_plan_as_given() -> N
     settings = EpisodeSpec.model_validate({**yaml.safe_load(EPISODE), "harbor": given}).harbor.server_settings()
     assert settings == ServerSettings(5, 1, False, 900, True, "Context.\n{instruction}")
     schema = episode_crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"]
-    assert set(schema["harbor"]["properties"]) == set(given)
+    # Every setting but the outcome policy, which is the runner's (the plan knows nothing of it).
+    assert set(schema["harbor"]["properties"]) == {*given, "agentOutcomePolicy"}

@@ -15,6 +15,7 @@ import helm_python as helm
 import pytest
 import yaml
 
+from episode_operator.api.vocabulary import DEFAULT_AGENT_OUTCOMES
 from episode_operator.kube import dataapi as kube_dataapi
 from episode_operator.kube import rbac
 from episode_operator.kube.objects.pods import SandboxRequests
@@ -608,6 +609,7 @@ def test_each_harbor_setting_of_the_release_reaches_every_try() -> None:
         "defaultEpisodeTimeoutSec": 900,
         "separateVerifierForArtifacts": True,
         "promptTemplate": "Work in /app.\n{instruction}",
+        "agentOutcomePolicy": {**DEFAULT_AGENT_OUTCOMES, "timeout": "retry", "model_auth": "measure"},
     }
     assert set(chosen) == {field.alias for field in HarborSettings.model_fields.values()}  # every one of them
     settings = load_settings(gym_yaml(with_harbor(chosen)), "token", "gym.yaml")

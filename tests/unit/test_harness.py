@@ -285,6 +285,48 @@ def test_a_failing_model_endpoint_ends_in_the_class_the_seed_prescribes(
     assert status.reward is None
 
 
+@pytest.mark.parametrize(
+    ("status_code", "category", "policy", "outcome", "failure_kind", "attempts"),
+    [
+        # A refused key measured (the verifier decides: solve.sh wrote nothing, reward 0) or retried.
+        (401, "auth", {"model_auth": "measure"}, "Graded", None, 1),
+        (401, "auth", {"model_auth": "retry"}, "Ungraded", "outage:agent_model_auth", 3),
+        # An endpoint failing ends the episode at once instead of buying retries.
+        (500, "upstream_error", {"model_unavailable": "fail"}, "Ungraded", "agent:model_unavailable", 1),
+        # A policy naming other failures leaves this one its default.
+        (429, "rate_limit", {"timeout": "fail"}, "Ungraded", "outage:model_rate_limit", 3),
+    ],
+)
+def test_the_agent_outcome_policy_decides_what_each_failure_does(
+    status_code: int,
+    category: str,
+    policy: dict[str, str],
+    outcome: str,
+    failure_kind: str | None,
+    attempts: int,
+) -> None:
+    """spec.harbor.agentOutcomePolicy (Gym's agent_outcome_policy) overrides the seed's row of a failure."""
+    world = World()
+    for attempt in range(1, 4):
+        world.hooks[f"a{attempt}.t1.agent"] = _failing(status_code, category, attempt)
+    folder = two_turns() | {"steps/a/solution/solve.sh": "exit 1"}
+    status = run(folder, agent=harness("opencode"), world=world, retries=2, agent_outcomes=policy)[0]  # type: ignore[arg-type]
+    assert (status.outcome, status.failure_kind, len(status.attempts)) == (outcome, failure_kind, attempts)
+
+
+def test_an_agents_own_failure_can_be_retried_or_fail_the_episode() -> None:
+    """The agent exiting non-zero with the model answering is measured by default; the policy can retry it
+    (an outage per attempt) or end the episode ungraded under its own name."""
+    exits = {"kind": "command", "command": "exit 3"}
+    measured = run(two_turns(), agent=exits)[0]
+    assert (measured.outcome, measured.reward, measured.turns[0].agent_failure) == ("Graded", 1.0, "exited")
+    retried = run(two_turns(), agent=exits, retries=1, agent_outcomes={"exited": "retry"})[0]
+    assert (retried.outcome, retried.failure_kind, len(retried.attempts)) == ("Ungraded", "outage:agent_exited", 2)
+    failed = run(two_turns(), agent=exits, agent_outcomes={"exited": "fail"})[0]
+    assert (failed.outcome, failed.failure_kind, len(failed.attempts)) == ("Ungraded", "agent:exited", 1)
+    assert (failed.turns[0].failure_kind, failed.reward) == ("agent:exited", None)
+
+
 def _failing(status_code: int, category: str, attempt: int) -> Any:
     def record(sandbox: Any, spec: Any) -> None:
         path = f"/capture/calls/attempt-{attempt}/a.jsonl"

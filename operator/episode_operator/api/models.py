@@ -14,7 +14,9 @@ from pydantic import Field, ValidationError, field_validator, model_validator
 
 from episode_operator.api.vocabulary import (
     API_VERSION,
+    DEFAULT_AGENT_OUTCOMES,
     AgentFailure,
+    AgentOutcome,
     ApiModel,
     Conditions,
     Outcome,
@@ -215,6 +217,13 @@ class HarborSettings(ApiModel):
         "(Gym's job-level prompt_template); later turns' instructions are sent as they are.",
     )
 
+    agent_outcome_policy: dict[AgentFailure, AgentOutcome] = Field(
+        default_factory=lambda: dict(DEFAULT_AGENT_OUTCOMES),
+        description="What each agent failure does to the episode (Gym's agent_outcome_policy): retry (an "
+        "outage: a fresh attempt within retries.outages), fail (ends it ungraded, no retry) or measure (the "
+        "verifier decides). A failure left out keeps its default.",
+    )
+
     @field_validator("prompt_template")
     @classmethod
     def _names_the_instruction(cls, template: str | None) -> str | None:
@@ -223,7 +232,8 @@ class HarborSettings(ApiModel):
         return template
 
     def server_settings(self) -> ServerSettings:
-        return ServerSettings(**dict(self))
+        """The settings the task's plan is made under (the outcome policy is the runner's, not the plan's)."""
+        return ServerSettings(**self.model_dump(exclude={"agent_outcome_policy"}))
 
 
 class DebugSpec(ApiModel):

@@ -87,6 +87,13 @@ FailureKind = Literal[
     "agent:setup_failed",
     "agent:model_auth",
     "agent:model_not_found",
+    # an agent failure that spec.harbor.agentOutcomePolicy says fails the episode (not retried, not
+    # measured): ungraded, under the failure's own name (runtime/agents/failures.py)
+    "agent:model_rate_limit",
+    "agent:model_unavailable",
+    "agent:context_window",
+    "agent:timeout",
+    "agent:exited",
     # what the agent's sandbox sent back passed the operator's bound for it (a job's answer, an
     # artifact, a log: runtime/limits.py), or its model calls outgrew the capture journal's: the
     # turn fails with a measured 0 (the agent's doing; a retry would do the same)
@@ -141,6 +148,12 @@ OutageKind = Literal[
     "environment_healthcheck",  # [environment.healthcheck] never passed at seed
     "model_rate_limit",  # the model endpoint kept answering 429 until the agent gave up
     "model_unavailable",  # the model endpoint was unreachable, failed (5xx), answered garbage or nothing
+    # an agent failure the Episode's agentOutcomePolicy retries, where the default measures it
+    "agent_model_auth",
+    "agent_model_not_found",
+    "agent_context_window",
+    "agent_timeout",
+    "agent_exited",
     "capture",  # the capture container could not mark or read a turn's model calls
     "harbor:task_deadline",  # past the episode's deadline (Gym's name, kept as is)
 ]
@@ -176,6 +189,22 @@ AgentFailure = Literal[
     "timeout",  # the agent ran out of its turn budget with the model answering
     "exited",  # the agent exited non-zero with the model answering
 ]
+AGENT_FAILURES: Final[tuple[AgentFailure, ...]] = get_args(AgentFailure)
+# What an agent failure does to the episode (spec.harbor.agentOutcomePolicy, Gym's agent_outcome_policy):
+# an outage retried with a fresh attempt, an ungraded end without a retry, or measured (the verifier decides).
+AgentOutcome = Literal["retry", "fail", "measure"]
+# The seed's rules: a refused key or an unknown model ends the episode ungraded (no retry mends it), an
+# endpoint that rate-limits or fails is an outage, and the agent's own failures are measured.
+DEFAULT_AGENT_OUTCOMES: Final[dict[AgentFailure, AgentOutcome]] = {
+    "model_auth": "fail",
+    "model_not_found": "fail",
+    "model_rate_limit": "retry",
+    "model_unavailable": "retry",
+    "context_window": "measure",
+    "timeout": "measure",
+    "exited": "measure",
+}
+assert set(DEFAULT_AGENT_OUTCOMES) == set(AGENT_FAILURES)
 
 
 def outage_failure_kind(kind: OutageKind) -> str:

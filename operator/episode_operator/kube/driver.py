@@ -178,6 +178,7 @@ async def drive_episode(
         generation=generation,
         images=admission.images,
         agent_env=agent_env.values,
+        agent_outcomes=spec.harbor.agent_outcome_policy,
         limits=settings.limits,
     )
     store = settings.store.episode(episode.namespace, episode.name, episode.uid)

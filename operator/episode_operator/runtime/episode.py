@@ -42,11 +42,14 @@ from episode_operator.api.models import (
 )
 from episode_operator.api.vocabulary import (
     AGENT_CAUSABLE_OUTAGES,
+    DEFAULT_AGENT_OUTCOMES,
     FAILURE_BROKE_SANDBOX,
     FAILURE_DEADLINE,
     FAILURE_OUTPUT_LIMIT,
     FAILURE_VERIFIER,
     PODS_READY,
+    AgentFailure,
+    AgentOutcome,
     ConditionStatus,
     Outcome,
     SeedStage,
@@ -164,6 +167,8 @@ class EpisodeConfig:
     images: ImagePlan | None = None
     # spec.agent.env/envFrom as read by the operator: the agent's own jobs get them, nothing else.
     agent_env: Mapping[str, str] = field(default_factory=dict)
+    # spec.harbor.agentOutcomePolicy: what each agent failure does (retry, fail, measure).
+    agent_outcomes: Mapping[AgentFailure, AgentOutcome] = field(default_factory=lambda: dict(DEFAULT_AGENT_OUTCOMES))
 
 
 class EpisodeRunner:
@@ -495,6 +500,10 @@ class EpisodeRunner:
     @property
     def agent_env(self) -> Mapping[str, str]:
         return self.config.agent_env
+
+    @property
+    def agent_outcomes(self) -> Mapping[AgentFailure, AgentOutcome]:
+        return self.config.agent_outcomes
 
     @property
     def attempt_number(self) -> int:

@@ -12,14 +12,17 @@ the verifier still decides, as in Harbor and Gym.
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import Final
 
 from episode_operator.api.vocabulary import (
+    DEFAULT_AGENT_OUTCOMES,
     FAILURE_MODEL_AUTH,
     FAILURE_MODEL_NOT_FOUND,
     AgentFailure,
+    AgentOutcome,
     FailureKind,
     OutageKind,
 )
@@ -41,16 +44,41 @@ class Consequence:
 
 MEASURED: Final = Consequence()
 
-#: The seed's rules, one row per failure.
-CONSEQUENCES: Final[dict[AgentFailure, Consequence]] = {
-    "model_auth": Consequence(ungraded=FAILURE_MODEL_AUTH),
-    "model_not_found": Consequence(ungraded=FAILURE_MODEL_NOT_FOUND),
-    "model_rate_limit": Consequence(outage="model_rate_limit"),
-    "model_unavailable": Consequence(outage="model_unavailable"),
-    "context_window": MEASURED,
-    "timeout": MEASURED,
-    "exited": MEASURED,
-}
+#: The outage a retried failure is, and the failure kind a failed one ends the episode with.
+OUTAGES: Final[Mapping[AgentFailure, OutageKind]] = MappingProxyType(
+    {
+        "model_auth": "agent_model_auth",
+        "model_not_found": "agent_model_not_found",
+        "model_rate_limit": "model_rate_limit",
+        "model_unavailable": "model_unavailable",
+        "context_window": "agent_context_window",
+        "timeout": "agent_timeout",
+        "exited": "agent_exited",
+    }
+)
+UNGRADED: Final[Mapping[AgentFailure, FailureKind]] = MappingProxyType(
+    {
+        "model_auth": FAILURE_MODEL_AUTH,
+        "model_not_found": FAILURE_MODEL_NOT_FOUND,
+        "model_rate_limit": "agent:model_rate_limit",
+        "model_unavailable": "agent:model_unavailable",
+        "context_window": "agent:context_window",
+        "timeout": "agent:timeout",
+        "exited": "agent:exited",
+    }
+)
+
+
+def consequence(failure: AgentFailure, policy: Mapping[AgentFailure, AgentOutcome]) -> Consequence:
+    """What ``failure`` does under ``policy`` (spec.harbor.agentOutcomePolicy; a failure it does not name
+    does what the seed's rules say: ``DEFAULT_AGENT_OUTCOMES``)."""
+    outcome = policy.get(failure, DEFAULT_AGENT_OUTCOMES[failure])
+    if outcome == "retry":
+        return Consequence(outage=OUTAGES[failure])
+    if outcome == "fail":
+        return Consequence(ungraded=UNGRADED[failure])
+    return MEASURED
+
 
 #: A failed call's ``error_category`` (Gym's) → the failure it shows; None: it says nothing of the endpoint.
 CATEGORY_FAILURES: Final[dict[ErrorCategory, AgentFailure | None]] = {

@@ -24,7 +24,7 @@ from episode_operator.capture.records import CAPTURE_LIMIT, CapturedCall, parse_
 from episode_operator.capture.store import calls_file
 from episode_operator.runtime.agents import agent_kind
 from episode_operator.runtime.agents.base import with_agent_env
-from episode_operator.runtime.agents.failures import CONSEQUENCES, classify
+from episode_operator.runtime.agents.failures import classify, consequence
 from episode_operator.runtime.agents.model import CAPTURE_CONTAINER, CAPTURE_STORE
 from episode_operator.runtime.archive import read_member, text_tar
 from episode_operator.runtime.sandbox import JobSpec, JobState, Sandbox, SandboxError
@@ -90,15 +90,15 @@ async def run_agent(turn: TurnRun) -> None:
     record.agent_failure = failure
     if failure is None:
         return
-    consequence = CONSEQUENCES[failure]
+    what = consequence(failure, services.agent_outcomes)
     reason = _reason(failure, state, calls)
-    if consequence.outage is not None:
-        raise Outage(consequence.outage, f"turn {turn.name}: {reason}")
-    if consequence.ungraded is not None:
+    if what.outage is not None:
+        raise Outage(what.outage, f"turn {turn.name}: {reason}")
+    if what.ungraded is not None:
         record.phase = "Failed"
-        record.failure_kind = consequence.ungraded
+        record.failure_kind = what.ungraded
         record.message = reason
-        raise EpisodeEnds("Ungraded", consequence.ungraded, f"turn {turn.name}: {reason}")
+        raise EpisodeEnds("Ungraded", what.ungraded, f"turn {turn.name}: {reason}")
 
 
 async def write_trajectory(turn: TurnRun) -> None:

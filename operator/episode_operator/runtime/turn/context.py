@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from episode_operator.api.models import AgentSpec, EpisodeStatus, TurnStatus
-from episode_operator.api.vocabulary import Stage
+from episode_operator.api.vocabulary import AgentFailure, AgentOutcome, Stage
 from episode_operator.runtime.limits import OutputLimits
 from episode_operator.runtime.sandbox import (
     MAIN_CONTAINER,
@@ -86,6 +86,11 @@ class TurnServices(Protocol):
     @property
     def agent_env(self) -> Mapping[str, str]:
         """``spec.agent.env``/``envFrom`` as read by the operator: for the agent's own jobs only."""
+        ...
+
+    @property
+    def agent_outcomes(self) -> Mapping[AgentFailure, AgentOutcome]:
+        """``spec.harbor.agentOutcomePolicy``: what each agent failure does to the episode."""
         ...
 
     @property
