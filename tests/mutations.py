@@ -1201,6 +1201,13 @@ MUTATIONS = [
         "modelServerCapture: training without modelServer is taken: the calls reach no capture of Gym's, silently",
     ),
     Mutation(
+        "sampling-params-unchecked",
+        "api/models.py",
+        "        unknown = sorted(set(params) - SAMPLING_PARAMS[api])\n",
+        "        unknown: list[str] = []\n",
+        "spec.agent.model.params takes any key: top_k reaches a Responses endpoint, model overrides the request",
+    ),
+    Mutation(
         "agent-outcome-policy-ignored",
         "runtime/agents/failures.py",
         "outcome = policy.get(failure, DEFAULT_AGENT_OUTCOMES[failure])",

@@ -61,6 +61,46 @@ def test_bad_agent_specs_are_refused_naming_the_field(agent: dict[str, Any], pro
     assert any(problem in line for line in problems), problems
 
 
+@pytest.mark.parametrize(
+    ("name", "params", "problem"),
+    [
+        # A key its API does not define: an endpoint would refuse every call, or the key would override
+        # the request itself.
+        ("codex", {"top_k": 20}, "top_k: not a sampling parameter of the responses API"),
+        ("claude-code", {"seed": 7}, "seed: not a sampling parameter of the messages API"),
+        ("opencode", {"model": "other", "stream": False}, "model, stream: not a sampling parameter"),
+        ("mini-swe-agent", {"messages": []}, "messages: not a sampling parameter of the chat-completions API"),
+        ("opencode", {"max_tokens": 10, "max_completion_tokens": 20}, "one length cap, under one of its names"),
+    ],
+)
+def test_sampling_params_its_api_cannot_take_are_refused_naming_the_key(
+    name: str, params: dict[str, Any], problem: str
+) -> None:
+    agent = harness(name)
+    refused = admit_spec(
+        {"task": {"inline": {"files": {}}}, "agent": agent | {"model": agent["model"] | {"params": params}}}
+    )
+    assert isinstance(refused, Refusal), refused
+    assert "spec.agent.model.params: " + problem in refused.message, refused.message
+
+
+@pytest.mark.parametrize(
+    ("name", "params"),
+    [
+        ("mini-swe-agent", {"temperature": 0.7, "top_p": 0.9, "max_tokens": 512, "seed": 1, "top_k": 20}),
+        ("opencode", {"temperature": 0.0, "min_p": 0.05, "repetition_penalty": 1.1}),
+        ("codex", {"temperature": 1.0, "max_output_tokens": 4096, "reasoning": {"effort": "low"}}),
+        ("claude-code", {"temperature": 0.5, "top_k": 40, "max_tokens": 2048}),
+    ],
+)
+def test_every_presets_api_takes_its_sampling_params(name: str, params: dict[str, Any]) -> None:
+    agent = harness(name)
+    spec = admit_spec(
+        {"task": {"inline": {"files": {}}}, "agent": agent | {"model": agent["model"] | {"params": params}}}
+    )
+    assert isinstance(spec, EpisodeSpec), spec
+
+
 def test_every_preset_is_accepted_with_its_own_api() -> None:
     for name in PRESETS:
         assert spec_problems(AgentSpec.model_validate(harness(name))) == []

@@ -8,9 +8,9 @@ them. Names are camelCase on the wire and snake_case in Python.
 
 from __future__ import annotations
 
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar, Final, Literal
 
-from pydantic import Field, ValidationError, field_validator, model_validator
+from pydantic import Field, ValidationError, ValidationInfo, field_validator, model_validator
 
 from episode_operator.api.vocabulary import (
     API_VERSION,
@@ -26,6 +26,7 @@ from episode_operator.api.vocabulary import (
     Timestamp,
     TurnPhase,
 )
+from episode_operator.capture.wire import LENGTH_CAP_NAMES
 from episode_operator.taskfolder.plan import INSTRUCTION_PLACEHOLDER, SEED_SETTINGS, ServerSettings
 
 KIND = "Episode"
@@ -67,6 +68,18 @@ class TaskSource(ApiModel):
 
 ModelApi = Literal["chat-completions", "responses", "messages"]
 TurnSessions = Literal["fresh", "continue"]
+# The sampling parameters each API defines (vLLM's sampling extensions on chat completions, which vLLM
+# serves): what spec.agent.model.params may set on every call. A key outside its API's set would reach
+# an endpoint that refuses the call, or override the request itself (model, messages, stream, tools).
+SAMPLING_PARAMS: Final[dict[ModelApi, frozenset[str]]] = {
+    "chat-completions": frozenset(
+        {"temperature", "top_p", "seed", "stop", "presence_penalty", "frequency_penalty", "logit_bias"}
+        | {"top_k", "min_p", "repetition_penalty", "min_tokens"}
+        | set(LENGTH_CAP_NAMES)
+    ),
+    "responses": frozenset({"temperature", "top_p", "reasoning"} | set(LENGTH_CAP_NAMES)),
+    "messages": frozenset({"temperature", "top_p", "top_k", "stop_sequences", "thinking"} | set(LENGTH_CAP_NAMES)),
+}
 
 
 class SecretKeyRef(ApiModel):
@@ -100,8 +113,24 @@ class ModelEndpoint(ApiModel):
         default_factory=dict,
         description="Sampling parameters the capture proxy sets on every model call, over what the harness "
         "sends: temperature, top_p, max_tokens (the length cap, sent as max_output_tokens to a Responses "
-        "endpoint) and any other key of the endpoint's API (seed, top_k, …).",
+        "endpoint) and the other sampling parameters of the endpoint's API (seed, top_k, …).",
     )
+
+    @field_validator("params")
+    @classmethod
+    def _sampling_of_the_api(cls, params: dict[str, Any], info: ValidationInfo) -> dict[str, Any]:
+        api = info.data.get("api")
+        if api is None:
+            return params  # the api itself was refused
+        unknown = sorted(set(params) - SAMPLING_PARAMS[api])
+        if unknown:
+            raise ValueError(
+                f"{', '.join(unknown)}: not a sampling parameter of the {api} API; "
+                f"it takes {', '.join(sorted(SAMPLING_PARAMS[api]))}"
+            )
+        if sum(name in params for name in LENGTH_CAP_NAMES) > 1:
+            raise ValueError(f"one length cap, under one of its names ({', '.join(LENGTH_CAP_NAMES)})")
+        return params
 
 
 class HarnessSpec(ApiModel):
