@@ -8,11 +8,12 @@ them. Names are camelCase on the wire and snake_case in Python.
 
 from __future__ import annotations
 
-from typing import Any, ClassVar, Final, Literal
+from typing import Annotated, Any, ClassVar, Final, Literal, get_args
 
-from pydantic import Field, ValidationError, ValidationInfo, field_validator, model_validator
+from pydantic import Field, ValidationError, ValidationInfo, WithJsonSchema, field_validator, model_validator
 
 from episode_operator.api.vocabulary import (
+    AGENT_FAILURES,
     API_VERSION,
     DEFAULT_AGENT_OUTCOMES,
     AgentFailure,
@@ -207,6 +208,21 @@ class RetryPolicy(ApiModel):
     )
 
 
+# A rule per agent failure. Spelled out for the CRD: a structural schema has no propertyNames, so each
+# failure is a property (one the models do not know is refused by them, and pruned by the API server).
+AgentOutcomePolicy = Annotated[
+    dict[AgentFailure, AgentOutcome],
+    WithJsonSchema(
+        {
+            "type": "object",
+            "properties": {
+                failure: {"type": "string", "enum": list(get_args(AgentOutcome))} for failure in AGENT_FAILURES
+            },
+        }
+    ),
+]
+
+
 class HarborSettings(ApiModel):
     """Gym's harbor server settings, for one Episode (the Gym server's settings set them on every try)."""
 
@@ -246,7 +262,7 @@ class HarborSettings(ApiModel):
         "(Gym's job-level prompt_template); later turns' instructions are sent as they are.",
     )
 
-    agent_outcome_policy: dict[AgentFailure, AgentOutcome] = Field(
+    agent_outcome_policy: AgentOutcomePolicy = Field(
         default_factory=lambda: dict(DEFAULT_AGENT_OUTCOMES),
         description="What each agent failure does to the episode (Gym's agent_outcome_policy): retry (an "
         "outage: a fresh attempt within retries.outages), fail (ends it ungraded, no retry) or measure (the "
