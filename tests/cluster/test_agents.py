@@ -139,7 +139,12 @@ def stored_calls(root: Path, attempt: int, turn: str) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines() if line and not line.startswith('{"begun"')]
 
 
-@pytest.mark.parametrize("harness", ["mini-swe-agent", "opencode"])
+# The Episode's sampling, and what every call upstream must carry of it, by the preset's API.
+PARAMS = {"temperature": 0.25, "top_p": 0.5, "max_tokens": 3000}
+CAP_NAME = {"chat-completions": "max_tokens", "responses": "max_output_tokens", "messages": "max_tokens"}
+
+
+@pytest.mark.parametrize("harness", list(PRESETS))
 def test_a_harness_solves_two_turns_with_every_call_captured(
     api_client: client.ApiClient,
     core: client.CoreV1Api,
@@ -148,12 +153,19 @@ def test_a_harness_solves_two_turns_with_every_call_captured(
     model: ScriptedModel,
     harness: str,
 ) -> None:
-    status = run_episode(api_client, namespace, "solve", spec(agent(model, harness)), operator, timeout=1500)
+    """Each preset, as a whole Episode: both turns solved, every call captured and attributed to its
+    turn, each sent with the Episode's sampling (spec.agent.model.params) whatever the harness asked."""
+    endpoint = agent(model, harness)
+    endpoint["model"]["params"] = PARAMS
+    status = run_episode(api_client, namespace, "solve", spec(endpoint), operator, timeout=1500)
     assert (status["phase"], status["reward"]) == ("Succeeded", 1.0), json.dumps(status, indent=1)
     episode = read_episode(api_client, namespace, "solve")
     root = kept(operator, namespace, "solve", episode["metadata"]["uid"])
     served = [record for record in model.model_requests() if record.get("rule")]
     assert served and all(record["api_key"] == KEY for record in served)  # the proxy put the real key in
+    cap = CAP_NAME[endpoint["model"]["api"]]
+    sampled = [(r["body"].get("temperature"), r["body"].get("top_p"), r["body"].get(cap)) for r in served]
+    assert set(sampled) == {(PARAMS["temperature"], PARAMS["top_p"], PARAMS["max_tokens"])}, sampled
     for turn in ("one", "two"):
         calls = stored_calls(root, 1, turn)
         answered = [record for record in served if turn_of(record) == turn]
