@@ -15,6 +15,8 @@ import asyncio
 import importlib.util
 import json
 import logging
+import os
+import signal
 import sys
 import types
 from pathlib import Path
@@ -120,7 +122,8 @@ def test_the_preset_points_litellms_openai_provider_at_the_proxy_and_keeps_its_l
 class FakeTerminus2:
     """What the runner uses of Terminus2: its name, options, extra env, setup and session."""
 
-    def __init__(self) -> None:
+    def __init__(self, **kwargs: Any) -> None:
+        self.kwargs = kwargs
         self.options = types.SimpleNamespace(tmux_pane_width=160, tmux_pane_height=40)
         self._extra_env: dict[str, str] = {}
         self._session: Any = None
@@ -132,6 +135,20 @@ class FakeTerminus2:
 
     async def setup(self, environment: Any) -> None:
         self.set_up += 1
+
+    async def run(self, instruction: str, environment: Any, context: Any) -> None:
+        """Runs past its budget (the supervisor's SIGTERM comes as it starts); its cleanup writes the
+        trajectory, as Terminus-2's run() does."""
+        try:
+            os.kill(os.getpid(), signal.SIGTERM)
+            await asyncio.sleep(60)
+        finally:
+            (self.kwargs["logs_dir"] / "trajectory.json").write_text(json.dumps({"instruction": instruction}))
+
+
+class FakeContext:
+    def model_dump_json(self, indent: int) -> str:
+        return "{}"
 
 
 def harbor_modules() -> dict[str, types.ModuleType]:
@@ -155,7 +172,7 @@ def harbor_modules() -> dict[str, types.ModuleType]:
     tmux_session = f"{TERMINUS_2}/tmux_session.py"
     module("harbor.agents.terminus_2.tmux_session", source("harbor", tmux_session), __file__=tmux_session)
     module("harbor.agents.terminus_2.terminus_2", Terminus2=FakeTerminus2)
-    module("harbor.models.agent.context", AgentContext=object)
+    module("harbor.models.agent.context", AgentContext=FakeContext)
     paths = types.SimpleNamespace(agent_dir=Path("/logs/agent"))
     module("harbor.models.trial.paths", EnvironmentPaths=paths)
     return modules
@@ -213,6 +230,18 @@ def test_commands_run_by_bash_with_the_trees_tmux_and_bash_last_on_the_path(
     assert runner.SANDBOX_BIN.parts[-1] == "sandbox-bin" and runner.SANDBOX_BIN.parent.name != "dist-packages"
     with pytest.raises(RuntimeError, match="timed out"):
         asyncio.run(sandbox.exec("sleep 5", timeout_sec=0.2))
+
+
+def test_the_turns_budget_ending_it_lets_terminus_2_write_its_trajectory(
+    runner: Any, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """The supervisor ends a turn past its budget with SIGTERM: the runner cancels the run, as Harbor's
+    asyncio.wait_for does, so that Terminus-2's cleanup still writes its trajectory."""
+    monkeypatch.setattr(runner, "attach_or_set_up", lambda agent, sandbox, state: asyncio.sleep(0))
+    code = runner.main(["--model=openai/m", "--api-base=http://p/v1", f"--logs-dir={tmp_path}", "--", "do it"])
+    assert code == 143
+    assert json.loads((tmp_path / "trajectory.json").read_text()) == {"instruction": "do it"}
+    assert (tmp_path / "agent-result.json").exists()
 
 
 # --- its toolchain --------------------------------------------------------------------------------------------
