@@ -56,6 +56,7 @@ PREPARE = "runtime/turn/prepare.py"
 COLLECT = "runtime/turn/collect.py"
 AGENTS = "runtime/agents/builtin.py"
 GYM_SERVER = "runtime/gym_server.py"
+HARNESSES = "runtime/agents/harnesses.py"
 MUTATIONS = [
     # As whom, with which environment.
     Mutation(
@@ -1220,6 +1221,30 @@ MUTATIONS = [
         "outcome = policy.get(failure, DEFAULT_AGENT_OUTCOMES[failure])",
         'outcome = policy.get(failure, "measure")',
         "a failure the policy does not name is measured, not given its default (a 429 is graded, not retried)",
+    ),
+    # Terminus-2 (issue 25; docs/harnesses.md, "terminus-2").
+    Mutation(
+        "terminus-2-no-provider",
+        HARNESSES,
+        'f"--model=openai/{run.model}",\n            f"--api-base={run.base_url}",',
+        'f"--model={run.model}",\n            f"--api-base={run.base_url}",',
+        "terminus-2 names the model without litellm's provider: litellm refuses every call (no provider for it)",
+    ),
+    Mutation(
+        "terminus-2-logs-over-capture",
+        HARNESSES,
+        'f"--logs-dir={LOGS}/terminus-2",',
+        'f"--logs-dir={LOGS}",',
+        "Terminus-2 writes its own trajectory.json where the turn's trajectory (the capture's) belongs",
+    ),
+    Mutation(
+        "terminus-2-cost-map-online",
+        HARNESSES,
+        '"OPENAI_API_KEY": run.api_key,\n'
+        "            # Offline: litellm reads its cost map from the package, not the internet.\n"
+        '            "LITELLM_LOCAL_MODEL_COST_MAP": "true",\n        },\n    ),\n}',
+        '"OPENAI_API_KEY": run.api_key,\n        },\n    ),\n}',
+        "terminus-2's litellm reaches for its cost map on the internet at start, where the sandbox has no network",
     ),
 ]
 

@@ -243,6 +243,25 @@ def harbor_trajectory() -> Any:
     return sys.modules["harbor.models.trajectories.trajectory"].Trajectory
 
 
+TERMINUS_2 = "harbor/agents/terminus_2"
+
+
+@cache
+def harbor_terminus_parser() -> Any:
+    """Terminus-2's own parser of a model's JSON answer (``TerminusJSONPlainParser``; it imports only the
+    standard library), which decides what Terminus-2 types and whether it is done."""
+    for package in ("harbor", "harbor.agents", "harbor.agents.terminus_2"):
+        sys.modules.setdefault(package, types.ModuleType(package)).__path__ = []
+    name = "harbor.agents.terminus_2.terminus_json_plain_parser"
+    return _module(name, source("harbor", f"{TERMINUS_2}/terminus_json_plain_parser.py")).TerminusJSONPlainParser()
+
+
+def harbor_terminus_prompt(instruction: str, terminal_state: str) -> str:
+    """Terminus-2's first prompt, from its own template (``parser_name="json"``, its default)."""
+    template = source("harbor", f"{TERMINUS_2}/templates/terminus-json-plain.txt")
+    return template.format(instruction=instruction, terminal_state=terminal_state)
+
+
 def gym_example_rows() -> list[dict[str, Any]]:
     """Gym's own Harbor rollout rows (``responses_api_agents/harbor_agent/example/example_output.jsonl``)."""
     import json

@@ -31,7 +31,7 @@ from tests.cluster.harness import (
     wait_for_episode,
 )
 from tests.cluster.test_gitops import Shell
-from tests.reference import check_failure_row, check_rollout_row
+from tests.reference import check_failure_row, check_rollout_row, harbor_trajectory
 from tests.scripted_model.deploy import ScriptedModel, deploy_scripted_model
 
 MODEL = "scripted-m1"
@@ -174,6 +174,7 @@ def test_a_harness_solves_two_turns_with_every_call_captured(
         assert all(call["turn"] == turn and call["attempt"] == 1 for call in calls)
         trajectory = json.loads((root / "attempt-1" / turn / "trajectory.json").read_text())
         assert trajectory["schema_version"].startswith("ATIF")
+        harbor_trajectory().model_validate(trajectory)  # as Harbor's own models read an agent's ATIF
     # The key is the proxy's alone: not in the status, the Events, the store or the agent's pod spec.
     assert_key_nowhere(core, api_client, namespace, "solve", root)
 
@@ -259,6 +260,7 @@ def failure_evidence(operator: OperatorProcess, namespace: str, name: str, statu
         ({"harness": {"name": "aider"}}, "spec.agent.harness.name: unknown harness 'aider'"),
         ({"harness": {"name": "codex"}}, "spec.agent.model.api: codex speaks responses, not chat-completions"),
         ({"turnSessions": "continue", "harness": {"name": "mini-swe-agent"}}, "mini-swe-agent cannot continue"),
+        ({"turnSessions": "continue", "harness": {"name": "terminus-2"}}, "terminus-2 cannot continue"),
         ({"secret": "no-such-key"}, "spec.agent.model.apiKeySecretRef: secret"),
     ],
 )

@@ -18,7 +18,9 @@ import pytest
 from kubernetes import client
 
 from tests.cluster.toolchains import API_KEY, HARNESSES, LOGS, Harness, exec_argv, toolchain_pod, wait_for_running
+from tests.reference import harbor_trajectory
 from tests.scripted_model.deploy import ScriptedModel, deploy_scripted_model
+from tests.scripted_model.server import conversation, request_tools
 
 MODEL = "scripted-m1"
 TURN_ONE = "Episode toolchain check, turn one: create the greeting file."
@@ -38,6 +40,10 @@ SCRIPT = {
         },
     ]
 }
+
+
+# Harnesses that write an ATIF trajectory of their own, and where under LOGS.
+NATIVE_ATIF = {"terminus-2": "terminus-2/trajectory.json"}
 
 
 @pytest.fixture
@@ -79,8 +85,13 @@ def run_turn(
 
 
 def tool_requests(model: ScriptedModel) -> list[dict[str, Any]]:
-    """The requests of the agent's loop (title and summary requests offer no tools)."""
-    return [r for r in model.model_requests() if r.get("action") is not None and r["body"].get("tools")]
+    """The requests of the agent's loop (title and summary requests offer no tools; Terminus-2's offer its
+    terminal, in the answer format its prompt asks for)."""
+    return [
+        r
+        for r in model.model_requests()
+        if r.get("action") is not None and request_tools(r["dialect"], r["body"], conversation(r["dialect"], r["body"]))
+    ]
 
 
 def conversation_text(record: dict[str, Any]) -> str:
@@ -100,14 +111,18 @@ def test_harness_runs_the_scripted_commands_offline(
     assert {r["dialect"] for r in requests} == {harness.dialect}
     assert all(r["api_key"] == API_KEY for r in requests)
     loop = tool_requests(model)
-    assert [r["rule"] for r in loop] == ["turn-1", "turn-1"], "every loop request is scripted"
-    assert [r["step"] for r in loop] == [0, 1]
+    assert [r["step"] for r in loop] == harness.loop_steps(2)
+    assert {r["rule"] for r in loop} == {"turn-1"}, "every loop request is scripted"
     assert "hello from turn 1" not in conversation_text(loop[0]) and "greeting" in conversation_text(loop[1])
 
     logs = exec_argv(
         core, namespace, sandbox, ["sh", "-c", " ".join(f"ls {LOGS}/{pattern}" for pattern in harness.native_logs)]
     )
     assert logs.exit_code == 0, f"no native log {harness.native_logs} under {LOGS}: {logs.stderr}"
+    if harness.name in NATIVE_ATIF:  # a harness that writes ATIF itself: Harbor's models accept it
+        native = exec_argv(core, namespace, sandbox, ["cat", f"{LOGS}/{NATIVE_ATIF[harness.name]}"])
+        trajectory = harbor_trajectory().model_validate(json.loads(native.stdout))
+        assert TURN_ONE in trajectory.steps[0].message and trajectory.agent.name == "terminus-2"
 
 
 CONTINUING = sorted(name for name, harness in HARNESSES.items() if harness.preset.continues)
@@ -129,3 +144,26 @@ def test_second_turn_continues_the_session_only_when_asked(
     assert (first["rule"], first["step"]) == ("turn-2", 0)
     carried = conversation_text(first)
     assert (TURN_ONE in carried and "hello from turn 1" in carried) is continue_session, shlex.quote(carried[:2000])
+
+
+# Harnesses whose terminal outlives a turn (Terminus-2's tmux session), and the file its pane is piped to.
+TERMINALS = {"terminus-2": "terminus_2.pane"}
+
+
+@pytest.mark.parametrize("sandbox", sorted(TERMINALS), indirect=True)
+def test_a_later_turn_types_into_the_terminal_of_the_first(
+    core: client.CoreV1Api, namespace: str, sandbox: str, model: ScriptedModel
+) -> None:
+    """As in Harbor's multi-step trial, where one Terminus-2 keeps its tmux session across steps: turn 2
+    attaches to turn 1's session (a new one would start its pane log afresh) and sees its screen as new
+    output, with a new conversation all the same (it cannot continue one)."""
+    harness = HARNESSES[sandbox.removeprefix("sandbox-")]
+    run_turn(core, namespace, sandbox, harness, model, TURN_ONE)
+    model.clear()
+    run_turn(core, namespace, sandbox, harness, model, TURN_TWO)
+
+    assert exec_argv(core, namespace, sandbox, ["cat", GREETING]).stdout == "hello from turn 1\nand from turn 2\n"
+    pane = exec_argv(core, namespace, sandbox, ["cat", f"{LOGS}/{TERMINALS[harness.name]}"]).stdout
+    assert "hello from turn 1" in pane and "and from turn 2" in pane, pane
+    first = conversation_text(tool_requests(model)[0])
+    assert TURN_ONE not in first and "New Terminal Output" in first, shlex.quote(first[-2000:])

@@ -86,8 +86,15 @@ class Harness:
     def environment(self, model: str, base_url: str) -> dict[str, str]:
         return self.preset.env(self.run(model, base_url, False))
 
+    def loop_steps(self, scripted: int) -> list[int]:
+        """The script's step each request of the agent's loop gets, for a rule of `scripted` steps ending in a
+        finish: Terminus-2 asks the model once more whether it is done, and is answered past the last step."""
+        return list(range(scripted + 1 if self.name in CONFIRMS_FINISH else scripted))
+
 
 DIALECTS = {"chat-completions": "chat", "responses": "responses", "messages": "messages"}
+# Harnesses that ask the model to confirm it is done ("task_complete" twice: Terminus-2).
+CONFIRMS_FINISH = frozenset({"terminus-2"})
 HARNESSES: dict[str, Harness] = {name: Harness(preset) for name, preset in PRESETS.items()}
 
 

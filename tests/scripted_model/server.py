@@ -26,7 +26,8 @@ continued session the first instruction is still in the conversation; the newest
 
 - ``when.prompt``: a substring of a user message (the anchor); ``when.dialect``: ``chat``,
   ``responses`` or ``messages``; ``when.tools``: whether the request offers tools (a title or
-  summary request offers none); ``when.model``: the requested model name.
+  summary request offers none; Terminus-2's keystroke format counts as one); ``when.model``: the
+  requested model name.
 - ``steps`` are the replies, chosen by position without server state: the number of model replies
   already in the conversation after the anchoring user message (the last user message containing
   ``when.prompt``, else the first user message). Retries therefore get the same answer, and a
@@ -35,11 +36,15 @@ continued session the first instruction is still in the conversation; the newest
 
   - ``{"run": "CMD"}``: call the harness's shell tool with CMD. The tool is picked from those the
     request offers (``bash``, ``Bash``, ``exec_command``, ``shell_command``, ``shell``) and its
-    arguments from that tool's JSON schema, so one script drives every harness.
+    arguments from that tool's JSON schema, so one script drives every harness. A harness that
+    offers no tools but asks for its answers as JSON keystrokes (Terminus-2) offers its terminal:
+    CMD is typed there (``{"commands": [{"keystrokes": "CMD\\n", ...}], "task_complete": false}``).
   - ``{"tool": "NAME", "arguments": {...}}``: call any offered tool with literal arguments.
   - ``{"say": "TEXT"}`` / ``{"finish": "TEXT"}``: answer with text and no tool call. ``finish``
     ends the harness's loop: for a harness that ends only on a sentinel command it was told
-    about (mini-swe-agent's ``echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT``), it runs that command.
+    about (mini-swe-agent's ``echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT``), it runs that command;
+    Terminus-2 gets ``"task_complete": true`` (past the last step too, so its "are you sure?" is
+    answered alike).
 - ``fail``: answer every matching request with an error instead: ``{"status": 401|429|500|...,
   "message": ..., "type": ..., "headers": {...}}``, ``{"kind": "context_window"}`` (the dialect's
   context-length error), ``{"kind": "garbage"}`` (200 with a body that is not the protocol),
@@ -110,6 +115,14 @@ FINISH_COMMANDS = ("echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT",)
 
 # Shell tools, by the name each harness gives its own, in order of preference.
 SHELL_TOOL_NAMES = ("bash", "Bash", "exec_command", "shell_command", "shell")
+
+# Terminus-2 (Harbor's agent) offers no tools: its prompt asks for every answer as a JSON object of
+# keystrokes to type into its terminal, and for `"task_complete": true` to end (twice: it asks to be
+# sure). A request whose conversation asks for that format offers this one shell, answered in it.
+KEYSTROKES = "keystrokes"
+KEYSTROKE_PROMPT_MARKS = ('"keystrokes"', '"task_complete"')
+# How long Terminus-2 waits after typing a scripted command before it reads the screen.
+KEYSTROKE_DURATION_SEC = 1.0
 
 # What an error looks like for each status when the script gives no message or type.
 DEFAULT_ERRORS: dict[int, tuple[str, str]] = {
@@ -327,6 +340,15 @@ def offered_tools(dialect: str, body: dict[str, Any]) -> dict[str, dict[str, Any
     return tools
 
 
+def request_tools(dialect: str, body: dict[str, Any], items: list[Item]) -> dict[str, dict[str, Any]]:
+    """The request's tools; a request of a harness that types keystrokes (Terminus-2) offers its one shell."""
+    tools = offered_tools(dialect, body)
+    said = " ".join(item.text for item in items if item.role in ("system", "user"))
+    if not tools and all(mark in said for mark in KEYSTROKE_PROMPT_MARKS):
+        return {KEYSTROKES: {}}
+    return tools
+
+
 def requested_stream(dialect: str, body: dict[str, Any]) -> bool:
     """Whether the client asked for SSE."""
     return bool(body.get("stream"))
@@ -386,7 +408,7 @@ def decide(script: Script, dialect: str, body: dict[str, Any]) -> Decision:
     conversation, and the model answers the latest instruction, not the first.
     """
     items = conversation(dialect, body)
-    tools = offered_tools(dialect, body)
+    tools = request_tools(dialect, body, items)
     with script.lock:
         matching = [rule for rule in script.rules if rule_matches(rule, dialect, body, items, tools)]
         anchors = {id(rule): anchor_index(items, rule.when.get("prompt")) for rule in matching}
@@ -431,6 +453,8 @@ def shell_arguments(name: str, schema: dict[str, Any], command: str) -> dict[str
 def render_step(step: dict[str, Any], items: list[Item], tools: dict[str, dict[str, Any]]) -> Reply:
     """Turn a script step into a reply for this request's tools and conversation."""
     call_id = f"call_{uuid.uuid4().hex[:24]}"
+    if KEYSTROKES in tools and ("run" in step or "finish" in step):
+        return Reply(keystroke_answer(step), [])
     if "finish" in step:
         said = " ".join(item.text for item in items if item.role in ("system", "user"))
         sentinel = next((command for command in FINISH_COMMANDS if command in said), None)
@@ -451,6 +475,21 @@ def render_step(step: dict[str, Any], items: list[Item], tools: dict[str, dict[s
         "Running a scripted command.",
         [{"id": call_id, "name": name, "arguments": shell_arguments(name, tools[name], command)}],
     )
+
+
+def keystroke_answer(step: dict[str, Any]) -> str:
+    """A `run` or `finish` step as Terminus-2's JSON answer: the command typed and run, or the task complete."""
+    if "run" in step:
+        command = str(step["run"])
+        answer = {
+            "analysis": "Running a scripted command.",
+            "plan": f"Run {command}",
+            "commands": [{"keystrokes": command + "\n", "duration": KEYSTROKE_DURATION_SEC}],
+            "task_complete": False,
+        }
+    else:
+        answer = {"analysis": str(step["finish"]), "plan": "", "commands": [], "task_complete": True}
+    return json.dumps(answer, indent=2)
 
 
 # --------------------------------------------------------------------------------------------
@@ -969,7 +1008,7 @@ class Handler(BaseHTTPRequestHandler):
             self.answer_failure(record, dialect, body, decision.action["fail"])
             return
         items = conversation(dialect, body)
-        reply = render_step(decision.action, items, offered_tools(dialect, body))
+        reply = render_step(decision.action, items, request_tools(dialect, body, items))
         self.server.recorder.update(record, status=200, reply={"text": reply.text, "tool_calls": reply.tool_calls})
         model = str(body.get("model") or "scripted")
         usage = usage_numbers(body, reply)

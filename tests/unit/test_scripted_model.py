@@ -326,6 +326,25 @@ def test_a_continued_session_starts_the_new_instruction_at_its_first_step(
     assert server.recorder.snapshot()[-1]["rule"] == "t2"
 
 
+def test_terminus_2_gets_its_keystrokes_then_task_complete_until_it_stops_asking(server: ScriptedServer) -> None:
+    """Terminus-2 offers no tools; its prompt asks for JSON keystrokes, and for task_complete twice."""
+    prompt = (
+        'Format your response as JSON: {"analysis": "...", "plan": "...", "commands": [{"keystrokes": "ls\\n", '
+        f'"duration": 0.1}}], "task_complete": true}}\n\nTask Description:\n{INSTRUCTION}\n'
+    )
+    history: list[dict[str, Any]] = [{"role": "user", "content": prompt}]
+    answers = []
+    for _ in range(3):
+        _, text = chat_answer(post(server, "/v1/chat/completions", {"model": "m", "messages": history}), False)
+        answers.append(json.loads(text))
+        history += [{"role": "assistant", "content": text}, {"role": "user", "content": "New Terminal Output:\n$"}]
+    typed, complete, confirmed = answers
+    assert typed["commands"] == [{"keystrokes": COMMAND + "\n", "duration": 1.0}] and not typed["task_complete"]
+    assert (complete["commands"], complete["task_complete"], complete["analysis"]) == ([], True, "All done.")
+    assert confirmed["task_complete"] is True  # past the last step: the "are you sure?" is answered alike
+    assert [r["rule"] for r in server.recorder.snapshot()] == ["turn-1"] * 3  # `tools: true` held
+
+
 def test_requests_without_tools_get_text_and_unmatched_ones_are_recorded(server: ScriptedServer) -> None:
     title = {"model": "m", "messages": [{"role": "user", "content": f"Generate a title for: {INSTRUCTION}"}]}
     _, text = chat_answer(post(server, "/v1/chat/completions", title), False)

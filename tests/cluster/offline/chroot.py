@@ -69,10 +69,12 @@ def run_chrooted(netns: str, rootfs: Path, harness: Harness, trace: Path) -> sub
         *(f"{k}={v}" for k, v in env.items()),
         *harness.command(INSTRUCTION, MODEL, base_url, False),
     ]
-    # Only /proc is mounted, in a private mount namespace that ends with the run. /dev is the
+    # Only /proc and /dev/pts are mounted, in a private mount namespace that ends with the run. /dev is the
     # root's own few device nodes (prepare_rootfs), never a bind of the host's: a root holding
     # a bind of the host's /dev would let a later `rm -rf` of the root delete the host's nodes.
-    inner = 'mount -t proc proc "$0/proc" && exec "$@"'
+    # A terminal harness (terminus-2's tmux) opens pseudo-terminals: devpts, an instance of its own.
+    devpts = 'mount -t devpts -o newinstance,ptmxmode=0666 devpts "$0/dev/pts"'
+    inner = f'mount -t proc proc "$0/proc" && {devpts} && exec "$@"'
     trace_argv = ["strace", "-f", "-qq", "-o", str(trace), "-e", "trace=connect,sendto,sendmsg,sendmmsg"]
     argv = [
         "ip",
@@ -88,6 +90,13 @@ def run_chrooted(netns: str, rootfs: Path, harness: Harness, trace: Path) -> sub
         inner,
         str(rootfs),
         *trace_argv,
+        # The harness is the first process of a pid namespace: when it ends, whatever it left running
+        # ends too (terminus-2's tmux server outlives it by design), and strace, which follows them all,
+        # returns with it.
+        "unshare",
+        "--pid",
+        "--fork",
+        "--kill-child",
         "chroot",
         f"--userspec={AGENT_UID}:{AGENT_UID}",
         str(rootfs),
@@ -109,6 +118,8 @@ def prepare_rootfs(archive: Path, tmp_path: Path) -> Path:
         os.mknod(rootfs / "dev" / name, stat.S_IFCHR | 0o666, os.makedev(major, minor))
         os.chmod(rootfs / "dev" / name, 0o666)
     (rootfs / "dev" / "fd").symlink_to("/proc/self/fd")
+    (rootfs / "dev" / "pts").mkdir()
+    (rootfs / "dev" / "ptmx").symlink_to("pts/ptmx")
     (rootfs / "dev" / "shm").mkdir(mode=0o1777)
     (rootfs / "dev" / "shm").chmod(0o1777)
     for directory in (HOME, "/logs/agent"):

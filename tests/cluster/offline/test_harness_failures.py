@@ -37,6 +37,8 @@ FAST_FAILURES = [
     ("codex", RATE_LIMIT, "event", r'"type": "turn.failed".*exceeded retry limit, last status: 429'),
     ("codex", CONTEXT_WINDOW, "event", r'"type": "turn.failed".*exceeds the context window'),
     ("codex", GARBAGE, "event", r'"type": "turn.failed".*stream closed before response.completed'),
+    # Terminus-2 asks 3 times (its own retry of a call: litellm does not retry a 401), then its traceback.
+    ("terminus-2", AUTH, "stderr", r"litellm\.exceptions\.AuthenticationError: litellm\.AuthenticationError"),
 ]
 # The event each JSON-speaking harness ends a failed run with.
 FINAL_EVENT = {

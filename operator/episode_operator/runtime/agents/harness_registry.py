@@ -26,11 +26,15 @@ class ToolchainBuild:
     in it, each with ``{version}`` standing for the harness's version; a ``pypi`` harness's
     requirements are pinned in ``hack/toolchains/NAME-VERSION.txt``, less ``lock_excluded``.
     ``entry``: the command, relative to the tree, that the preset runs. ``unbundled``: tree paths
-    of files the harness ships but never runs here, whose libraries are not bundled.
+    of files the harness ships but never runs here, whose libraries are not bundled. ``suite``: the
+    Debian release the packages come from (the tree carries its glibc, so any release runs in any
+    image); ``python``: the CPython version of a Python harness, the one that release ships.
     """
 
     debian: tuple[str, ...]
     entry: str
+    suite: str = "bookworm"
+    python: str = ""
     npm: dict[str, str] = field(default_factory=dict)
     pypi: dict[str, str] = field(default_factory=dict)
     lock_excluded: tuple[str, ...] = ()
@@ -73,6 +77,7 @@ HARNESSES: Final[dict[str, HarnessEntry]] = {
             toolchain=ToolchainBuild(
                 debian=("libc6", "libgcc-s1", "libstdc++6", "python3.11-minimal", "libpython3.11-stdlib"),
                 entry="bin/mini-swe-agent",
+                python="3.11",
                 pypi={"harness": "mini-swe-agent=={version}"},
                 # With pandas, pyarrow and numpy it would triple what every sandbox copies.
                 lock_excluded=("datasets",),
@@ -128,6 +133,39 @@ HARNESSES: Final[dict[str, HarnessEntry]] = {
             ),
             origin="npm `@openai/codex`",
             version_note="Gym's pin",
+        ),
+        HarnessEntry(
+            # Harbor's own agent (harbor.agents.terminus_2), run unchanged from the pinned `harbor` wheel by a
+            # small runner of ours, inside the sandbox like every preset (docs/harnesses.md, "terminus-2").
+            name="terminus-2",
+            version="0.25.0",  # the harbor wheel's; Terminus-2 calls itself 2.0.0 in its trajectories
+            apis=("chat-completions",),
+            # Harbor starts a new chat for every step (its run() resets it; no resume capability): only the
+            # terminal carries over, its tmux session, which the runner re-attaches every turn.
+            continues=False,
+            state=("terminus-2/", "terminus_2.pane"),
+            native_logs=("terminus-2/trajectory.json", "terminus_2.pane"),
+            toolchain=ToolchainBuild(
+                # harbor needs Python >= 3.12: trixie's 3.13. tmux (with libc-bin's C.UTF-8 locale, which
+                # tmux requires) and bash: the terminal Terminus-2 drives and its shell, for task images
+                # without them (Harbor would install tmux from the network; the sandbox has none).
+                debian=(
+                    "libc6",
+                    "libgcc-s1",
+                    "libstdc++6",
+                    "python3.13-minimal",
+                    "libpython3.13-stdlib",
+                    "libc-bin",
+                    "tmux",
+                    "bash",
+                ),
+                entry="bin/terminus-2",
+                suite="trixie",
+                python="3.13",
+                pypi={"harness": "harbor=={version}"},
+            ),
+            origin="PyPI `harbor`",
+            version_note="the harbor wheel's; Terminus-2 2.0.0",
         ),
     )
 }

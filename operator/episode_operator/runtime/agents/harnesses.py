@@ -228,6 +228,23 @@ COMMANDS: Final[Mapping[str, HarnessCommand]] = {
         ],
         env=lambda run: {"EPISODE_MODEL_API_KEY": run.api_key, "CODEX_HOME": f"{LOGS}/codex"},
     ),
+    "terminus-2": HarnessCommand(
+        # Our runner of Harbor's own Terminus2 (hack/toolchains/terminus-2/episode_terminus.py); litellm's
+        # openai/ provider speaks chat completions to any OpenAI-compatible base URL.
+        argv=lambda run: [
+            f"{run.toolchain.path}/bin/terminus-2",
+            f"--model=openai/{run.model}",
+            f"--api-base={run.base_url}",
+            f"--logs-dir={LOGS}/terminus-2",
+            "--",
+            INSTRUCTION,
+        ],
+        env=lambda run: {
+            "OPENAI_API_KEY": run.api_key,
+            # Offline: litellm reads its cost map from the package, not the internet.
+            "LITELLM_LOCAL_MODEL_COST_MAP": "true",
+        },
+    ),
 }
 
 
