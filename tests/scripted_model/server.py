@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """A scripted model server: the one test double of the harness tests.
 
-Real harnesses (mini-swe-agent, opencode, claude-code, codex) need a model endpoint, and no real
-model is reachable from the test machines. This server speaks the three wire protocols those
+Real harnesses (mini-swe-agent, opencode, claude-code, codex, qwen-code) need a model endpoint,
+and no real model is reachable from the test machines. This server speaks the three wire protocols those
 harnesses use -- OpenAI chat completions (``/v1/chat/completions``), OpenAI Responses
 (``/v1/responses``) and Anthropic Messages (``/v1/messages``), each as JSON or as an SSE stream --
 and answers from a script, so a test can say "for the instruction of turn 1, run
@@ -34,8 +34,9 @@ continued session the first instruction is still in the conversation; the newest
   server finishes. Step kinds:
 
   - ``{"run": "CMD"}``: call the harness's shell tool with CMD. The tool is picked from those the
-    request offers (``bash``, ``Bash``, ``exec_command``, ``shell_command``, ``shell``) and its
-    arguments from that tool's JSON schema, so one script drives every harness.
+    request offers (``bash``, ``Bash``, ``exec_command``, ``shell_command``, ``shell``,
+    ``run_shell_command``) and its arguments from that tool's JSON schema, so one script drives
+    every harness.
   - ``{"tool": "NAME", "arguments": {...}}``: call any offered tool with literal arguments.
   - ``{"say": "TEXT"}`` / ``{"finish": "TEXT"}``: answer with text and no tool call. ``finish``
     ends the harness's loop: for a harness that ends only on a sentinel command it was told
@@ -109,7 +110,7 @@ DIALECT_BY_PATH_SUFFIX = {
 FINISH_COMMANDS = ("echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT",)
 
 # Shell tools, by the name each harness gives its own, in order of preference.
-SHELL_TOOL_NAMES = ("bash", "Bash", "exec_command", "shell_command", "shell")
+SHELL_TOOL_NAMES = ("bash", "Bash", "exec_command", "shell_command", "shell", "run_shell_command")
 
 # What an error looks like for each status when the script gives no message or type.
 DEFAULT_ERRORS: dict[int, tuple[str, str]] = {
