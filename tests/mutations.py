@@ -1221,6 +1221,28 @@ MUTATIONS = [
         'outcome = policy.get(failure, "measure")',
         "a failure the policy does not name is measured, not given its default (a 429 is graded, not retried)",
     ),
+    # The harness presets' own commands (docs/harnesses.md, "The harnesses").
+    Mutation(
+        "qwen-code-settings-unread",
+        "runtime/agents/harnesses.py",
+        '            "QWEN_CODE_SYSTEM_SETTINGS_PATH": f"{run.toolchain.path}/share/qwen-code/system-settings.json",\n',
+        "",
+        "qwen-code ignores the tree's settings: it resolves its usage statistics' host, makes memory calls of its own",
+    ),
+    Mutation(
+        "qwen-code-prompt-positional",
+        "runtime/agents/harnesses.py",
+        '            f"--prompt={INSTRUCTION}",\n',
+        '            "--",\n            INSTRUCTION,\n',
+        "qwen-code gets its instruction after `--`, which it does not read: it waits for stdin and exits 1",
+    ),
+    Mutation(
+        "qwen-code-state-in-home",
+        "runtime/agents/harnesses.py",
+        '            "QWEN_HOME": f"{LOGS}/qwen-code",\n',
+        "",
+        "qwen-code keeps its chats in the agent's home, not under /logs/agent: not kept for the next turn",
+    ),
 ]
 
 

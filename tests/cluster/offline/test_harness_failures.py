@@ -37,12 +37,16 @@ FAST_FAILURES = [
     ("codex", RATE_LIMIT, "event", r'"type": "turn.failed".*exceeded retry limit, last status: 429'),
     ("codex", CONTEXT_WINDOW, "event", r'"type": "turn.failed".*exceeds the context window'),
     ("codex", GARBAGE, "event", r'"type": "turn.failed".*stream closed before response.completed'),
+    ("qwen-code", AUTH, "event", r'"is_error": true.*"error": \{"message": "\[API Error: 401 Incorrect API key'),
+    ("qwen-code", CONTEXT_WINDOW, "event", r'"is_error": true.*"\[API Error: 400 .*maximum context length'),
+    ("qwen-code", GARBAGE, "event", r'"is_error": true.*"error": \{"message": "\[API Error: Expected property name'),
 ]
 # The event each JSON-speaking harness ends a failed run with.
 FINAL_EVENT = {
     "opencode": lambda event: event.get("type") == "error",
     "claude-code": lambda event: event.get("type") == "result",
     "codex": lambda event: event.get("type") == "turn.failed",
+    "qwen-code": lambda event: event.get("type") == "result",
 }
 
 

