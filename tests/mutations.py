@@ -1243,6 +1243,34 @@ MUTATIONS = [
         "",
         "qwen-code keeps its chats in the agent's home, not under /logs/agent: not kept for the next turn",
     ),
+    Mutation(
+        "harness-run-api-dropped",
+        "runtime/agents/harnesses.py",
+        "PLACEHOLDER_KEY, continue_session, model.api)",
+        'PLACEHOLDER_KEY, continue_session, "chat-completions")',
+        "a harness of several APIs (pi) speaks chat completions whatever spec.agent.model.api says",
+    ),
+    Mutation(
+        "pi-api-ignored",
+        "runtime/agents/harnesses.py",
+        '        "api": PI_APIS[run.api],\n',
+        '        "api": "openai-completions",\n',
+        "pi's models.json names chat completions whatever API the run speaks",
+    ),
+    Mutation(
+        "pi-messages-base-url-versioned",
+        "runtime/agents/harnesses.py",
+        '    base_url = run.base_url.removesuffix("/v1") if run.api == "messages" else run.base_url\n',
+        "    base_url = run.base_url\n",
+        "pi sends its Messages calls to .../v1/v1/messages, a path no Anthropic endpoint serves",
+    ),
+    Mutation(
+        "pi-state-in-home",
+        "runtime/agents/harnesses.py",
+        '            "PI_CODING_AGENT_DIR": f"{LOGS}/pi",\n',
+        "",
+        "pi has no directory for its models.json: the launcher refuses to start it",
+    ),
 ]
 
 
