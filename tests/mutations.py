@@ -1240,11 +1240,61 @@ MUTATIONS = [
     Mutation(
         "terminus-2-cost-map-online",
         HARNESSES,
-        '"OPENAI_API_KEY": run.api_key,\n'
+        '            "OPENAI_API_KEY": run.api_key,\n'
         "            # Offline: litellm reads its cost map from the package, not the internet.\n"
-        '            "LITELLM_LOCAL_MODEL_COST_MAP": "true",\n        },\n    ),\n}',
-        '"OPENAI_API_KEY": run.api_key,\n        },\n    ),\n}',
+        '            "LITELLM_LOCAL_MODEL_COST_MAP": "true",\n',
+        '            "OPENAI_API_KEY": run.api_key,\n',
         "terminus-2's litellm reaches for its cost map on the internet at start, where the sandbox has no network",
+    ),
+    # The harness presets' own commands (docs/harnesses.md, "The harnesses").
+    Mutation(
+        "qwen-code-settings-unread",
+        "runtime/agents/harnesses.py",
+        '            "QWEN_CODE_SYSTEM_SETTINGS_PATH": f"{run.toolchain.path}/share/qwen-code/system-settings.json",\n',
+        "",
+        "qwen-code ignores the tree's settings: it resolves its usage statistics' host, makes memory calls of its own",
+    ),
+    Mutation(
+        "qwen-code-prompt-positional",
+        "runtime/agents/harnesses.py",
+        '            f"--prompt={INSTRUCTION}",\n',
+        '            "--",\n            INSTRUCTION,\n',
+        "qwen-code gets its instruction after `--`, which it does not read: it waits for stdin and exits 1",
+    ),
+    Mutation(
+        "qwen-code-state-in-home",
+        "runtime/agents/harnesses.py",
+        '            "QWEN_HOME": f"{LOGS}/qwen-code",\n',
+        "",
+        "qwen-code keeps its chats in the agent's home, not under /logs/agent: not kept for the next turn",
+    ),
+    Mutation(
+        "harness-run-api-dropped",
+        "runtime/agents/harnesses.py",
+        "PLACEHOLDER_KEY, continue_session, model.api)",
+        'PLACEHOLDER_KEY, continue_session, "chat-completions")',
+        "a harness of several APIs (pi) speaks chat completions whatever spec.agent.model.api says",
+    ),
+    Mutation(
+        "pi-api-ignored",
+        "runtime/agents/harnesses.py",
+        '        "api": PI_APIS[run.api],\n',
+        '        "api": "openai-completions",\n',
+        "pi's models.json names chat completions whatever API the run speaks",
+    ),
+    Mutation(
+        "pi-messages-base-url-versioned",
+        "runtime/agents/harnesses.py",
+        '    base_url = run.base_url.removesuffix("/v1") if run.api == "messages" else run.base_url\n',
+        "    base_url = run.base_url\n",
+        "pi sends its Messages calls to .../v1/v1/messages, a path no Anthropic endpoint serves",
+    ),
+    Mutation(
+        "pi-state-in-home",
+        "runtime/agents/harnesses.py",
+        '            "PI_CODING_AGENT_DIR": f"{LOGS}/pi",\n',
+        "",
+        "pi has no directory for its models.json: the launcher refuses to start it",
     ),
 ]
 

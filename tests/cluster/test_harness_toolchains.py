@@ -17,7 +17,16 @@ from typing import Any
 import pytest
 from kubernetes import client
 
-from tests.cluster.toolchains import API_KEY, HARNESSES, LOGS, Harness, exec_argv, toolchain_pod, wait_for_running
+from tests.cluster.toolchains import (
+    API_KEY,
+    HARNESS_APIS,
+    HARNESSES,
+    LOGS,
+    Harness,
+    exec_argv,
+    toolchain_pod,
+    wait_for_running,
+)
 from tests.reference import harbor_trajectory
 from tests.scripted_model.deploy import ScriptedModel, deploy_scripted_model
 from tests.scripted_model.server import conversation, request_tools
@@ -54,12 +63,13 @@ def model(core: client.CoreV1Api, namespace: str, sandbox_image: str) -> Scripte
 @pytest.fixture
 def sandbox(
     core: client.CoreV1Api, namespace: str, sandbox_image: str, request: pytest.FixtureRequest
-) -> Iterator[str]:
-    harness = HARNESSES[request.param]
+) -> Iterator[tuple[str, Harness]]:
+    """A sandbox pod with the toolchain of HARNESS_APIS[param], and that harness (with its API)."""
+    harness = HARNESS_APIS[request.param]
     name = f"sandbox-{harness.name}"
     core.create_namespaced_pod(namespace, toolchain_pod(name, harness, sandbox_image))
     wait_for_running(core, namespace, name)
-    yield name
+    yield name, harness
 
 
 def run_turn(
@@ -98,11 +108,12 @@ def conversation_text(record: dict[str, Any]) -> str:
     return json.dumps(record["body"].get("messages") or record["body"].get("input") or [])
 
 
-@pytest.mark.parametrize("sandbox", sorted(HARNESSES), indirect=True)
+@pytest.mark.parametrize("sandbox", sorted(HARNESS_APIS), indirect=True)
 def test_harness_runs_the_scripted_commands_offline(
-    core: client.CoreV1Api, namespace: str, sandbox: str, model: ScriptedModel
+    core: client.CoreV1Api, namespace: str, sandbox: tuple[str, Harness], model: ScriptedModel
 ) -> None:
-    harness = HARNESSES[sandbox.removeprefix("sandbox-")]
+    """Each harness with each model API it speaks."""
+    sandbox, harness = sandbox
     run_turn(core, namespace, sandbox, harness, model, TURN_ONE)
 
     greeting = exec_argv(core, namespace, sandbox, ["cat", GREETING])
@@ -131,10 +142,10 @@ CONTINUING = sorted(name for name, harness in HARNESSES.items() if harness.prese
 @pytest.mark.parametrize("sandbox", CONTINUING, indirect=True)
 @pytest.mark.parametrize("continue_session", [True, False], ids=["continue", "fresh"])
 def test_second_turn_continues_the_session_only_when_asked(
-    core: client.CoreV1Api, namespace: str, sandbox: str, model: ScriptedModel, continue_session: bool
+    core: client.CoreV1Api, namespace: str, sandbox: tuple[str, Harness], model: ScriptedModel, continue_session: bool
 ) -> None:
     """Under continue, turn 2's first request carries turn 1's conversation; a fresh turn 2 does not."""
-    harness = HARNESSES[sandbox.removeprefix("sandbox-")]
+    sandbox, harness = sandbox
     run_turn(core, namespace, sandbox, harness, model, TURN_ONE)
     model.clear()
     run_turn(core, namespace, sandbox, harness, model, TURN_TWO, continue_session=continue_session)

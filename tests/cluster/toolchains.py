@@ -16,8 +16,9 @@ from typing import Any
 from kubernetes import client
 from kubernetes.stream import stream
 
+from episode_operator.api.models import ModelApi
 from episode_operator.kube.objects.pods import AgentImages
-from episode_operator.runtime.agents.harnesses import INSTRUCTION, PRESETS, HarnessPreset, HarnessRun
+from episode_operator.runtime.agents.harnesses import INSTRUCTION, PRESETS, HarnessPreset, HarnessRun, model_api
 from episode_operator.runtime.agents.model import Toolchain
 from episode_operator.runtime.sandbox import KEEP_ALIVE
 
@@ -35,6 +36,7 @@ class Harness:
     """
 
     preset: HarnessPreset
+    api: ModelApi  # the model API it is run with: one of its entry's
 
     @property
     def name(self) -> str:
@@ -51,9 +53,8 @@ class Harness:
 
     @property
     def dialect(self) -> str:
-        """The scripted server's name of the model API the harness speaks."""
-        [api] = self.preset.apis
-        return DIALECTS[api]
+        """The scripted server's name of the model API the harness speaks in this run."""
+        return DIALECTS[self.api]
 
     @property
     def toolchain(self) -> Toolchain:
@@ -74,7 +75,7 @@ class Harness:
 
     def run(self, model: str, base_url: str, continue_session: bool) -> HarnessRun:
         # The preset's base URL carries the endpoint's version path; the scripted server serves /v1.
-        return HarnessRun(self.toolchain, model, f"{base_url}/v1", API_KEY, continue_session)
+        return HarnessRun(self.toolchain, model, f"{base_url}/v1", API_KEY, continue_session, self.api)
 
     def command(self, instruction: str, model: str, base_url: str, continue_session: bool) -> list[str]:
         """The preset's argv with the instruction in place (one element, as the shell line makes it)."""
@@ -95,7 +96,16 @@ class Harness:
 DIALECTS = {"chat-completions": "chat", "responses": "responses", "messages": "messages"}
 # Harnesses that ask the model to confirm it is done ("task_complete" twice: Terminus-2).
 CONFIRMS_FINISH = frozenset({"terminus-2"})
-HARNESSES: dict[str, Harness] = {name: Harness(preset) for name, preset in PRESETS.items()}
+# Each preset with its default API (its entry's first).
+HARNESSES: dict[str, Harness] = {
+    name: Harness(preset, model_api(preset.entry.apis[0])) for name, preset in PRESETS.items()
+}
+# Each preset with each API it speaks, as "NAME" for its default and "NAME:API" for the others.
+HARNESS_APIS: dict[str, Harness] = {
+    name if api == preset.entry.apis[0] else f"{name}:{api}": Harness(preset, model_api(api))
+    for name, preset in PRESETS.items()
+    for api in preset.entry.apis
+}
 
 
 def toolchain_pod(name: str, harness: Harness, sandbox_image: str) -> dict[str, Any]:

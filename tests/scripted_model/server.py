@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """A scripted model server: the one test double of the harness tests.
 
-Real harnesses (mini-swe-agent, opencode, claude-code, codex) need a model endpoint, and no real
-model is reachable from the test machines. This server speaks the three wire protocols those
+Real harnesses (mini-swe-agent, opencode, claude-code, codex, qwen-code) need a model endpoint,
+and no real model is reachable from the test machines. This server speaks the three wire protocols those
 harnesses use -- OpenAI chat completions (``/v1/chat/completions``), OpenAI Responses
 (``/v1/responses``) and Anthropic Messages (``/v1/messages``), each as JSON or as an SSE stream --
 and answers from a script, so a test can say "for the instruction of turn 1, run
@@ -35,10 +35,11 @@ continued session the first instruction is still in the conversation; the newest
   server finishes. Step kinds:
 
   - ``{"run": "CMD"}``: call the harness's shell tool with CMD. The tool is picked from those the
-    request offers (``bash``, ``Bash``, ``exec_command``, ``shell_command``, ``shell``) and its
-    arguments from that tool's JSON schema, so one script drives every harness. A harness that
-    offers no tools but asks for its answers as JSON keystrokes (Terminus-2) offers its terminal:
-    CMD is typed there (``{"commands": [{"keystrokes": "CMD\\n", ...}], "task_complete": false}``).
+    request offers (``bash``, ``Bash``, ``exec_command``, ``shell_command``, ``shell``,
+    ``run_shell_command``) and its arguments from that tool's JSON schema, so one script drives
+    every harness. A harness that offers no tools but asks for its answers as JSON keystrokes
+    (Terminus-2) offers its terminal: CMD is typed there
+    (``{"commands": [{"keystrokes": "CMD\\n", ...}], "task_complete": false}``).
   - ``{"tool": "NAME", "arguments": {...}}``: call any offered tool with literal arguments.
   - ``{"say": "TEXT"}`` / ``{"finish": "TEXT"}``: answer with text and no tool call. ``finish``
     ends the harness's loop: for a harness that ends only on a sentinel command it was told
@@ -114,7 +115,7 @@ DIALECT_BY_PATH_SUFFIX = {
 FINISH_COMMANDS = ("echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT",)
 
 # Shell tools, by the name each harness gives its own, in order of preference.
-SHELL_TOOL_NAMES = ("bash", "Bash", "exec_command", "shell_command", "shell")
+SHELL_TOOL_NAMES = ("bash", "Bash", "exec_command", "shell_command", "shell", "run_shell_command")
 
 # Terminus-2 (Harbor's agent) offers no tools: its prompt asks for every answer as a JSON object of
 # keystrokes to type into its terminal, and for `"task_complete": true` to end (twice: it asks to be

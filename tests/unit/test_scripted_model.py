@@ -288,8 +288,18 @@ def test_the_prefix_before_the_dialect_path_does_not_matter(server: ScriptedServ
             {"name": "shell_command", "parameters": {"properties": {"command": {"type": "string"}}}},
             {"command": COMMAND},
         ),
+        (
+            {
+                "name": "run_shell_command",
+                "parameters": {
+                    "properties": {"command": {"type": "string"}, "is_background": {"type": "boolean"}},
+                    "required": ["command"],
+                },
+            },
+            {"command": COMMAND},
+        ),
     ],
-    ids=["codex-shell-array", "codex-shell-command"],
+    ids=["codex-shell-array", "codex-shell-command", "qwen-code-run-shell-command"],
 )
 def test_shell_arguments_follow_the_offered_tool_schema(
     server: ScriptedServer, tool: dict[str, Any], arguments: dict[str, Any]

@@ -24,7 +24,7 @@ RATE_LIMIT = {"rules": [{"name": "rate-limit", "fail": {"status": 429}}]}
 CONTEXT_WINDOW = {"rules": [{"name": "context-window", "fail": {"kind": "context_window"}}]}
 GARBAGE = {"rules": [{"name": "garbage", "fail": {"kind": "garbage"}}]}
 
-# (harness, script, where the record is, a pattern it must match): every row exits 1.
+# (harness, script, where the record is, a pattern it must match): every row exits 1 (pi: 0).
 FAST_FAILURES = [
     ("mini-swe-agent", AUTH, "stderr", r"AuthenticationError: litellm\.AuthenticationError"),
     ("mini-swe-agent", CONTEXT_WINDOW, "stderr", r"ContextWindowExceededError: litellm\.ContextWindowExceededError"),
@@ -39,12 +39,23 @@ FAST_FAILURES = [
     ("codex", GARBAGE, "event", r'"type": "turn.failed".*stream closed before response.completed'),
     # Terminus-2 asks 3 times (its own retry of a call: litellm does not retry a 401), then its traceback.
     ("terminus-2", AUTH, "stderr", r"litellm\.exceptions\.AuthenticationError: litellm\.AuthenticationError"),
+    ("qwen-code", AUTH, "event", r'"is_error": true.*"error": \{"message": "\[API Error: 401 Incorrect API key'),
+    ("qwen-code", CONTEXT_WINDOW, "event", r'"is_error": true.*"\[API Error: 400 .*maximum context length'),
+    ("qwen-code", GARBAGE, "event", r'"is_error": true.*"error": \{"message": "\[API Error: Expected property name'),
+    ("pi", AUTH, "event", r'"stopReason": "error".*"errorMessage": "401: .*Incorrect API key'),
+    ("pi", RATE_LIMIT, "event", r'"stopReason": "error".*"errorMessage": "429: '),  # after 3 retries, 2+4+8 s apart
+    ("pi", CONTEXT_WINDOW, "event", r'"stopReason": "error".*"errorMessage": "400: .*maximum context length'),
+    ("pi", GARBAGE, "event", r'"stopReason": "error".*"errorMessage": "Error reading response: malformed server-sent'),
 ]
+# A failed run's exit status where it is not 1: pi exits 0 whatever failed (its final event says it).
+FAILED_EXIT = {"pi": 0}
 # The event each JSON-speaking harness ends a failed run with.
 FINAL_EVENT = {
     "opencode": lambda event: event.get("type") == "error",
     "claude-code": lambda event: event.get("type") == "result",
     "codex": lambda event: event.get("type") == "turn.failed",
+    "qwen-code": lambda event: event.get("type") == "result",
+    "pi": lambda event: event.get("type") == "message_end" and event["message"].get("stopReason") == "error",
 }
 
 
@@ -74,7 +85,7 @@ def test_a_fast_model_failure_ends_the_harness_with_its_own_error_record(
     rootfs = prepare_rootfs(image_archives[name], tmp_path)
     result = run_chrooted(netns, rootfs, HARNESSES[name], tmp_path / "network.strace")
 
-    assert result.returncode == 1, (
+    assert result.returncode == FAILED_EXIT.get(name, 1), (
         f"{name} exited {result.returncode}:\n{result.stdout[-2000:]}\n{result.stderr[-2000:]}"
     )
     record = result.stderr if where == "stderr" else final_event(name, result.stdout)

