@@ -163,12 +163,12 @@ TERMINALS = {"terminus-2": "terminus_2.pane"}
 
 @pytest.mark.parametrize("sandbox", sorted(TERMINALS), indirect=True)
 def test_a_later_turn_types_into_the_terminal_of_the_first(
-    core: client.CoreV1Api, namespace: str, sandbox: str, model: ScriptedModel
+    core: client.CoreV1Api, namespace: str, sandbox: tuple[str, Harness], model: ScriptedModel
 ) -> None:
     """As in Harbor's multi-step trial, where one Terminus-2 keeps its tmux session across steps: turn 2
     attaches to turn 1's session (a new one would start its pane log afresh) and sees its screen as new
     output, with a new conversation all the same (it cannot continue one)."""
-    harness = HARNESSES[sandbox.removeprefix("sandbox-")]
+    sandbox, harness = sandbox
     run_turn(core, namespace, sandbox, harness, model, TURN_ONE)
     model.clear()
     run_turn(core, namespace, sandbox, harness, model, TURN_TWO)
