@@ -71,17 +71,17 @@ def read_png(path: Path) -> Image:
     previous = bytearray(stride)
     for y in range(height):
         start = y * (stride + 1)
-        kind, row = raw[start], bytearray(raw[start + 1 : start + 1 + stride])
-        if kind == 1:  # Sub
+        method, row = raw[start], bytearray(raw[start + 1 : start + 1 + stride])
+        if method == 1:  # Sub
             for i in range(channels, stride):
                 row[i] = (row[i] + row[i - channels]) & 0xFF
-        elif kind == 2:  # Up
+        elif method == 2:  # Up
             row = bytearray((a + b) & 0xFF for a, b in zip(row, previous, strict=True))
-        elif kind == 3:  # Average
+        elif method == 3:  # Average
             for i in range(stride):
                 left = row[i - channels] if i >= channels else 0
                 row[i] = (row[i] + ((left + previous[i]) >> 1)) & 0xFF
-        elif kind == 4:  # Paeth
+        elif method == 4:  # Paeth
             for i in range(stride):
                 left = row[i - channels] if i >= channels else 0
                 corner = previous[i - channels] if i >= channels else 0

@@ -97,13 +97,13 @@ def test_the_set_its_episodes_their_logs_and_artifacts_are_served(site: Site) ->
         if "/artifacts/" in (attrs.get("href") or "")
     ]
     downloads = {href.rsplit("/", 1)[1]: site.answer(HOST, href) for href in hrefs}
-    names = sorted(answer.download or "" for answer in downloads.values())
+    names = sorted(download.download or "" for download in downloads.values())
     assert names == sorted(["manifest.json", "result.txt", results.HOSTILE_ARTIFACT])  # the turn's manifest too
-    for answer in downloads.values():
-        assert answer.status == 200 and answer.content_type == "application/octet-stream"
-        assert answer.file is not None
-    hostile = next(answer for answer in downloads.values() if answer.download == results.HOSTILE_ARTIFACT)
-    assert hostile.file is not None and hostile.file.read_bytes() == results.HOSTILE_ARTIFACT_CONTENT
+    for download in downloads.values():
+        assert download.status == 200 and download.content_type == "application/octet-stream"
+        assert download.file is not None
+    page = next(download for download in downloads.values() if download.download == results.HOSTILE_ARTIFACT)
+    assert page.file is not None and page.file.read_bytes() == results.HOSTILE_ARTIFACT_CONTENT
 
 
 def test_an_episode_the_operator_kept_nothing_of_says_so_on_its_page(site: Site) -> None:

@@ -1,8 +1,8 @@
 """Programs the unit tier runs besides Python, found where ``hack/venv`` unpacks them.
 
 ``hack/venv`` unpacks Debian's busybox and bubblewrap into ``<venv>/tools/bin``, and installs Debian's
-chromium on the machine; a program installed on the machine does too. A test that needs one and finds neither fails and says
-how to get it: nothing in the unit tier skips.
+chromium on the machine; a program installed on the machine does too. A test that needs one and finds
+neither fails and says how to get it: nothing in the unit tier skips.
 """
 
 from __future__ import annotations
