@@ -40,6 +40,9 @@ DOWNLOAD_SECURITY_POLICY = "default-src 'none'; sandbox"
 # How much of a turn's logs a page shows (the end of them); the whole log is a link away.
 LOG_SHOWN_CHARS = 64 * 1024
 TASK_LABEL_CHARS = 32
+# The turn name under which the store keeps an attempt's seed logs (runtime/store.py SEED_LOGS, which this
+# module may not import: the store does I/O; a unit test holds them equal).
+SEED = "seed"
 
 # Colours of the plot's bars: a task whose mean reward reached the success threshold, and one below.
 PASS_COLOUR = "#2f855a"
@@ -687,9 +690,6 @@ def episode_page(data: EpisodeData, *, base: str) -> Html:
         logs_view(data, SEED, base),
         base=base,
     )
-
-
-SEED = "seed"  # where the store keeps an attempt's seed logs (runtime/store.py SEED_LOGS)
 
 
 def error_page(title: str, message: str, *, base: str) -> Html:

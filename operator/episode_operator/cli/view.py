@@ -52,6 +52,10 @@ from episode_operator.runtime.evaluation import ChildView, selection_status
 from episode_operator.runtime.store import SEED_LOGS, safe
 
 
+class Missing(Exception):
+    """What a page or download names is not there (an Episode, an artifact, a page): a 404 page."""
+
+
 @dataclass(frozen=True)
 class Answer:
     """One HTTP answer: a page, a stylesheet, a log or an artifact (``file``: sent from disk)."""
@@ -151,9 +155,9 @@ class Source:
     selector: str | None = None
     success_threshold: float = 1.0
     scratch: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="kubectl-episode-view-")))
-    _lock: threading.Lock = field(default_factory=threading.Lock)
+    _lock: threading.Lock = field(default_factory=threading.Lock, init=False)
     # Per Episode uid: the folder its artifacts are unpacked in, and the members refused.
-    _artifacts: dict[str, tuple[Path, list[tuple[str, str]]]] = field(default_factory=dict)
+    _artifacts: dict[str, tuple[Path, list[tuple[str, str]]]] = field(default_factory=dict, init=False)
 
     @property
     def namespace(self) -> str:
@@ -203,7 +207,7 @@ class Source:
             try:
                 return await client.get_episode(namespace, name)
             except NotFound:
-                raise LookupError(
+                raise Missing(
                     f'no Episode "{name}" in namespace {namespace} (a finished child may have been deleted: '
                     "its result stays in its set's status)"
                 ) from None
@@ -315,7 +319,7 @@ class Site:
         query = parse_qs(url.query)
         try:
             return self.route(parts, query)
-        except LookupError as error:
+        except Missing as error:
             return Answer.html(results_page.error_page("Not found", str(error), base=self.base), HTTPStatus.NOT_FOUND)
         except click.ClickException as error:
             return Answer.html(
@@ -336,9 +340,9 @@ class Site:
             case ["episodes", name, "artifacts", turn, *path] if path:
                 found = self.source.artifact(name, turn, path)
                 if found is None:
-                    raise LookupError(f"no artifact {'/'.join(path)} in turn {turn} of {name}")
+                    raise Missing(f"no artifact {'/'.join(path)} in turn {turn} of {name}")
                 return Answer(HTTPStatus.OK, "application/octet-stream", file=found, download=path[-1])
-        raise LookupError("no such page")
+        raise Missing("no such page")
 
 
 class _Handler(BaseHTTPRequestHandler):
