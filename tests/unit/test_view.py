@@ -13,6 +13,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -270,15 +271,21 @@ def test_bad_input_is_one_line_naming_the_cause(
 
 
 def test_an_api_server_that_does_not_answer_is_named(tmp_path: Path) -> None:
-    with served(tmp_path) as api:
-        kubeconfig = api.kubeconfig
-    # The fake API server has stopped: its port refuses connections.
-    exit_code, output = run_cli("view", "--kubeconfig", str(kubeconfig), results.SET_NAME)
+    with socket.socket() as bound:
+        # A port held but not listening refuses every connection, and no other process can take it meanwhile.
+        bound.bind(("127.0.0.1", 0))
+        api = FakeApiServer({}, None, "served")
+        api.port = bound.getsockname()[1]
+        kubeconfig = api.kubeconfig(tmp_path / "kubeconfig", results.NAMESPACE)
+        exit_code, output = run_cli("view", "--kubeconfig", str(kubeconfig), results.SET_NAME)
     assert exit_code == 1
     assert output.startswith("Error: cannot reach the API server: ") and output.count("\n") == 1, output
 
 
-def test_a_port_in_use_is_named(tmp_path: Path) -> None:
+def test_a_port_in_use_is_named(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(scratch))
     with socket.socket() as taken, served(tmp_path) as api:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
@@ -286,6 +293,7 @@ def test_a_port_in_use_is_named(tmp_path: Path) -> None:
         exit_code, output = run_cli("view", "--kubeconfig", str(api.kubeconfig), results.SET_NAME, "--port", str(port))
     assert exit_code == 1
     assert output == f"Error: cannot listen on 127.0.0.1:{port}: Address already in use\n"
+    assert list(scratch.iterdir()) == [], "the scratch folder is removed when the command fails"
 
 
 def test_selected_episodes_make_a_page_of_their_own(tmp_path: Path) -> None:

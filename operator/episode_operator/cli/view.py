@@ -441,7 +441,6 @@ def serve(source: Source, port: int, announce: Callable[[str], None]) -> None:
                 server.serve_forever()
     finally:
         server.server_close()
-        source.close()
 
 
 def register_view(cli: click.Group) -> None:
@@ -482,19 +481,18 @@ def register_view(cli: click.Group) -> None:
             raise click.UsageError("name an EpisodeSet, or select Episodes with -l (one of the two)")
         if data_dir and not Path(data_dir).is_dir():
             raise click.ClickException(f"{data_dir}: not found; is --data-dir the operator's data directory?")
-        source = Source(cluster, data_dir, episodeset, selector, success_threshold)
-        try:
-            source.results()  # a set that is not there is said here, not on the page
-            if not data_dir:
-                check_data_api(cluster)
-        except BaseException:
-            source.close()
-            raise
         what = f"episodeset {cluster.namespace}/{episodeset}" if episodeset else f"episodes -l {selector}"
 
         def announce(url: str) -> None:
             click.echo(f"Serving the results of {what} at {url} (Ctrl-C stops it)")
             sys.stdout.flush()
 
-        serve(source, port, announce)
+        source = Source(cluster, data_dir, episodeset, selector, success_threshold)
+        try:  # the scratch folder of unpacked artifacts goes however the command ends
+            source.results()  # a set that is not there is said here, not on the page
+            if not data_dir:
+                check_data_api(cluster)
+            serve(source, port, announce)
+        finally:
+            source.close()
         click.echo("stopped")
