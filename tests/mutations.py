@@ -57,6 +57,8 @@ COLLECT = "runtime/turn/collect.py"
 AGENTS = "runtime/agents/builtin.py"
 GYM_SERVER = "runtime/gym_server.py"
 HARNESSES = "runtime/agents/harnesses.py"
+RESULTS_PAGE = "cli/results_page.py"
+VIEW = "cli/view.py"
 MUTATIONS = [
     # As whom, with which environment.
     Mutation(
@@ -1295,6 +1297,56 @@ MUTATIONS = [
         '            "PI_CODING_AGENT_DIR": f"{LOGS}/pi",\n',
         "",
         "pi has no directory for its models.json: the launcher refuses to start it",
+    ),
+    # The results page of kubectl episode view (issue 28): what agents wrote never runs in a browser.
+    Mutation(
+        "view-unescaped",
+        RESULTS_PAGE,
+        "return Html(html.escape(str(value), quote=True))",
+        "return Html(str(value))",
+        "a model's answer, a log or an artifact name is put in the page as markup: its script tag is an element",
+    ),
+    Mutation(
+        "view-attributes-unquoted",
+        RESULTS_PAGE,
+        "return Html(html.escape(str(value), quote=True))",
+        "return Html(html.escape(str(value), quote=False))",
+        'a quote in a name closes the attribute it is in: a task named x" onclick="… adds a handler',
+    ),
+    Mutation(
+        "view-csp-inline-script",
+        RESULTS_PAGE,
+        "\"default-src 'none'; script-src 'none'; style-src 'self';",
+        "\"default-src 'none'; script-src 'unsafe-inline'; style-src 'self';",
+        "the page's policy lets inline scripts run: a hole in the escaping runs the agent's script",
+    ),
+    Mutation(
+        "view-csp-not-sent",
+        VIEW,
+        '"Content-Security-Policy": policy,\n',
+        "",
+        "the server sends no Content-Security-Policy: nothing stops a script that slipped through",
+    ),
+    Mutation(
+        "view-any-host",
+        VIEW,
+        "if host not in self.hosts:",
+        "if False:",
+        "any Host is answered: a web page that re-points its name at 127.0.0.1 reads the user's results",
+    ),
+    Mutation(
+        "view-no-secret",
+        VIEW,
+        "if not url.path.startswith(self.base):",
+        "if False:",
+        "the pages answer without the printed secret path: another user of the machine reads them",
+    ),
+    Mutation(
+        "view-artifact-as-page",
+        VIEW,
+        'return Answer(HTTPStatus.OK, "application/octet-stream", file=found, download=path[-1])',
+        'return Answer(HTTPStatus.OK, "text/html; charset=utf-8", file=found)',
+        "an artifact is served as a page of the server's origin: an agent's HTML opens as one of its pages",
     ),
 ]
 

@@ -12,7 +12,7 @@ import tarfile
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, cast
+from typing import Any, Protocol, cast
 
 import click
 import yaml
@@ -56,6 +56,7 @@ from episode_operator.runtime.store import (
     SEED_LOGS,
     BlobStore,
     EpisodeBlobs,
+    Exported,
     export_artifacts,
     kept_logs,
     render_logs,
@@ -409,7 +410,7 @@ def register(cli: click.Group) -> None:
         episode = _episode(cluster, name)
         if turn is not None:
             turn = turn_name(EpisodeStatus.model_validate(episode.get("status") or {}), turn)
-        source = _kept(cluster, episode, data_dir)
+        source = kept_data(cluster, episode, data_dir)
         text = source.logs(turn=turn, attempt=attempt)
         if not text:
             raise click.ClickException(
@@ -436,7 +437,7 @@ def register(cli: click.Group) -> None:
         episode = _episode(cluster, name)
         status = EpisodeStatus.model_validate(episode.get("status") or {})
         wanted = turn_name(status, turn) if turn is not None else None
-        records = _kept(cluster, episode, data_dir).turns()
+        records = kept_data(cluster, episode, data_dir).turns()
         order = [record.name for record in status.turns]
         turns = {
             turn_: kept
@@ -477,11 +478,11 @@ def register(cli: click.Group) -> None:
         data_dir: str | None,
     ) -> None:
         """Copy an Episode's artifacts (latest attempt) into DESTINATION/<turn>/."""
-        source = _kept(cluster, _episode(cluster, name), data_dir)
-        written = source.artifacts(destination)
-        if not written:
+        exported = kept_data(cluster, _episode(cluster, name), data_dir).artifacts(destination)
+        _say_refused(exported.refused)
+        if not exported.written:
             raise click.ClickException(f"no artifacts kept for {cluster.namespace}/{name}")
-        click.echo(f"{written} file(s) under {destination}")
+        click.echo(f"{len(exported.written)} file(s) under {destination}")
 
 
 class GetView:
@@ -650,7 +651,7 @@ def register_export(cli: click.Group) -> None:
             spec = EpisodeSpec.model_validate(episode["spec"])
             if not captures or spec.agent.model is None or not is_terminal((episode.get("status") or {}).get("phase")):
                 return NO_EVIDENCE
-            kept = _kept(cluster, dict(episode), data_dir)
+            kept = kept_data(cluster, dict(episode), data_dir)
             return evidence_of(spec, kept.turns())
 
         rollouts, failures = split_rows(cluster.run(fetch), evidence, environment_server)
@@ -676,6 +677,16 @@ def operator_options(command: Callable[..., Any]) -> Callable[..., Any]:
     )(command)
 
 
+class KeptData(Protocol):
+    """What the operator kept of one Episode, wherever it is read from."""
+
+    def logs(self, *, turn: str | None, attempt: int | None) -> str: ...
+
+    def turns(self) -> dict[str, Any]: ...
+
+    def artifacts(self, destination: Path) -> Exported: ...
+
+
 class _LocalStore:
     def __init__(self, blobs: EpisodeBlobs) -> None:
         self.blobs = blobs
@@ -684,10 +695,8 @@ class _LocalStore:
         logs = asyncio.run(kept_logs(self.blobs, turn=turn, attempt=attempt))
         return render_logs(logs).decode("utf-8", "replace")
 
-    def artifacts(self, destination: Path) -> int:
-        exported = asyncio.run(export_artifacts(self.blobs, destination))
-        _say_refused(exported.refused)
-        return len(exported.written)
+    def artifacts(self, destination: Path) -> Exported:
+        return asyncio.run(export_artifacts(self.blobs, destination))
 
     def turns(self) -> dict[str, Any]:
         return asyncio.run(turn_records(self.blobs))
@@ -726,15 +735,14 @@ class _RemoteStore:
         body = self._get("turns", {})
         return {"attempt": None, "turns": {}} if body is None else dict(json.loads(body))
 
-    def artifacts(self, destination: Path) -> int:
+    def artifacts(self, destination: Path) -> Exported:
         body = self._get("artifacts", {})
         if body is None:
-            return 0
+            return Exported([], [])
         destination.mkdir(parents=True, exist_ok=True)
         with tarfile.open(fileobj=io.BytesIO(body), mode="r|gz") as archive:
             written, refused = extract_files(archive, destination)
-        _say_refused(refused)
-        return len(written)
+        return Exported(written, refused)
 
 
 def _say_refused(refused: list[RefusedMember]) -> None:
@@ -743,7 +751,9 @@ def _say_refused(refused: list[RefusedMember]) -> None:
         click.echo(f"skipped {member.name or 'an archive'}: {member.reason}", err=True)
 
 
-def _kept(cluster: Cluster, episode: dict[str, Any], data_dir: str | None) -> _LocalStore | _RemoteStore:
+def kept_data(cluster: Cluster, episode: Mapping[str, Any], data_dir: str | None) -> KeptData:
+    """What the operator kept of ``episode``: from its data directory here (``--data-dir``), else from
+    the in-cluster operator's data API; a data directory without the Episode is a usage error."""
     namespace, name, uid = (episode["metadata"][key] for key in ("namespace", "name", "uid"))
     if data_dir:
         if not Path(data_dir).is_dir():

@@ -17,6 +17,7 @@ terminal failures (the task's, not the agent's) are no samples.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from fractions import Fraction
@@ -184,6 +185,40 @@ def count(tasks: Sequence[SetTaskStatus]) -> tuple[PhaseCounts, OutcomeCounts]:
             name = fields[record.outcome]
             setattr(outcomes, name, getattr(outcomes, name) + 1)
     return phases, outcomes
+
+
+def selection_status(
+    tasks: Sequence[tuple[str, Sequence[ChildView]]], threshold: float, *, now: str
+) -> EpisodeSetStatus:
+    """The status a set of these Episodes would have (``kubectl episode view -l``): per task ID its
+    Episodes as attempts, in the order given, scored as a set's children are (graded mean, pass@k with
+    Ungraded attempts as misses, outcome and phase counts). Each view's ``index`` and ``attempt`` are
+    ignored: a task's position and an Episode's place in its task's list decide them."""
+    records = [SetTaskStatus(index=index, name=name) for index, (name, _episodes) in enumerate(tasks)]
+    views = [
+        dataclasses.replace(view, index=index, attempt=attempt)
+        for index, (_name, episodes) in enumerate(tasks)
+        for attempt, view in enumerate(episodes, start=1)
+    ]
+    recorded, _lost = record_children(records, views, now)
+    summarized = [summarize_task(task, threshold) for task in recorded]
+    attempts = max((len(episodes) for _name, episodes in tasks), default=0)
+    mean, table = aggregate(summarized, attempts)
+    phases, outcomes = count(summarized)
+    finished = phases.succeeded + phases.failed
+    return EpisodeSetStatus(
+        phase="Succeeded" if views and finished == len(views) else ("Running" if views else "Pending"),
+        total=len(views),
+        created=len(views),
+        active=len(views) - finished,
+        finished=finished,
+        progress=f"{finished}/{len(views)}",
+        phases=phases,
+        outcomes=outcomes,
+        mean_reward=mean,
+        pass_at_k=table,
+        tasks=summarized,
+    )
 
 
 def policy_verdict(outcomes: OutcomeCounts, policy: FailurePolicy) -> str | None:
