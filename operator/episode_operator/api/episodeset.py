@@ -29,6 +29,9 @@ SET_SHORT_NAMES = ["epis"]
 # Annotations of every child: the task ID as given, and when the controller created it (µs).
 SET_TASK_NAME_ANNOTATION = f"{GROUP}/task-name"
 CREATED_AT_ANNOTATION = f"{GROUP}/created-at"
+# On a set `kubectl episode eval NAME@VERSION --registry SOURCE` made: the dataset and the catalogue it came from.
+DATASET_ANNOTATION = f"{GROUP}/dataset"
+REGISTRY_ANNOTATION = f"{GROUP}/registry"
 # On a child the set suspended (and will resume): children suspended by anyone else stay so.
 SUSPENDED_BY_SET_ANNOTATION = f"{GROUP}/suspended-by-set"
 # tasks × attempts: each child has a record in the set's status, which etcd bounds (~1.5 MiB).

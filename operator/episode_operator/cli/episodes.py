@@ -64,7 +64,7 @@ from episode_operator.runtime.store import (
 from episode_operator.runtime.supervisor import FOLLOW_ENDED, FOLLOW_NO_RECORDS, FOLLOW_SCRIPT, JOBS_DIR
 from episode_operator.runtime.turn.context import running_agent_job
 from episode_operator.taskfolder import TaskFiles, validate_task
-from episode_operator.taskfolder.dataset import discover_dataset
+from episode_operator.taskfolder.dataset import DatasetTask, discover_dataset
 
 # Where a watch starts over after the API server ended it (its timeout) or the list went stale.
 WATCH_RESTARTS = 1000
@@ -92,9 +92,15 @@ def _pack_manifest(directory: str) -> dict[str, Any]:
 def pack_dataset(directory: str) -> list[tuple[str, dict[str, Any]]]:
     """(task ID, ConfigMap) of every task folder under ``directory``; every refusal reported at once."""
     dataset = discover_dataset(directory)
-    problems = [problem.render() for problem in dataset.problems]
+    return pack_tasks(dataset.tasks, [problem.render() for problem in dataset.problems], directory)
+
+
+def pack_tasks(tasks: Sequence[DatasetTask], problems: list[str], where: str) -> list[tuple[str, dict[str, Any]]]:
+    """(task ID, ConfigMap) of each task folder, validated; with ``problems`` already found, every refusal
+    reported at once, naming ``where`` the tasks came from, and nothing packed."""
+    problems = list(problems)
     packed: list[tuple[str, dict[str, Any]]] = []
-    for task in dataset.tasks:
+    for task in tasks:
         files = TaskFiles.from_path(task.path)
         validation = validate_task(files)
         if not validation.valid:
@@ -107,10 +113,10 @@ def pack_dataset(directory: str) -> list[tuple[str, dict[str, Any]]]:
     if problems:
         for problem in problems:
             click.echo(f"  {problem}", err=True)
-        raise click.ClickException(f"{directory}: refused ({len(problems)} error(s)); nothing was created")
+        raise click.ClickException(f"{where}: refused ({len(problems)} error(s)); nothing was created")
     if not packed:
         raise click.ClickException(
-            f"{directory}: no task folders (a task folder holds task.toml; hidden folders are skipped)"
+            f"{where}: no task folders (a task folder holds task.toml; hidden folders are skipped)"
         )
     return packed
 

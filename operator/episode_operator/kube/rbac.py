@@ -210,7 +210,13 @@ USER_PERMISSIONS: tuple[Permission, ...] = (
         GROUP, PLURAL, ("create", "get", "list", "watch"), "namespaced", "kubectl episode run, get [-w], describe"
     ),
     Permission(GROUP, SET_PLURAL, ("create", "get"), "namespaced", "kubectl episode run of an EpisodeSet"),
-    Permission("", "configmaps", ("create",), "namespaced", "kubectl episode pack"),
+    Permission(
+        "",
+        "configmaps",
+        ("create", "get"),
+        "namespaced",
+        "kubectl episode pack; eval --registry configmap/NAME reads the catalogue",
+    ),
     Permission(
         "", "pods/exec", ("create", "get"), "namespaced", "kubectl episode logs -f reads the running agent's output"
     ),
