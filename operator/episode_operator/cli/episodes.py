@@ -46,7 +46,7 @@ from episode_operator.cli import printing
 from episode_operator.cli.agents import agent_options
 from episode_operator.cli.cluster import Cluster, cluster_options
 from episode_operator.kube.client import Gone, KubeClient, KubeError
-from episode_operator.kube.objects.children import set_selector
+from episode_operator.kube.objects.children import set_results_selector
 from episode_operator.kube.objects.tasks import TaskTooLarge, task_config_map
 from episode_operator.runtime.archive import RefusedMember, extract_files
 from episode_operator.runtime.dataapi import API_SERVICE
@@ -597,7 +597,12 @@ def register_export(cli: click.Group) -> None:
     @cluster_options
     @click.option("-A", "--all-namespaces", is_flag=True, help="Every namespace.")
     @click.option("-l", "--selector", default=None, help="Label selector, e.g. episode-operator.dev/set=NAME.")
-    @click.option("--set", "episode_set", default=None, help="The children of this EpisodeSet (with -l: both).")
+    @click.option(
+        "--set",
+        "episode_set",
+        default=None,
+        help="The children of this EpisodeSet, none a rerun replaced (with -l: both).",
+    )
     @click.option(
         "-o",
         "--output",
@@ -643,7 +648,7 @@ def register_export(cli: click.Group) -> None:
     ) -> None:
         """Write finished Episodes as Gym rows: graded and masked to rollouts.jsonl, failed attempts to the failures."""
         if episode_set:
-            selector = ",".join(part for part in (set_selector(episode_set), selector) if part)
+            selector = ",".join(part for part in (set_results_selector(episode_set), selector) if part)
         if names and all_namespaces:
             raise click.UsageError("Episodes cannot be named across all namespaces (-A)")
 

@@ -197,8 +197,10 @@ def set_view(name: str, status: EpisodeSetStatus, attempts: int) -> Group:
     return Group(*parts)
 
 
-def follow_set(cluster: Cluster, namespace: str, name: str, timeout: float) -> EpisodeSetStatus:
-    """Show a set's progress live until it completes; print the result."""
+def follow_set(
+    cluster: Cluster, namespace: str, name: str, timeout: float, *, rerun_generation: int = 0
+) -> EpisodeSetStatus:
+    """Show a set's progress live until it completes (having seen ``rerun_generation``); print the result."""
     console = Console()
 
     async def watch(client: KubeClient) -> EpisodeSetStatus:
@@ -209,14 +211,20 @@ def follow_set(cluster: Cluster, namespace: str, name: str, timeout: float) -> E
                 status = EpisodeSetStatus.model_validate(item.get("status") or {})
                 attempts = int((item.get("spec") or {}).get("attempts") or 1)
                 live.update(set_view(name, status, attempts))
-                if status.completion_time or time.monotonic() > deadline:
+                done = status.completion_time and status.rerun_generation >= rerun_generation
+                if done or time.monotonic() > deadline:
                     return status
                 await asyncio.sleep(1.0)
 
     status = cluster.run(watch)
     console.print()
-    if not status.completion_time:
+    if not status.completion_time or status.rerun_generation < rerun_generation:
         raise click.ClickException(f"episodeset {namespace}/{name} still {status.phase} after {timeout:.0f} s")
+    refused = next((record for record in status.reruns if record.generation == rerun_generation), None)
+    if refused is not None and refused.message:
+        raise click.ClickException(
+            f"episodeset {namespace}/{name}: rerun generation {rerun_generation} refused: {refused.message}"
+        )
     console.print(
         f"{status.phase}: {status.progress} finished, mean reward {_number(status.mean_reward)} "
         f"over {status.outcomes.graded} graded; "

@@ -209,7 +209,9 @@ USER_PERMISSIONS: tuple[Permission, ...] = (
     Permission(
         GROUP, PLURAL, ("create", "get", "list", "watch"), "namespaced", "kubectl episode run, get [-w], describe"
     ),
-    Permission(GROUP, SET_PLURAL, ("create", "get"), "namespaced", "kubectl episode run of an EpisodeSet"),
+    Permission(
+        GROUP, SET_PLURAL, ("create", "get", "patch"), "namespaced", "kubectl episode eval; rerun sets spec.rerun"
+    ),
     Permission(
         "",
         "configmaps",
