@@ -152,6 +152,8 @@ def test_a_rerun_reopens_the_set_and_re_runs_only_the_matching_children_in_place
     manifest = child_manifest(OwnerRef("s", "ns", "uid"), asked, packed, 2, LATER)
     assert manifest["metadata"]["name"] == child_name("s", 1, 2, 1) == "s-1-2-r1"
     assert manifest["metadata"]["labels"][SET_RERUN_LABEL] == "1"
+    env = {entry["name"]: entry["value"] for entry in manifest["spec"]["agent"]["env"]}
+    assert (env["EPISODE_SET_ATTEMPT"], env["EPISODE_SET_RERUN"]) == ("2", "1")
     # The re-run child succeeds: the set completes again, its pass@k the new child's.
     rerun_child = ChildView(
         index=1, attempt=2, name="s-1-2-r1", phase="Succeeded", outcome="Graded", reward=1.0, rerun=1

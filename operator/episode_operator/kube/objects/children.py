@@ -67,11 +67,13 @@ def child_manifest(
     ref: OwnerRef, spec: EpisodeSetSpec, task: SetTaskStatus, attempt: int, created_at: str
 ) -> dict[str, Any]:
     """A child Episode: owned by the set, named and labelled by task and attempt."""
+    rerun = task.rerun_generation(attempt)
     env = {
         "EPISODE_SET": ref.name,
         "EPISODE_SET_TASK": task.name,
         "EPISODE_SET_TASK_INDEX": str(task.index),
         "EPISODE_SET_ATTEMPT": str(attempt),
+        **({"EPISODE_SET_RERUN": str(rerun)} if rerun else {}),
     }
     labels = {
         **MANAGED_BY,
@@ -82,7 +84,6 @@ def child_manifest(
     }
     if spec.queue_name:
         labels[QUEUE_LABEL] = spec.queue_name
-    rerun = task.rerun_generation(attempt)
     if rerun:
         labels[SET_RERUN_LABEL] = str(rerun)
     manifest = episode_manifest(
