@@ -7,7 +7,7 @@ Episodes and rolls their results up into the set's status. Like ``Episode``'s, t
 are the source of the CRD (:func:`episode_operator.kube.objects.crds.episodeset_crd`).
 
 The Episode template is *derived* from :class:`~episode_operator.api.models.EpisodeSpec`
-(every field but ``task`` and ``agent``), so a field added to Episodes is a field of the
+(every field but ``task``, ``agent`` and ``regrade``), so a field added to Episodes is a field of the
 template at once, with the same description, default and bounds.
 """
 
@@ -174,18 +174,19 @@ class _TemplateBase(ApiModel):
     free_form: ClassVar[frozenset[str]] = EpisodeSpec.free_form
 
 
-TEMPLATE_EXCLUDED = frozenset({"task", "agent"})
+# A child's task and agent are the set's; a child is never a regrade.
+TEMPLATE_EXCLUDED = frozenset({"task", "agent", "regrade"})
 
 if TYPE_CHECKING:
 
     class EpisodeTemplate(_TemplateBase):
-        """Every field of EpisodeSpec but task and agent (built from it at import time)."""
+        """Every field of EpisodeSpec but task, agent and regrade (built from it at import time)."""
 
 else:
     EpisodeTemplate = create_model(
         "EpisodeTemplate",
         __base__=_TemplateBase,
-        __doc__="Every field of EpisodeSpec but task and agent: what each child Episode gets.",
+        __doc__="Every field of EpisodeSpec but task, agent and regrade: what each child Episode gets.",
         **{
             name: (field.annotation, field)
             for name, field in EpisodeSpec.model_fields.items()
