@@ -405,3 +405,24 @@ def test_the_operator_regrades_only_a_run_whose_artifacts_it_kept() -> None:
     assert isinstance(other, Refusal) and "is another Episode now (uid uid-7, not uid-6)" in other.message
     gone = decide(EpisodeApi({**episode, "metadata": {**episode["metadata"], "name": "else"}}), blobs)
     assert isinstance(gone, Refusal) and "episode evals/report not found" in gone.message
+
+
+def test_an_export_leaves_regrades_out(cluster_of: Any, tmp_path: Path) -> None:
+    """A regrade's verdict is on its original's rollout: exported, it would be a second rollout of the same run."""
+    original = finished_episode(EXAMPLES / "report-artifact", graded(turn("task")))
+    regraded = {
+        **original,
+        "metadata": {"name": "report-regrade-x", "namespace": "evals", "uid": "uid-8"},
+        "spec": {**original["spec"], "regrade": {"episode": "report", "uid": "uid-7"}},
+    }
+
+    class Listing(EpisodeApi):
+        async def list_episodes(self, namespace: str | None, selector: str | None = None) -> list[dict[str, Any]]:
+            return [original, regraded]
+
+    cluster_of(Listing(original))
+    result = CliRunner().invoke(cli, ["export", "-n", "evals", "--output-dir", str(tmp_path), "--no-captures"])
+    assert result.exit_code == 0, result.output
+    assert "skipped 1 regrade(s)" in result.stderr
+    rows = (tmp_path / "rollouts.jsonl").read_text().splitlines()
+    assert len(rows) == 1 and '"reward": 1.0' in rows[0]

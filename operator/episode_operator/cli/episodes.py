@@ -664,7 +664,15 @@ def register_export(cli: click.Group) -> None:
             kept = _kept(cluster, dict(episode), data_dir)
             return evidence_of(spec, kept.turns())
 
-        rollouts, failures = split_rows(cluster.run(fetch), evidence, environment_server)
+        episodes = cluster.run(fetch)
+        # A regrade's verdict is on another Episode's rollout (runtime/regrade.py): no rollout of its own.
+        regrades = [episode for episode in episodes if (episode.get("spec") or {}).get("regrade")]
+        if regrades:
+            click.echo(
+                f"skipped {len(regrades)} regrade(s): a regrade's verdict is on its original's rollout", err=True
+            )
+        episodes = [episode for episode in episodes if not (episode.get("spec") or {}).get("regrade")]
+        rollouts, failures = split_rows(episodes, evidence, environment_server)
         output_dir.mkdir(parents=True, exist_ok=True)
         for filename, rows in ((ROLLOUTS, rollouts), (FAILURES, failures)):
             with (output_dir / filename).open("w") as stream:

@@ -31,9 +31,8 @@ from episode_operator.cli.cluster import Cluster, cluster_options
 from episode_operator.cli.episodes import dump_manifests, follow, manifest_output, output_namespace, placed
 from episode_operator.kube.client import KubeClient, NotFound
 from episode_operator.kube.objects.tasks import TaskTooLarge, task_config_map
-from episode_operator.runtime.admission import Refusal, admit_task
 from episode_operator.runtime.regrade import RegradeRefused, plan_regrade
-from episode_operator.taskfolder import TaskFiles, validate_task
+from episode_operator.taskfolder import TaskFiles, resolve_plan, validate_task
 from episode_operator.taskfolder.retest import with_tests
 
 CONFIG_MAP_PREFIX = "configmap/"
@@ -133,11 +132,13 @@ def register_regrades(cli: click.Group) -> None:
             task = TaskSource.model_validate({"configMap": {"name": config_map["metadata"]["name"]}})
         asked = RegradeSpec(episode=episode, uid=original["metadata"]["uid"])
         regraded = spec.model_copy(update={"task": task, "regrade": asked, "suspend": False})
-        admission = admit_task(regraded, files)
-        if isinstance(admission, Refusal):
-            raise click.ClickException(f"{tests or episode}: {admission.message}; nothing was created")
+        loaded = validate_task(files).task
+        if loaded is None:
+            raise click.ClickException(f"episode {episode}'s task is refused by the loader; nothing was created")
+        # The turns and their verifiers as the operator will plan them (its images it decides itself).
+        plan = resolve_plan(loaded, timeout_multiplier=spec.timeout_multiplier, settings=spec.harbor.server_settings())
         try:
-            decided = plan_regrade(episode, original["metadata"]["uid"], status, admission.plan)
+            decided = plan_regrade(episode, original["metadata"]["uid"], status, plan)
         except RegradeRefused as error:
             raise click.ClickException(f"{error}; nothing was created") from None
         labels = {REGRADE_OF_LABEL: episode}
