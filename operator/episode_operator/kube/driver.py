@@ -24,13 +24,12 @@ from episode_operator.api.models import EpisodeStatus, TaskSource
 from episode_operator.api.vocabulary import (
     FAILURE_SEED,
     FAILURE_TASK_SOURCE,
-    QUEUE_LABEL,
     is_terminal,
 )
 from episode_operator.kube.builds import BuildCoordinator
 from episode_operator.kube.client import Guard, KubeClient, KubeError, NotFound
 from episode_operator.kube.objects.env import AgentEnv, Sources, referenced, resolve_agent_env, secret_data
-from episode_operator.kube.objects.pods import AgentImages, OwnerRef, SandboxRequests, episode_selector
+from episode_operator.kube.objects.pods import AgentImages, OwnerRef, SandboxRequests, episode_selector, queue_labels
 from episode_operator.kube.regrade import drive_regrade
 from episode_operator.kube.replicas import Claim
 from episode_operator.kube.sandbox import KubeProvider
@@ -322,8 +321,3 @@ async def suspend_episode(client: KubeClient, body: Mapping[str, Any]) -> None:
         status.message = "suspended while running; it starts over from turn 1 when resumed"
     with contextlib.suppress(NotFound):
         await client.replace_episode_status(metadata["namespace"], metadata["name"], status.to_api())
-
-
-def queue_labels(labels: Mapping[str, str]) -> dict[str, str]:
-    """The labels of an Episode its pods carry too (Kueue's queue name)."""
-    return {QUEUE_LABEL: labels[QUEUE_LABEL]} if QUEUE_LABEL in labels else {}

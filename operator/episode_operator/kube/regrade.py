@@ -18,7 +18,7 @@ from pydantic import ValidationError
 from episode_operator.api.models import EpisodeStatus, RegradeSpec, RegradeStatus, TurnStatus
 from episode_operator.api.vocabulary import FAILURE_REGRADE_REFUSED
 from episode_operator.kube.client import KubeClient, NotFound
-from episode_operator.kube.objects.pods import OwnerRef
+from episode_operator.kube.objects.pods import OwnerRef, queue_labels
 from episode_operator.kube.replicas import Claim
 from episode_operator.kube.sandbox import KubeProvider
 from episode_operator.kube.status import KubeStatusSink, refuse
@@ -28,6 +28,7 @@ from episode_operator.runtime.fencing import FencedProvider
 from episode_operator.runtime.regrade import RegradeRefused, RegradeRunner, RegradeStore, plan_regrade
 from episode_operator.runtime.store import ARTIFACTS, MANIFEST, EpisodeBlobs
 from episode_operator.taskfolder import TaskFiles
+from episode_operator.taskfolder.compose import binds_of, bound_archive
 
 if TYPE_CHECKING:
     from episode_operator.kube.driver import DriverSettings
@@ -56,6 +57,8 @@ async def drive_regrade(
         if isinstance(decided, Refusal):
             return await refuse(sink, status, decided, metadata.get("generation"))
         regrade, original_turns = decided
+    # A separate verifier whose environment is environment/ runs the compose file beside it, binds and all.
+    binds = binds_of(admission.plan.main_volumes, admission.plan.sidecars)
     provider = KubeProvider(
         client,
         episode,
@@ -63,7 +66,8 @@ async def drive_regrade(
         admission.plan,
         admission.image,
         admission.main_env,
-        extra_labels=settings.extra_pod_labels,
+        extra_labels={**settings.extra_pod_labels, **queue_labels(metadata.get("labels") or {})},
+        bound_files=bound_archive(files, binds) if binds else None,
         timing=settings.timing,
         wakeups=settings.pod_wakeups,
         images=settings.agent_images,
