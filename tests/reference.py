@@ -251,7 +251,8 @@ def harbor_registry() -> Any:
         sys.modules.setdefault(package, types.ModuleType(package)).__path__ = []
     # harbor/models/task/id.py imports shortuuid for a cache path no check calls: a stand-in will do.
     sys.modules.setdefault("shortuuid", types.ModuleType("shortuuid"))
-    _module("harbor.constants", select(source("harbor", "harbor/constants.py"), {"TASK_CACHE_DIR", "PACKAGE_CACHE_DIR"}))
+    constants = select(source("harbor", "harbor/constants.py"), {"TASK_CACHE_DIR", "PACKAGE_CACHE_DIR"})
+    _module("harbor.constants", constants)
     for name in ("metric.type", "metric.config"):
         _module(f"harbor.models.{name}", source("harbor", f"harbor/models/{name.replace('.', '/')}.py"))
     ids = select(source("harbor", "harbor/models/task/id.py"), {"GitTaskId", "LocalTaskId", "PackageTaskId"})

@@ -162,6 +162,24 @@ def dump_manifests(manifests: Sequence[dict[str, Any]]) -> str:
     return str(yaml.safe_dump_all(manifests, sort_keys=False, allow_unicode=True))
 
 
+def print_or_create(
+    cluster: Cluster, output: str, config_map: dict[str, Any] | None, episode: dict[str, Any]
+) -> dict[str, Any] | None:
+    """``-o yaml``: print the Episode and its task's ConfigMap (if any), None; else create them, the Episode
+    as created."""
+    manifests = [placed(m, output_namespace(cluster, output)) for m in (config_map, episode) if m is not None]
+    if output == "yaml":
+        click.echo(dump_manifests(manifests), nl=False)
+        return None
+
+    async def create(client: KubeClient) -> dict[str, Any]:
+        if config_map is not None:
+            await client.apply_config_map(config_map)
+        return await client.create_episode(episode)
+
+    return cluster.run(create)
+
+
 def manifest_output(create_help: str) -> Callable[..., Any]:
     """``-o name|yaml`` of the commands that create objects: yaml prints them and creates nothing."""
     return click.option(
@@ -282,18 +300,9 @@ def register(cli: click.Group) -> None:
             manifest = yaml.safe_load(Path(source).read_text())
             if not isinstance(manifest, dict) or manifest.get("kind") != "Episode":
                 raise click.ClickException(f"{source}: not an Episode manifest")
-        namespace = output_namespace(cluster, output)
-        manifests = [placed(m, namespace) for m in (config_map, manifest) if m is not None]
-        if output == "yaml":
-            click.echo(dump_manifests(manifests), nl=False)
+        created = print_or_create(cluster, output, config_map, manifest)
+        if created is None:
             return
-
-        async def create(client: KubeClient) -> dict[str, Any]:
-            if config_map is not None:
-                await client.apply_config_map(config_map)
-            return await client.create_episode(manifest)
-
-        created = cluster.run(create)
         episode_name = created["metadata"]["name"]
         episode_namespace = created["metadata"]["namespace"]
         click.echo(f"episode/{episode_name} created in {episode_namespace}")

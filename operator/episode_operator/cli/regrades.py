@@ -28,7 +28,7 @@ from episode_operator.api.models import (
 from episode_operator.api.naming import content_name
 from episode_operator.api.vocabulary import GROUP
 from episode_operator.cli.cluster import Cluster, cluster_options
-from episode_operator.cli.episodes import dump_manifests, follow, manifest_output, output_namespace, placed
+from episode_operator.cli.episodes import follow, manifest_output, print_or_create
 from episode_operator.kube.client import KubeClient, NotFound
 from episode_operator.kube.objects.tasks import TaskTooLarge, task_config_map
 from episode_operator.runtime.regrade import RegradeRefused, plan_regrade
@@ -148,17 +148,10 @@ def register_regrades(cli: click.Group) -> None:
             )
         else:
             manifest = episode_manifest(None, regraded, generate_name=f"{episode[:40]}-regrade-", labels=labels)
-        manifests = [placed(m, output_namespace(cluster, output)) for m in (config_map, manifest) if m is not None]
-        if output == "yaml":
-            click.echo(dump_manifests(manifests), nl=False)
+        made = print_or_create(cluster, output, config_map, manifest)
+        if made is None:
             return
-
-        async def create(client: KubeClient) -> dict[str, Any]:
-            if config_map is not None:
-                await client.apply_config_map(config_map)
-            return await client.create_episode(manifest)
-
-        created = cluster.run(create)["metadata"]["name"]
+        created = made["metadata"]["name"]
         verified = [turn.name for turn in decided.turns if turn.action == "verify"]
         click.echo(
             f"episode/{created} created in {namespace}: regrades {episode} (attempt {decided.attempt}, reward "

@@ -29,17 +29,17 @@ from episode_operator.api.vocabulary import (
 from episode_operator.kube.builds import BuildCoordinator
 from episode_operator.kube.client import Guard, KubeClient, KubeError, NotFound
 from episode_operator.kube.objects.env import AgentEnv, Sources, referenced, resolve_agent_env, secret_data
-from episode_operator.kube.objects.pods import AgentImages, OwnerRef, SandboxRequests, episode_selector, queue_labels
+from episode_operator.kube.objects.pods import AgentImages, OwnerRef, SandboxRequests, episode_selector
 from episode_operator.kube.regrade import drive_regrade
 from episode_operator.kube.replicas import Claim
-from episode_operator.kube.sandbox import KubeProvider
+from episode_operator.kube.running import episode_provider, runner_config
 from episode_operator.kube.status import KubeStatusSink, refuse
 from episode_operator.kube.tombstones import answer_from_tombstone
 from episode_operator.kube.upstream import HostResolver, Unresolvable, pin_upstream, system_resolver
 from episode_operator.runtime.admission import Refusal, admit_spec, admit_task
 from episode_operator.runtime.agents import agent_kind
 from episode_operator.runtime.agents.model import CaptureBounds, SandboxNeeds
-from episode_operator.runtime.episode import EpisodeConfig, EpisodeObserver, EpisodeRunner
+from episode_operator.runtime.episode import EpisodeObserver, EpisodeRunner
 from episode_operator.runtime.fencing import FencedProvider
 from episode_operator.runtime.images import ImagePolicy
 from episode_operator.runtime.limits import OutputLimits
@@ -47,7 +47,6 @@ from episode_operator.runtime.store import BlobStore
 from episode_operator.runtime.timing import DEFAULT_TIMING, Timing
 from episode_operator.runtime.wakeups import Wakeups
 from episode_operator.taskfolder import TaskFiles
-from episode_operator.taskfolder.compose import binds_of, bound_archive
 from episode_operator.taskfolder.images import ImageMirrors
 
 
@@ -147,38 +146,14 @@ async def drive_episode(
         return await refuse(sink, status, Refusal(FAILURE_SEED, message, admission.digest), generation)
     for skipped in agent_env.skipped:
         await sink.event("AgentEnvSkipped", f"{skipped}: not given to the agent", warning=True)
-    labels = {**settings.extra_pod_labels, **queue_labels(metadata.get("labels") or {})}
-    binds = binds_of(admission.plan.main_volumes, admission.plan.sidecars)
-    provider = KubeProvider(
-        client,
-        episode,
-        spec,
-        admission.plan,
-        admission.image,
-        admission.main_env,
-        extra_labels=labels,
-        bound_files=bound_archive(files, binds) if binds else None,
-        timing=settings.timing,
-        wakeups=settings.pod_wakeups,
-        needs=needs,
-        images=settings.agent_images,
-        sandbox_requests=settings.sandbox_requests,
-        limits=settings.limits,
-    )
-    config = EpisodeConfig(
-        plan=admission.plan,
-        files=files,
-        agent=spec.agent,
-        digest=admission.digest,
-        task_name=admission.task_name,
-        retries=spec.retries,
-        keep_pods_on_failure=spec.debug.keep_pods,
-        timing=settings.timing,
-        generation=generation,
-        images=admission.images,
+    provider = episode_provider(client, body, admission, files, settings, needs=needs)
+    config = runner_config(
+        admission,
+        files,
+        settings,
+        generation,
         agent_env=agent_env.values,
         agent_outcomes=spec.harbor.agent_outcome_policy,
-        limits=settings.limits,
     )
     store = settings.store.episode(episode.namespace, episode.name, episode.uid)
     fenced = provider if claim is None else FencedProvider(provider, claim)

@@ -18,17 +18,16 @@ from pydantic import ValidationError
 from episode_operator.api.models import EpisodeStatus, RegradeSpec, RegradeStatus, TurnStatus
 from episode_operator.api.vocabulary import FAILURE_REGRADE_REFUSED
 from episode_operator.kube.client import KubeClient, NotFound
-from episode_operator.kube.objects.pods import OwnerRef, queue_labels
+from episode_operator.kube.objects.pods import OwnerRef
 from episode_operator.kube.replicas import Claim
-from episode_operator.kube.sandbox import KubeProvider
+from episode_operator.kube.running import episode_provider, runner_config
 from episode_operator.kube.status import KubeStatusSink, refuse
 from episode_operator.runtime.admission import Admission, Refusal
-from episode_operator.runtime.episode import EpisodeConfig, EpisodeObserver
+from episode_operator.runtime.episode import EpisodeObserver
 from episode_operator.runtime.fencing import FencedProvider
 from episode_operator.runtime.regrade import RegradeRefused, RegradeRunner, RegradeStore, plan_regrade
 from episode_operator.runtime.store import ARTIFACTS, MANIFEST, EpisodeBlobs
 from episode_operator.taskfolder import TaskFiles
-from episode_operator.taskfolder.compose import binds_of, bound_archive
 
 if TYPE_CHECKING:
     from episode_operator.kube.driver import DriverSettings
@@ -57,37 +56,8 @@ async def drive_regrade(
         if isinstance(decided, Refusal):
             return await refuse(sink, status, decided, metadata.get("generation"))
         regrade, original_turns = decided
-    # A separate verifier whose environment is environment/ runs the compose file beside it, binds and all.
-    binds = binds_of(admission.plan.main_volumes, admission.plan.sidecars)
-    provider = KubeProvider(
-        client,
-        episode,
-        spec,
-        admission.plan,
-        admission.image,
-        admission.main_env,
-        extra_labels={**settings.extra_pod_labels, **queue_labels(metadata.get("labels") or {})},
-        bound_files=bound_archive(files, binds) if binds else None,
-        timing=settings.timing,
-        wakeups=settings.pod_wakeups,
-        images=settings.agent_images,
-        sandbox_requests=settings.sandbox_requests,
-        limits=settings.limits,
-        verifiers_beside_agent=False,
-    )
-    config = EpisodeConfig(
-        plan=admission.plan,
-        files=files,
-        agent=spec.agent,
-        digest=admission.digest,
-        task_name=admission.task_name,
-        retries=spec.retries,
-        keep_pods_on_failure=spec.debug.keep_pods,
-        timing=settings.timing,
-        generation=metadata.get("generation"),
-        images=admission.images,
-        limits=settings.limits,
-    )
+    provider = episode_provider(client, body, admission, files, settings, verifiers_beside_agent=False)
+    config = runner_config(admission, files, settings, metadata.get("generation"))
     store = RegradeStore(
         settings.store.episode(episode.namespace, episode.name, episode.uid),
         settings.store.episode(episode.namespace, regrade.episode, regrade.uid),
