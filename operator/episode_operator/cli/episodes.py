@@ -46,7 +46,7 @@ from episode_operator.cli import printing
 from episode_operator.cli.agents import agent_options
 from episode_operator.cli.cluster import Cluster, cluster_options
 from episode_operator.kube.client import Gone, KubeClient, KubeError
-from episode_operator.kube.objects.children import set_selector
+from episode_operator.kube.objects.children import set_results_selector
 from episode_operator.kube.objects.tasks import TaskTooLarge, task_config_map
 from episode_operator.runtime.archive import RefusedMember, extract_files
 from episode_operator.runtime.dataapi import API_SERVICE
@@ -65,7 +65,7 @@ from episode_operator.runtime.store import (
 from episode_operator.runtime.supervisor import FOLLOW_ENDED, FOLLOW_NO_RECORDS, FOLLOW_SCRIPT, JOBS_DIR
 from episode_operator.runtime.turn.context import running_agent_job
 from episode_operator.taskfolder import TaskFiles, validate_task
-from episode_operator.taskfolder.dataset import discover_dataset
+from episode_operator.taskfolder.dataset import DatasetTask, discover_dataset
 
 # Where a watch starts over after the API server ended it (its timeout) or the list went stale.
 WATCH_RESTARTS = 1000
@@ -93,9 +93,15 @@ def _pack_manifest(directory: str) -> dict[str, Any]:
 def pack_dataset(directory: str) -> list[tuple[str, dict[str, Any]]]:
     """(task ID, ConfigMap) of every task folder under ``directory``; every refusal reported at once."""
     dataset = discover_dataset(directory)
-    problems = [problem.render() for problem in dataset.problems]
+    return pack_tasks(dataset.tasks, [problem.render() for problem in dataset.problems], directory)
+
+
+def pack_tasks(tasks: Sequence[DatasetTask], problems: list[str], where: str) -> list[tuple[str, dict[str, Any]]]:
+    """(task ID, ConfigMap) of each task folder, validated; with ``problems`` already found, every refusal
+    reported at once, naming ``where`` the tasks came from, and nothing packed."""
+    problems = list(problems)
     packed: list[tuple[str, dict[str, Any]]] = []
-    for task in dataset.tasks:
+    for task in tasks:
         files = TaskFiles.from_path(task.path)
         validation = validate_task(files)
         if not validation.valid:
@@ -108,10 +114,10 @@ def pack_dataset(directory: str) -> list[tuple[str, dict[str, Any]]]:
     if problems:
         for problem in problems:
             click.echo(f"  {problem}", err=True)
-        raise click.ClickException(f"{directory}: refused ({len(problems)} error(s)); nothing was created")
+        raise click.ClickException(f"{where}: refused ({len(problems)} error(s)); nothing was created")
     if not packed:
         raise click.ClickException(
-            f"{directory}: no task folders (a task folder holds task.toml; hidden folders are skipped)"
+            f"{where}: no task folders (a task folder holds task.toml; hidden folders are skipped)"
         )
     return packed
 
@@ -155,6 +161,24 @@ def output_namespace(cluster: Cluster, output: str) -> str | None:
 def dump_manifests(manifests: Sequence[dict[str, Any]]) -> str:
     """Manifests as one multi-document YAML stream, what ``kubectl apply -f`` and kustomize read."""
     return str(yaml.safe_dump_all(manifests, sort_keys=False, allow_unicode=True))
+
+
+def print_or_create(
+    cluster: Cluster, output: str, config_map: dict[str, Any] | None, episode: dict[str, Any]
+) -> dict[str, Any] | None:
+    """``-o yaml``: print the Episode and its task's ConfigMap (if any), None; else create them, the Episode
+    as created."""
+    manifests = [placed(m, output_namespace(cluster, output)) for m in (config_map, episode) if m is not None]
+    if output == "yaml":
+        click.echo(dump_manifests(manifests), nl=False)
+        return None
+
+    async def create(client: KubeClient) -> dict[str, Any]:
+        if config_map is not None:
+            await client.apply_config_map(config_map)
+        return await client.create_episode(episode)
+
+    return cluster.run(create)
 
 
 def manifest_output(create_help: str) -> Callable[..., Any]:
@@ -277,18 +301,9 @@ def register(cli: click.Group) -> None:
             manifest = yaml.safe_load(Path(source).read_text())
             if not isinstance(manifest, dict) or manifest.get("kind") != "Episode":
                 raise click.ClickException(f"{source}: not an Episode manifest")
-        namespace = output_namespace(cluster, output)
-        manifests = [placed(m, namespace) for m in (config_map, manifest) if m is not None]
-        if output == "yaml":
-            click.echo(dump_manifests(manifests), nl=False)
+        created = print_or_create(cluster, output, config_map, manifest)
+        if created is None:
             return
-
-        async def create(client: KubeClient) -> dict[str, Any]:
-            if config_map is not None:
-                await client.apply_config_map(config_map)
-            return await client.create_episode(manifest)
-
-        created = cluster.run(create)
         episode_name = created["metadata"]["name"]
         episode_namespace = created["metadata"]["namespace"]
         click.echo(f"episode/{episode_name} created in {episode_namespace}")
@@ -592,7 +607,12 @@ def register_export(cli: click.Group) -> None:
     @cluster_options
     @click.option("-A", "--all-namespaces", is_flag=True, help="Every namespace.")
     @click.option("-l", "--selector", default=None, help="Label selector, e.g. episode-operator.dev/set=NAME.")
-    @click.option("--set", "episode_set", default=None, help="The children of this EpisodeSet (with -l: both).")
+    @click.option(
+        "--set",
+        "episode_set",
+        default=None,
+        help="The children of this EpisodeSet, none a rerun replaced (with -l: both).",
+    )
     @click.option(
         "-o",
         "--output",
@@ -638,7 +658,7 @@ def register_export(cli: click.Group) -> None:
     ) -> None:
         """Write finished Episodes as Gym rows: graded and masked to rollouts.jsonl, failed attempts to the failures."""
         if episode_set:
-            selector = ",".join(part for part in (set_selector(episode_set), selector) if part)
+            selector = ",".join(part for part in (set_results_selector(episode_set), selector) if part)
         if names and all_namespaces:
             raise click.UsageError("Episodes cannot be named across all namespaces (-A)")
 
@@ -654,7 +674,15 @@ def register_export(cli: click.Group) -> None:
             kept = kept_data(cluster, dict(episode), data_dir)
             return evidence_of(spec, kept.turns())
 
-        rollouts, failures = split_rows(cluster.run(fetch), evidence, environment_server)
+        episodes = cluster.run(fetch)
+        # A regrade's verdict is on another Episode's rollout (runtime/regrade.py): no rollout of its own.
+        regrades = [episode for episode in episodes if (episode.get("spec") or {}).get("regrade")]
+        if regrades:
+            click.echo(
+                f"skipped {len(regrades)} regrade(s): a regrade's verdict is on its original's rollout", err=True
+            )
+        episodes = [episode for episode in episodes if not (episode.get("spec") or {}).get("regrade")]
+        rollouts, failures = split_rows(episodes, evidence, environment_server)
         output_dir.mkdir(parents=True, exist_ok=True)
         for filename, rows in ((ROLLOUTS, rollouts), (FAILURES, failures)):
             with (output_dir / filename).open("w") as stream:

@@ -36,6 +36,7 @@ from episode_operator.api.episodeset import (
 )
 from episode_operator.api.naming import document_digest
 from episode_operator.api.vocabulary import ConditionStatus, Outcome, Phase, is_terminal, set_condition
+from episode_operator.runtime.reruns import apply_rerun
 
 DEFINITION_FIELDS = ("dataset", "attempts", "agent", "template")
 
@@ -73,6 +74,8 @@ class ChildView:
     suspended: bool = False
     suspended_by_set: bool = False
     deleting: bool = False
+    rerun: int = 0  # the spec.rerun generation that made it (0: the set's first run of its slot)
+    marked_replaced: bool = False  # labelled as replaced by a rerun
 
     @property
     def terminal(self) -> bool:
@@ -88,6 +91,8 @@ class SetPlan:
     suspend: list[str] = field(default_factory=list)
     resume: list[str] = field(default_factory=list)
     lost: list[str] = field(default_factory=list)
+    # Replaced children (a rerun made way for them) still without their replaced label: (name, generation).
+    mark_replaced: list[tuple[str, int]] = field(default_factory=list)
     events: list[tuple[str, str, bool]] = field(default_factory=list)
 
 
@@ -221,6 +226,26 @@ def selection_status(
     )
 
 
+def current_children(
+    tasks: Sequence[SetTaskStatus], children: Sequence[ChildView]
+) -> tuple[list[ChildView], list[tuple[ChildView, int]]]:
+    """The children of each slot's current rerun generation; and the others, which a rerun replaced (with the
+    generation that did): they stay, finished and readable, but count nowhere."""
+    generations = {task.index: task for task in tasks}
+    current: list[ChildView] = []
+    replaced: list[tuple[ChildView, int]] = []
+    for child in children:
+        task = generations.get(child.index)
+        expected = task.rerun_generation(child.attempt) if task is not None else 0
+        if child.rerun >= expected:
+            current.append(child)
+        else:
+            assert task is not None
+            by = next((record.rerun for record in task.replaced if record.name == child.name), expected)
+            replaced.append((child, by))
+    return current, replaced
+
+
 def policy_verdict(outcomes: OutcomeCounts, policy: FailurePolicy) -> str | None:
     """Why the failure policy stops the set, or None."""
     if policy.max_outages is not None and outcomes.ungraded > policy.max_outages:
@@ -272,6 +297,9 @@ def plan_set(
     generation: int | None = None,
 ) -> SetPlan:
     """The next status of a resolved set (``previous.tasks`` filled) and what to do now."""
+    rerun = apply_rerun(spec, previous, now, lambda tasks, policy: policy_verdict(count(tasks)[1], policy))
+    previous = rerun.status
+    children, replaced = current_children(previous.tasks, children)
     tasks, lost = record_children(previous.tasks, children, now)
     tasks = [summarize_task(task, spec.success_threshold) for task in tasks]
     mean, table = aggregate(tasks, spec.attempts)
@@ -294,7 +322,8 @@ def plan_set(
             "observed_generation": generation,
         }
     )
-    plan = SetPlan(status=status, lost=lost)
+    plan = SetPlan(status=status, lost=lost, events=list(rerun.events))
+    plan.mark_replaced = [(child.name, generation) for child, generation in replaced if not child.marked_replaced]
     for name in lost:
         plan.events.append(("ChildLost", f"episode {name} is gone before it finished; it is created again", True))
 
