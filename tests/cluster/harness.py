@@ -59,16 +59,25 @@ def _install_crd_file(api: client.ApiClient, path: Path, timeout: float) -> None
     name = manifest["metadata"]["name"]
     digest = hashlib.sha256(text.encode()).hexdigest()
     manifest["metadata"].setdefault("annotations", {})[CRD_DIGEST_ANNOTATION] = digest
+    deadline = time.monotonic() + timeout
     try:
         extensions.create_custom_resource_definition(manifest)
     except ApiException as error:
         if error.status != 409:
             raise
-        current = extensions.read_custom_resource_definition(name)
-        if (current.metadata.annotations or {}).get(CRD_DIGEST_ANNOTATION) != digest:
+        # Several workers install the same file at once: the one whose replace loses the race (409 on
+        # the resourceVersion) reads again, and finds the file installed or tries again.
+        while True:
+            current = extensions.read_custom_resource_definition(name)
+            if (current.metadata.annotations or {}).get(CRD_DIGEST_ANNOTATION) == digest:
+                break
             manifest["metadata"]["resourceVersion"] = current.metadata.resource_version
-            extensions.replace_custom_resource_definition(name, manifest)
-    deadline = time.monotonic() + timeout
+            try:
+                extensions.replace_custom_resource_definition(name, manifest)
+                break
+            except ApiException as conflict:
+                if conflict.status != 409 or time.monotonic() > deadline:
+                    raise
     while time.monotonic() < deadline:
         crd = extensions.read_custom_resource_definition(name)
         if any(c.type == "Established" and c.status == "True" for c in crd.status.conditions or []) and served(
