@@ -1221,6 +1221,35 @@ MUTATIONS = [
         'outcome = policy.get(failure, "measure")',
         "a failure the policy does not name is measured, not given its default (a 429 is graded, not retried)",
     ),
+    # The PyPI presets (kimi-cli, aider).
+    Mutation(
+        "kimi-key-in-argv",
+        "runtime/agents/harnesses.py",
+        '    provider = {"type": "openai_legacy", "base_url": run.base_url, "api_key": ""}\n',
+        '    provider = {"type": "openai_legacy", "base_url": run.base_url, "api_key": run.api_key}\n',
+        "kimi-cli's key is in its --config argument, where any command of the agent's reads it (ps)",
+    ),
+    Mutation(
+        "kimi-telemetry-on",
+        "runtime/agents/harnesses.py",
+        '"models": {"episode": model}, "telemetry": False}',
+        '"models": {"episode": model}, "telemetry": True}',
+        "kimi-cli posts its telemetry to its vendor from a sandbox that may reach only the model",
+    ),
+    Mutation(
+        "kimi-rate-limit-unavailable",
+        "runtime/agents/harnesses.py",
+        '(re.compile(r"^Error code: 429\\b", re.M), "model_rate_limit"),',
+        '(re.compile(r"^Error code: 429\\b", re.M), "model_unavailable"),',
+        "kimi-cli rate-limited to its end, its calls unrecorded, is called an unavailable endpoint",
+    ),
+    Mutation(
+        "aider-analytics-on",
+        "runtime/agents/harnesses.py",
+        '            "--no-analytics",\n',
+        "",
+        "aider asks to collect analytics and, said yes, posts them to PostHog",
+    ),
 ]
 
 
