@@ -1232,8 +1232,8 @@ MUTATIONS = [
     Mutation(
         "kimi-telemetry-on",
         "runtime/agents/harnesses.py",
-        '"models": {"episode": model}, "telemetry": False}',
-        '"models": {"episode": model}, "telemetry": True}',
+        '            "telemetry": False,\n',
+        '            "telemetry": True,\n',
         "kimi-cli posts its telemetry to its vendor from a sandbox that may reach only the model",
     ),
     Mutation(

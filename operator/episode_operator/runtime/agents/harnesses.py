@@ -134,7 +134,12 @@ def _kimi_config(run: HarnessRun) -> str:
     provider = {"type": "openai_legacy", "base_url": run.base_url, "api_key": ""}
     model = {"provider": "episode", "model": run.model, "max_context_size": KIMI_CONTEXT_TOKENS}
     return json.dumps(
-        {"default_model": "episode", "providers": {"episode": provider}, "models": {"episode": model}, "telemetry": False}
+        {
+            "default_model": "episode",
+            "providers": {"episode": provider},
+            "models": {"episode": model},
+            "telemetry": False,
+        }
     )
 
 
