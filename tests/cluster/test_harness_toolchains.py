@@ -29,12 +29,16 @@ SCRIPT = {
         {
             "name": "turn-1",
             "when": {"prompt": TURN_ONE, "tools": True},
-            "steps": [{"run": f"echo 'hello from turn 1' > {GREETING}"}, {"finish": "Created the greeting file."}],
+            # Writes, which every harness can make: a command through a shell tool, or an edit (aider).
+            "steps": [{"write": GREETING, "content": "hello from turn 1\n"}, {"finish": "Created the greeting file."}],
         },
         {
             "name": "turn-2",
             "when": {"prompt": TURN_TWO, "tools": True},
-            "steps": [{"run": f"echo 'and from turn 2' >> {GREETING}"}, {"finish": "Appended to it."}],
+            "steps": [
+                {"write": GREETING, "content": "hello from turn 1\nand from turn 2\n"},
+                {"finish": "Appended to it."},
+            ],
         },
     ]
 }
@@ -79,8 +83,9 @@ def run_turn(
 
 
 def tool_requests(model: ScriptedModel) -> list[dict[str, Any]]:
-    """The requests of the agent's loop (title and summary requests offer no tools)."""
-    return [r for r in model.model_requests() if r.get("action") is not None and r["body"].get("tools")]
+    """The requests of the agent's loop: those that let the model act, by tools or an edit format (title
+    and summary requests offer neither)."""
+    return [r for r in model.model_requests() if r.get("action") is not None and r.get("offered")]
 
 
 def conversation_text(record: dict[str, Any]) -> str:
@@ -100,9 +105,11 @@ def test_harness_runs_the_scripted_commands_offline(
     assert {r["dialect"] for r in requests} == {harness.dialect}
     assert all(r["api_key"] == API_KEY for r in requests)
     loop = tool_requests(model)
-    assert [r["rule"] for r in loop] == ["turn-1", "turn-1"], "every loop request is scripted"
-    assert [r["step"] for r in loop] == [0, 1]
-    assert "hello from turn 1" not in conversation_text(loop[0]) and "greeting" in conversation_text(loop[1])
+    steps = harness.steps_asked(2)
+    assert [r["rule"] for r in loop] == ["turn-1"] * len(steps), "every loop request is scripted"
+    assert [r["step"] for r in loop] == steps
+    assert "hello from turn 1" not in conversation_text(loop[0])
+    assert all("greeting" in conversation_text(r) for r in loop[1:])
 
     logs = exec_argv(
         core, namespace, sandbox, ["sh", "-c", " ".join(f"ls {LOGS}/{pattern}" for pattern in harness.native_logs)]

@@ -49,6 +49,12 @@ class Harness:
     def version(self) -> str:
         return self.preset.version
 
+    def steps_asked(self, steps: int) -> list[int]:
+        """The steps of a scripted turn of `steps` steps (its last a finish) the harness asks the model for:
+        each, when its model acts by tools (the finish ends its loop); the first only, when it acts by
+        the edits of its one answer (its registry entry's ``acts``)."""
+        return list(range(steps)) if self.preset.entry.acts == "tools" else [0]
+
     @property
     def dialect(self) -> str:
         """The scripted server's name of the model API the harness speaks."""

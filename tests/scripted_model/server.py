@@ -26,7 +26,9 @@ continued session the first instruction is still in the conversation; the newest
 
 - ``when.prompt``: a substring of a user message (the anchor); ``when.dialect``: ``chat``,
   ``responses`` or ``messages``; ``when.tools``: whether the request offers tools (a title or
-  summary request offers none); ``when.model``: the requested model name.
+  summary request offers none) -- or, from a harness that acts by editing files in its model's
+  answer instead of calling tools, asks for an edit format this server writes (aider's *file
+  listing*); ``when.model``: the requested model name.
 - ``steps`` are the replies, chosen by position without server state: the number of model replies
   already in the conversation after the anchoring user message (the last user message containing
   ``when.prompt``, else the first user message). Retries therefore get the same answer, and a
@@ -36,6 +38,10 @@ continued session the first instruction is still in the conversation; the newest
   - ``{"run": "CMD"}``: call the harness's shell tool with CMD. The tool is picked from those the
     request offers (``bash``, ``Bash``, ``exec_command``, ``shell_command``, ``shell``) and its
     arguments from that tool's JSON schema, so one script drives every harness.
+  - ``{"write": "PATH", "content": "TEXT"}``: make the file PATH hold TEXT: as a *file listing* to a
+    harness that asks for that edit format (aider, which runs none of its model's commands), else as
+    a ``run`` of ``printf '%s' TEXT > PATH``. A script of ``write`` and ``finish`` steps drives
+    every harness.
   - ``{"tool": "NAME", "arguments": {...}}``: call any offered tool with literal arguments.
   - ``{"say": "TEXT"}`` / ``{"finish": "TEXT"}``: answer with text and no tool call. ``finish``
     ends the harness's loop: for a harness that ends only on a sentinel command it was told
@@ -68,7 +74,9 @@ The ids are the bytes of the prompt's last message and of the reply, offset by 1
 test can recompute them; every logprob is -0.5.
 
 Requests that no rule matches are answered too (plain text, or a finish when tools are offered)
-and recorded with ``"rule": null``, so a test can assert that nothing unscripted happened.
+and recorded with ``"rule": null``, so a test can assert that nothing unscripted happened. Each
+record names what the request let the model act with (``"offered"``: its tools' names, then the
+edit formats it asks for): the agent's own loop, as against a title or summary request.
 
 Control endpoints (under ``/_scripted/``): ``GET health``, ``GET requests`` (every recorded
 request, in order), ``DELETE requests``, ``PUT script`` (replace the script, counters reset).
@@ -82,6 +90,7 @@ import argparse
 import contextlib
 import json
 import select
+import shlex
 import signal
 import socket
 import sys
@@ -109,7 +118,11 @@ DIALECT_BY_PATH_SUFFIX = {
 FINISH_COMMANDS = ("echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT",)
 
 # Shell tools, by the name each harness gives its own, in order of preference.
-SHELL_TOOL_NAMES = ("bash", "Bash", "exec_command", "shell_command", "shell")
+SHELL_TOOL_NAMES = (
+    *("bash", "Bash", "exec_command", "shell_command", "shell"),
+    # kimi-cli's
+    "Shell",
+)
 
 # What an error looks like for each status when the script gives no message or type.
 DEFAULT_ERRORS: dict[int, tuple[str, str]] = {
@@ -139,7 +152,9 @@ CONTEXT_WINDOW_ERRORS = {
 
 RULE_KEYS = {"name", "when", "steps", "fail", "times", "delay", "stream_delay"}
 WHEN_KEYS = {"prompt", "dialect", "tools", "model"}
-STEP_KINDS = {"run", "tool", "say", "finish"}
+STEP_KINDS = {"run", "write", "tool", "say", "finish"}
+# The key each step kind may carry besides its own.
+STEP_EXTRAS = {"tool": "arguments", "write": "content"}
 FAIL_KEYS = {"status", "message", "type", "code", "headers", "kind", "body"}
 FAIL_KINDS = {"context_window", "garbage", "hang", "drop"}
 DIALECTS = set(DIALECT_BY_PATH_SUFFIX.values())
@@ -204,10 +219,13 @@ def parse_rule(index: int, data: Any) -> Rule:
         raise ScriptError(f"{where}: `steps` must be a list")
     for position, step in enumerate(steps):
         kinds = set(step) & STEP_KINDS if isinstance(step, dict) else set()
-        if len(kinds) != 1 or set(step) - STEP_KINDS - {"arguments"}:
+        if len(kinds) != 1 or set(step) - STEP_KINDS - set(STEP_EXTRAS.values()):
             raise ScriptError(f"{where}: steps[{position}] must have exactly one of {sorted(STEP_KINDS)}")
-        if "arguments" in step and "tool" not in step:
-            raise ScriptError(f"{where}: steps[{position}]: `arguments` goes with `tool`")
+        for kind, extra in STEP_EXTRAS.items():
+            if extra in step and kind not in step:
+                raise ScriptError(f"{where}: steps[{position}]: `{extra}` goes with `{kind}`")
+        if "write" in step and not isinstance(step.get("content"), str):
+            raise ScriptError(f"{where}: steps[{position}]: `write` needs the file's `content` (a string)")
     fail = data.get("fail")
     if fail is not None:
         if not isinstance(fail, dict) or (unknown := set(fail) - FAIL_KEYS):
@@ -327,6 +345,23 @@ def offered_tools(dialect: str, body: dict[str, Any]) -> dict[str, dict[str, Any
     return tools
 
 
+# Edit formats of harnesses whose model acts by writing files in its answer (no tools), each told
+# by a sentence of the harness's prompt: aider's whole-file format.
+FILE_LISTING = "file listing"
+EDIT_FORMATS = {FILE_LISTING: "You MUST use this *file listing* format"}
+
+
+def edit_formats(items: list[Item]) -> list[str]:
+    """The edit formats the harness's prompt asks its model to answer in (system or user messages)."""
+    said = "\n".join(item.text for item in items if item.role in ("system", "user"))
+    return [name for name, sentence in EDIT_FORMATS.items() if sentence in said]
+
+
+def offered(tools: dict[str, Any], items: list[Item]) -> list[str]:
+    """How the model may act on this request: the tools it offers, then the edit formats it asks for."""
+    return [*tools, *edit_formats(items)]
+
+
 def requested_stream(dialect: str, body: dict[str, Any]) -> bool:
     """Whether the client asked for SSE."""
     return bool(body.get("stream"))
@@ -369,7 +404,7 @@ def rule_matches(rule: Rule, dialect: str, body: dict[str, Any], items: list[Ite
     when = rule.when
     if "dialect" in when and when["dialect"] != dialect:
         return False
-    if "tools" in when and bool(when["tools"]) != bool(tools):
+    if "tools" in when and bool(when["tools"]) != bool(offered(tools, items)):
         return False
     if "model" in when and when["model"] != body.get("model"):
         return False
@@ -402,7 +437,9 @@ def decide(script: Script, dialect: str, body: dict[str, Any]) -> Decision:
             index = replies_since(items, anchor)
             step = rule.steps[index] if index < len(rule.steps) else {"finish": "Done."}
             return Decision(rule, index, step)
-    fallback = {"finish": "No scripted rule matched this request."} if tools else {"say": "Scripted reply"}
+    fallback = (
+        {"finish": "No scripted rule matched this request."} if offered(tools, items) else {"say": "Scripted reply"}
+    )
     return Decision(None, None, fallback)
 
 
@@ -442,8 +479,15 @@ def render_step(step: dict[str, Any], items: list[Item], tools: dict[str, dict[s
     if "tool" in step:
         name = str(step["tool"])
         return Reply("", [{"id": call_id, "name": name, "arguments": step.get("arguments") or {}}])
-    command = str(step["run"])
     name = next((candidate for candidate in SHELL_TOOL_NAMES if candidate in tools), None)
+    if "write" in step:
+        path, content = str(step["write"]), str(step["content"])
+        if name is None and FILE_LISTING in edit_formats(items):
+            # aider's whole-file format: the path alone on a line, then the whole content fenced.
+            ending = "" if content.endswith("\n") else "\n"
+            return Reply(f"Writing {path}.\n\n{path}\n```\n{content}{ending}```\n", [])
+        step = {"run": f"printf '%s' {shlex.quote(content)} > {shlex.quote(path)}"}
+    command = str(step["run"])
     if name is None:
         # No shell tool offered: answer as a text-based harness expects, a fenced bash block.
         return Reply(f"Running a scripted command.\n\n```bash\n{command}\n```", [])
@@ -961,6 +1005,7 @@ class Handler(BaseHTTPRequestHandler):
             step=decision.step_index,
             action=decision.action,
             stream=requested_stream(dialect, body),
+            offered=offered(offered_tools(dialect, body), conversation(dialect, body)),
         )
         rule = decision.rule
         if rule is not None and rule.delay and self.server.stopping.wait(rule.delay):

@@ -24,7 +24,8 @@ SCRIPT = {
         {
             "name": "offline",
             "when": {"prompt": INSTRUCTION, "tools": True},
-            "steps": [{"run": f"echo offline-ok > {MARKER}"}, {"finish": "Done."}],
+            # A write, which every harness can make: a command through a shell tool, or an edit (aider).
+            "steps": [{"write": MARKER, "content": "offline-ok\n"}, {"finish": "Done."}],
         }
     ]
 }
@@ -45,6 +46,6 @@ def test_toolchain_runs_in_an_empty_root_with_only_the_model_reachable(
     )
     assert (rootfs / MARKER.lstrip("/")).read_text() == "offline-ok\n"
     records = [json.loads(line) for line in model_server.read_text().splitlines()]
-    assert [r["step"] for r in records if r["rule"] == "offline"] == [0, 1]
+    assert [r["step"] for r in records if r["rule"] == "offline"] == harness.steps_asked(2)
     assert {r["api_key"] for r in records} == {API_KEY}
     assert foreign_peers(trace) == [], "the harness reached for something other than the model"
