@@ -1250,6 +1250,13 @@ MUTATIONS = [
         "",
         "aider asks to collect analytics and, said yes, posts them to PostHog",
     ),
+    Mutation(
+        "aider-rate-limit-unread",
+        "runtime/agents/harnesses.py",
+        '    (re.compile(r"^litellm\\.RateLimitError:", re.M), "model_rate_limit"),\n',
+        "",
+        "aider ended at its budget while retrying a rate-limited endpoint, its calls unrecorded, is a timeout",
+    ),
 ]
 
 

@@ -146,3 +146,33 @@ def test_kimi_clis_own_failure_records_tell_its_failures_apart(output: str, fail
     """When the capture recorded no failed call (say, the calls never reached the proxy), the output decides."""
     state = JobState(id="a1.t1.agent", phase="exited", exit_code=1)
     assert classify(state, [], output.encode(), PRESETS["kimi-cli"].failure_patterns) == failure
+
+
+# aider's stdout when the scripted server failed it, as printed; it retries 429 and 5xx for about a minute
+# (a turn's budget may end it there) and exits 0 after a 401.
+AIDER_RECORDS = {
+    "auth": (
+        "litellm.AuthenticationError: AuthenticationError: OpenAIException - Incorrect \nAPI key provided\n"
+        "The API provider is not able to authenticate you. Check your API key.\n",
+        "model_auth",
+    ),
+    "rate-limit": (
+        "litellm.RateLimitError: RateLimitError: OpenAIException - Rate limit exceeded: \n"
+        "too many requests, please retry later\n"
+        "The API provider has rate limited you. Try again later or check your quotas.\nRetrying in 0.2 seconds...\n",
+        "model_rate_limit",
+    ),
+    "server": (
+        "litellm.InternalServerError: InternalServerError: OpenAIException - Internal \nserver error\n"
+        "Retrying in 0.2 seconds...\n",
+        "model_unavailable",
+    ),
+    # An edit that mentions the exception is no record of aider's own.
+    "edit": ("/app/x.py\n```\nraise litellm.RateLimitError: x\n```\n", "timeout"),
+}
+
+
+@pytest.mark.parametrize(("output", "failure"), AIDER_RECORDS.values(), ids=list(AIDER_RECORDS))
+def test_aiders_own_failure_records_tell_its_failures_apart_when_its_budget_ended_it(output: str, failure: str) -> None:
+    state = JobState(id="a1.t1.agent", phase="exited", exit_code=143, timed_out=True)
+    assert classify(state, [], output.encode(), PRESETS["aider"].failure_patterns) == failure

@@ -160,8 +160,15 @@ KIMI_FAILURES: Final[tuple[tuple[re.Pattern[str], AgentFailure], ...]] = (
     (re.compile(r"^Error code: 5\d\d\b", re.M), "model_unavailable"),
     (re.compile(r"^Connection error\.$", re.M), "model_unavailable"),
 )
-# What aider prints when the model endpoint fails it: litellm's exception names.
-AIDER_FAILURES: Final[tuple[tuple[re.Pattern[str], AgentFailure], ...]] = ()
+# What aider prints on stdout when the model endpoint fails it: litellm's exception, on a line of its own,
+# before each retry (429 and 5xx for about a minute) or once (401). It exits 0 even then: these count when
+# the turn's budget ended it, or it exited non-zero, and the capture recorded no failed call. Seen in the
+# offline trials.
+AIDER_FAILURES: Final[tuple[tuple[re.Pattern[str], AgentFailure], ...]] = (
+    (re.compile(r"^litellm\.AuthenticationError:", re.M), "model_auth"),
+    (re.compile(r"^litellm\.RateLimitError:", re.M), "model_rate_limit"),
+    (re.compile(r"^litellm\.(?:InternalServerError|APIConnectionError):", re.M), "model_unavailable"),
+)
 
 COMMANDS: Final[Mapping[str, HarnessCommand]] = {
     "mini-swe-agent": HarnessCommand(
