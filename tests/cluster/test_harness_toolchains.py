@@ -112,7 +112,7 @@ def test_harness_runs_the_scripted_commands_offline(
     assert all("greeting" in conversation_text(r) for r in loop[1:])
 
     logs = exec_argv(
-        core, namespace, sandbox, ["sh", "-c", " ".join(f"ls {LOGS}/{pattern}" for pattern in harness.native_logs)]
+        core, namespace, sandbox, ["sh", "-c", " && ".join(f"ls {LOGS}/{pattern}" for pattern in harness.native_logs)]
     )
     assert logs.exit_code == 0, f"no native log {harness.native_logs} under {LOGS}: {logs.stderr}"
 

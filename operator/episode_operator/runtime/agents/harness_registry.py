@@ -51,8 +51,8 @@ class HarnessEntry:
     on until an answer calls none (``tools``), or by the file edits its one answer to the
     instruction holds, in an edit format the harness applies, none of the model's commands run
     (``edits``: aider). ``continues``: whether it can continue the session of the earlier turns
-    (``turnSessions: continue``). ``state``: where its native log and session state live (kept across turns: what
-    ``continue`` relies on). ``native_logs``: globs of the files a run writes there (the cluster
+    (``turnSessions: continue``). ``state``: where its native log and session state live (kept
+    across turns: what ``continue`` relies on). ``native_logs``: globs of the files a run writes there (the cluster
     tests look for them). ``origin`` and ``version_note``: its docs row's source and pin.
     """
 
