@@ -2,7 +2,7 @@
 
 This machine cannot hold hundreds of real pods, so the pods and their execs are replaced — and
 nothing else: the operator runs as it ships (kopf, its watches, claims, status writes and Events
-against the real API server), only ``kube.driver.KubeProvider`` is swapped for :class:`FakeProvider`.
+against the real API server), only ``kube.running.KubeProvider`` is swapped for :class:`FakeProvider`.
 A job whose id ends in ``.agent`` takes ``$BENCH_TURN_SEC`` seconds; every other job ends at once;
 a verifier's reward file says 1. Each agent job's start and end are appended, one JSON line each,
 to ``$BENCH_TIMELINE`` (one file shared by the replicas: short appends are atomic).
@@ -26,7 +26,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from episode_operator.cli.operator_main import main
-from episode_operator.kube import driver
+from episode_operator.kube import running
 from episode_operator.runtime.sandbox import MAIN_CONTAINER, FileContent, JobSpec, JobState, Upload
 from episode_operator.runtime.turn.context import REWARD_TXT_PATH
 
@@ -125,5 +125,5 @@ class FakeProvider:
 
 
 if __name__ == "__main__":
-    driver.KubeProvider = FakeProvider  # type: ignore[assignment,misc]
+    running.KubeProvider = FakeProvider  # type: ignore[assignment,misc]
     main()

@@ -57,6 +57,8 @@ COLLECT = "runtime/turn/collect.py"
 AGENTS = "runtime/agents/builtin.py"
 GYM_SERVER = "runtime/gym_server.py"
 HARNESSES = "runtime/agents/harnesses.py"
+RESULTS_PAGE = "cli/results_page.py"
+VIEW = "cli/view.py"
 MUTATIONS = [
     # As whom, with which environment.
     Mutation(
@@ -1221,6 +1223,148 @@ MUTATIONS = [
         "outcome = policy.get(failure, DEFAULT_AGENT_OUTCOMES[failure])",
         'outcome = policy.get(failure, "measure")',
         "a failure the policy does not name is measured, not given its default (a 429 is graded, not retried)",
+    ),  # Reruns of an EpisodeSet (issue 28; runtime/reruns.py).
+    Mutation(
+        "rerun-rerolls-verdicts",
+        "runtime/reruns.py",
+        "if not is_terminal(record.phase) or record.outcome not in RERUNNABLE:",
+        "if not is_terminal(record.phase):",
+        "a rerun naming a failure kind re-runs Graded children too: re-rolled verdicts inflate pass@k",
+    ),
+    Mutation(
+        "rerun-applied-every-pass",
+        "runtime/reruns.py",
+        "if rerun is None or rerun.generation <= previous.rerun_generation:",
+        "if rerun is None:",
+        "a rerun generation is applied again at every pass: children re-run over and over",
+    ),
+    Mutation(
+        "rerun-replaced-child-counted",
+        "runtime/evaluation.py",
+        "        if child.rerun >= expected:\n",
+        "        if True:\n",
+        "the child a rerun replaced still counts: its outage stays in the set's counts and pass@k",
+    ),
+    Mutation(
+        "rerun-reopens-a-redefined-set",
+        "runtime/reruns.py",
+        '"DefinitionChanged": False,',
+        '"DefinitionChanged": True,',
+        "a rerun reopens a set stopped because its definition changed: children of another definition start",
+    ),
+    Mutation(
+        "rerun-policy-unchecked",
+        "runtime/reruns.py",
+        "    if policy_stops is not None:\n",
+        "    if False:\n",
+        "a rerun reopens a set its failure policy stops again at once: the replaced children never re-run",
+    ),
+    Mutation(
+        "rerun-finished-set-not-respawned",
+        "handlers.py",
+        'return not (status.get("completionTime") if status else None) or rerun_requested(spec, status)',
+        'return not (status.get("completionTime") if status else None)',
+        "a rerun asked of a finished set is never applied: its loop is not spawned again",
+    ),
+    Mutation(
+        "rerun-export-keeps-replaced",
+        "kube/objects/children.py",
+        'return f"{set_selector(set_name)},!{SET_REPLACED_LABEL}"',
+        "return set_selector(set_name)",
+        "export --set writes the rows of children a rerun replaced beside those that replaced them",
+    ),
+    # Regrades (issue 28; runtime/regrade.py).
+    Mutation(
+        "regrade-shared-turn-admitted",
+        "runtime/regrade.py",
+        "    if shared:\n        raise RegradeRefused(",
+        "    if False:\n        raise RegradeRefused(",
+        "a turn verified in the agent's own (gone) sandbox is regraded in a fresh pod without what the agent left",
+    ),
+    Mutation(
+        "regrade-ungraded-admitted",
+        "runtime/regrade.py",
+        '    "Ungraded": "its outages used up its retries',
+        '    "Ungraded": None and "its outages used up its retries',
+        "a run without a verdict (outages used up) is regraded into one from a partial attempt",
+    ),
+    Mutation(
+        "regrade-runs-the-agent",
+        "runtime/regrade.py",
+        "        return Stage.VERIFY_PREPARE\n",
+        "        return Stage.CLEANUP\n",
+        "a regrade's turns start at their cleanup: the agent runs again",
+    ),
+    Mutation(
+        "regrade-verifies-its-own-artifacts",
+        "runtime/regrade.py",
+        "return await self.original.artifact_archives(self.attempt, turn)",
+        "return await self.own.artifact_archives(attempt, turn)",
+        "a regrade's verifier receives none of the original's artifacts",
+    ),
+    Mutation(
+        "regrade-past-the-original-stop",
+        "runtime/regrade.py",
+        '        if action == "skipped":\n',
+        '        if action == "skipped":\n            return False\n',
+        "new verdicts that pass a gate the original missed are rolled up as if the turns after it had run",
+    ),
+    Mutation(
+        "regrade-artifacts-unchecked",
+        "kube/regrade.py",
+        "    if missing:\n",
+        "    if False:\n",
+        "a regrade of a run whose artifacts the store no longer holds verifies empty sandboxes",
+    ),
+    Mutation(
+        "regrade-keeps-the-old-tests",
+        "taskfolder/retest.py",
+        "files = {path: entry for path, entry in task.items() if not is_tests_path(path)} | dict(new.items())",
+        "files = dict(new.items()) | dict(task.items())",
+        "regrade --tests DIR verifies with the original's tests, the new ones ignored where both have a file",
+    ),
+    Mutation(
+        "regrade-exported",
+        "cli/episodes.py",
+        'episodes = [episode for episode in episodes if not (episode.get("spec") or {}).get("regrade")]',
+        "episodes = list(episodes)",
+        "export writes a regrade as a second rollout of the run it regraded",
+    ),
+    # Datasets by name (issue 28; taskfolder/registry.py).
+    Mutation(
+        "registry-path-leaves-checkout",
+        "taskfolder/registry.py",
+        "        if not _inside(folder, base.resolve()):\n",
+        "        if False:\n",
+        "a registry's task path ../ or a symlink out of its checkout packs a folder from elsewhere on the machine",
+    ),
+    Mutation(
+        "registry-commit-unchecked",
+        "taskfolder/registry.py",
+        "if commit and checkout.head != commit:",
+        "if False:",
+        "a task the registry pins to a commit is packed from a checkout at another one",
+    ),
+    Mutation(
+        "registry-any-checkout",
+        "taskfolder/registry.py",
+        "checkout = next((each for each in root.checkouts if each.serves(task.git_url)), None)",
+        "checkout = next(iter(root.checkouts), None)",
+        "a task of one Git repository is looked for in the checkout of another",
+    ),
+    Mutation(
+        "registry-duplicate-version-first",
+        "taskfolder/registry.py",
+        "    if len(chosen) > 1:\n",
+        "    if False:\n",
+        "a name@version listed twice in registry.json evaluates the first silently",
+    ),
+    Mutation(
+        "registry-description-optional",
+        "taskfolder/registry.py",
+        "    description: str\n",
+        '    description: str = ""\n',
+        "a registry.json Harbor refuses (a dataset without description) is taken here",
     ),
     # Terminus-2 (issue 25; docs/harnesses.md, "terminus-2").
     Mutation(
@@ -1331,6 +1475,56 @@ MUTATIONS = [
         '    (re.compile(r"^litellm\\.RateLimitError:", re.M), "model_rate_limit"),\n',
         "",
         "aider ended at its budget while retrying a rate-limited endpoint, its calls unrecorded, is a timeout",
+    ),
+    # The results page of kubectl episode view (issue 28): what agents wrote never runs in a browser.
+    Mutation(
+        "view-unescaped",
+        RESULTS_PAGE,
+        "return Html(html.escape(str(value), quote=True))",
+        "return Html(str(value))",
+        "a model's answer, a log or an artifact name is put in the page as markup: its script tag is an element",
+    ),
+    Mutation(
+        "view-attributes-unquoted",
+        RESULTS_PAGE,
+        "return Html(html.escape(str(value), quote=True))",
+        "return Html(html.escape(str(value), quote=False))",
+        'a quote in a name closes the attribute it is in: a task named x" onclick="… adds a handler',
+    ),
+    Mutation(
+        "view-csp-inline-script",
+        RESULTS_PAGE,
+        "\"default-src 'none'; script-src 'none'; style-src 'self';",
+        "\"default-src 'none'; script-src 'unsafe-inline'; style-src 'self';",
+        "the page's policy lets inline scripts run: a hole in the escaping runs the agent's script",
+    ),
+    Mutation(
+        "view-csp-not-sent",
+        VIEW,
+        '"Content-Security-Policy": policy,\n',
+        "",
+        "the server sends no Content-Security-Policy: nothing stops a script that slipped through",
+    ),
+    Mutation(
+        "view-any-host",
+        VIEW,
+        "if host not in self.hosts:",
+        "if False:",
+        "any Host is answered: a web page that re-points its name at 127.0.0.1 reads the user's results",
+    ),
+    Mutation(
+        "view-no-secret",
+        VIEW,
+        "if not url.path.startswith(self.base):",
+        "if False:",
+        "the pages answer without the printed secret path: another user of the machine reads them",
+    ),
+    Mutation(
+        "view-artifact-as-page",
+        VIEW,
+        'return Answer(HTTPStatus.OK, "application/octet-stream", file=found, download=path[-1])',
+        'return Answer(HTTPStatus.OK, "text/html; charset=utf-8", file=found)',
+        "an artifact is served as a page of the server's origin: an agent's HTML opens as one of its pages",
     ),
 ]
 

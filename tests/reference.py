@@ -262,6 +262,23 @@ def harbor_terminus_prompt(instruction: str, terminal_state: str) -> str:
     return template.format(instruction=instruction, terminal_state=terminal_state)
 
 
+@cache
+def harbor_registry() -> Any:
+    """Harbor's ``harbor.models.registry`` module, with ``DatasetSpec`` (a row of ``registry.json``) and
+    ``Registry``: the models, their imports (metrics, task ids) and nothing of Harbor's clients."""
+    for package in ("harbor", "harbor.models", "harbor.models.metric", "harbor.models.task"):
+        sys.modules.setdefault(package, types.ModuleType(package)).__path__ = []
+    # harbor/models/task/id.py imports shortuuid for a cache path no check calls: a stand-in will do.
+    sys.modules.setdefault("shortuuid", types.ModuleType("shortuuid"))
+    constants = select(source("harbor", "harbor/constants.py"), {"TASK_CACHE_DIR", "PACKAGE_CACHE_DIR"})
+    _module("harbor.constants", constants)
+    for name in ("metric.type", "metric.config"):
+        _module(f"harbor.models.{name}", source("harbor", f"harbor/models/{name.replace('.', '/')}.py"))
+    ids = select(source("harbor", "harbor/models/task/id.py"), {"GitTaskId", "LocalTaskId", "PackageTaskId"})
+    _module("harbor.models.task.id", ids)
+    return _module("harbor.models.registry", select(source("harbor", "harbor/models/registry.py"), {"Registry"}))
+
+
 def gym_example_rows() -> list[dict[str, Any]]:
     """Gym's own Harbor rollout rows (``responses_api_agents/harbor_agent/example/example_output.jsonl``)."""
     import json

@@ -18,7 +18,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from tests.unit.fake_sandbox import FakeProvider, World
 
 from episode_operator.cli.operator_main import main
-from episode_operator.kube import driver
+from episode_operator.kube import running
 
 
 def fake_provider(*_: object, **__: object) -> FakeProvider:
@@ -27,5 +27,5 @@ def fake_provider(*_: object, **__: object) -> FakeProvider:
 
 
 if __name__ == "__main__":
-    driver.KubeProvider = fake_provider  # type: ignore[assignment,misc]
+    running.KubeProvider = fake_provider  # type: ignore[assignment,misc]
     sys.exit(main())

@@ -69,6 +69,7 @@ from episode_operator.runtime.fencing import Fence, Fenced, HandOver
 from episode_operator.runtime.gym_server import GymSettings
 from episode_operator.runtime.limits import OutputLimits
 from episode_operator.runtime.metrics import Metrics
+from episode_operator.runtime.reruns import rerun_requested
 from episode_operator.runtime.server import serve
 from episode_operator.runtime.slots import FifoSlots
 from episode_operator.runtime.store import StoreSettings
@@ -539,9 +540,10 @@ async def configure_episode_sets(memo: kopf.Memo, **_: Any) -> None:
     logging.getLogger("kopf.objects").addFilter(_QuietWakeups())
 
 
-def set_is_open(status: kopf.Status, **_: Any) -> bool:
-    """A set gets a loop until it is complete (no child active and none to start)."""
-    return not (status.get("completionTime") if status else None)
+def set_is_open(status: kopf.Status, spec: kopf.Spec, **_: Any) -> bool:
+    """A set gets a loop until it is complete (no child active and none to start), and again when its spec asks
+    for a rerun generation it has not seen (runtime/reruns.py)."""
+    return not (status.get("completionTime") if status else None) or rerun_requested(spec, status)
 
 
 @kopf.daemon(
@@ -578,11 +580,15 @@ async def run_set(body: kopf.Body, memo: Any, logger: Any, stopped: kopf.DaemonS
                     )
                 if not stopped and not replicas.belongs_here(body):
                     raise HandOver(f"episodeset {namespace}/{name} belongs to another replica now")
-                return
+                break
         except Fenced as error:
             logger.warning("%s; stopped running it", error)
         except RoutedAway:
             return
+    # The set is complete (or gone). kopf never spawns a daemon again for an object whose daemon returned by
+    # itself, but it does one that it stopped because its filter stopped matching: so this one waits until kopf
+    # sees the completion and stops it, and a rerun asked for later (spec.rerun) gets a loop again.
+    await stopped.wait()
 
 
 @kopf.on.event(GROUP, VERSION, SET_PLURAL)

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 from kubernetes import client
 
-from episode_operator.kube import driver
+from episode_operator.kube import running
 from episode_operator.kube.client import KubeClient
 from episode_operator.kube.driver import DriverSettings, drive_episode
 from episode_operator.runtime.metrics import Metrics
@@ -87,7 +87,7 @@ def test_the_status_writes_and_events_are_all_an_episode_sends_besides_its_sandb
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(driver, "KubeProvider", lambda *_, **__: FakeProvider(World()))
+    monkeypatch.setattr(running, "KubeProvider", lambda *_, **__: FakeProvider(World()))
     files = two_steps("write answer {number}\n", "check answer {number}\n")  # the in-memory sandbox's scripts
     counted = drive(kubeconfig, api_client, quiet_namespace, files, tmp_path)
     # Per episode: running, pod placed, ready, the ending (outcome and reward while the pods are still

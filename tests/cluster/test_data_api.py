@@ -15,13 +15,16 @@ import http.client
 import json
 import os
 import re
+import signal
 import ssl
 import subprocess
 import sys
 import time
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import pytest
 import yaml
@@ -30,7 +33,8 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from tests.cluster.conftest import CLUSTER_DIR
-from tests.cluster.harness import EXAMPLES, create_episode, episode_spec, install_crd
+from tests.cluster.harness import EXAMPLES, create_episode, episode_spec, folder_files, free_port, install_crd
+from tests.cluster.test_episodeset import create_set, read_set, without_resources
 from tests.cluster.test_install import (
     RELEASE,
     Release,
@@ -40,8 +44,13 @@ from tests.cluster.test_install import (
     release_values,
     run_examples,
 )
+from tests.cluster.test_kubectl_plugin import Plugin, read_until
 from tests.cluster.test_replicas import POD_NETWORK_GATEWAY
 from tests.s3server import CREDENTIALS, s3_server
+from tests.unit.chromium import load
+from tests.unit.png import read_png
+from tests.unit.test_results_page import Parsed, cells
+from tests.unit.test_view_browser import OUTPUT
 
 # The module's tests share one release of the data API (one per cluster): one xdist group.
 pytestmark = pytest.mark.xdist_group("test_data_api")
@@ -402,6 +411,70 @@ def wait_succeeded(api: client.ApiClient, namespace: str, name: str) -> None:
         if time.monotonic() > deadline:
             raise TimeoutError(f"{namespace}/{name}: {status.get('phase')}")
         time.sleep(1)
+
+
+# The results page (kubectl episode view) of a small set: two tasks × two attempts of the hello task with
+# a command agent that prints markup and solves task 0 always and task 1 on its first attempt only.
+VIEW_AGENT = """echo '<script>document.body.setAttribute("data-pwned", "log")</script>'
+if [ "$EPISODE_SET_TASK_INDEX" = 0 ] || [ "$EPISODE_SET_ATTEMPT" = 1 ]; then echo 'Hello, world!' > /app/hello.txt; fi
+"""
+VIEW_TASKS = ("hello", "<i>once</i>")
+
+
+def test_the_results_page_of_a_set_as_a_user_opens_it(
+    data_release: Release, api_client: client.ApiClient, core: client.CoreV1Api, kubeconfig: Path, tmp_path: Path
+) -> None:
+    """``kubectl episode view NAME --port P`` as the README prints it, by a user with the README's Role, in
+    the context of the set's namespace: the page it serves, and what Chromium shows of it."""
+    namespace, name = data_release.watched, "viewed"
+    task = {"inline": {"files": without_resources(folder_files(EXAMPLES / "hello"))}}
+    create_set(
+        api_client,
+        namespace,
+        name,
+        {
+            "dataset": {"tasks": [{"name": task_name, **task} for task_name in VIEW_TASKS]},
+            "agent": {"kind": "command", "command": VIEW_AGENT},
+            "attempts": 2,
+            "parallelism": 2,
+        },
+    )
+    reader = kubeconfig_for(kubeconfig, service_account(core, namespace, "viewer"), tmp_path / "viewer")
+    grant(api_client, namespace, "viewer", READER_RULES)
+    config = yaml.safe_load(reader.read_text())
+    config["contexts"][0]["context"]["namespace"] = namespace  # a user's context names its namespace
+    reader.write_text(yaml.safe_dump(config))
+    deadline = time.monotonic() + 300
+    while not (read_set(api_client, namespace, name).get("status") or {}).get("completionTime"):
+        assert time.monotonic() < deadline, f"set {name} unfinished: {read_set(api_client, namespace, name)}"
+        time.sleep(1)
+
+    port = free_port()
+    with Plugin(reader).watching("view", name, "--port", str(port)) as lines:
+        (line,) = read_until(lines, lambda line: "Ctrl-C stops it" in line, "printing the URL", timeout=60)[-1:]
+        found = re.search(r"at (http://127\.0\.0\.1:(\d+)/[A-Za-z0-9_-]+/) ", line)
+        assert found and found.group(2) == str(port), line
+        url = found.group(1)
+        with urllib.request.urlopen(url, timeout=60) as response:
+            page = response.read().decode()
+            assert response.headers["Content-Security-Policy"].startswith("default-src 'none'; script-src 'none';")
+        text = Parsed(page).text
+        assert f"EpisodeSet {namespace}/{name}" in text and VIEW_TASKS[1] in text
+        assert cells(page, "pass-at-k") == [["1", "0.75", "2", "0"], ["2", "1", "2", "0"]]
+        child = f"{name}-1-2"  # task 1's second attempt: the agent printed markup, and did not solve it
+        assert f'href="{urlsplit(url).path}episodes/{child}"' in page
+        shown = load(url, OUTPUT / "cluster-results.png")
+        episode = load(f"{url}episodes/{child}", OUTPUT / "cluster-episode.png", height=2000)
+        lines.process.send_signal(signal.SIGTERM)
+        assert lines.process.wait(timeout=60) == 0
+    for loaded in (shown, episode):
+        assert [attrs for tag, attrs in Parsed(loaded.dom).tags if tag == "body"] == [{}], "a script ran"
+        assert not [tag for tag, _ in Parsed(loaded.dom).tags if tag == "script"]
+    episode_text = Parsed(episode.dom).text
+    assert '<script>document.body.setAttribute("data-pwned", "log")</script>' in episode_text  # the agent's log
+    assert "Kept data" not in episode_text, episode_text  # the data API answered the viewer
+    image = read_png(shown.screenshot)
+    assert image.where((0x2F, 0x85, 0x5A)) and image.where((0xDD, 0x6B, 0x20)), "the plot's green and orange bars"
 
 
 def test_the_operator_runs_the_image_its_dockerfile_makes(

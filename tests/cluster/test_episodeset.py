@@ -44,9 +44,12 @@ from tests.cluster.harness import (
     TERMINAL,
     VERSION,
     OperatorProcess,
+    context_kubeconfig,
     folder_files,
     pods_of,
+    read_episode,
 )
+from tests.cluster.test_gitops import Shell
 from tests.gym_row_schema import check_rows
 
 SETS = "episodesets"
@@ -568,3 +571,116 @@ def test_eval_command_packs_a_nested_dataset_and_follows_it(
     refused = kubectl_episode("eval", str(dataset), "-n", namespace, kubeconfig=kubeconfig)
     assert refused.returncode == 1 and "nothing was created" in refused.stderr and "Traceback" not in refused.stderr
     assert "task.toml" in refused.stderr
+
+
+# --- datasets by name, reruns (README) -----------------------------------------------------------------------------
+README = Path(__file__).resolve().parents[2] / "README.md"
+
+
+def readme_block(name: str) -> str:
+    """The README's ``sh`` block between ``<!-- BEGIN name -->`` and ``<!-- END name -->``, as printed."""
+    return README.read_text().split(f"<!-- BEGIN {name} -->\n```sh\n")[1].split("```\n<!-- END")[0]
+
+
+def test_the_readme_evaluates_a_dataset_by_name_as_printed(
+    kubeconfig: Path, namespace: str, api_client: client.ApiClient, operator: OperatorProcess, tmp_path: Path
+) -> None:
+    """README's "eval-by-name" block: examples/registry.json's examples@1.0, packed as `pack` packs, run as a set."""
+    shell = Shell(context_kubeconfig(kubeconfig, tmp_path / "kubeconfig", {"work": namespace}), tmp_path / "repo")
+    transcript = " ".join(shell(readme_block("eval-by-name"), timeout=900).split())
+    assert "2 task(s) × 2 attempt(s)" in transcript, transcript
+    assert "Succeeded: 4/4 finished, mean reward 1 over 4 graded" in transcript, transcript
+    [episode_set] = client.CustomObjectsApi(api_client).list_namespaced_custom_object(GROUP, VERSION, namespace, SETS)[
+        "items"
+    ]
+    annotations = episode_set["metadata"]["annotations"]
+    assert annotations == {"episode-operator.dev/dataset": "examples@1.0", "episode-operator.dev/registry": "examples"}
+    assert [task["name"] for task in episode_set["status"]["tasks"]] == ["hello", "report-artifact"]
+    # A version the registry does not have: refused naming the file and the key, nothing created.
+    refused = kubectl_episode(
+        "eval",
+        "examples@2.0",
+        "--registry",
+        str(tmp_path / "repo" / "examples"),
+        "-n",
+        namespace,
+        kubeconfig=kubeconfig,
+    )
+    assert refused.returncode == 1, refused.stdout + refused.stderr
+    assert "registry.json: dataset 'examples' version '2.0': not in the registry (its versions: 0.9, 1.0)" in (
+        refused.stderr
+    )
+    assert (
+        len(client.CustomObjectsApi(api_client).list_namespaced_custom_object(GROUP, VERSION, namespace, SETS)["items"])
+        == 1
+    )
+
+
+# The first attempt's agent waits until the test deletes its pod (an outage, with no retry left: Ungraded);
+# the second attempt's, and a rerun's ($EPISODE_SET_RERUN), write the greeting at once.
+WAITS_FIRST_TIME = (
+    '[ -n "${EPISODE_SET_RERUN:-}" ] || [ "$EPISODE_SET_ATTEMPT" = 2 ] || sleep 600; '
+    "echo 'Hello, world!' > /app/hello.txt"
+)
+
+
+def test_the_readme_reruns_the_ungraded_children_of_a_set_as_printed(
+    kubeconfig: Path,
+    namespace: str,
+    api_client: client.ApiClient,
+    core: client.CoreV1Api,
+    operator: OperatorProcess,
+    tmp_path: Path,
+) -> None:
+    """README's "rerun" block against the set it names: a child lost to an outage is re-run in place, the
+    other kept; the set's status, pass@k and the export are the re-run child's, the replaced one listed."""
+    spec = {
+        "dataset": {"tasks": [{"name": "hello", **hello_task()}]},
+        "agent": {"kind": "command", "command": WAITS_FIRST_TIME},
+        "attempts": 2,
+        "parallelism": 2,
+        "template": {"retries": {"outages": 0}},
+    }
+    create_set(api_client, namespace, "nightly", spec)
+
+    def agent_runs() -> bool:
+        try:
+            status = read_episode(api_client, namespace, "nightly-0-1").get("status") or {}
+        except ApiException:
+            return False
+        return any(turn.get("stage") == "agent" for turn in status.get("turns") or [])
+
+    wait_until(agent_runs, "nightly-0-1's agent runs", operator, timeout=300)
+    for pod in pods_of(core, namespace, "nightly-0-1"):
+        core.delete_namespaced_pod(pod, namespace, grace_period_seconds=0)
+    wait_until(
+        lambda: bool(set_status(api_client, namespace, "nightly").get("completionTime")),
+        "the set finishes with one outage",
+        operator,
+        timeout=300,
+    )
+    before = set_status(api_client, namespace, "nightly")
+    assert (before["outcomes"]["ungraded"], before["outcomes"]["graded"], before["passAtK"][0]["value"]) == (1, 1, 0.5)
+
+    shell = Shell(context_kubeconfig(kubeconfig, tmp_path / "kubeconfig", {"work": namespace}), tmp_path / "repo")
+    transcript = shell(readme_block("rerun"), timeout=900)
+    assert "episodeset/nightly rerun generation 1: re-running 1 child(ren): nightly-0-1" in transcript, transcript
+    assert "Succeeded: 2/2 finished, mean reward 1 over 2 graded" in " ".join(transcript.split()), transcript
+    # `kubectl get episodes -l …,episode-operator.dev/set-replaced` lists the replaced child only.
+    listed = [line.split()[0] for line in transcript.splitlines() if line.startswith("nightly-")]
+    assert listed == ["nightly-0-1"], transcript
+    after = set_status(api_client, namespace, "nightly")
+    assert (after["outcomes"]["ungraded"], after["outcomes"]["graded"], after["passAtK"][0]["value"]) == (0, 2, 1.0)
+    assert [(child["name"], child["outcome"], child["rerun"]) for child in after["tasks"][0]["replaced"]] == [
+        ("nightly-0-1", "Ungraded", 1)
+    ]
+    assert [record["generation"] for record in after["reruns"]] == [1]
+    assert sorted(child["name"] for child in after["tasks"][0]["children"]) == ["nightly-0-1-r1", "nightly-0-2"]
+    # The export of the set is its counted children: the re-run one, not the one it replaced.
+    rows = [json.loads(line) for line in (tmp_path / "repo" / "results" / "rollouts.jsonl").read_text().splitlines()]
+    assert sorted(row["_ng_rollout_index"] for row in rows) == [0, 1] and all(row["reward"] == 1.0 for row in rows)
+    assert (tmp_path / "repo" / "results" / "rollouts_failures.jsonl").read_text() == ""
+    # Asked again: nothing matches any more, nothing is changed.
+    again = kubectl_episode("rerun", "nightly", "--outcome", "Ungraded", "-n", namespace, kubeconfig=kubeconfig)
+    assert again.returncode == 1 and "no finished child matches; nothing to re-run" in again.stderr, again.stderr
+    assert read_set(api_client, namespace, "nightly")["spec"]["rerun"]["generation"] == 1

@@ -368,8 +368,8 @@ def test_simulated_runs_with_crashes_never_exceed_parallelism_nor_duplicate(seed
 
 
 # --- models -------------------------------------------------------------------------------------
-def test_the_template_is_episode_spec_without_task_and_agent() -> None:
-    assert set(EpisodeTemplate.model_fields) == set(EpisodeSpec.model_fields) - {"task", "agent"}
+def test_the_template_is_episode_spec_without_task_agent_and_regrade() -> None:
+    assert set(EpisodeTemplate.model_fields) == set(EpisodeSpec.model_fields) - {"task", "agent", "regrade"}
     for name, field in EpisodeTemplate.model_fields.items():
         assert field.description == EpisodeSpec.model_fields[name].description, name
 

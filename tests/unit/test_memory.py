@@ -24,7 +24,7 @@ import pytest
 
 import episode_operator
 from episode_operator import handlers
-from episode_operator.kube import driver
+from episode_operator.kube import running
 from episode_operator.kube.driver import DriverSettings
 from episode_operator.kube.events import EventRecorder
 from episode_operator.runtime.fencing import NoFence
@@ -99,7 +99,7 @@ def operator_allocations() -> tracemalloc.Snapshot:
 
 @pytest.fixture
 def fake_sandboxes(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(driver, "KubeProvider", lambda *_, **__: FakeProvider(World()))
+    monkeypatch.setattr(running, "KubeProvider", lambda *_, **__: FakeProvider(World()))
 
 
 @pytest.mark.usefixtures("fake_sandboxes")

@@ -7,18 +7,27 @@ Episodes and rolls their results up into the set's status. Like ``Episode``'s, t
 are the source of the CRD (:func:`episode_operator.kube.objects.crds.episodeset_crd`).
 
 The Episode template is *derived* from :class:`~episode_operator.api.models.EpisodeSpec`
-(every field but ``task`` and ``agent``), so a field added to Episodes is a field of the
+(every field but ``task``, ``agent`` and ``regrade``), so a field added to Episodes is a field of the
 template at once, with the same description, default and bounds.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, ClassVar, Literal
+from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal
 
-from pydantic import Field, create_model, model_validator
+from pydantic import Field, WithJsonSchema, create_model, field_validator, model_validator
 
 from episode_operator.api.models import AgentSpec, EpisodeSpec, TaskSource
-from episode_operator.api.vocabulary import GROUP, ApiModel, Conditions, Outcome, Phase, Timestamp
+from episode_operator.api.vocabulary import (
+    FAILURE_FAMILIES,
+    FAILURE_KINDS,
+    GROUP,
+    ApiModel,
+    Conditions,
+    Outcome,
+    Phase,
+    Timestamp,
+)
 
 SET_KIND = "EpisodeSet"
 SET_PLURAL = "episodesets"
@@ -29,10 +38,15 @@ SET_SHORT_NAMES = ["epis"]
 # Annotations of every child: the task ID as given, and when the controller created it (µs).
 SET_TASK_NAME_ANNOTATION = f"{GROUP}/task-name"
 CREATED_AT_ANNOTATION = f"{GROUP}/created-at"
+# On a set `kubectl episode eval NAME@VERSION --registry SOURCE` made: the dataset and the catalogue it came from.
+DATASET_ANNOTATION = f"{GROUP}/dataset"
+REGISTRY_ANNOTATION = f"{GROUP}/registry"
 # On a child the set suspended (and will resume): children suspended by anyone else stay so.
 SUSPENDED_BY_SET_ANNOTATION = f"{GROUP}/suspended-by-set"
 # tasks × attempts: each child has a record in the set's status, which etcd bounds (~1.5 MiB).
 MAX_CHILDREN = 5000
+# The replaced children a set's status keeps (a compact record each) beside its MAX_CHILDREN records.
+MAX_REPLACED = 2500
 
 SetPhase = Phase
 
@@ -117,22 +131,62 @@ class FailurePolicy(ApiModel):
     )
 
 
+# The outcomes a rerun may re-run: none is a verdict. A Graded child is never re-run, whatever its
+# reward or failure kind (re-rolling verdicts until they pass would bias pass@k); runtime/reruns.py says why each is.
+RerunOutcome = Literal["Ungraded", "TerminalFailure", "Masked"]
+
+
+# What spec.rerun.failureKinds may name: a failure kind, or a family of them (outage:*). The CRD lists them, so
+# the API server refuses a misspelt one as it is applied, naming the field; the model refuses it too.
+FAILURE_KIND_PATTERNS = sorted(FAILURE_KINDS | {f"{family}:*" for family in FAILURE_FAMILIES})
+FailureKindPattern = Annotated[str, WithJsonSchema({"type": "string", "enum": FAILURE_KIND_PATTERNS})]
+
+
+class RerunSpec(ApiModel):
+    generation: int = Field(
+        ge=1,
+        description="Raise it to re-run: the children finished when the set sees a new generation and matching "
+        "outcomes and failureKinds are replaced by new ones, once per generation; the others are kept.",
+    )
+    outcomes: list[RerunOutcome] = Field(
+        default_factory=list,
+        description="Re-run children that ended so (Ungraded, TerminalFailure, Masked; never Graded). Empty: any "
+        "of them, as failureKinds says.",
+    )
+    failure_kinds: list[FailureKindPattern] = Field(
+        default_factory=list,
+        description="Re-run children whose failureKind is one of these (outage:image_pull, or outage:* for a "
+        "family). With outcomes, a child must match both. Empty: any. A generation naming neither is refused "
+        "(status.reruns says so) and the set goes on.",
+    )
+
+    @field_validator("failure_kinds")
+    @classmethod
+    def _known_kinds(cls, kinds: list[str]) -> list[str]:
+        unknown = [kind for kind in kinds if kind not in FAILURE_KIND_PATTERNS]
+        if unknown:
+            families = ", ".join(f"{family}:*" for family in sorted(FAILURE_FAMILIES))
+            raise ValueError(f"{', '.join(unknown)}: no such failure kind (a kind, or a family: {families})")
+        return kinds
+
+
 class _TemplateBase(ApiModel):
     free_form: ClassVar[frozenset[str]] = EpisodeSpec.free_form
 
 
-TEMPLATE_EXCLUDED = frozenset({"task", "agent"})
+# A child's task and agent are the set's; a child is never a regrade.
+TEMPLATE_EXCLUDED = frozenset({"task", "agent", "regrade"})
 
 if TYPE_CHECKING:
 
     class EpisodeTemplate(_TemplateBase):
-        """Every field of EpisodeSpec but task and agent (built from it at import time)."""
+        """Every field of EpisodeSpec but task, agent and regrade (built from it at import time)."""
 
 else:
     EpisodeTemplate = create_model(
         "EpisodeTemplate",
         __base__=_TemplateBase,
-        __doc__="Every field of EpisodeSpec but task and agent: what each child Episode gets.",
+        __doc__="Every field of EpisodeSpec but task, agent and regrade: what each child Episode gets.",
         **{
             name: (field.annotation, field)
             for name, field in EpisodeSpec.model_fields.items()
@@ -172,6 +226,12 @@ class EpisodeSetSpec(ApiModel):
         description="While true no child starts, and the active children the set started are suspended "
         "(they start over from turn 1 when resumed).",
     )
+    rerun: RerunSpec | None = Field(
+        default=None,
+        description="Re-run the finished children that failed so, in place (same task and attempt), once per "
+        "generation; the replaced ones are listed in status.tasks[].replaced. Reopens a Succeeded set, or one "
+        "the failure policy stopped.",
+    )
 
 
 # --- status -------------------------------------------------------------------------------------
@@ -191,6 +251,17 @@ class SetChildStatus(ApiModel):
     )
 
 
+class ReplacedChild(ApiModel):
+    """A child a rerun replaced: what it was, kept when its record made way for the child that re-ran it."""
+
+    attempt: int
+    name: str
+    outcome: Outcome | None = None
+    failure_kind: str | None = None
+    finished_at: Timestamp | None = None
+    rerun: int = Field(description="The spec.rerun generation that replaced it.")
+
+
 class SetTaskStatus(ApiModel):
     """One task of the dataset and its attempts."""
 
@@ -208,6 +279,13 @@ class SetTaskStatus(ApiModel):
     pass_at_k: list[float] = Field(
         default_factory=list, description="pass@1, pass@2, … for k ≤ graded + ungraded (an ungraded attempt a miss)."
     )
+    replaced: list[ReplacedChild] = Field(
+        default_factory=list, description="Children reruns replaced, oldest first (counted nowhere else)."
+    )
+
+    def rerun_generation(self, attempt: int) -> int:
+        """The rerun generation of the attempt's current child: the last that replaced one (0: the first run)."""
+        return max((child.rerun for child in self.replaced if child.attempt == attempt), default=0)
 
 
 class PassAtK(ApiModel):
@@ -233,6 +311,17 @@ class OutcomeCounts(ApiModel):
     ungraded: int = Field(default=0, description="Infrastructure failures (outages past retries); not in the mean.")
 
 
+class RerunRecord(ApiModel):
+    """A spec.rerun generation, as the set applied it (or refused it)."""
+
+    generation: int
+    outcomes: list[RerunOutcome] = Field(default_factory=list)
+    failure_kinds: list[str] = Field(default_factory=list)
+    replaced: int = Field(default=0, description="Children it replaced.")
+    applied_at: Timestamp | None = None
+    message: str | None = Field(default=None, description="Why it replaced nothing, when it was refused.")
+
+
 class EpisodeSetStatus(ApiModel):
     phase: SetPhase | None = None
     reason: str | None = Field(default=None, description="Why the set stopped or failed, CamelCase.")
@@ -254,8 +343,14 @@ class EpisodeSetStatus(ApiModel):
     completion_time: Timestamp | None = Field(
         default=None, description="Set when no child is active and none will start."
     )
+    reruns: list[RerunRecord] = Field(default_factory=list, description="Each spec.rerun generation seen, in order.")
     observed_generation: int | None = None
     conditions: Conditions = Field(default_factory=list)
+
+    @property
+    def rerun_generation(self) -> int:
+        """The last spec.rerun generation the set has seen (applied or refused); 0: none."""
+        return max((record.generation for record in self.reruns), default=0)
 
 
 def child_spec(spec: EpisodeSetSpec, task: TaskSource, env: dict[str, str]) -> EpisodeSpec:

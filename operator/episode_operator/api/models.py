@@ -296,6 +296,18 @@ class SandboxSecurity(ApiModel):
     )
 
 
+class RegradeSpec(ApiModel):
+    """A regrade: this Episode runs no agent; it verifies again, with its own task's tests, what another
+    Episode's agent left (the artifacts the operator kept of each turn verified in a separate sandbox)."""
+
+    episode: str = Field(min_length=1, description="The finished Episode, in this namespace, to verify again.")
+    uid: str | None = Field(
+        default=None,
+        description="Its uid: the regrade of that run, not of a later Episode of the same name (kubectl episode "
+        "regrade sets it).",
+    )
+
+
 class EpisodeSpec(ApiModel):
     free_form: ClassVar[frozenset[str]] = frozenset({"resources", "tolerations", "image_pull_secrets"})
 
@@ -332,6 +344,11 @@ class EpisodeSpec(ApiModel):
     debug: DebugSpec = Field(default_factory=DebugSpec, description="Debugging aids.")
     security: SandboxSecurity = Field(default_factory=SandboxSecurity, description="How sandbox pods are confined.")
     suspend: bool = Field(default=False, description="While true the episode does not start (Kueue admission).")
+    regrade: RegradeSpec | None = Field(
+        default=None,
+        description="Verify another finished Episode's kept artifacts with this Episode's task's tests, agent skipped "
+        "(kubectl episode regrade): status.regrade and status.turns hold the new verdicts, the original is untouched.",
+    )
 
 
 # --- status -------------------------------------------------------------------------------------
@@ -421,6 +438,30 @@ class AttemptStatus(ApiModel):
     finished_at: Timestamp | None = None
 
 
+RegradeAction = Literal["verify", "carried", "skipped"]
+
+
+class RegradedTurn(ApiModel):
+    name: str
+    action: RegradeAction = Field(
+        description="verify: its artifacts verified again (it was verified in a separate sandbox); carried: its "
+        "record is the original's (the verifier never ran: a failed preparation, the agent's own failure); skipped: "
+        "the original never reached its verifier."
+    )
+    original_reward: float | None = None
+
+
+class RegradeStatus(ApiModel):
+    """What a regrade verifies again: the original's run, fixed when the regrade starts."""
+
+    episode: str
+    uid: str
+    attempt: int = Field(description="The original's attempt whose kept artifacts are verified.")
+    original_outcome: Outcome | None = None
+    original_reward: float | None = None
+    turns: list[RegradedTurn] = Field(default_factory=list)
+
+
 class EpisodeStatus(ApiModel):
     phase: Phase | None = None
     outcome: Outcome | None = None
@@ -439,6 +480,7 @@ class EpisodeStatus(ApiModel):
     pod_name: str | None = None
     started_at: Timestamp | None = None
     finished_at: Timestamp | None = None
+    regrade: RegradeStatus | None = Field(default=None, description="For a regrade (spec.regrade): what it verifies.")
     observed_generation: int | None = None
     conditions: Conditions = Field(default_factory=list)
 

@@ -107,6 +107,10 @@ FailureKind = Literal[
     # the Episode object itself cannot be run
     "episode:invalid_spec",
     "episode:task_source",
+    # a regrade (spec.regrade) whose original cannot be regraded: not finished, no verdict, a turn verified
+    # in its own sandbox (gone), no kept artifacts; or one whose new verdicts reach a turn the original never ran
+    "episode:regrade_refused",
+    "episode:regrade_incomplete",
 ]
 FAILURE_SETUP: Final[FailureKind] = "harbor:step_setup_failed"
 FAILURE_WORKDIR: Final[FailureKind] = "harbor:step_workdir_failed"
@@ -125,6 +129,8 @@ FAILURE_BROKE_SANDBOX: Final[FailureKind] = "agent:broke_sandbox"
 FAILURE_ENVIRONMENT_BUILD: Final[FailureKind] = "environment:build_failed"
 FAILURE_INVALID_SPEC: Final[FailureKind] = "episode:invalid_spec"
 FAILURE_TASK_SOURCE: Final[FailureKind] = "episode:task_source"
+FAILURE_REGRADE_REFUSED: Final[FailureKind] = "episode:regrade_refused"
+FAILURE_REGRADE_INCOMPLETE: Final[FailureKind] = "episode:regrade_incomplete"
 
 # Why an attempt was lost under the task (the sandbox failed, not the task or the agent).
 OutageKind = Literal[
@@ -210,6 +216,21 @@ assert set(DEFAULT_AGENT_OUTCOMES) == set(AGENT_FAILURES)
 def outage_failure_kind(kind: OutageKind) -> str:
     """The ``failureKind`` of an episode whose last attempt ended in this outage."""
     return kind if kind.startswith("harbor:") else f"outage:{kind}"
+
+
+# Every failureKind an Episode or a turn can record: the named kinds and each outage's.
+FAILURE_KINDS: Final[frozenset[str]] = frozenset(get_args(FailureKind)) | {
+    outage_failure_kind(kind) for kind in get_args(OutageKind)
+}
+# Their families (the part before ':'): `outage:*` names every outage's kind.
+FAILURE_FAMILIES: Final[frozenset[str]] = frozenset(kind.split(":", 1)[0] for kind in FAILURE_KINDS)
+
+
+def failure_kind_matches(pattern: str, kind: str | None) -> bool:
+    """Whether ``kind`` is ``pattern``: a failure kind, or ``FAMILY:*`` for every kind of a family."""
+    if kind is None:
+        return False
+    return kind.startswith(pattern[:-1]) if pattern.endswith(":*") else kind == pattern
 
 
 # --- time stamps -------------------------------------------------------------------------------
@@ -325,6 +346,10 @@ TASK_NAME_ANNOTATION: Final = f"{GROUP}/task-name"
 SET_LABEL: Final = f"{GROUP}/set"
 SET_TASK_INDEX_LABEL: Final = f"{GROUP}/task-index"
 SET_ATTEMPT_LABEL: Final = f"{GROUP}/set-attempt"
+# On a child an EpisodeSet's rerun made (spec.rerun): the rerun generation it belongs to (none: the first run).
+SET_RERUN_LABEL: Final = f"{GROUP}/set-rerun"
+# On a child a rerun replaced: the generation that replaced it; `--set` exports and views leave it out.
+SET_REPLACED_LABEL: Final = f"{GROUP}/set-replaced"
 # On in-cluster image build Jobs and their context ConfigMaps: the build context's digest.
 BUILD_LABEL: Final = f"{GROUP}/build"
 # Kueue's queue: an Episode's is copied to its pods, an EpisodeSet's to its children.

@@ -13,6 +13,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+import aiohttp
 import click
 
 from episode_operator.kube.client import KubeClient, KubeError
@@ -52,6 +53,8 @@ class Cluster:
             return asyncio.run(main())
         except KubeError as error:
             raise click.ClickException(str(error)) from error
+        except aiohttp.ClientError as error:  # refused, reset, a name that does not resolve, a bad certificate
+            raise click.ClickException(f"cannot reach the API server: {error}") from error
 
 
 def cluster_options(command: Callable[..., Any]) -> Callable[..., Any]:

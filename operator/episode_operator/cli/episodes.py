@@ -12,7 +12,7 @@ import tarfile
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, cast
+from typing import Any, Protocol, cast
 
 import click
 import yaml
@@ -46,7 +46,7 @@ from episode_operator.cli import printing
 from episode_operator.cli.agents import agent_options
 from episode_operator.cli.cluster import Cluster, cluster_options
 from episode_operator.kube.client import Gone, KubeClient, KubeError
-from episode_operator.kube.objects.children import set_selector
+from episode_operator.kube.objects.children import set_results_selector
 from episode_operator.kube.objects.tasks import TaskTooLarge, task_config_map
 from episode_operator.runtime.archive import RefusedMember, extract_files
 from episode_operator.runtime.dataapi import API_SERVICE
@@ -56,6 +56,7 @@ from episode_operator.runtime.store import (
     SEED_LOGS,
     BlobStore,
     EpisodeBlobs,
+    Exported,
     export_artifacts,
     kept_logs,
     render_logs,
@@ -64,7 +65,7 @@ from episode_operator.runtime.store import (
 from episode_operator.runtime.supervisor import FOLLOW_ENDED, FOLLOW_NO_RECORDS, FOLLOW_SCRIPT, JOBS_DIR
 from episode_operator.runtime.turn.context import running_agent_job
 from episode_operator.taskfolder import TaskFiles, validate_task
-from episode_operator.taskfolder.dataset import discover_dataset
+from episode_operator.taskfolder.dataset import DatasetTask, discover_dataset
 
 # Where a watch starts over after the API server ended it (its timeout) or the list went stale.
 WATCH_RESTARTS = 1000
@@ -92,9 +93,15 @@ def _pack_manifest(directory: str) -> dict[str, Any]:
 def pack_dataset(directory: str) -> list[tuple[str, dict[str, Any]]]:
     """(task ID, ConfigMap) of every task folder under ``directory``; every refusal reported at once."""
     dataset = discover_dataset(directory)
-    problems = [problem.render() for problem in dataset.problems]
+    return pack_tasks(dataset.tasks, [problem.render() for problem in dataset.problems], directory)
+
+
+def pack_tasks(tasks: Sequence[DatasetTask], problems: list[str], where: str) -> list[tuple[str, dict[str, Any]]]:
+    """(task ID, ConfigMap) of each task folder, validated; with ``problems`` already found, every refusal
+    reported at once, naming ``where`` the tasks came from, and nothing packed."""
+    problems = list(problems)
     packed: list[tuple[str, dict[str, Any]]] = []
-    for task in dataset.tasks:
+    for task in tasks:
         files = TaskFiles.from_path(task.path)
         validation = validate_task(files)
         if not validation.valid:
@@ -107,10 +114,10 @@ def pack_dataset(directory: str) -> list[tuple[str, dict[str, Any]]]:
     if problems:
         for problem in problems:
             click.echo(f"  {problem}", err=True)
-        raise click.ClickException(f"{directory}: refused ({len(problems)} error(s)); nothing was created")
+        raise click.ClickException(f"{where}: refused ({len(problems)} error(s)); nothing was created")
     if not packed:
         raise click.ClickException(
-            f"{directory}: no task folders (a task folder holds task.toml; hidden folders are skipped)"
+            f"{where}: no task folders (a task folder holds task.toml; hidden folders are skipped)"
         )
     return packed
 
@@ -154,6 +161,24 @@ def output_namespace(cluster: Cluster, output: str) -> str | None:
 def dump_manifests(manifests: Sequence[dict[str, Any]]) -> str:
     """Manifests as one multi-document YAML stream, what ``kubectl apply -f`` and kustomize read."""
     return str(yaml.safe_dump_all(manifests, sort_keys=False, allow_unicode=True))
+
+
+def print_or_create(
+    cluster: Cluster, output: str, config_map: dict[str, Any] | None, episode: dict[str, Any]
+) -> dict[str, Any] | None:
+    """``-o yaml``: print the Episode and its task's ConfigMap (if any), None; else create them, the Episode
+    as created."""
+    manifests = [placed(m, output_namespace(cluster, output)) for m in (config_map, episode) if m is not None]
+    if output == "yaml":
+        click.echo(dump_manifests(manifests), nl=False)
+        return None
+
+    async def create(client: KubeClient) -> dict[str, Any]:
+        if config_map is not None:
+            await client.apply_config_map(config_map)
+        return await client.create_episode(episode)
+
+    return cluster.run(create)
 
 
 def manifest_output(create_help: str) -> Callable[..., Any]:
@@ -276,18 +301,9 @@ def register(cli: click.Group) -> None:
             manifest = yaml.safe_load(Path(source).read_text())
             if not isinstance(manifest, dict) or manifest.get("kind") != "Episode":
                 raise click.ClickException(f"{source}: not an Episode manifest")
-        namespace = output_namespace(cluster, output)
-        manifests = [placed(m, namespace) for m in (config_map, manifest) if m is not None]
-        if output == "yaml":
-            click.echo(dump_manifests(manifests), nl=False)
+        created = print_or_create(cluster, output, config_map, manifest)
+        if created is None:
             return
-
-        async def create(client: KubeClient) -> dict[str, Any]:
-            if config_map is not None:
-                await client.apply_config_map(config_map)
-            return await client.create_episode(manifest)
-
-        created = cluster.run(create)
         episode_name = created["metadata"]["name"]
         episode_namespace = created["metadata"]["namespace"]
         click.echo(f"episode/{episode_name} created in {episode_namespace}")
@@ -409,7 +425,7 @@ def register(cli: click.Group) -> None:
         episode = _episode(cluster, name)
         if turn is not None:
             turn = turn_name(EpisodeStatus.model_validate(episode.get("status") or {}), turn)
-        source = _kept(cluster, episode, data_dir)
+        source = kept_data(cluster, episode, data_dir)
         text = source.logs(turn=turn, attempt=attempt)
         if not text:
             raise click.ClickException(
@@ -436,7 +452,7 @@ def register(cli: click.Group) -> None:
         episode = _episode(cluster, name)
         status = EpisodeStatus.model_validate(episode.get("status") or {})
         wanted = turn_name(status, turn) if turn is not None else None
-        records = _kept(cluster, episode, data_dir).turns()
+        records = kept_data(cluster, episode, data_dir).turns()
         order = [record.name for record in status.turns]
         turns = {
             turn_: kept
@@ -477,11 +493,11 @@ def register(cli: click.Group) -> None:
         data_dir: str | None,
     ) -> None:
         """Copy an Episode's artifacts (latest attempt) into DESTINATION/<turn>/."""
-        source = _kept(cluster, _episode(cluster, name), data_dir)
-        written = source.artifacts(destination)
-        if not written:
+        exported = kept_data(cluster, _episode(cluster, name), data_dir).artifacts(destination)
+        _say_refused(exported.refused)
+        if not exported.written:
             raise click.ClickException(f"no artifacts kept for {cluster.namespace}/{name}")
-        click.echo(f"{written} file(s) under {destination}")
+        click.echo(f"{len(exported.written)} file(s) under {destination}")
 
 
 class GetView:
@@ -591,7 +607,12 @@ def register_export(cli: click.Group) -> None:
     @cluster_options
     @click.option("-A", "--all-namespaces", is_flag=True, help="Every namespace.")
     @click.option("-l", "--selector", default=None, help="Label selector, e.g. episode-operator.dev/set=NAME.")
-    @click.option("--set", "episode_set", default=None, help="The children of this EpisodeSet (with -l: both).")
+    @click.option(
+        "--set",
+        "episode_set",
+        default=None,
+        help="The children of this EpisodeSet, none a rerun replaced (with -l: both).",
+    )
     @click.option(
         "-o",
         "--output",
@@ -637,7 +658,7 @@ def register_export(cli: click.Group) -> None:
     ) -> None:
         """Write finished Episodes as Gym rows: graded and masked to rollouts.jsonl, failed attempts to the failures."""
         if episode_set:
-            selector = ",".join(part for part in (set_selector(episode_set), selector) if part)
+            selector = ",".join(part for part in (set_results_selector(episode_set), selector) if part)
         if names and all_namespaces:
             raise click.UsageError("Episodes cannot be named across all namespaces (-A)")
 
@@ -650,10 +671,18 @@ def register_export(cli: click.Group) -> None:
             spec = EpisodeSpec.model_validate(episode["spec"])
             if not captures or spec.agent.model is None or not is_terminal((episode.get("status") or {}).get("phase")):
                 return NO_EVIDENCE
-            kept = _kept(cluster, dict(episode), data_dir)
+            kept = kept_data(cluster, dict(episode), data_dir)
             return evidence_of(spec, kept.turns())
 
-        rollouts, failures = split_rows(cluster.run(fetch), evidence, environment_server)
+        episodes = cluster.run(fetch)
+        # A regrade's verdict is on another Episode's rollout (runtime/regrade.py): no rollout of its own.
+        regrades = [episode for episode in episodes if (episode.get("spec") or {}).get("regrade")]
+        if regrades:
+            click.echo(
+                f"skipped {len(regrades)} regrade(s): a regrade's verdict is on its original's rollout", err=True
+            )
+        episodes = [episode for episode in episodes if not (episode.get("spec") or {}).get("regrade")]
+        rollouts, failures = split_rows(episodes, evidence, environment_server)
         output_dir.mkdir(parents=True, exist_ok=True)
         for filename, rows in ((ROLLOUTS, rollouts), (FAILURES, failures)):
             with (output_dir / filename).open("w") as stream:
@@ -676,6 +705,16 @@ def operator_options(command: Callable[..., Any]) -> Callable[..., Any]:
     )(command)
 
 
+class KeptData(Protocol):
+    """What the operator kept of one Episode, wherever it is read from."""
+
+    def logs(self, *, turn: str | None, attempt: int | None) -> str: ...
+
+    def turns(self) -> dict[str, Any]: ...
+
+    def artifacts(self, destination: Path) -> Exported: ...
+
+
 class _LocalStore:
     def __init__(self, blobs: EpisodeBlobs) -> None:
         self.blobs = blobs
@@ -684,10 +723,8 @@ class _LocalStore:
         logs = asyncio.run(kept_logs(self.blobs, turn=turn, attempt=attempt))
         return render_logs(logs).decode("utf-8", "replace")
 
-    def artifacts(self, destination: Path) -> int:
-        exported = asyncio.run(export_artifacts(self.blobs, destination))
-        _say_refused(exported.refused)
-        return len(exported.written)
+    def artifacts(self, destination: Path) -> Exported:
+        return asyncio.run(export_artifacts(self.blobs, destination))
 
     def turns(self) -> dict[str, Any]:
         return asyncio.run(turn_records(self.blobs))
@@ -726,15 +763,14 @@ class _RemoteStore:
         body = self._get("turns", {})
         return {"attempt": None, "turns": {}} if body is None else dict(json.loads(body))
 
-    def artifacts(self, destination: Path) -> int:
+    def artifacts(self, destination: Path) -> Exported:
         body = self._get("artifacts", {})
         if body is None:
-            return 0
+            return Exported([], [])
         destination.mkdir(parents=True, exist_ok=True)
         with tarfile.open(fileobj=io.BytesIO(body), mode="r|gz") as archive:
             written, refused = extract_files(archive, destination)
-        _say_refused(refused)
-        return len(written)
+        return Exported(written, refused)
 
 
 def _say_refused(refused: list[RefusedMember]) -> None:
@@ -743,7 +779,9 @@ def _say_refused(refused: list[RefusedMember]) -> None:
         click.echo(f"skipped {member.name or 'an archive'}: {member.reason}", err=True)
 
 
-def _kept(cluster: Cluster, episode: dict[str, Any], data_dir: str | None) -> _LocalStore | _RemoteStore:
+def kept_data(cluster: Cluster, episode: Mapping[str, Any], data_dir: str | None) -> KeptData:
+    """What the operator kept of ``episode``: from its data directory here (``--data-dir``), else from
+    the in-cluster operator's data API; a data directory without the Episode is a usage error."""
     namespace, name, uid = (episode["metadata"][key] for key in ("namespace", "name", "uid"))
     if data_dir:
         if not Path(data_dir).is_dir():

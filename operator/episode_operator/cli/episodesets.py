@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import sys
 import time
-from pathlib import Path
 from typing import Any
 
 import click
@@ -20,7 +19,8 @@ from episode_operator.api.naming import content_name
 from episode_operator.api.vocabulary import API_VERSION, is_terminal
 from episode_operator.cli.agents import agent_options
 from episode_operator.cli.cluster import Cluster, cluster_options
-from episode_operator.cli.episodes import dump_manifests, manifest_output, output_namespace, pack_dataset, placed
+from episode_operator.cli.episodes import dump_manifests, manifest_output, output_namespace, placed
+from episode_operator.cli.registries import dataset_origin, registry_options
 from episode_operator.kube.client import KubeClient
 
 SHOWN_TASKS = 30
@@ -31,7 +31,8 @@ def register_sets(cli: click.Group) -> None:
     """Add ``eval`` to the ``kubectl-episode`` group."""
 
     @cli.command("eval")
-    @click.argument("dataset", type=click.Path(exists=True, file_okay=False))
+    @click.argument("dataset")
+    @registry_options
     @cluster_options
     @agent_options
     @click.option("--image", default=None, help="Image for tasks without docker_image.")
@@ -61,6 +62,8 @@ def register_sets(cli: click.Group) -> None:
     )
     def evaluate(
         dataset: str,
+        registry: str | None,
+        checkouts: tuple[str, ...],
         cluster: Cluster,
         agent: AgentSpec,
         image: str | None,
@@ -77,12 +80,15 @@ def register_sets(cli: click.Group) -> None:
         wait: bool,
         wait_timeout: float,
     ) -> None:
-        """Evaluate every task folder under DATASET: pack them, create an EpisodeSet, follow it.
+        """Evaluate every task folder under DATASET (or, with --registry, the dataset NAME@VERSION of a
+        Harbor registry.json): pack them, create an EpisodeSet, follow it.
 
         Every evaluation is a new set (a random name suffix). With -o yaml the set is named after the
-        folder and a digest of its spec instead: a manifest for Git, one object however often applied.
+        folder (or NAME-VERSION) and a digest of its spec instead: a manifest for Git, one object however
+        often applied.
         """
-        packed = pack_dataset(dataset)
+        origin = dataset_origin(dataset, registry, checkouts, cluster)
+        packed = origin.packed
         template: dict[str, Any] = {"timeoutMultiplier": timeout_multiplier}
         if image:
             template["image"] = image
@@ -110,12 +116,14 @@ def register_sets(cli: click.Group) -> None:
             messages = "; ".join(str(detail["msg"]).removeprefix("Value error, ") for detail in error.errors())
             raise click.ClickException(messages) from error
         given = spec.model_dump(mode="json", by_alias=True, exclude_none=True, exclude_unset=True)
-        stem = Path(dataset).resolve().name
+        stem = origin.stem
         metadata: dict[str, Any] = (
             {"name": name or content_name(stem, given, fallback="eval")}
             if name or output == "yaml"
             else {"generateName": (stem.lower()[:40].strip("-.") or "eval") + "-"}
         )
+        if origin.annotations:
+            metadata["annotations"] = dict(origin.annotations)
         manifest = {"apiVersion": API_VERSION, "kind": SET_KIND, "metadata": metadata, "spec": given}
         namespace = output_namespace(cluster, output)
         manifests = [placed(m, namespace) for m in [*(config_map for _, config_map in packed), manifest]]
@@ -189,8 +197,10 @@ def set_view(name: str, status: EpisodeSetStatus, attempts: int) -> Group:
     return Group(*parts)
 
 
-def follow_set(cluster: Cluster, namespace: str, name: str, timeout: float) -> EpisodeSetStatus:
-    """Show a set's progress live until it completes; print the result."""
+def follow_set(
+    cluster: Cluster, namespace: str, name: str, timeout: float, *, rerun_generation: int = 0
+) -> EpisodeSetStatus:
+    """Show a set's progress live until it completes (having seen ``rerun_generation``); print the result."""
     console = Console()
 
     async def watch(client: KubeClient) -> EpisodeSetStatus:
@@ -201,14 +211,20 @@ def follow_set(cluster: Cluster, namespace: str, name: str, timeout: float) -> E
                 status = EpisodeSetStatus.model_validate(item.get("status") or {})
                 attempts = int((item.get("spec") or {}).get("attempts") or 1)
                 live.update(set_view(name, status, attempts))
-                if status.completion_time or time.monotonic() > deadline:
+                done = status.completion_time and status.rerun_generation >= rerun_generation
+                if done or time.monotonic() > deadline:
                     return status
                 await asyncio.sleep(1.0)
 
     status = cluster.run(watch)
     console.print()
-    if not status.completion_time:
+    if not status.completion_time or status.rerun_generation < rerun_generation:
         raise click.ClickException(f"episodeset {namespace}/{name} still {status.phase} after {timeout:.0f} s")
+    refused = next((record for record in status.reruns if record.generation == rerun_generation), None)
+    if refused is not None and refused.message:
+        raise click.ClickException(
+            f"episodeset {namespace}/{name}: rerun generation {rerun_generation} refused: {refused.message}"
+        )
     console.print(
         f"{status.phase}: {status.progress} finished, mean reward {_number(status.mean_reward)} "
         f"over {status.outcomes.graded} graded; "

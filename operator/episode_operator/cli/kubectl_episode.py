@@ -17,6 +17,9 @@ import click
 
 from episode_operator.cli.episodes import register
 from episode_operator.cli.episodesets import register_sets
+from episode_operator.cli.regrades import register_regrades
+from episode_operator.cli.reruns import register_reruns
+from episode_operator.cli.view import register_view
 from episode_operator.taskfolder import Problem, TaskFiles, resolve_plan, seed_refusals, validate_task
 from episode_operator.taskfolder.loader import Validation
 
@@ -116,6 +119,9 @@ def plan(path: str, as_json: bool, timeout_multiplier: float) -> None:
 
 register(cli)
 register_sets(cli)
+register_view(cli)
+register_reruns(cli)
+register_regrades(cli)
 
 
 def main(argv: Sequence[str] | None = None) -> None:

@@ -14,35 +14,32 @@ import asyncio
 import base64
 import contextlib
 import logging
-import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 from pydantic import ValidationError
 
-from episode_operator.api.models import EpisodeStatus, TaskSource, TaskStatus
+from episode_operator.api.models import EpisodeStatus, TaskSource
 from episode_operator.api.vocabulary import (
     FAILURE_SEED,
     FAILURE_TASK_SOURCE,
-    QUEUE_LABEL,
-    Condition,
     is_terminal,
-    timestamp,
 )
 from episode_operator.kube.builds import BuildCoordinator
 from episode_operator.kube.client import Guard, KubeClient, KubeError, NotFound
 from episode_operator.kube.objects.env import AgentEnv, Sources, referenced, resolve_agent_env, secret_data
 from episode_operator.kube.objects.pods import AgentImages, OwnerRef, SandboxRequests, episode_selector
+from episode_operator.kube.regrade import drive_regrade
 from episode_operator.kube.replicas import Claim
-from episode_operator.kube.sandbox import KubeProvider
-from episode_operator.kube.status import KubeStatusSink
+from episode_operator.kube.running import episode_provider, runner_config
+from episode_operator.kube.status import KubeStatusSink, refuse
 from episode_operator.kube.tombstones import answer_from_tombstone
 from episode_operator.kube.upstream import HostResolver, Unresolvable, pin_upstream, system_resolver
 from episode_operator.runtime.admission import Refusal, admit_spec, admit_task
 from episode_operator.runtime.agents import agent_kind
 from episode_operator.runtime.agents.model import CaptureBounds, SandboxNeeds
-from episode_operator.runtime.episode import EpisodeConfig, EpisodeObserver, EpisodeRunner
+from episode_operator.runtime.episode import EpisodeObserver, EpisodeRunner
 from episode_operator.runtime.fencing import FencedProvider
 from episode_operator.runtime.images import ImagePolicy
 from episode_operator.runtime.limits import OutputLimits
@@ -50,7 +47,6 @@ from episode_operator.runtime.store import BlobStore
 from episode_operator.runtime.timing import DEFAULT_TIMING, Timing
 from episode_operator.runtime.wakeups import Wakeups
 from episode_operator.taskfolder import TaskFiles
-from episode_operator.taskfolder.compose import binds_of, bound_archive
 from episode_operator.taskfolder.images import ImageMirrors
 
 
@@ -119,25 +115,27 @@ async def drive_episode(
         return status
     spec = admit_spec(body.get("spec") or {})
     if isinstance(spec, Refusal):
-        return await _refuse(sink, status, spec, generation)
+        return await refuse(sink, status, spec, generation)
     try:
         files = await read_task_files(client, episode.namespace, spec.task, settings.timing.source_wait_sec)
     except TaskSourceError as error:
-        return await _refuse(sink, status, Refusal(FAILURE_TASK_SOURCE, str(error)), generation)
+        return await refuse(sink, status, Refusal(FAILURE_TASK_SOURCE, str(error)), generation)
     # Validation, planning and the digest read every byte of the folder: off the event loop.
     lends_copier = settings.agent_images.capture is not None
     admission = await asyncio.to_thread(admit_task, spec, files, settings.image_policy, lends_copier=lends_copier)
     if isinstance(admission, Refusal):
-        return await _refuse(sink, status, admission, generation)
+        return await refuse(sink, status, admission, generation)
+    if spec.regrade is not None:  # no agent runs: its model, key and env are not the regrade's business
+        return await drive_regrade(client, body, admission, files, status, sink, settings, observer, claim)
     needs = agent_kind(spec.agent).sandbox_needs(spec.agent)
     refusal = await _model_refusal(client, episode.namespace, needs, settings.agent_images, admission.digest)
     if refusal is not None:
-        return await _refuse(sink, status, refusal, generation)
+        return await refuse(sink, status, refusal, generation)
     if needs.capture is not None:
         try:
             addresses = await pin_upstream(client, episode.namespace, needs.capture.upstream, settings.resolve_host)
         except Unresolvable as error:
-            return await _refuse(
+            return await refuse(
                 sink, status, Refusal(FAILURE_SEED, f"refused at seed: {error}", admission.digest), generation
             )
         capture = replace(needs.capture, upstream_addresses=addresses, bounds=settings.capture_bounds)
@@ -145,41 +143,17 @@ async def drive_episode(
     agent_env = await read_agent_env(client, episode.namespace, spec.agent.env, spec.agent.env_from, admission.main_env)
     if agent_env.problems:
         message = f"refused at seed: {'; '.join(agent_env.problems)}"
-        return await _refuse(sink, status, Refusal(FAILURE_SEED, message, admission.digest), generation)
+        return await refuse(sink, status, Refusal(FAILURE_SEED, message, admission.digest), generation)
     for skipped in agent_env.skipped:
         await sink.event("AgentEnvSkipped", f"{skipped}: not given to the agent", warning=True)
-    labels = {**settings.extra_pod_labels, **queue_labels(metadata.get("labels") or {})}
-    binds = binds_of(admission.plan.main_volumes, admission.plan.sidecars)
-    provider = KubeProvider(
-        client,
-        episode,
-        spec,
-        admission.plan,
-        admission.image,
-        admission.main_env,
-        extra_labels=labels,
-        bound_files=bound_archive(files, binds) if binds else None,
-        timing=settings.timing,
-        wakeups=settings.pod_wakeups,
-        needs=needs,
-        images=settings.agent_images,
-        sandbox_requests=settings.sandbox_requests,
-        limits=settings.limits,
-    )
-    config = EpisodeConfig(
-        plan=admission.plan,
-        files=files,
-        agent=spec.agent,
-        digest=admission.digest,
-        task_name=admission.task_name,
-        retries=spec.retries,
-        keep_pods_on_failure=spec.debug.keep_pods,
-        timing=settings.timing,
-        generation=generation,
-        images=admission.images,
+    provider = episode_provider(client, body, admission, files, settings, needs=needs)
+    config = runner_config(
+        admission,
+        files,
+        settings,
+        generation,
         agent_env=agent_env.values,
         agent_outcomes=spec.harbor.agent_outcome_policy,
-        limits=settings.limits,
     )
     store = settings.store.episode(episode.namespace, episode.name, episode.uid)
     fenced = provider if claim is None else FencedProvider(provider, claim)
@@ -287,33 +261,6 @@ async def _model_refusal(
     return None
 
 
-async def _refuse(
-    sink: KubeStatusSink, status: EpisodeStatus, refusal: Refusal, generation: int | None
-) -> EpisodeStatus:
-    now = timestamp(time.time())
-    status.phase = "Failed"
-    status.outcome = "TerminalFailure"
-    status.failure_kind = refusal.failure_kind
-    status.message = refusal.message
-    status.started_at = status.started_at or now
-    status.finished_at = now
-    if refusal.digest:
-        status.task = TaskStatus(digest=refusal.digest)
-    status.conditions = [
-        Condition(
-            type="Failed",
-            status="True",
-            reason="TerminalFailure",
-            message=refusal.message[:1024],
-            last_transition_time=now,
-            observed_generation=generation,
-        )
-    ]
-    await sink.event("EpisodeRefused", refusal.message, warning=True)
-    await sink.publish(status)
-    return status
-
-
 async def release_episode_pods(client: KubeClient, namespace: str, name: str) -> None:
     """Delete every pod of an Episode (it was deleted while running)."""
     for pod in await client.list_pods(namespace, episode_selector(name)):
@@ -349,8 +296,3 @@ async def suspend_episode(client: KubeClient, body: Mapping[str, Any]) -> None:
         status.message = "suspended while running; it starts over from turn 1 when resumed"
     with contextlib.suppress(NotFound):
         await client.replace_episode_status(metadata["namespace"], metadata["name"], status.to_api())
-
-
-def queue_labels(labels: Mapping[str, str]) -> dict[str, str]:
-    """The labels of an Episode its pods carry too (Kueue's queue name)."""
-    return {QUEUE_LABEL: labels[QUEUE_LABEL]} if QUEUE_LABEL in labels else {}

@@ -42,12 +42,13 @@ from episode_operator.api.episodeset import (
 from episode_operator.api.models import DEFAULT_TASK_ARCHIVE_KEY, validation_message
 from episode_operator.api.vocabulary import TASK_LABEL, parse_timestamp, precise_timestamp
 from episode_operator.kube.client import Conflict, KubeClient, KubeError, NotFound
-from episode_operator.kube.objects.children import child_manifest, child_view, set_selector
+from episode_operator.kube.objects.children import child_manifest, child_view, replaced_patch, set_selector
 from episode_operator.kube.objects.events import event_name
 from episode_operator.kube.objects.pods import OwnerRef
 from episode_operator.kube.replicas import Claim
 from episode_operator.kube.status import record_event
 from episode_operator.runtime.evaluation import definition_digest, plan_set
+from episode_operator.runtime.reruns import apply_rerun, rerun_requested
 from episode_operator.runtime.timing import DEFAULT_TIMING
 from episode_operator.runtime.wakeups import nap
 
@@ -134,16 +135,26 @@ async def reconcile_episode_set(
         previous = EpisodeSetStatus.model_validate(body.get("status") or {})
     except ValidationError:
         previous = EpisodeSetStatus()  # not ours: start over (children are found again by label)
-    if previous.completion_time:
+    reopening = rerun_requested(body.get("spec"), body.get("status"))
+    if previous.completion_time and not reopening:
         return None
     events = SetWriter(client, ref, logger, claim)
     try:
         spec = EpisodeSetSpec.model_validate(body.get("spec") or {})
     except ValidationError as error:
+        if previous.completion_time:
+            return None  # a finished set stays as it finished
         await _finish_failed(previous, "InvalidSpec", "invalid spec: " + validation_message(error), events)
         return None
     definition = definition_digest(body.get("spec") or {})
 
+    if previous.completion_time and previous.definition is None:
+        # Stopped before its dataset was resolved: no child to re-run; the generation is recorded as refused.
+        result = apply_rerun(spec, previous, precise_timestamp(time.time()), lambda tasks, policy: None)
+        await events.status(previous, result.status)
+        for reason, message, warning in result.events:
+            await events.post(reason, message, warning=warning)
+        return None
     if previous.definition is None:
         resolved = await _resolve(client, ref, spec, metadata, previous, definition, settings, events)
         if resolved is None or isinstance(resolved, float):
@@ -163,6 +174,9 @@ async def reconcile_episode_set(
     await events.status(previous, plan.status)
     for reason, message, warning in plan.events:
         await events.post(reason, message, warning=warning)
+    for child, generation in plan.mark_replaced:  # after the status records what replaced them
+        with contextlib.suppress(NotFound):
+            await client.patch_episode(namespace, child, replaced_patch(generation))
     for child in plan.suspend:
         await _suspend_child(client, namespace, child, suspend=True)
     for child in plan.resume:

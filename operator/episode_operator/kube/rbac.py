@@ -209,8 +209,16 @@ USER_PERMISSIONS: tuple[Permission, ...] = (
     Permission(
         GROUP, PLURAL, ("create", "get", "list", "watch"), "namespaced", "kubectl episode run, get [-w], describe"
     ),
-    Permission(GROUP, SET_PLURAL, ("create", "get"), "namespaced", "kubectl episode run of an EpisodeSet"),
-    Permission("", "configmaps", ("create",), "namespaced", "kubectl episode pack"),
+    Permission(
+        GROUP, SET_PLURAL, ("create", "get", "patch"), "namespaced", "kubectl episode eval; rerun sets spec.rerun"
+    ),
+    Permission(
+        "",
+        "configmaps",
+        ("create", "get"),
+        "namespaced",
+        "kubectl episode pack; eval --registry configmap/NAME reads the catalogue",
+    ),
     Permission(
         "", "pods/exec", ("create", "get"), "namespaced", "kubectl episode logs -f reads the running agent's output"
     ),

@@ -297,6 +297,9 @@ class KubeProvider:
     clock: Callable[[], float] = time.monotonic
     # What the sandboxes' answers may hold (runtime/limits.py).
     limits: OutputLimits = field(default_factory=OutputLimits)
+    # Whether a verifier of a turn before the last runs beside the attempt's agent pod, on the capacity it
+    # reserved; a regrade (runtime/regrade.py) has no agent pod, and each verifier asks for its own.
+    verifiers_beside_agent: bool = True
 
     _applied: dict[str, NetworkPolicy] = field(default_factory=dict)
     # The sandboxes handed out, by pod: their sessions are closed before their pod is deleted.
@@ -367,7 +370,8 @@ class KubeProvider:
         # Harbor's verifier environment is environment/: its compose file runs there too, in this new pod.
         sidecars = self.plan.sidecars if plan.compose else ()
         node: str | None = None
-        if turn < len(self.plan.turns) - 1 and verifier_requests(plan, sidecars, self.sandbox_requests):
+        beside = self.verifiers_beside_agent and turn < len(self.plan.turns) - 1
+        if beside and verifier_requests(plan, sidecars, self.sandbox_requests):
             node = await self._agent_node(attempt)
         pod = SandboxPod(
             role="verifier",

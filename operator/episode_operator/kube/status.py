@@ -10,14 +10,16 @@ posts nothing.
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass, field
 
-from episode_operator.api.models import EpisodeStatus
-from episode_operator.api.vocabulary import is_terminal
+from episode_operator.api.models import EpisodeStatus, TaskStatus
+from episode_operator.api.vocabulary import Condition, is_terminal, timestamp
 from episode_operator.kube.client import KubeClient, KubeError, NotFound
 from episode_operator.kube.objects.events import event_name
 from episode_operator.kube.objects.pods import OwnerRef
 from episode_operator.kube.replicas import Claim
+from episode_operator.runtime.admission import Refusal
 
 # How long a terminal status waits for its Episode's Events (they wait only for the rate limit).
 FLUSH_TIMEOUT_SEC = 5.0
@@ -92,3 +94,31 @@ def record_event(
     ``name`` (:func:`event_name`) makes it the Event of one occasion, posted once across replicas."""
     (logger.warning if warning else logger.info)("%s: %s", reason, message)
     client.event_recorder.record(owner, reason, message, warning=warning, logger=logger, name=name)
+
+
+async def refuse(
+    sink: KubeStatusSink, status: EpisodeStatus, refusal: Refusal, generation: int | None
+) -> EpisodeStatus:
+    """End an Episode before any pod: Failed, TerminalFailure, the refusal's failure kind and message."""
+    now = timestamp(time.time())
+    status.phase = "Failed"
+    status.outcome = "TerminalFailure"
+    status.failure_kind = refusal.failure_kind
+    status.message = refusal.message
+    status.started_at = status.started_at or now
+    status.finished_at = now
+    if refusal.digest:
+        status.task = TaskStatus(digest=refusal.digest)
+    status.conditions = [
+        Condition(
+            type="Failed",
+            status="True",
+            reason="TerminalFailure",
+            message=refusal.message[:1024],
+            last_transition_time=now,
+            observed_generation=generation,
+        )
+    ]
+    await sink.event("EpisodeRefused", refusal.message, warning=True)
+    await sink.publish(status)
+    return status

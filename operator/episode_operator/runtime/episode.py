@@ -322,7 +322,7 @@ class EpisodeRunner:
             record.phase = "Running"
             record.started_at = timestamp(self.clock())
             record.verifier_mode = turn.plan.verifier.mode
-            await self._enter(turn, Stage.CLEANUP)
+            await self._enter(turn, self._first_stage(turn))
             await self.event("TurnStarted", f"turn {turn.label()} started")
         else:
             # A restart: the table says where.
@@ -352,6 +352,10 @@ class EpisodeRunner:
             if following is None:
                 return stops_episode(record)
             await self._enter(turn, following)
+
+    def _first_stage(self, turn: TurnRun) -> Stage:
+        """Where a turn starts: its cleanup (a regrade's turn starts at its verifier: runtime/regrade.py)."""
+        return Stage.CLEANUP
 
     async def _enter(self, turn: TurnRun, stage: Stage) -> None:
         """Record ``stage`` as the turn's, written to the status when the table says so."""

@@ -17,6 +17,7 @@ terminal failures (the task's, not the agent's) are no samples.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from fractions import Fraction
@@ -35,6 +36,7 @@ from episode_operator.api.episodeset import (
 )
 from episode_operator.api.naming import document_digest
 from episode_operator.api.vocabulary import ConditionStatus, Outcome, Phase, is_terminal, set_condition
+from episode_operator.runtime.reruns import apply_rerun
 
 DEFINITION_FIELDS = ("dataset", "attempts", "agent", "template")
 
@@ -72,6 +74,8 @@ class ChildView:
     suspended: bool = False
     suspended_by_set: bool = False
     deleting: bool = False
+    rerun: int = 0  # the spec.rerun generation that made it (0: the set's first run of its slot)
+    marked_replaced: bool = False  # labelled as replaced by a rerun
 
     @property
     def terminal(self) -> bool:
@@ -87,6 +91,8 @@ class SetPlan:
     suspend: list[str] = field(default_factory=list)
     resume: list[str] = field(default_factory=list)
     lost: list[str] = field(default_factory=list)
+    # Replaced children (a rerun made way for them) still without their replaced label: (name, generation).
+    mark_replaced: list[tuple[str, int]] = field(default_factory=list)
     events: list[tuple[str, str, bool]] = field(default_factory=list)
 
 
@@ -186,6 +192,60 @@ def count(tasks: Sequence[SetTaskStatus]) -> tuple[PhaseCounts, OutcomeCounts]:
     return phases, outcomes
 
 
+def selection_status(
+    tasks: Sequence[tuple[str, Sequence[ChildView]]], threshold: float, *, now: str
+) -> EpisodeSetStatus:
+    """The status a set of these Episodes would have (``kubectl episode view -l``): per task ID its
+    Episodes as attempts, in the order given, scored as a set's children are (graded mean, pass@k with
+    Ungraded attempts as misses, outcome and phase counts). Each view's ``index`` and ``attempt`` are
+    ignored: a task's position and an Episode's place in its task's list decide them."""
+    records = [SetTaskStatus(index=index, name=name) for index, (name, _episodes) in enumerate(tasks)]
+    views = [
+        dataclasses.replace(view, index=index, attempt=attempt)
+        for index, (_name, episodes) in enumerate(tasks)
+        for attempt, view in enumerate(episodes, start=1)
+    ]
+    recorded, _lost = record_children(records, views, now)
+    summarized = [summarize_task(task, threshold) for task in recorded]
+    attempts = max((len(episodes) for _name, episodes in tasks), default=0)
+    mean, table = aggregate(summarized, attempts)
+    phases, outcomes = count(summarized)
+    finished = phases.succeeded + phases.failed
+    return EpisodeSetStatus(
+        phase="Succeeded" if views and finished == len(views) else ("Running" if views else "Pending"),
+        total=len(views),
+        created=len(views),
+        active=len(views) - finished,
+        finished=finished,
+        progress=f"{finished}/{len(views)}",
+        phases=phases,
+        outcomes=outcomes,
+        mean_reward=mean,
+        pass_at_k=table,
+        tasks=summarized,
+    )
+
+
+def current_children(
+    tasks: Sequence[SetTaskStatus], children: Sequence[ChildView]
+) -> tuple[list[ChildView], list[tuple[ChildView, int]]]:
+    """The children of each slot's current rerun generation; and the others, which a rerun replaced (with the
+    generation that did): they stay, finished and readable, but count nowhere."""
+    generations = {task.index: task for task in tasks}
+    current: list[ChildView] = []
+    replaced: list[tuple[ChildView, int]] = []
+    for child in children:
+        task = generations.get(child.index)
+        expected = task.rerun_generation(child.attempt) if task is not None else 0
+        if child.rerun >= expected:
+            current.append(child)
+        else:
+            assert task is not None
+            by = next((record.rerun for record in task.replaced if record.name == child.name), expected)
+            replaced.append((child, by))
+    return current, replaced
+
+
 def policy_verdict(outcomes: OutcomeCounts, policy: FailurePolicy) -> str | None:
     """Why the failure policy stops the set, or None."""
     if policy.max_outages is not None and outcomes.ungraded > policy.max_outages:
@@ -237,6 +297,9 @@ def plan_set(
     generation: int | None = None,
 ) -> SetPlan:
     """The next status of a resolved set (``previous.tasks`` filled) and what to do now."""
+    rerun = apply_rerun(spec, previous, now, lambda tasks, policy: policy_verdict(count(tasks)[1], policy))
+    previous = rerun.status
+    children, replaced = current_children(previous.tasks, children)
     tasks, lost = record_children(previous.tasks, children, now)
     tasks = [summarize_task(task, spec.success_threshold) for task in tasks]
     mean, table = aggregate(tasks, spec.attempts)
@@ -259,7 +322,8 @@ def plan_set(
             "observed_generation": generation,
         }
     )
-    plan = SetPlan(status=status, lost=lost)
+    plan = SetPlan(status=status, lost=lost, events=list(rerun.events))
+    plan.mark_replaced = [(child.name, generation) for child, generation in replaced if not child.marked_replaced]
     for name in lost:
         plan.events.append(("ChildLost", f"episode {name} is gone before it finished; it is created again", True))
 

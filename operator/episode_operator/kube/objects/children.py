@@ -21,6 +21,8 @@ from episode_operator.api.vocabulary import (
     QUEUE_LABEL,
     SET_ATTEMPT_LABEL,
     SET_LABEL,
+    SET_REPLACED_LABEL,
+    SET_RERUN_LABEL,
     SET_TASK_INDEX_LABEL,
     TASK_LABEL,
     Phase,
@@ -29,14 +31,19 @@ from episode_operator.kube.objects.pods import NAME_LIMIT, OwnerRef, label_value
 from episode_operator.runtime.evaluation import ChildView
 
 
-def child_name(set_name: str, index: int, attempt: int) -> str:
-    """``<set>-<task index>-<attempt>``, a DNS-safe name of at most 63 characters."""
-    return short_name(set_name, f"{index}-{attempt}")
+def child_name(set_name: str, index: int, attempt: int, rerun: int = 0) -> str:
+    """``<set>-<task index>-<attempt>`` (``…-r<generation>`` for a rerun's): a DNS-safe name, 63 characters at most."""
+    return short_name(set_name, f"{index}-{attempt}" + (f"-r{rerun}" if rerun else ""))
 
 
 def set_selector(set_name: str) -> str:
-    """The label selector of every child of a set."""
+    """The label selector of every child of a set, replaced ones included (the controller's)."""
     return f"{SET_LABEL}={label_value(set_name)}"
+
+
+def set_results_selector(set_name: str) -> str:
+    """The label selector of a set's children that count: none a rerun replaced (what exports read)."""
+    return f"{set_selector(set_name)},!{SET_REPLACED_LABEL}"
 
 
 def task_label_value(task: str) -> str:
@@ -60,11 +67,13 @@ def child_manifest(
     ref: OwnerRef, spec: EpisodeSetSpec, task: SetTaskStatus, attempt: int, created_at: str
 ) -> dict[str, Any]:
     """A child Episode: owned by the set, named and labelled by task and attempt."""
+    rerun = task.rerun_generation(attempt)
     env = {
         "EPISODE_SET": ref.name,
         "EPISODE_SET_TASK": task.name,
         "EPISODE_SET_TASK_INDEX": str(task.index),
         "EPISODE_SET_ATTEMPT": str(attempt),
+        **({"EPISODE_SET_RERUN": str(rerun)} if rerun else {}),
     }
     labels = {
         **MANAGED_BY,
@@ -75,10 +84,12 @@ def child_manifest(
     }
     if spec.queue_name:
         labels[QUEUE_LABEL] = spec.queue_name
+    if rerun:
+        labels[SET_RERUN_LABEL] = str(rerun)
     manifest = episode_manifest(
         ref.namespace,
         child_spec(spec, task_source(spec, task), env),
-        name=child_name(ref.name, task.index, attempt),
+        name=child_name(ref.name, task.index, attempt, rerun),
         labels=labels,
     )
     manifest["metadata"]["annotations"] = {SET_TASK_NAME_ANNOTATION: task.name, CREATED_AT_ANNOTATION: created_at}
@@ -109,4 +120,15 @@ def child_view(item: Mapping[str, Any]) -> ChildView:
         suspended=bool((item.get("spec") or {}).get("suspend")),
         suspended_by_set=annotations.get(SUSPENDED_BY_SET_ANNOTATION) == "true",
         deleting=bool(metadata.get("deletionTimestamp")),
+        rerun=_generation(labels.get(SET_RERUN_LABEL)),
+        marked_replaced=SET_REPLACED_LABEL in labels,
     )
+
+
+def _generation(value: str | None) -> int:
+    return int(value) if value is not None and value.isdigit() else 0
+
+
+def replaced_patch(generation: int) -> dict[str, Any]:
+    """The merge patch that labels a child as replaced by rerun ``generation``."""
+    return {"metadata": {"labels": {SET_REPLACED_LABEL: str(generation)}}}

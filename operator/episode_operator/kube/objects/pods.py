@@ -56,6 +56,7 @@ from episode_operator.api.vocabulary import (
     ATTEMPT_LABEL,
     EPISODE_LABEL,
     MANAGED_BY,
+    QUEUE_LABEL,
     ROLE_LABEL,
     TURN_LABEL,
 )
@@ -754,3 +755,8 @@ def sandbox_pod(
         },
         "spec": pod_spec,
     }
+
+
+def queue_labels(labels: Mapping[str, str]) -> dict[str, str]:
+    """The labels of an Episode its pods carry too (Kueue's queue name)."""
+    return {QUEUE_LABEL: labels[QUEUE_LABEL]} if QUEUE_LABEL in labels else {}
