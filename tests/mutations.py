@@ -1401,8 +1401,8 @@ MUTATIONS = [
     Mutation(
         "qwen-code-prompt-positional",
         "runtime/agents/harnesses.py",
-        '            f"--prompt={INSTRUCTION}",\n',
-        '            "--",\n            INSTRUCTION,\n',
+        '            # is not read: qwen then waits for stdin).\n            f"--prompt={INSTRUCTION}",\n',
+        '            # is not read: qwen then waits for stdin).\n            "--",\n            INSTRUCTION,\n',
         "qwen-code gets its instruction after `--`, which it does not read: it waits for stdin and exits 1",
     ),
     Mutation(
@@ -1439,6 +1439,42 @@ MUTATIONS = [
         '            "PI_CODING_AGENT_DIR": f"{LOGS}/pi",\n',
         "",
         "pi has no directory for its models.json: the launcher refuses to start it",
+    ),
+    # kimi-cli's and aider's presets (issue 25; docs/harnesses.md, "kimi-cli", "aider").
+    Mutation(
+        "kimi-key-in-argv",
+        "runtime/agents/harnesses.py",
+        '    provider = {"type": "openai_legacy", "base_url": run.base_url, "api_key": ""}\n',
+        '    provider = {"type": "openai_legacy", "base_url": run.base_url, "api_key": run.api_key}\n',
+        "kimi-cli's key is in its --config argument, where any command of the agent's reads it (ps)",
+    ),
+    Mutation(
+        "kimi-telemetry-on",
+        "runtime/agents/harnesses.py",
+        '            "telemetry": False,\n',
+        '            "telemetry": True,\n',
+        "kimi-cli posts its telemetry to its vendor from a sandbox that may reach only the model",
+    ),
+    Mutation(
+        "kimi-rate-limit-unavailable",
+        "runtime/agents/harnesses.py",
+        '(re.compile(r"^Error code: 429\\b", re.M), "model_rate_limit"),',
+        '(re.compile(r"^Error code: 429\\b", re.M), "model_unavailable"),',
+        "kimi-cli rate-limited to its end, its calls unrecorded, is called an unavailable endpoint",
+    ),
+    Mutation(
+        "aider-analytics-on",
+        "runtime/agents/harnesses.py",
+        '            "--no-analytics",\n',
+        "",
+        "aider asks to collect analytics and, said yes, posts them to PostHog",
+    ),
+    Mutation(
+        "aider-rate-limit-unread",
+        "runtime/agents/harnesses.py",
+        '    (re.compile(r"^litellm\\.RateLimitError:", re.M), "model_rate_limit"),\n',
+        "",
+        "aider ended at its budget while retrying a rate-limited endpoint, its calls unrecorded, is a timeout",
     ),
     # The results page of kubectl episode view (issue 28): what agents wrote never runs in a browser.
     Mutation(

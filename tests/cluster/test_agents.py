@@ -257,7 +257,7 @@ def failure_evidence(operator: OperatorProcess, namespace: str, name: str, statu
 @pytest.mark.parametrize(
     ("agent_change", "fragment"),
     [
-        ({"harness": {"name": "aider"}}, "spec.agent.harness.name: unknown harness 'aider'"),
+        ({"harness": {"name": "no-such"}}, "spec.agent.harness.name: unknown harness 'no-such'"),
         ({"harness": {"name": "codex"}}, "spec.agent.model.api: codex speaks responses, not chat-completions"),
         ({"turnSessions": "continue", "harness": {"name": "mini-swe-agent"}}, "mini-swe-agent cannot continue"),
         ({"turnSessions": "continue", "harness": {"name": "terminus-2"}}, "terminus-2 cannot continue"),

@@ -29,7 +29,6 @@ from tests.cluster.toolchains import (
 )
 from tests.reference import harbor_trajectory
 from tests.scripted_model.deploy import ScriptedModel, deploy_scripted_model
-from tests.scripted_model.server import conversation, request_tools
 
 MODEL = "scripted-m1"
 TURN_ONE = "Episode toolchain check, turn one: create the greeting file."
@@ -40,12 +39,16 @@ SCRIPT = {
         {
             "name": "turn-1",
             "when": {"prompt": TURN_ONE, "tools": True},
-            "steps": [{"run": f"echo 'hello from turn 1' > {GREETING}"}, {"finish": "Created the greeting file."}],
+            # Writes, which every harness can make: a command through a shell tool, or an edit (aider).
+            "steps": [{"write": GREETING, "content": "hello from turn 1\n"}, {"finish": "Created the greeting file."}],
         },
         {
             "name": "turn-2",
             "when": {"prompt": TURN_TWO, "tools": True},
-            "steps": [{"run": f"echo 'and from turn 2' >> {GREETING}"}, {"finish": "Appended to it."}],
+            "steps": [
+                {"write": GREETING, "content": "hello from turn 1\nand from turn 2\n"},
+                {"finish": "Appended to it."},
+            ],
         },
     ]
 }
@@ -95,13 +98,9 @@ def run_turn(
 
 
 def tool_requests(model: ScriptedModel) -> list[dict[str, Any]]:
-    """The requests of the agent's loop (title and summary requests offer no tools; Terminus-2's offer its
-    terminal, in the answer format its prompt asks for)."""
-    return [
-        r
-        for r in model.model_requests()
-        if r.get("action") is not None and request_tools(r["dialect"], r["body"], conversation(r["dialect"], r["body"]))
-    ]
+    """The requests of the agent's loop: those that let the model act, by tools or an answer format its prompt
+    asks for (Terminus-2's keystrokes, aider's file listing); title and summary requests offer neither."""
+    return [r for r in model.model_requests() if r.get("action") is not None and r.get("offered")]
 
 
 def conversation_text(record: dict[str, Any]) -> str:
@@ -122,12 +121,14 @@ def test_harness_runs_the_scripted_commands_offline(
     assert {r["dialect"] for r in requests} == {harness.dialect}
     assert all(r["api_key"] == API_KEY for r in requests)
     loop = tool_requests(model)
-    assert [r["step"] for r in loop] == harness.loop_steps(2)
-    assert {r["rule"] for r in loop} == {"turn-1"}, "every loop request is scripted"
-    assert "hello from turn 1" not in conversation_text(loop[0]) and "greeting" in conversation_text(loop[1])
+    steps = harness.loop_steps(2)
+    assert [r["rule"] for r in loop] == ["turn-1"] * len(steps), "every loop request is scripted"
+    assert [r["step"] for r in loop] == steps
+    assert "hello from turn 1" not in conversation_text(loop[0])
+    assert all("greeting" in conversation_text(r) for r in loop[1:])
 
     logs = exec_argv(
-        core, namespace, sandbox, ["sh", "-c", " ".join(f"ls {LOGS}/{pattern}" for pattern in harness.native_logs)]
+        core, namespace, sandbox, ["sh", "-c", " && ".join(f"ls {LOGS}/{pattern}" for pattern in harness.native_logs)]
     )
     assert logs.exit_code == 0, f"no native log {harness.native_logs} under {LOGS}: {logs.stderr}"
     if harness.name in NATIVE_ATIF:  # a harness that writes ATIF itself: Harbor's models accept it

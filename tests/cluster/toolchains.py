@@ -89,7 +89,11 @@ class Harness:
 
     def loop_steps(self, scripted: int) -> list[int]:
         """The script's step each request of the agent's loop gets, for a rule of `scripted` steps ending in a
-        finish: Terminus-2 asks the model once more whether it is done, and is answered past the last step."""
+        finish. A harness whose model acts by tools asks for each step (the finish ends its loop); Terminus-2
+        asks once more whether it is done, and is answered past the last step. One whose model acts by the
+        edits of its one answer (its registry entry's ``acts``: aider) asks for the first only."""
+        if self.preset.entry.acts == "edits":
+            return [0]
         return list(range(scripted + 1 if self.name in CONFIRMS_FINISH else scripted))
 
 

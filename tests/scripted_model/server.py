@@ -26,8 +26,9 @@ continued session the first instruction is still in the conversation; the newest
 
 - ``when.prompt``: a substring of a user message (the anchor); ``when.dialect``: ``chat``,
   ``responses`` or ``messages``; ``when.tools``: whether the request offers tools (a title or
-  summary request offers none; Terminus-2's keystroke format counts as one); ``when.model``: the
-  requested model name.
+  summary request offers none) -- or, from a harness whose model acts without tools, asks for an
+  answer format this server writes (Terminus-2's keystrokes, aider's *file listing*);
+  ``when.model``: the requested model name.
 - ``steps`` are the replies, chosen by position without server state: the number of model replies
   already in the conversation after the anchoring user message (the last user message containing
   ``when.prompt``, else the first user message). Retries therefore get the same answer, and a
@@ -36,10 +37,14 @@ continued session the first instruction is still in the conversation; the newest
 
   - ``{"run": "CMD"}``: call the harness's shell tool with CMD. The tool is picked from those the
     request offers (``bash``, ``Bash``, ``exec_command``, ``shell_command``, ``shell``,
-    ``run_shell_command``) and its arguments from that tool's JSON schema, so one script drives
-    every harness. A harness that offers no tools but asks for its answers as JSON keystrokes
+    ``run_shell_command``, ``Shell``) and its arguments from that tool's JSON schema, so one script
+    drives every harness. A harness that offers no tools but asks for its answers as JSON keystrokes
     (Terminus-2) offers its terminal: CMD is typed there
     (``{"commands": [{"keystrokes": "CMD\\n", ...}], "task_complete": false}``).
+  - ``{"write": "PATH", "content": "TEXT"}``: make the file PATH hold TEXT: as a *file listing* to a
+    harness that asks for that edit format (aider, which runs none of its model's commands), else as
+    a ``run`` of ``printf '%s' TEXT > PATH``. A script of ``write`` and ``finish`` steps drives
+    every harness.
   - ``{"tool": "NAME", "arguments": {...}}``: call any offered tool with literal arguments.
   - ``{"say": "TEXT"}`` / ``{"finish": "TEXT"}``: answer with text and no tool call. ``finish``
     ends the harness's loop: for a harness that ends only on a sentinel command it was told
@@ -74,7 +79,9 @@ The ids are the bytes of the prompt's last message and of the reply, offset by 1
 test can recompute them; every logprob is -0.5.
 
 Requests that no rule matches are answered too (plain text, or a finish when tools are offered)
-and recorded with ``"rule": null``, so a test can assert that nothing unscripted happened.
+and recorded with ``"rule": null``, so a test can assert that nothing unscripted happened. Each
+record names what the request let the model act with (``"offered"``: its tools' names, or the
+answer format it asks for): the agent's own loop, as against a title or summary request.
 
 Control endpoints (under ``/_scripted/``): ``GET health``, ``GET requests`` (every recorded
 request, in order), ``DELETE requests``, ``PUT script`` (replace the script, counters reset).
@@ -88,6 +95,7 @@ import argparse
 import contextlib
 import json
 import select
+import shlex
 import signal
 import socket
 import sys
@@ -115,13 +123,20 @@ DIALECT_BY_PATH_SUFFIX = {
 FINISH_COMMANDS = ("echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT",)
 
 # Shell tools, by the name each harness gives its own, in order of preference.
-SHELL_TOOL_NAMES = ("bash", "Bash", "exec_command", "shell_command", "shell", "run_shell_command")
+SHELL_TOOL_NAMES = ("bash", "Bash", "exec_command", "shell_command", "shell", "run_shell_command", "Shell")
 
-# Terminus-2 (Harbor's agent) offers no tools: its prompt asks for every answer as a JSON object of
-# keystrokes to type into its terminal, and for `"task_complete": true` to end (twice: it asks to be
-# sure). A request whose conversation asks for that format offers this one shell, answered in it.
+# Harnesses whose model acts without tools: their requests offer none, their prompt asks for every
+# answer in a format of the harness's own, which this server writes. Such a format, known by the
+# marks of the prompt that asks for it, is offered as a tool would be (``when.tools``, a record's
+# ``offered``). Terminus-2 (Harbor's agent): a JSON object of keystrokes to type into its terminal,
+# and `"task_complete": true` to end (twice: it asks to be sure). aider: the file edits of its one
+# answer, in its whole-file *file listing* format.
 KEYSTROKES = "keystrokes"
-KEYSTROKE_PROMPT_MARKS = ('"keystrokes"', '"task_complete"')
+FILE_LISTING = "file listing"
+ANSWER_FORMATS = {
+    KEYSTROKES: ('"keystrokes"', '"task_complete"'),
+    FILE_LISTING: ("You MUST use this *file listing* format",),
+}
 # How long Terminus-2 waits after typing a scripted command before it reads the screen.
 KEYSTROKE_DURATION_SEC = 1.0
 
@@ -153,7 +168,9 @@ CONTEXT_WINDOW_ERRORS = {
 
 RULE_KEYS = {"name", "when", "steps", "fail", "times", "delay", "stream_delay"}
 WHEN_KEYS = {"prompt", "dialect", "tools", "model"}
-STEP_KINDS = {"run", "tool", "say", "finish"}
+STEP_KINDS = {"run", "write", "tool", "say", "finish"}
+# The key each step kind may carry besides its own.
+STEP_EXTRAS = {"tool": "arguments", "write": "content"}
 FAIL_KEYS = {"status", "message", "type", "code", "headers", "kind", "body"}
 FAIL_KINDS = {"context_window", "garbage", "hang", "drop"}
 DIALECTS = set(DIALECT_BY_PATH_SUFFIX.values())
@@ -218,10 +235,13 @@ def parse_rule(index: int, data: Any) -> Rule:
         raise ScriptError(f"{where}: `steps` must be a list")
     for position, step in enumerate(steps):
         kinds = set(step) & STEP_KINDS if isinstance(step, dict) else set()
-        if len(kinds) != 1 or set(step) - STEP_KINDS - {"arguments"}:
+        if len(kinds) != 1 or set(step) - STEP_KINDS - set(STEP_EXTRAS.values()):
             raise ScriptError(f"{where}: steps[{position}] must have exactly one of {sorted(STEP_KINDS)}")
-        if "arguments" in step and "tool" not in step:
-            raise ScriptError(f"{where}: steps[{position}]: `arguments` goes with `tool`")
+        for kind, extra in STEP_EXTRAS.items():
+            if extra in step and kind not in step:
+                raise ScriptError(f"{where}: steps[{position}]: `{extra}` goes with `{kind}`")
+        if "write" in step and not isinstance(step.get("content"), str):
+            raise ScriptError(f"{where}: steps[{position}]: `write` needs the file's `content` (a string)")
     fail = data.get("fail")
     if fail is not None:
         if not isinstance(fail, dict) or (unknown := set(fail) - FAIL_KEYS):
@@ -342,12 +362,13 @@ def offered_tools(dialect: str, body: dict[str, Any]) -> dict[str, dict[str, Any
 
 
 def request_tools(dialect: str, body: dict[str, Any], items: list[Item]) -> dict[str, dict[str, Any]]:
-    """The request's tools; a request of a harness that types keystrokes (Terminus-2) offers its one shell."""
+    """What the request lets the model act with: its tools, or else the answer formats its prompt asks
+    for (ANSWER_FORMATS: Terminus-2's terminal, aider's file listing), each as a tool of no schema."""
     tools = offered_tools(dialect, body)
-    said = " ".join(item.text for item in items if item.role in ("system", "user"))
-    if not tools and all(mark in said for mark in KEYSTROKE_PROMPT_MARKS):
-        return {KEYSTROKES: {}}
-    return tools
+    if tools:
+        return tools
+    said = "\n".join(item.text for item in items if item.role in ("system", "user"))
+    return {name: {} for name, marks in ANSWER_FORMATS.items() if all(mark in said for mark in marks)}
 
 
 def requested_stream(dialect: str, body: dict[str, Any]) -> bool:
@@ -454,6 +475,13 @@ def shell_arguments(name: str, schema: dict[str, Any], command: str) -> dict[str
 def render_step(step: dict[str, Any], items: list[Item], tools: dict[str, dict[str, Any]]) -> Reply:
     """Turn a script step into a reply for this request's tools and conversation."""
     call_id = f"call_{uuid.uuid4().hex[:24]}"
+    if "write" in step:
+        path, content = str(step["write"]), str(step["content"])
+        if FILE_LISTING in tools:
+            # aider's whole-file format: the path alone on a line, then the whole content fenced.
+            ending = "" if content.endswith("\n") else "\n"
+            return Reply(f"Writing {path}.\n\n{path}\n```\n{content}{ending}```\n", [])
+        step = {"run": f"printf '%s' {shlex.quote(content)} > {shlex.quote(path)}"}
     if KEYSTROKES in tools and ("run" in step or "finish" in step):
         return Reply(keystroke_answer(step), [])
     if "finish" in step:
@@ -995,12 +1023,15 @@ class Handler(BaseHTTPRequestHandler):
             )
             return
         decision = decide(self.server.script, dialect, body)
+        items = conversation(dialect, body)
+        tools = request_tools(dialect, body, items)
         self.server.recorder.update(
             record,
             rule=decision.rule.name if decision.rule else None,
             step=decision.step_index,
             action=decision.action,
             stream=requested_stream(dialect, body),
+            offered=list(tools),
         )
         rule = decision.rule
         if rule is not None and rule.delay and self.server.stopping.wait(rule.delay):
@@ -1008,8 +1039,7 @@ class Handler(BaseHTTPRequestHandler):
         if "fail" in decision.action:
             self.answer_failure(record, dialect, body, decision.action["fail"])
             return
-        items = conversation(dialect, body)
-        reply = render_step(decision.action, items, request_tools(dialect, body, items))
+        reply = render_step(decision.action, items, tools)
         self.server.recorder.update(record, status=200, reply={"text": reply.text, "tool_calls": reply.tool_calls})
         model = str(body.get("model") or "scripted")
         usage = usage_numbers(body, reply)

@@ -24,7 +24,7 @@ from episode_operator.cli.capture import capture_proxy
 from episode_operator.kube.objects.pods import AgentImages, OwnerRef, SandboxPod, sandbox_pod
 from episode_operator.runtime.admission import Refusal, admit_spec, admit_task
 from episode_operator.runtime.agents import agent_kind, spec_problems
-from episode_operator.runtime.agents.harnesses import INSTRUCTION, PRESETS, harness_run
+from episode_operator.runtime.agents.harnesses import INSTRUCTION, PRESETS, continue_arguments, harness_run
 from episode_operator.runtime.agents.model import CAPTURE_CONTAINER, PLACEHOLDER_KEY, CaptureBounds, Toolchain
 from episode_operator.taskfolder import TaskFiles
 from episode_operator.taskfolder.models import EnvironmentConfig
@@ -44,7 +44,7 @@ def harness(name: str, **extra: Any) -> dict[str, Any]:
 @pytest.mark.parametrize(
     ("agent", "problem"),
     [
-        (harness("opencode") | {"harness": {"name": "aider"}}, "spec.agent.harness.name: unknown harness 'aider'"),
+        (harness("opencode") | {"harness": {"name": "no-such"}}, "spec.agent.harness.name: unknown harness 'no-such'"),
         (harness("codex") | {"model": MODEL}, "spec.agent.model.api: codex speaks responses, not chat-completions"),
         (harness("claude-code") | {"model": MODEL}, "claude-code speaks messages, not chat-completions"),
         ({"kind": "harness", "model": MODEL}, "spec.agent.harness is required when spec.agent.kind is harness"),
@@ -153,7 +153,7 @@ def test_the_instruction_reaches_the_harness_as_one_argv_element(tmp_path: Path,
     result = subprocess.run(["bash", "-c", command], capture_output=True, text=True, check=True, cwd=tmp_path)
     expected = [part.replace(INSTRUCTION, TRICKY.rstrip("\n")) for part in preset.argv(run_)[1:]]
     assert json.loads(result.stdout) == expected
-    assert ("--continue" in expected or "resume" in expected) == (continuing and preset.continues)
+    assert bool(set(continue_arguments(preset)) & set(expected)) == (continuing and preset.continues)
 
 
 def test_the_harness_is_pointed_at_the_proxy_with_a_placeholder_never_at_the_endpoint() -> None:

@@ -364,6 +364,59 @@ def test_requests_without_tools_get_text_and_unmatched_ones_are_recorded(server:
     assert [r["rule"] for r in server.recorder.snapshot()] == [None, None]
 
 
+# --- write steps: one script for harnesses that act by tools and for aider, which acts by file edits ---
+WRITE = {
+    "rules": [
+        {
+            "name": "write",
+            "when": {"prompt": INSTRUCTION, "tools": True},
+            "steps": [{"write": "/app/hello.txt", "content": "it's\n$HOME"}, {"finish": "Written."}],
+        }
+    ]
+}
+# aider's whole-file format, as its system prompt asks for it (aider/coders/wholefile_prompts.py).
+AIDER_SYSTEM = (
+    "Act as an expert software developer.\nTo suggest changes to a file you MUST return the entire content of "
+    "the updated file.\nYou MUST use this *file listing* format:\n\npath/to/filename.js\n```\n// entire file\n```\n"
+)
+
+
+def test_a_write_step_is_a_shell_command_for_a_harness_with_a_shell_tool(
+    start: Callable[[dict[str, Any]], ScriptedServer], tmp_path: Any
+) -> None:
+    import subprocess
+
+    server = start(WRITE)
+    calls, _ = chat_answer(post(server, "/v1/chat/completions", chat_request(False, [])), False)
+    [(name, arguments)] = calls
+    target = tmp_path / "hello.txt"
+    subprocess.run(["sh", "-c", arguments["command"].replace("/app/hello.txt", str(target))], check=True)
+    assert name == "bash" and target.read_text() == "it's\n$HOME"
+    assert server.recorder.snapshot()[0]["offered"] == ["bash"]
+
+
+def test_a_write_step_is_a_file_listing_for_aider_whose_requests_count_as_its_loop(
+    start: Callable[[dict[str, Any]], ScriptedServer],
+) -> None:
+    server = start(WRITE)
+    messages = [{"role": "system", "content": AIDER_SYSTEM}, {"role": "user", "content": INSTRUCTION}]
+    for stream in (False, True):
+        calls, text = chat_answer(
+            post(server, "/v1/chat/completions", {"model": "m", "messages": messages, "stream": stream}), stream
+        )
+        # The path alone on its line, then the whole content fenced (a newline added before the fence).
+        assert calls == [] and text.endswith("\n\n/app/hello.txt\n```\nit's\n$HOME\n```\n")
+    # Without aider's prompt the same request is a title or summary request: no rule's loop.
+    plain = {"model": "m", "messages": [{"role": "user", "content": INSTRUCTION}]}
+    chat_answer(post(server, "/v1/chat/completions", plain), False)
+    records = server.recorder.snapshot()
+    assert [(r["rule"], r["step"], r["offered"]) for r in records] == [
+        ("write", 0, ["file listing"]),
+        ("write", 0, ["file listing"]),
+        (None, None, []),
+    ]
+
+
 FAILURES = {
     "auth": ({"status": 401}, 401, "authentication_error"),
     "rate-limit": ({"status": 429, "headers": {"retry-after": "7"}}, 429, "rate_limit_error"),
@@ -469,6 +522,8 @@ def test_control_endpoints_list_clear_and_replace(server: ScriptedServer) -> Non
         ({"rules": [{"name": "r", "fail": {"kind": "explode"}}]}, "rule 'r': fail.kind"),
         ({"rules": [{"name": "r", "times": 0, "fail": {"status": 500}}]}, "rule 'r': `times`"),
         ({"rule": []}, "one key, `rules`"),
+        ({"rules": [{"name": "r", "steps": [{"write": "/x"}]}]}, "`write` needs the file's `content`"),
+        ({"rules": [{"name": "r", "steps": [{"run": "x", "content": "y"}]}]}, "`content` goes with `write`"),
     ],
 )
 def test_bad_scripts_are_refused_naming_the_rule_and_key(script: dict[str, Any], message: str) -> None:

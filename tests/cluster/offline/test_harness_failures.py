@@ -24,7 +24,8 @@ RATE_LIMIT = {"rules": [{"name": "rate-limit", "fail": {"status": 429}}]}
 CONTEXT_WINDOW = {"rules": [{"name": "context-window", "fail": {"kind": "context_window"}}]}
 GARBAGE = {"rules": [{"name": "garbage", "fail": {"kind": "garbage"}}]}
 
-# (harness, script, where the record is, a pattern it must match): every row exits 1 (pi: 0).
+# (harness, script, where the record is, a pattern it must match): every row exits 1 but pi's and aider's
+# (FAILED_EXIT).
 FAST_FAILURES = [
     ("mini-swe-agent", AUTH, "stderr", r"AuthenticationError: litellm\.AuthenticationError"),
     ("mini-swe-agent", CONTEXT_WINDOW, "stderr", r"ContextWindowExceededError: litellm\.ContextWindowExceededError"),
@@ -46,9 +47,16 @@ FAST_FAILURES = [
     ("pi", RATE_LIMIT, "event", r'"stopReason": "error".*"errorMessage": "429: '),  # after 3 retries, 2+4+8 s apart
     ("pi", CONTEXT_WINDOW, "event", r'"stopReason": "error".*"errorMessage": "400: .*maximum context length'),
     ("pi", GARBAGE, "event", r'"stopReason": "error".*"errorMessage": "Error reading response: malformed server-sent'),
+    # kimi-cli and aider: plain text records.
+    ("kimi-cli", AUTH, "stdout", r"^Error code: 401 - .*Incorrect API key provided"),
+    ("kimi-cli", CONTEXT_WINDOW, "stdout", r"^Error code: 400 - .*maximum context length"),
+    ("kimi-cli", GARBAGE, "stdout", r"^Unknown error: Expecting property name"),
+    ("aider", AUTH, "stdout", r"litellm\.AuthenticationError: .*Incorrect API key provided"),
+    ("aider", CONTEXT_WINDOW, "stdout", r"has hit a token limit!.*possibly exhausted context window"),
 ]
-# A failed run's exit status where it is not 1: pi exits 0 whatever failed (its final event says it).
-FAILED_EXIT = {"pi": 0}
+# A failed run's exit status where it is not 1: pi and aider exit 0 whatever failed (pi's final event
+# says it; for aider only its output and the capture's records do).
+FAILED_EXIT = {"pi": 0, "aider": 0}
 # The event each JSON-speaking harness ends a failed run with.
 FINAL_EVENT = {
     "opencode": lambda event: event.get("type") == "error",
@@ -88,5 +96,6 @@ def test_a_fast_model_failure_ends_the_harness_with_its_own_error_record(
     assert result.returncode == FAILED_EXIT.get(name, 1), (
         f"{name} exited {result.returncode}:\n{result.stdout[-2000:]}\n{result.stderr[-2000:]}"
     )
-    record = result.stderr if where == "stderr" else final_event(name, result.stdout)
+    texts = {"stderr": result.stderr, "stdout": result.stdout}
+    record = texts[where] if where in texts else final_event(name, result.stdout)
     assert re.search(pattern, " ".join(record.split())), record[-2000:]

@@ -24,7 +24,8 @@ SCRIPT = {
         {
             "name": "offline",
             "when": {"prompt": INSTRUCTION, "tools": True},
-            "steps": [{"run": f"echo offline-ok > {MARKER}"}, {"finish": "Done."}],
+            # A write, which every harness can make: a command through a shell tool, or an edit (aider).
+            "steps": [{"write": MARKER, "content": "offline-ok\n"}, {"finish": "Done."}],
         }
     ]
 }

@@ -14,7 +14,7 @@ with the host's Python, before any virtualenv exists.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Final
+from typing import Final, Literal
 
 
 @dataclass(frozen=True)
@@ -22,13 +22,14 @@ class ToolchainBuild:
     """What ``hack/toolchain`` assembles the harness's tree from (its assembler, keyed by the harness's name, says how).
 
     ``debian``: the Debian packages whose files the tree may take (glibc always; Python for a
-    Python harness). ``npm``, ``pypi``: the registry packages the assembler fetches, by their role
-    in it, each with ``{version}`` standing for the harness's version; a ``pypi`` harness's
-    requirements are pinned in ``hack/toolchains/NAME-VERSION.txt``, less ``lock_excluded``.
-    ``entry``: the command, relative to the tree, that the preset runs. ``unbundled``: tree paths
-    of files the harness ships but never runs here, whose libraries are not bundled. ``suite``: the
-    Debian release the packages come from (the tree carries its glibc, so any release runs in any
-    image); ``python``: the CPython version of a Python harness, the one that release ships.
+    Python harness), from the release ``suite`` (the tree carries its glibc, so any release runs in
+    any image). ``npm``, ``pypi``: the registry packages the assembler fetches, by their role in it,
+    each with ``{version}`` standing for the harness's version; a ``pypi`` harness's requirements
+    are pinned in ``hack/toolchains/NAME-VERSION.txt``, less ``lock_excluded``, for the CPython
+    ``python`` of its Debian packages (the one that release ships). ``entry``: the command, relative
+    to the tree, that the preset runs (a ``pypi`` harness's: its console script of that name, unless
+    its assembler writes a runner of its own, as terminus-2's). ``unbundled``: tree paths of files
+    the harness ships but never runs here, whose libraries are not bundled.
     """
 
     debian: tuple[str, ...]
@@ -47,6 +48,10 @@ class HarnessEntry:
     """One harness. Paths under the agent's log folder (``/logs/agent``) are relative to it.
 
     ``apis``: the model APIs it speaks (``spec.agent.model.api``), the first its default.
+    ``acts``: how its model acts on the task: by calling the tools a request offers (Terminus-2's one
+    tool is its terminal, typed into in the JSON its prompt asks for), its loop going on until an
+    answer calls none (``tools``), or by the file edits its one answer to the instruction holds, in
+    an edit format the harness applies, none of the model's commands run (``edits``: aider).
     ``continues``: whether it can continue the session of the earlier turns (``turnSessions:
     continue``). ``state``: where its native log and session state live (kept across turns: what
     ``continue`` relies on). ``native_logs``: globs of the files a run writes there (the cluster
@@ -62,6 +67,7 @@ class HarnessEntry:
     toolchain: ToolchainBuild
     origin: str
     version_note: str = ""
+    acts: Literal["tools", "edits"] = "tools"
 
 
 HARNESSES: Final[dict[str, HarnessEntry]] = {
@@ -199,6 +205,47 @@ HARNESSES: Final[dict[str, HarnessEntry]] = {
                 unbundled=("libexec/pi/node_modules/@earendil-works/pi-tui/native",),
             ),
             origin="npm `@earendil-works/pi-coding-agent`",
+        ),
+        HarnessEntry(
+            name="kimi-cli",
+            # 1.52.0, the last release, is a stub: every run prints that kimi-cli is no longer maintained
+            # (its successor, Kimi Code, is not Python) and exits 0. Harbor pins none.
+            version="1.51.0",
+            apis=("chat-completions",),
+            continues=True,
+            state=("kimi/",),
+            native_logs=("kimi/sessions/*/*/wire.jsonl", "kimi/logs/kimi.log"),
+            toolchain=ToolchainBuild(
+                # kimi-cli needs Python >= 3.12: trixie's 3.13, on trixie's glibc. ripgrep is its Grep
+                # tool's `rg`, which it would otherwise download.
+                debian=("libc6", "libgcc-s1", "libstdc++6", "python3.13-minimal", "libpython3.13-stdlib", "ripgrep"),
+                entry="bin/kimi",
+                suite="trixie",
+                python="3.13",
+                pypi={"harness": "kimi-cli=={version}"},
+                lock_excluded=("ripgrepy",),
+                lock_excluded_why="kimi-cli never imports it, its Grep tool runs rg itself; PyPI has it only as source",
+            ),
+            origin="PyPI",
+            version_note="the last before its deprecation stub",
+        ),
+        HarnessEntry(
+            name="aider",
+            version="0.86.2",
+            apis=("chat-completions",),
+            continues=True,
+            state=("aider/",),
+            native_logs=("aider/chat.history.md", "aider/llm.history"),
+            toolchain=ToolchainBuild(
+                debian=("libc6", "libgcc-s1", "libstdc++6", "python3.11-minimal", "libpython3.11-stdlib"),
+                entry="bin/aider",
+                python="3.11",
+                pypi={"harness": "aider-chat=={version}"},
+            ),
+            origin="PyPI `aider-chat`",
+            # With --yes-always (Harbor's --yes) aider answers "no" to running a command its model
+            # proposes (the one question that option does not answer yes): it acts by its edits only.
+            acts="edits",
         ),
     )
 }

@@ -144,12 +144,52 @@ def _pi_models(run: HarnessRun) -> str:
     return json.dumps({"providers": {"episode": provider}})
 
 
+# kimi-cli compacts its context when it nears this many tokens; the endpoint's window is not known
+# here, so Harbor's default for a model litellm does not know.
+KIMI_CONTEXT_TOKENS: Final = 131072
+
+
+def _kimi_config(run: HarnessRun) -> str:
+    """kimi-cli's whole configuration, as its ``--config`` takes it: no file in the agent's home. The key
+    is not in it (argv is visible to the agent's commands): ``OPENAI_API_KEY`` overrides the empty one."""
+    provider = {"type": "openai_legacy", "base_url": run.base_url, "api_key": ""}
+    model = {"provider": "episode", "model": run.model, "max_context_size": KIMI_CONTEXT_TOKENS}
+    return json.dumps(
+        {
+            "default_model": "episode",
+            "providers": {"episode": provider},
+            "models": {"episode": model},
+            "telemetry": False,
+        }
+    )
+
+
 def _codex_provider(run: HarnessRun) -> str:
     return (
         'model_providers.episode={name="episode", '
         f'base_url="{run.base_url}", env_key="EPISODE_MODEL_API_KEY", wire_api="responses"}}'
     )
 
+
+# What kimi-cli prints on stdout when the model endpoint fails it, on a line of its own (its conversation's
+# JSON lines cannot start one): the provider's status, or the client's connection error; then it exits 1,
+# or 75 when it deems the error retryable (429, 5xx, connection). Seen in the offline trials.
+KIMI_FAILURES: Final[tuple[tuple[re.Pattern[str], AgentFailure], ...]] = (
+    (re.compile(r"^Error code: 40[13]\b", re.M), "model_auth"),
+    (re.compile(r"^Error code: 404\b", re.M), "model_not_found"),
+    (re.compile(r"^Error code: 429\b", re.M), "model_rate_limit"),
+    (re.compile(r"^Error code: 5\d\d\b", re.M), "model_unavailable"),
+    (re.compile(r"^Connection error\.$", re.M), "model_unavailable"),
+)
+# What aider prints on stdout when the model endpoint fails it: litellm's exception, on a line of its own,
+# before each retry (429 and 5xx for about a minute) or once (401). It exits 0 even then: these count when
+# the turn's budget ended it, or it exited non-zero, and the capture recorded no failed call. Seen in the
+# offline trials.
+AIDER_FAILURES: Final[tuple[tuple[re.Pattern[str], AgentFailure], ...]] = (
+    (re.compile(r"^litellm\.AuthenticationError:", re.M), "model_auth"),
+    (re.compile(r"^litellm\.RateLimitError:", re.M), "model_rate_limit"),
+    (re.compile(r"^litellm\.(?:InternalServerError|APIConnectionError):", re.M), "model_unavailable"),
+)
 
 COMMANDS: Final[Mapping[str, HarnessCommand]] = {
     "mini-swe-agent": HarnessCommand(
@@ -320,6 +360,57 @@ COMMANDS: Final[Mapping[str, HarnessCommand]] = {
             "PI_SKIP_VERSION_CHECK": "1",
             "PI_TELEMETRY": "0",
         },
+    ),
+    "kimi-cli": HarnessCommand(
+        argv=lambda run: [
+            f"{run.toolchain.path}/bin/kimi",
+            "--print",
+            "--output-format=stream-json",
+            *(["--continue"] if run.continue_session else []),
+            f"--config={_kimi_config(run)}",
+            f"--prompt={INSTRUCTION}",
+        ],
+        env=lambda run: {
+            # For an openai_legacy provider these override its configured key and base URL (and would
+            # from the task's environment, so the preset sets both).
+            "OPENAI_API_KEY": run.api_key,
+            "OPENAI_BASE_URL": run.base_url,
+            "KIMI_SHARE_DIR": f"{LOGS}/kimi",
+            # Offline: no telemetry, no update check.
+            "KIMI_DISABLE_TELEMETRY": "1",
+            "KIMI_CLI_NO_AUTO_UPDATE": "1",
+        },
+        failure_patterns=KIMI_FAILURES,
+    ),
+    "aider": HarnessCommand(
+        argv=lambda run: [
+            f"{run.toolchain.path}/bin/aider",
+            f"--model=openai/{run.model}",
+            "--yes-always",
+            *(["--restore-chat-history"] if run.continue_session else []),
+            f"--chat-history-file={LOGS}/aider/chat.history.md",
+            f"--input-history-file={LOGS}/aider/input.history",
+            f"--llm-history-file={LOGS}/aider/llm.history",
+            # Offline: no update check, no release notes, no analytics, no fetching of URLs the
+            # instruction names; no model warnings (they offer to open a browser).
+            "--no-check-update",
+            "--no-show-release-notes",
+            "--no-analytics",
+            "--no-detect-urls",
+            "--no-show-model-warnings",
+            # Else aider adds .aider* to a task repository's .gitignore.
+            "--no-gitignore",
+            "--no-pretty",
+            "--no-fancy-input",
+            f"--message={INSTRUCTION}",
+        ],
+        env=lambda run: {
+            "OPENAI_API_KEY": run.api_key,
+            "OPENAI_API_BASE": run.base_url,
+            # Offline: litellm reads its cost map from the package, not the internet.
+            "LITELLM_LOCAL_MODEL_COST_MAP": "true",
+        },
+        failure_patterns=AIDER_FAILURES,
     ),
 }
 
