@@ -57,6 +57,23 @@ SCRIPT = {
         },
     ]
 }
+# The same turns for a harness whose model acts by the edits of its answer and runs no commands (its
+# registry entry's `acts`: aider): each turn writes the file whole. The check that turn one's trajectory
+# is gone while turn two's agent runs needs a command, so it rides on the other presets' runs.
+EDITS_SCRIPT = {
+    "rules": [
+        {
+            "name": "turn-1",
+            "when": {"prompt": TURN_ONE, "tools": True},
+            "steps": [{"write": GREETING, "content": "hello\n"}, {"finish": "Created it."}],
+        },
+        {
+            "name": "turn-2",
+            "when": {"prompt": TURN_TWO, "tools": True},
+            "steps": [{"write": GREETING, "content": "hello\nagain\n"}, {"finish": "Appended."}],
+        },
+    ]
+}
 # The agent's budget is a bound for a loaded machine, not a measure: a harness done in seconds on an idle
 # machine ran out of 240 s (opencode's first turn) with the cluster tier's workers and others' jobs beside it.
 TASK_TOML = """
@@ -155,6 +172,8 @@ def test_a_harness_solves_two_turns_with_every_call_captured(
 ) -> None:
     """Each preset, as a whole Episode: both turns solved, every call captured and attributed to its
     turn, each sent with the Episode's sampling (spec.agent.model.params) whatever the harness asked."""
+    if PRESETS[harness].entry.acts == "edits":
+        model.set_script(EDITS_SCRIPT)
     endpoint = agent(model, harness)
     endpoint["model"]["params"] = PARAMS
     status = run_episode(api_client, namespace, "solve", spec(endpoint), operator, timeout=1500)
