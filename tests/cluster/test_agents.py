@@ -161,7 +161,13 @@ PARAMS = {"temperature": 0.25, "top_p": 0.5, "max_tokens": 3000}
 CAP_NAME = {"chat-completions": "max_tokens", "responses": "max_output_tokens", "messages": "max_tokens"}
 
 
-@pytest.mark.parametrize("harness", list(PRESETS))
+# Every preset in a fresh session per turn, and each that can continue one also with turnSessions: continue.
+SESSIONS = [(name, "fresh") for name in PRESETS] + [
+    (name, "continue") for name, preset in PRESETS.items() if preset.entry.continues
+]
+
+
+@pytest.mark.parametrize(("harness", "sessions"), SESSIONS, ids=[f"{name}-{mode}" for name, mode in SESSIONS])
 def test_a_harness_solves_two_turns_with_every_call_captured(
     api_client: client.ApiClient,
     core: client.CoreV1Api,
@@ -169,12 +175,14 @@ def test_a_harness_solves_two_turns_with_every_call_captured(
     operator: OperatorProcess,
     model: ScriptedModel,
     harness: str,
+    sessions: str,
 ) -> None:
     """Each preset, as a whole Episode: both turns solved, every call captured and attributed to its
-    turn, each sent with the Episode's sampling (spec.agent.model.params) whatever the harness asked."""
+    turn, each sent with the Episode's sampling (spec.agent.model.params) whatever the harness asked;
+    turn two's conversation carries turn one exactly when the session is continued."""
     if PRESETS[harness].entry.acts == "edits":
         model.set_script(EDITS_SCRIPT)
-    endpoint = agent(model, harness)
+    endpoint = agent(model, harness, turnSessions=sessions)
     endpoint["model"]["params"] = PARAMS
     status = run_episode(api_client, namespace, "solve", spec(endpoint), operator, timeout=1500)
     assert (status["phase"], status["reward"]) == ("Succeeded", 1.0), json.dumps(status, indent=1)
@@ -182,6 +190,8 @@ def test_a_harness_solves_two_turns_with_every_call_captured(
     root = kept(operator, namespace, "solve", episode["metadata"]["uid"])
     served = [record for record in model.model_requests() if record.get("rule")]
     assert served and all(record["api_key"] == KEY for record in served)  # the proxy put the real key in
+    turn_two = [record for record in served if record["rule"] == "turn-2"]
+    assert (TURN_ONE in json.dumps(turn_two[0]["body"])) == (sessions == "continue"), sessions
     cap = CAP_NAME[endpoint["model"]["api"]]
     sampled = [(r["body"].get("temperature"), r["body"].get("top_p"), r["body"].get(cap)) for r in served]
     assert set(sampled) == {(PARAMS["temperature"], PARAMS["top_p"], PARAMS["max_tokens"])}, sampled
@@ -205,20 +215,6 @@ def assert_key_nowhere(core: client.CoreV1Api, api: client.ApiClient, namespace:
     for path in root.rglob("*"):
         if path.is_file():
             assert KEY.encode() not in path.read_bytes(), path
-
-
-def test_continue_carries_turn_one_into_turn_two_and_fresh_does_not(
-    api_client: client.ApiClient, namespace: str, operator: OperatorProcess, model: ScriptedModel
-) -> None:
-    for sessions in ("continue", "fresh"):
-        model.clear()
-        status = run_episode(
-            api_client, namespace, sessions, spec(agent(model, "opencode", turnSessions=sessions)), operator, 1500
-        )
-        assert status["reward"] == 1.0, json.dumps(status, indent=1)
-        turn_two = [r for r in model.model_requests() if r.get("rule") == "turn-2"]
-        first = json.dumps(turn_two[0]["body"])
-        assert (TURN_ONE in first) == (sessions == "continue"), sessions
 
 
 FAILURES = {
