@@ -198,13 +198,17 @@ def measure_first_call(
         requests = model.model_requests()
         if not requests:
             raise CaseFailed(f"{name}: no model request (exit {exit_code}): {stderr[-800:]}")
-        first = min(r["received_monotonic"] for r in requests)
+        first_request = min(requests, key=lambda r: r["received_monotonic"])
+        first = first_request["received_monotonic"]
         if not started < first < ended:
             raise RuntimeError(f"{name}: first call at {first}, not within {started}..{ended}: not one clock")
         figures: dict[str, Any] = {
             "wall_seconds": first - started,
             "exit_code": exit_code,
             "model_requests": len(requests),
+            # Whether the first call was the agent's loop (it offered the model tools or an answer format) or,
+            # say, a title request made alongside it.
+            "first_offered": first_request.get("offered"),
             "run_seconds": ended - started,
         }
         head = stderr.split("\n", 1)[0].split()
