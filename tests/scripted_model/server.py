@@ -852,6 +852,12 @@ def pieces(text: str, size: int = 24) -> Iterator[str]:
 # the HTTP server
 
 
+def received() -> dict[str, float]:
+    """When a request was read: wall clock, and CLOCK_MONOTONIC, which a process on the same kernel (the
+    node's: containers get no time namespace) can compare with its own (bench/toolchain_start.py)."""
+    return {"received_at": time.time(), "received_monotonic": time.monotonic()}
+
+
 class Recorder:
     """Every request received, in order; optionally appended to a JSON-lines file."""
 
@@ -965,7 +971,7 @@ class Handler(BaseHTTPRequestHandler):
         elif path == CONTROL_PREFIX + "requests":
             self.send_json(200, self.server.recorder.snapshot())
         elif path.endswith("/models"):
-            self.server.recorder.add({"received_at": time.time(), "method": "GET", "path": self.path, "dialect": None})
+            self.server.recorder.add({**received(), "method": "GET", "path": self.path, "dialect": None})
             self.send_json(
                 200, {"object": "list", "data": [{"id": "scripted", "object": "model", "owned_by": "scripted"}]}
             )
@@ -996,7 +1002,7 @@ class Handler(BaseHTTPRequestHandler):
         path = self.path.split("?", 1)[0]
         dialect = next((d for suffix, d in DIALECT_BY_PATH_SUFFIX.items() if path.endswith(suffix)), None)
         raw = self.read_body()
-        record: dict[str, Any] = {"received_at": time.time(), "method": "POST", "path": self.path, "dialect": dialect}
+        record: dict[str, Any] = {**received(), "method": "POST", "path": self.path, "dialect": dialect}
         record["headers"] = {
             k.lower(): v for k, v in self.headers.items() if k.lower() not in ("authorization", "x-api-key")
         }
