@@ -18,6 +18,7 @@ from episode_operator.capture.store import MAX_JOURNAL_BYTES, MAX_RECORD_BYTES
 from episode_operator.cli.capture import COMMANDS as CAPTURE_COMMANDS
 from episode_operator.runtime.allocator import release_free_memory_every, tune_allocator
 from episode_operator.runtime.limits import LIMIT_FLAGS, OutputLimits, format_size, parse_size
+from episode_operator.runtime.taskartifacts import DEFAULT_ARTIFACT_LIMIT, DEFAULT_CACHE_LIMIT, TaskArtifactSettings
 from episode_operator.runtime.timing import DEFAULT_TIMING
 from episode_operator.taskfolder.images import ImageMirrors, InvalidImageReference
 
@@ -330,6 +331,33 @@ def main() -> None:
     help="The build registry speaks plain HTTP (or a certificate the builder does not check).",
 )
 @click.option(
+    "--task-registry",
+    "task_registries",
+    multiple=True,
+    metavar="[http://]HOST[:PORT]",
+    help="Fetch spec.task.oci artifacts (task folders too big for a ConfigMap, pushed by kubectl episode pack) "
+    "from this registry (repeatable; https unless http:// says plain HTTP). An artifact of any other registry "
+    "is refused: an Episode cannot make the operator call an address of its choosing.",
+)
+@click.option(
+    "--task-artifact-limit",
+    default=format_size(DEFAULT_ARTIFACT_LIMIT),
+    show_default=True,
+    callback=_size,
+    metavar="SIZE",
+    help="A task artifact's packed folder declaring or sending more bytes is refused (the unpacked folder has "
+    "a ConfigMap's limits). Bytes, or with Ki, Mi, Gi.",
+)
+@click.option(
+    "--task-cache-limit",
+    default=format_size(DEFAULT_CACHE_LIMIT),
+    show_default=True,
+    callback=_size,
+    metavar="SIZE",
+    help="Verified task artifacts kept under <data-dir>/task-artifacts, by digest; past this the least "
+    "recently used go. Bytes, or with Ki, Mi, Gi.",
+)
+@click.option(
     "--unschedulable-timeout",
     "unschedulable_timeout_sec",
     type=click.FloatRange(min=0, min_open=True),
@@ -384,6 +412,9 @@ def run(
     build_namespace: str | None,
     builder_image: str,
     build_registry_insecure: bool,
+    task_registries: tuple[str, ...],
+    task_artifact_limit: int,
+    task_cache_limit: int,
     unschedulable_timeout_sec: float,
     cpu_request_fraction: float | None,
     **limits: int,
@@ -417,6 +448,17 @@ def run(
 
     if store_url is not None and not store_url.startswith(("s3://", "s3a://")):
         raise click.BadParameter(f"{store_url!r} is not an s3://BUCKET[/PREFIX] URL", param_hint="--store-url")
+
+    try:
+        registries = dict(TaskArtifactSettings.parse_registry(value) for value in task_registries)
+    except ValueError as error:
+        raise click.BadParameter(str(error), param_hint="--task-registry") from error
+    task_artifacts = TaskArtifactSettings(
+        registries=registries,
+        cache_dir=data_dir / "task-artifacts",
+        max_layer_bytes=task_artifact_limit,
+        max_cache_bytes=task_cache_limit,
+    )
 
     replicas = ReplicaSettings(
         namespace=lease_namespace,
@@ -479,6 +521,7 @@ def run(
             builds=builds,
             sandbox_requests=sandbox_requests,
             limits=OutputLimits(**limits),
+            task_artifacts=task_artifacts,
         )
     )
 
