@@ -276,7 +276,7 @@ def register(cli: click.Group) -> None:
         if dataset is None:
             config_map, task, _ = _pack_source(directory, task_repository)
             if config_map is None:
-                click.echo(yaml.safe_dump(task, default_flow_style=True, width=1000), nl=False)
+                click.echo(yaml.safe_dump(task, default_flow_style=False, width=1000), nl=False)
                 return
             manifests = [config_map]
         else:
