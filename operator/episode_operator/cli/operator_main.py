@@ -91,6 +91,18 @@ def _size(_context: click.Context, parameter: click.Parameter, value: str) -> in
         raise click.BadParameter(str(error), param=parameter) from error
 
 
+def size_option(flag: str, default: int, help_text: str) -> Callable[..., Any]:
+    """A ``SIZE`` flag (``512Mi``), read as bytes."""
+    return click.option(
+        flag,
+        default=format_size(default),
+        show_default=True,
+        callback=_size,
+        metavar="SIZE",
+        help=f"{help_text} Bytes, or with Ki, Mi, Gi.",
+    )
+
+
 def import_handlers() -> ModuleType:
     """The operator's kopf handlers, imported — with kopf — as the operator wants them.
 
@@ -339,23 +351,16 @@ def main() -> None:
     "from this registry (repeatable; https unless http:// says plain HTTP). An artifact of any other registry "
     "is refused: an Episode cannot make the operator call an address of its choosing.",
 )
-@click.option(
+@size_option(
     "--task-artifact-limit",
-    default=format_size(DEFAULT_ARTIFACT_LIMIT),
-    show_default=True,
-    callback=_size,
-    metavar="SIZE",
-    help="A task artifact's packed folder declaring or sending more bytes is refused (the unpacked folder has "
-    "a ConfigMap's limits). Bytes, or with Ki, Mi, Gi.",
+    DEFAULT_ARTIFACT_LIMIT,
+    "A task artifact's packed folder declaring or sending more bytes is refused (the unpacked folder has "
+    "a ConfigMap's limits).",
 )
-@click.option(
+@size_option(
     "--task-cache-limit",
-    default=format_size(DEFAULT_CACHE_LIMIT),
-    show_default=True,
-    callback=_size,
-    metavar="SIZE",
-    help="Verified task artifacts kept under <data-dir>/task-artifacts, by digest; past this the least "
-    "recently used go. Bytes, or with Ki, Mi, Gi.",
+    DEFAULT_CACHE_LIMIT,
+    "Verified task artifacts kept under <data-dir>/task-artifacts, by digest; past this the least recently used go.",
 )
 @click.option(
     "--unschedulable-timeout",

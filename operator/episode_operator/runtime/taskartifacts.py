@@ -26,10 +26,9 @@ import contextlib
 import hashlib
 import os
 import tempfile
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 from urllib.parse import urljoin
 
 import aiohttp
@@ -180,7 +179,9 @@ class TaskArtifacts:
 
 
 @contextlib.asynccontextmanager
-async def _get(session: aiohttp.ClientSession, url: str, reference: TaskReference, headers: dict[str, str]) -> Any:
+async def _get(
+    session: aiohttp.ClientSession, url: str, reference: TaskReference, headers: dict[str, str]
+) -> AsyncIterator[aiohttp.ClientResponse]:
     try:
         async with session.get(url, headers=headers, max_redirects=3) as answer:
             if answer.status == 404:
