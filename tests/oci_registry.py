@@ -1,6 +1,6 @@
 """A small OCI distribution registry in a thread, honest or hostile, for the task artifact tests.
 
-It speaks what ``runtime/taskartifacts.py`` calls (manifests and blobs by digest, monolithic blob
+It speaks what ``runtime/oci_tasks.py`` calls (manifests and blobs by digest, monolithic blob
 uploads) and counts every request, so a test sees what was uploaded and downloaded. ``tamper`` makes
 it lie: ``blob`` serves other bytes than the digest asked for, ``longer`` more bytes than stored,
 ``manifest`` another manifest than the digest asked for. The unit tier runs it on 127.0.0.1; the cluster

@@ -69,11 +69,11 @@ from episode_operator.runtime.fencing import Fence, Fenced, HandOver
 from episode_operator.runtime.gym_server import GymSettings
 from episode_operator.runtime.limits import OutputLimits
 from episode_operator.runtime.metrics import Metrics
+from episode_operator.runtime.oci_tasks import TaskArtifacts, TaskArtifactSettings
 from episode_operator.runtime.reruns import rerun_requested
 from episode_operator.runtime.server import serve
 from episode_operator.runtime.slots import FifoSlots
 from episode_operator.runtime.store import StoreSettings
-from episode_operator.runtime.taskartifacts import TaskArtifacts, TaskArtifactSettings
 from episode_operator.runtime.timing import DEFAULT_TIMING, Timing
 from episode_operator.runtime.wakeups import Wakeups
 from episode_operator.taskfolder.images import ImageMirrors

@@ -20,9 +20,9 @@ from pathlib import Path
 import pytest
 from kubernetes import client
 
-from episode_operator.runtime.taskartifacts import push_task
+from episode_operator.runtime.oci_tasks import push_task
 from episode_operator.taskfolder import TaskFiles
-from episode_operator.taskfolder.artifacts import Layer, TaskRepository, task_manifest
+from episode_operator.taskfolder.oci_artifact import Layer, TaskRepository, task_manifest
 from episode_operator.taskfolder.sources import SourceLimits, pack_tar
 from tests.cluster.harness import (
     OperatorProcess,

@@ -20,14 +20,14 @@ from pydantic import ValidationError
 from episode_operator.api.models import EpisodeSpec, TaskSource
 from episode_operator.cli.kubectl_episode import cli
 from episode_operator.kube.driver import TaskSourceError, read_task_files
-from episode_operator.runtime.taskartifacts import (
+from episode_operator.runtime.oci_tasks import (
     ArtifactMissing,
     TaskArtifacts,
     TaskArtifactSettings,
     push_task,
 )
 from episode_operator.taskfolder import TaskFiles
-from episode_operator.taskfolder.artifacts import (
+from episode_operator.taskfolder.oci_artifact import (
     ArtifactError,
     Layer,
     TaskReference,

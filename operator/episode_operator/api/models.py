@@ -28,7 +28,7 @@ from episode_operator.api.vocabulary import (
     TurnPhase,
 )
 from episode_operator.capture.wire import LENGTH_CAP_NAMES
-from episode_operator.taskfolder.artifacts import REFERENCE_PATTERN
+from episode_operator.taskfolder.oci_artifact import REFERENCE_PATTERN
 from episode_operator.taskfolder.plan import INSTRUCTION_PLACEHOLDER, SEED_SETTINGS, ServerSettings
 
 KIND = "Episode"

@@ -51,6 +51,7 @@ from episode_operator.kube.objects.tasks import TaskTooLarge, task_config_map
 from episode_operator.runtime.archive import RefusedMember, extract_files
 from episode_operator.runtime.dataapi import API_SERVICE
 from episode_operator.runtime.limits import Spool
+from episode_operator.runtime.oci_tasks import push_task
 from episode_operator.runtime.sandbox import MAIN_CONTAINER
 from episode_operator.runtime.store import (
     SEED_LOGS,
@@ -63,11 +64,10 @@ from episode_operator.runtime.store import (
     turn_records,
 )
 from episode_operator.runtime.supervisor import FOLLOW_ENDED, FOLLOW_NO_RECORDS, FOLLOW_SCRIPT, JOBS_DIR
-from episode_operator.runtime.taskartifacts import push_task
 from episode_operator.runtime.turn.context import running_agent_job
 from episode_operator.taskfolder import TaskFiles, validate_task
-from episode_operator.taskfolder.artifacts import ArtifactError, TaskRepository
 from episode_operator.taskfolder.dataset import DatasetTask, discover_dataset
+from episode_operator.taskfolder.oci_artifact import ArtifactError, TaskRepository
 from episode_operator.taskfolder.sources import pack_tar
 
 # Where a watch starts over after the API server ended it (its timeout) or the list went stale.

@@ -18,7 +18,7 @@ from episode_operator.capture.store import MAX_JOURNAL_BYTES, MAX_RECORD_BYTES
 from episode_operator.cli.capture import COMMANDS as CAPTURE_COMMANDS
 from episode_operator.runtime.allocator import release_free_memory_every, tune_allocator
 from episode_operator.runtime.limits import LIMIT_FLAGS, OutputLimits, format_size, parse_size
-from episode_operator.runtime.taskartifacts import DEFAULT_ARTIFACT_LIMIT, DEFAULT_CACHE_LIMIT, TaskArtifactSettings
+from episode_operator.runtime.oci_tasks import DEFAULT_ARTIFACT_LIMIT, DEFAULT_CACHE_LIMIT, TaskArtifactSettings
 from episode_operator.runtime.timing import DEFAULT_TIMING
 from episode_operator.taskfolder.images import ImageMirrors, InvalidImageReference
 

@@ -44,13 +44,13 @@ from episode_operator.runtime.episode import EpisodeObserver, EpisodeRunner
 from episode_operator.runtime.fencing import FencedProvider
 from episode_operator.runtime.images import ImagePolicy
 from episode_operator.runtime.limits import OutputLimits
+from episode_operator.runtime.oci_tasks import ArtifactMissing, TaskArtifacts, TaskArtifactSettings
 from episode_operator.runtime.store import BlobStore
-from episode_operator.runtime.taskartifacts import ArtifactMissing, TaskArtifacts, TaskArtifactSettings
 from episode_operator.runtime.timing import DEFAULT_TIMING, Timing
 from episode_operator.runtime.wakeups import Wakeups
 from episode_operator.taskfolder import TaskFiles
-from episode_operator.taskfolder.artifacts import ArtifactError
 from episode_operator.taskfolder.images import ImageMirrors
+from episode_operator.taskfolder.oci_artifact import ArtifactError
 
 
 @dataclass(frozen=True)
@@ -240,7 +240,7 @@ async def read_task_files(
 
 
 async def _read_artifact(artifacts: TaskArtifacts, reference: str, wait_sec: float) -> TaskFiles:
-    """spec.task.oci: fetched (verified, bounded, cached: runtime/taskartifacts.py), then unpacked from the
+    """spec.task.oci: fetched (verified, bounded, cached: runtime/oci_tasks.py), then unpacked from the
     file with exactly the limits of a ConfigMap's archive."""
     field_name = "spec.task.oci.reference"
     deadline = asyncio.get_running_loop().time() + wait_sec

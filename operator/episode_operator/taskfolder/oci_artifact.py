@@ -1,5 +1,5 @@
 """Task folders as OCI artifacts: references, the manifest ``kubectl episode pack`` pushes, and what a
-fetched manifest must be. Pure: no I/O (the registry calls are ``runtime/taskartifacts.py``'s).
+fetched manifest must be. Pure: no I/O (the registry calls are ``runtime/oci_tasks.py``'s).
 
 A task too big for a ConfigMap is pushed to a registry as one OCI artifact: a manifest whose one
 layer is the folder packed as ``pack_tar`` packs it (reproducible, so the same folder is the same

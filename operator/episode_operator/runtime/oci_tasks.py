@@ -3,7 +3,7 @@
 The distribution API calls for one artifact are few — HEAD/PUT a manifest by digest, HEAD/POST/PUT a
 blob, GET both — so they are made here with aiohttp (already the operator's HTTP client) rather than
 through a registry library: none of them bounds what it downloads or verifies it as it streams, and
-both matter here. What a manifest must be is ``taskfolder/artifacts.py``'s (pure).
+both matter here. What a manifest must be is ``taskfolder/oci_artifact.py``'s (pure).
 
 The operator's side, :class:`TaskArtifacts`, treats a fetched artifact as hostile:
 
@@ -33,7 +33,7 @@ from urllib.parse import urljoin
 
 import aiohttp
 
-from episode_operator.taskfolder.artifacts import (
+from episode_operator.taskfolder.oci_artifact import (
     CONFIG_BYTES,
     CONFIG_MEDIA_TYPE,
     MANIFEST_MEDIA_TYPE,
