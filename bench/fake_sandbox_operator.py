@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from episode_operator.cli.operator_main import main
 from episode_operator.kube import running
-from episode_operator.runtime.sandbox import MAIN_CONTAINER, FileContent, JobSpec, JobState, Upload
+from episode_operator.runtime.sandbox_protocol import MAIN_CONTAINER, FileContent, JobSpec, JobState, Upload
 from episode_operator.runtime.turn.context import REWARD_TXT_PATH
 
 TURN_SEC = float(os.environ.get("BENCH_TURN_SEC", "60"))

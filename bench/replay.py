@@ -27,18 +27,18 @@ from typing import Any
 
 from kubernetes import client, config
 
-from episode_operator.api.models import PLURAL, EpisodeSpec
+from episode_operator.api.episode_resource import PLURAL, EpisodeSpec
 from episode_operator.api.vocabulary import GROUP, VERSION
 from episode_operator.kube.builds import BuildCoordinator, BuildSettings
 from episode_operator.kube.client import KubeClient
 from episode_operator.kube.objects.pods import OwnerRef
-from episode_operator.kube.sandbox import KubeProvider
-from episode_operator.runtime.images import BuildReady
-from episode_operator.runtime.replay import ReplayConfig, ReplayReady, ReplaySource, replay_dockerfile
-from episode_operator.runtime.store import EpisodeBlobs
+from episode_operator.kube.pod_sandbox import KubeProvider
+from episode_operator.runtime.episode_store import EpisodeBlobs
+from episode_operator.runtime.replay_runner import ReplayConfig, ReplayReady, ReplaySource, replay_dockerfile
+from episode_operator.runtime.sandbox_images import BuildReady
 from episode_operator.taskfolder import TaskFiles, load_task, resolve_plan
 from episode_operator.taskfolder.buildcontext import BuildSource
-from episode_operator.taskfolder.images import ImageMirrors
+from episode_operator.taskfolder.image_refs import ImageMirrors
 
 OUT = Path(__file__).resolve().parent / "out"
 KUBECONFIG = "/var/lib/episode-operator/cluster/kubeconfig"

@@ -264,7 +264,7 @@ MUTATIONS = [
     ),
     Mutation(
         "separate-verifier-inputs-masked",
-        "runtime/turn/failures.py",
+        "runtime/turn/turn_failures.py",
         '        "upload": Becomes(masked=True),\n',
         '        "upload": _CANNOT_RUN,\n',
         "a separate verifier without tar is retried as an outage instead of masked",
@@ -335,7 +335,7 @@ MUTATIONS = [
     ),
     Mutation(
         "session-no-fallback",
-        "kube/sandbox.py",
+        "kube/pod_sandbox.py",
         "            with contextlib.suppress(SessionFailed):\n                result = _Ran(",
         "            if True:\n                result = _Ran(",
         "a session whose shell died fails the call instead of making it by exec",
@@ -363,14 +363,14 @@ MUTATIONS = [
     ),
     Mutation(
         "event-backlog-unbounded",
-        "kube/events.py",
+        "kube/event_recorder.py",
         "        if self._pending >= self._max_pending:\n",
         "        if False:\n",
         "Events from many objects queue without bound behind the rate limit (the operator's memory grows with them)",
     ),
     Mutation(
         "logs-in-run-order",
-        "runtime/store.py",
+        "runtime/episode_store.py",
         """known.get(f"{blob.turn}/{blob.name.removesuffix('.txt')}", len(known))""",
         "0",
         "kubectl episode logs lists turns by name, not in the order they ran",
@@ -528,21 +528,21 @@ MUTATIONS = [
     ),
     Mutation(
         "replayed-workdir",
-        "runtime/replay.py",
+        "runtime/replay_runner.py",
         "cwd=spec.cwd if spec.cwd is not None else self.settings.workdir,",
         "cwd=spec.cwd,",
         "jobs after a replay run outside the Dockerfile's WORKDIR",
     ),
     Mutation(
         "replayed-user",
-        "runtime/replay.py",
+        "runtime/replay_runner.py",
         "user=spec.user if spec.user is not None else self.settings.user,",
         "user=spec.user,",
         "jobs after a replay run as root, not as the Dockerfile's USER",
     ),
     Mutation(
         "replay-past-its-bound",
-        "runtime/replay.py",
+        "runtime/replay_runner.py",
         '            if seen.phase == "unknown":\n',
         "            if True:\n",
         "a restart after replay's bound times out steps that ran in time",
@@ -584,14 +584,14 @@ MUTATIONS = [
     ),
     Mutation(
         "fatal-dockerfile-built",
-        "taskfolder/replay.py",
+        "taskfolder/replay_plan.py",
         "needs_build = bool(problems) and len(planner.build_only) == len(problems)",
         "needs_build = bool(problems)",
         "a Dockerfile no build would take (syntax error, ../../etc/passwd) goes to a build",
     ),
     Mutation(
         "verifier-image-unmirrored",
-        "runtime/images.py",
+        "runtime/sandbox_images.py",
         'else turn.model_copy(update={"verifier": turn.verifier.model_copy(update={"image": image.image})})',
         "else turn",
         "a separate verifier runs its image unmirrored, or not the one decided for it",
@@ -634,7 +634,7 @@ MUTATIONS = [
     # Replicas and the data API.
     Mutation(
         "store-asyncio-futures",
-        "runtime/store.py",
+        "runtime/episode_store.py",
         "        await asyncio.to_thread(obstore.put, self.store, key, data)\n",
         "        await obstore.put_async(self.store, key, data)\n",
         "the store hands obstore asyncio futures again: a CLI reading --data-dir may abort at exit",
@@ -648,7 +648,7 @@ MUTATIONS = [
     ),
     Mutation(
         "own-certificate-per-replica",
-        "kube/dataapi.py",
+        "kube/data_api_registration.py",
         "            continue  # another replica stored one a moment ago: serve that one\n",
         "            pass\n",
         "a replica losing the race to store the certificate serves its own, which the APIService does not trust",
@@ -712,14 +712,14 @@ MUTATIONS = [
     ),
     Mutation(
         "lost-pod-created-again",
-        "kube/sandbox.py",
+        "kube/pod_sandbox.py",
         "                    if recorded is not None:\n                        raise SandboxError(",
         "                    if False:\n                        raise SandboxError(",
         "the kube provider makes a recorded pod that is gone again under its name",
     ),
     Mutation(
         "replaced-pod-adopted",
-        "kube/sandbox.py",
+        "kube/pod_sandbox.py",
         "if recorded is not None and uid != recorded:",
         "if False:",
         "a pod deleted and made again under the attempt's pod's name is taken for it",
@@ -977,7 +977,7 @@ MUTATIONS = [
     ),
     Mutation(
         "layout-not-made",
-        "kube/sandbox.py",
+        "kube/pod_sandbox.py",
         "output = await self._small(supervisor.placement(layout=layout, limits=self.limits))",
         "output = await self._small(supervisor.placement(limits=self.limits))",
         "/logs/verifier is missing while the agent runs: a Harbor solution that looks for it takes its failure branch",
@@ -1062,7 +1062,7 @@ MUTATIONS = [
     ),
     Mutation(
         "bound-files-config-map-unmade",
-        "kube/sandbox.py",
+        "kube/pod_sandbox.py",
         "environment_files=await self._bound_files_config_map(),",
         "environment_files=None,",
         "the agent pod of a task with binds is never made: no ConfigMap brings their files",
@@ -1113,7 +1113,7 @@ MUTATIONS = [
     # A separate verifier whose environment is Harbor's environment/: the compose file runs beside it.
     Mutation(
         "verifier-without-compose",
-        "kube/sandbox.py",
+        "kube/pod_sandbox.py",
         "sidecars = self.plan.sidecars if plan.compose else ()",
         "sidecars = ()",
         "a separate verifier in environment/ runs without the task's services: a test.sh asking one fails",
@@ -1127,7 +1127,7 @@ MUTATIONS = [
     ),
     Mutation(
         "verifier-compose-env-dropped",
-        "kube/sandbox.py",
+        "kube/pod_sandbox.py",
         "env={**self.plan.compose_env, **plan.environment.env} if plan.compose else plan.environment.env,",
         "env=plan.environment.env,",
         "a verifier beside the services lacks the environment the compose file gives main",
@@ -1148,7 +1148,7 @@ MUTATIONS = [
     ),
     Mutation(
         "verifier-own-compose-ignored",
-        "runtime/images.py",
+        "runtime/sandbox_images.py",
         "planner.problems.append(Problem(own_compose, None, VERIFIER_OWN_COMPOSE.format(turn=turn.name)))",
         "pass",
         "a tests folder's docker-compose.yaml, Harbor's verifier services, is silently not run",
@@ -1191,7 +1191,7 @@ MUTATIONS = [
     ),
     Mutation(
         "gym-training-capture-unrouted",
-        "runtime/gym.py",
+        "runtime/gym_protocol.py",
         '{"evaluation": "", "training": "/training-token-capture"}',
         '{"evaluation": "", "training": ""}',
         "modelServerCapture: training sends the calls to Gym's evaluation capture: its training capture records "
@@ -1206,35 +1206,35 @@ MUTATIONS = [
     ),
     Mutation(
         "sampling-params-unchecked",
-        "api/models.py",
+        "api/episode_resource.py",
         "        unknown = sorted(set(params) - SAMPLING_PARAMS[api])\n",
         "        unknown: list[str] = []\n",
         "spec.agent.model.params takes any key: top_k reaches a Responses endpoint, model overrides the request",
     ),
     Mutation(
         "agent-outcome-policy-ignored",
-        "runtime/agents/failures.py",
+        "runtime/agents/agent_failures.py",
         "outcome = policy.get(failure, DEFAULT_AGENT_OUTCOMES[failure])",
         "outcome = DEFAULT_AGENT_OUTCOMES[failure]",
         "spec.harbor.agentOutcomePolicy is ignored: every agent failure does what the seed's table says",
     ),
     Mutation(
         "agent-outcome-policy-unnamed-measured",
-        "runtime/agents/failures.py",
+        "runtime/agents/agent_failures.py",
         "outcome = policy.get(failure, DEFAULT_AGENT_OUTCOMES[failure])",
         'outcome = policy.get(failure, "measure")',
         "a failure the policy does not name is measured, not given its default (a 429 is graded, not retried)",
-    ),  # Reruns of an EpisodeSet (issue 28; runtime/reruns.py).
+    ),  # Reruns of an EpisodeSet (issue 28; runtime/rerun_plan.py).
     Mutation(
         "rerun-rerolls-verdicts",
-        "runtime/reruns.py",
+        "runtime/rerun_plan.py",
         "if not is_terminal(record.phase) or record.outcome not in RERUNNABLE:",
         "if not is_terminal(record.phase):",
         "a rerun naming a failure kind re-runs Graded children too: re-rolled verdicts inflate pass@k",
     ),
     Mutation(
         "rerun-applied-every-pass",
-        "runtime/reruns.py",
+        "runtime/rerun_plan.py",
         "if rerun is None or rerun.generation <= previous.rerun_generation:",
         "if rerun is None:",
         "a rerun generation is applied again at every pass: children re-run over and over",
@@ -1248,14 +1248,14 @@ MUTATIONS = [
     ),
     Mutation(
         "rerun-reopens-a-redefined-set",
-        "runtime/reruns.py",
+        "runtime/rerun_plan.py",
         '"DefinitionChanged": False,',
         '"DefinitionChanged": True,',
         "a rerun reopens a set stopped because its definition changed: children of another definition start",
     ),
     Mutation(
         "rerun-policy-unchecked",
-        "runtime/reruns.py",
+        "runtime/rerun_plan.py",
         "    if policy_stops is not None:\n",
         "    if False:\n",
         "a rerun reopens a set its failure policy stops again at once: the replaced children never re-run",
@@ -1312,7 +1312,7 @@ MUTATIONS = [
     ),
     Mutation(
         "regrade-artifacts-unchecked",
-        "kube/regrade.py",
+        "kube/regrade_driver.py",
         "    if missing:\n",
         "    if False:\n",
         "a regrade of a run whose artifacts the store no longer holds verifies empty sandboxes",

@@ -21,7 +21,7 @@ from kubernetes import client
 
 from episode_operator.kube.client import KubeClient
 from episode_operator.runtime import supervisor
-from episode_operator.runtime.sandbox import JobSpec
+from episode_operator.runtime.sandbox_protocol import JobSpec
 
 from .direct import UPLOAD, DirectPod
 from .stats import millis, table

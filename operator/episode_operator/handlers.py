@@ -25,8 +25,8 @@ from kopf._cogs.clients.errors import APINotFoundError
 from kopf._cogs.structs.references import NamespaceName, match_namespace  # kopf's --namespace patterns
 from kopf._core.reactor import observation  # kopf's namespace observer (see _namespace_event_listed_too)
 
-from episode_operator.api.episodeset import SET_PLURAL
-from episode_operator.api.models import PLURAL
+from episode_operator.api.episode_resource import PLURAL
+from episode_operator.api.episodeset_resource import SET_PLURAL
 from episode_operator.api.vocabulary import (
     EPISODE_LABEL,
     GROUP,
@@ -38,7 +38,7 @@ from episode_operator.api.vocabulary import (
 )
 from episode_operator.kube.builds import BuildCoordinator, BuildSettings
 from episode_operator.kube.client import KubeClient, KubeError, login_for
-from episode_operator.kube.dataapi import nobody_else, start_data_api
+from episode_operator.kube.data_api_registration import nobody_else, start_data_api
 from episode_operator.kube.driver import (
     DriverSettings,
     announce_waiting,
@@ -46,8 +46,8 @@ from episode_operator.kube.driver import (
     release_episode_pods,
     suspend_episode,
 )
-from episode_operator.kube.episodeset import run_episode_set
-from episode_operator.kube.gym import start_gym_server
+from episode_operator.kube.episodeset_controller import run_episode_set
+from episode_operator.kube.gym_catalogue import start_gym_server
 from episode_operator.kube.objects.pods import AgentImages, SandboxRequests, label_value
 from episode_operator.kube.replicas import (
     EPISODE_SETS,
@@ -63,20 +63,20 @@ from episode_operator.kube.replicas import (
 )
 from episode_operator.kube.routing import Router, Scope
 from episode_operator.kube.status import EpisodeGone
-from episode_operator.kube.tombstones import expire_episode
+from episode_operator.kube.tombstone_configmaps import expire_episode
 from episode_operator.runtime.agents.model import CaptureBounds
+from episode_operator.runtime.episode_store import StoreSettings
 from episode_operator.runtime.fencing import Fence, Fenced, HandOver
 from episode_operator.runtime.gym_server import GymSettings
 from episode_operator.runtime.limits import OutputLimits
 from episode_operator.runtime.metrics import Metrics
 from episode_operator.runtime.oci_tasks import TaskArtifacts, TaskArtifactSettings
-from episode_operator.runtime.reruns import rerun_requested
+from episode_operator.runtime.rerun_plan import rerun_requested
 from episode_operator.runtime.server import serve
 from episode_operator.runtime.slots import FifoSlots
-from episode_operator.runtime.store import StoreSettings
 from episode_operator.runtime.timing import DEFAULT_TIMING, Timing
 from episode_operator.runtime.wakeups import Wakeups
-from episode_operator.taskfolder.images import ImageMirrors
+from episode_operator.taskfolder.image_refs import ImageMirrors
 
 # How long startup waits for the API server to serve the CRDs' resources (wait_until_served), and how often it asks.
 SERVED_WAIT_SEC = 60.0
@@ -287,7 +287,7 @@ async def close(memo: kopf.Memo, **_: Any) -> None:
         with contextlib.suppress(asyncio.CancelledError):
             await routing
     membership: Membership | None = getattr(memo, "membership", None)
-    if membership is not None:  # before the data API asks who stays (kube/dataapi.py)
+    if membership is not None:  # before the data API asks who stays (kube/data_api_registration.py)
         with contextlib.suppress(KubeError):
             await membership.announce_leaving()
         router: Router | None = getattr(memo, "router", None)
@@ -443,7 +443,7 @@ async def expire(body: kopf.Body, memo: Any, **_: Any) -> None:
         await memo.replicas.until_owner(body)
     except RoutedAway:
         return
-    await expire_episode(memo.client, body)  # a run-once Episode leaves its tombstone (kube/tombstones.py)
+    await expire_episode(memo.client, body)  # a run-once Episode leaves its tombstone (kube/tombstone_configmaps.py)
 
 
 KOPFS_NAMESPACE_EVENT = observation.process_discovered_namespace_event
@@ -530,7 +530,7 @@ async def _operate(options: OperatorOptions) -> None:
 
 
 # --- EpisodeSet -----------------------------------------------------------------------------------
-# One loop per open set; kube/episodeset.py decides everything. A change of the set or of one of
+# One loop per open set; kube/episodeset_controller.py decides everything. A change of the set or of one of
 # its children wakes the loop, so a freed slot is filled at once, and a resync catches the rest.
 class _QuietWakeups(logging.Filter):
     """The wake-up handlers run on every change of a set, a child or a sandbox pod: their success is no news."""
@@ -549,7 +549,7 @@ async def configure_episode_sets(memo: kopf.Memo, **_: Any) -> None:
 
 def set_is_open(status: kopf.Status, spec: kopf.Spec, **_: Any) -> bool:
     """A set gets a loop until it is complete (no child active and none to start), and again when its spec asks
-    for a rerun generation it has not seen (runtime/reruns.py)."""
+    for a rerun generation it has not seen (runtime/rerun_plan.py)."""
     return not (status.get("completionTime") if status else None) or rerun_requested(spec, status)
 
 

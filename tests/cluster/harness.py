@@ -27,8 +27,8 @@ from kubernetes.client.exceptions import ApiException
 from kubernetes.stream import stream
 
 from episode_operator.kube.objects.pods import OwnerRef
-from episode_operator.kube.sandbox import KubeSandbox
-from episode_operator.runtime.sandbox import JobSpec
+from episode_operator.kube.pod_sandbox import KubeSandbox
+from episode_operator.runtime.sandbox_protocol import JobSpec
 
 REPO = Path(__file__).resolve().parents[2]
 CRD_PATH = REPO / "crds" / "episodes.episode-operator.dev.yaml"

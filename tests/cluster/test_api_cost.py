@@ -21,8 +21,8 @@ from kubernetes import client
 from episode_operator.kube import running
 from episode_operator.kube.client import KubeClient
 from episode_operator.kube.driver import DriverSettings, drive_episode
+from episode_operator.runtime.episode_store import BlobStore
 from episode_operator.runtime.metrics import Metrics
-from episode_operator.runtime.store import BlobStore
 from tests.cluster.harness import GROUP, PLURAL, VERSION, read_episode
 from tests.unit.fake_sandbox import FakeProvider, World
 

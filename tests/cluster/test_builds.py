@@ -12,15 +12,15 @@ from pathlib import Path
 
 from kubernetes import client
 
-from episode_operator.api.models import EpisodeSpec
+from episode_operator.api.episode_resource import EpisodeSpec
 from episode_operator.api.vocabulary import BUILD_LABEL
 from episode_operator.kube.builds import BuildCoordinator, BuildSettings
 from episode_operator.kube.client import KubeClient
-from episode_operator.kube.sandbox import KubeProvider
-from episode_operator.runtime.images import BuildFailed, BuildOutage, BuildReady
+from episode_operator.kube.pod_sandbox import KubeProvider
+from episode_operator.runtime.sandbox_images import BuildFailed, BuildOutage, BuildReady
 from episode_operator.taskfolder import TaskFiles, load_task, resolve_plan
 from episode_operator.taskfolder.buildcontext import BuildSource
-from episode_operator.taskfolder.images import ImageMirrors
+from episode_operator.taskfolder.image_refs import ImageMirrors
 from tests.cluster.harness import episode_spec, run_sandbox_job, suspended_episode
 
 REGISTRY = "198.18.255.1:5000"

@@ -17,7 +17,7 @@ from collections.abc import Iterable
 
 from kubernetes import client
 
-from episode_operator.api.models import DEFAULT_TASK_ARCHIVE_KEY
+from episode_operator.api.episode_resource import DEFAULT_TASK_ARCHIVE_KEY
 from episode_operator.taskfolder.sources import MAX_SYMLINK_HOPS, SourceLimits
 from tests.cluster.harness import OperatorProcess, create_episode, wait_for_episode
 

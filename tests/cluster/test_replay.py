@@ -15,10 +15,11 @@ from pathlib import Path
 
 from kubernetes import client
 
-from episode_operator.api.models import EpisodeSpec
+from episode_operator.api.episode_resource import EpisodeSpec
 from episode_operator.kube.client import KubeClient
-from episode_operator.kube.sandbox import KubeProvider
-from episode_operator.runtime.replay import (
+from episode_operator.kube.pod_sandbox import KubeProvider
+from episode_operator.runtime.episode_store import EpisodeBlobs
+from episode_operator.runtime.replay_runner import (
     ReplayConfig,
     ReplayFailed,
     ReplayReady,
@@ -26,11 +27,10 @@ from episode_operator.runtime.replay import (
     entrypoint_job,
     replay_dockerfile,
 )
-from episode_operator.runtime.store import EpisodeBlobs
 from episode_operator.taskfolder import TaskFiles, load_task, resolve_plan
 from episode_operator.taskfolder.healthcheck import poll_healthcheck
-from episode_operator.taskfolder.images import ImageMirrors
-from episode_operator.taskfolder.replay import plan_replay
+from episode_operator.taskfolder.image_refs import ImageMirrors
+from episode_operator.taskfolder.replay_plan import plan_replay
 from tests.cluster.harness import episode_spec, run_sandbox_job, suspended_episode
 
 TASK = Path(__file__).parent / "tasks" / "replay-service"

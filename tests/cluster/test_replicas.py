@@ -25,7 +25,7 @@ import pytest
 from kubernetes import client
 from kubernetes.stream import stream
 
-from episode_operator.runtime.store import StoreSettings, kept_logs, render_logs
+from episode_operator.runtime.episode_store import StoreSettings, kept_logs, render_logs
 from tests.cluster.conftest import namespace_prefix, wait_for_default_service_account
 from tests.cluster.harness import (
     REPO,

@@ -16,11 +16,11 @@ from typing import Any
 from kubernetes import client
 from kubernetes.stream import stream
 
-from episode_operator.api.models import ModelApi
+from episode_operator.api.episode_resource import ModelApi
 from episode_operator.kube.objects.pods import AgentImages
 from episode_operator.runtime.agents.harnesses import INSTRUCTION, PRESETS, HarnessPreset, HarnessRun, model_api
 from episode_operator.runtime.agents.model import Toolchain
-from episode_operator.runtime.sandbox import KEEP_ALIVE
+from episode_operator.runtime.sandbox_protocol import KEEP_ALIVE
 
 LOGS = "/logs/agent"
 API_KEY = "sk-episode-test-key"  # a fake: the scripted server records it, tests check it arrived

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from episode_operator.api.models import AgentOutages, AgentSpec, EpisodeStatus, HarborSettings, RetryPolicy
+from episode_operator.api.episode_resource import AgentOutages, AgentSpec, EpisodeStatus, HarborSettings, RetryPolicy
 from episode_operator.api.vocabulary import AgentFailure, AgentOutcome
 from episode_operator.runtime.episode import EpisodeConfig, EpisodeRunner
 from episode_operator.taskfolder import TaskFiles, load_task, resolve_plan

@@ -1,6 +1,6 @@
 """An API server on 127.0.0.1 (plain HTTP) that answers what ``kubectl episode`` reads of it: Episodes and
 EpisodeSets (get, list with an equality label selector), the discovery of the data API, and the data
-API's subresources, answered by the operator's own handlers (``runtime/dataapi.py``) over a store.
+API's subresources, answered by the operator's own handlers (``runtime/data_api_server.py``) over a store.
 
 Errors are Kubernetes ``Status`` objects, as the API server sends them: a missing object is 404
 ``NotFound``; with ``data_api="absent"`` the group is not there (404 "the server could not find the
@@ -21,8 +21,8 @@ import yaml
 from aiohttp import web
 
 from episode_operator.api.vocabulary import GROUP, VERSION
-from episode_operator.runtime.dataapi import DATA_GROUP, DATA_VERSION, SUBRESOURCES, discovery
-from episode_operator.runtime.store import BlobStore
+from episode_operator.runtime.data_api_server import DATA_GROUP, DATA_VERSION, SUBRESOURCES, discovery
+from episode_operator.runtime.episode_store import BlobStore
 
 DataApi = Literal["served", "absent", "unavailable"]
 

@@ -15,7 +15,7 @@ shell (the cluster tests, and ``local_sandbox``, run real bash):
     later SECONDS LINE    (leaves a process behind that runs LINE after SECONDS, job or no job)
     lose-pod              (the pod disappears: every later call raises SandboxError)
 
-Job ids arrive keyed (``runtime/sandbox.py`` :func:`keyed_job_id`), as the supervisor gets
+Job ids arrive keyed (``runtime/sandbox_protocol.py`` :func:`keyed_job_id`), as the supervisor gets
 them: jobs are kept under them, while ``starts``, ``hooks``, ``outputs`` and ``crash_after``
 speak of the ids the runtime made before keying (``raw_starts`` keeps what arrived).
     vanish                (the supervisor loses the job: it reads ``unknown`` from then on)
@@ -52,10 +52,10 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from episode_operator.api.models import EpisodeStatus
+from episode_operator.api.episode_resource import EpisodeStatus
 from episode_operator.runtime import supervisor
 from episode_operator.runtime.limits import OutputLimitExceeded, OutputLimits, bound_name
-from episode_operator.runtime.sandbox import (
+from episode_operator.runtime.sandbox_protocol import (
     JOB_USER,
     ArchiveFile,
     CommandFailed,

@@ -28,9 +28,9 @@ from pathlib import Path
 from typing import Any
 
 from episode_operator.kube.client import stdin_frames
-from episode_operator.kube.sandbox import KubeSandbox
+from episode_operator.kube.pod_sandbox import KubeSandbox
 from episode_operator.runtime.limits import AnswerSink, OutputLimits
-from episode_operator.runtime.sandbox import ArchiveFile, WaitingReport
+from episode_operator.runtime.sandbox_protocol import ArchiveFile, WaitingReport
 from episode_operator.runtime.supervisor import SUPERVISOR_DIR
 from episode_operator.runtime.turn.context import SANDBOX_LAYOUT
 from episode_operator.taskfolder.plan import NetworkPolicy, VerifierPlan

@@ -16,7 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from episode_operator.api.episodeset import (
+from episode_operator.api.episode_resource import EpisodeStatus
+from episode_operator.api.episodeset_resource import (
     CREATED_AT_ANNOTATION,
     SET_KIND,
     SET_TASK_NAME_ANNOTATION,
@@ -24,15 +25,14 @@ from episode_operator.api.episodeset import (
     EpisodeSetStatus,
     SetTaskStatus,
 )
-from episode_operator.api.models import EpisodeStatus
 from episode_operator.api.vocabulary import API_VERSION, SET_ATTEMPT_LABEL, SET_LABEL, SET_TASK_INDEX_LABEL
 from episode_operator.capture.atif import trajectory_from_calls
 from episode_operator.capture.records import CapturedCall
 from episode_operator.kube.objects.children import child_name
 from episode_operator.runtime.archive import tar_bytes
+from episode_operator.runtime.episode_store import BlobStore
 from episode_operator.runtime.evaluation import ChildView, definition_digest, plan_set
-from episode_operator.runtime.sandbox import ArchiveFile
-from episode_operator.runtime.store import BlobStore
+from episode_operator.runtime.sandbox_protocol import ArchiveFile
 from tests.unit.conversations import INSTRUCTION, SYSTEM, captured
 from tests.unit.test_store import MANIFEST
 

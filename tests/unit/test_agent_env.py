@@ -14,14 +14,14 @@ from typing import Any
 
 import pytest
 
-from episode_operator.api.models import EpisodeStatus
+from episode_operator.api.episode_resource import EpisodeStatus
 from episode_operator.kube.client import NotFound
 from episode_operator.kube.driver import DriverSettings, drive_episode, read_agent_env
-from episode_operator.kube.events import EventRecorder
+from episode_operator.kube.event_recorder import EventRecorder
 from episode_operator.kube.objects.env import Sources, referenced, resolve_agent_env, secret_data
 from episode_operator.runtime import supervisor
-from episode_operator.runtime.sandbox import JobSpec
-from episode_operator.runtime.store import BlobStore
+from episode_operator.runtime.episode_store import BlobStore
+from episode_operator.runtime.sandbox_protocol import JobSpec
 from tests.unit.episodes import run
 from tests.unit.fake_sandbox import World
 from tests.unit.folders import multi_step, single_step, steps_toml

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 import yaml
 
-from episode_operator.api.models import EpisodeSpec, EpisodeStatus, TurnStatus
+from episode_operator.api.episode_resource import EpisodeSpec, EpisodeStatus, TurnStatus
 from episode_operator.kube.objects.crds import CRD_FOLDERS, episode_crd, rendered_crds
 from episode_operator.runtime.admission import Refusal, admit_spec
 from episode_operator.taskfolder.plan import SEED_SETTINGS, ServerSettings

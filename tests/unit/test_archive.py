@@ -20,7 +20,7 @@ import pytest
 
 from episode_operator.runtime.archive import RefusedMember, extract_files, read_member, repack_artifact
 from episode_operator.runtime.limits import OutputLimitExceeded, OutputLimits
-from episode_operator.runtime.sandbox import ArchiveFile
+from episode_operator.runtime.sandbox_protocol import ArchiveFile
 
 SOURCE = "/logs/artifacts"
 LIMITS = OutputLimits()

@@ -21,10 +21,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
-from episode_operator.api.models import EpisodeSpec, EpisodeStatus
+from episode_operator.api.episode_resource import EpisodeSpec, EpisodeStatus
 from episode_operator.kube.driver import DriverSettings, drive_episode
-from episode_operator.kube.events import EventRecorder
-from episode_operator.runtime.store import BlobStore
+from episode_operator.kube.event_recorder import EventRecorder
+from episode_operator.runtime.episode_store import BlobStore
 from episode_operator.taskfolder import SourceLimits, TaskFiles, resolve_plan, validate_task
 
 KEYS = [

@@ -23,7 +23,7 @@ import yaml
 from aiohttp import WSMsgType, web
 
 from episode_operator.kube.client import ExecTransportError, KubeClient
-from episode_operator.kube.sandbox import KubeSandbox
+from episode_operator.kube.pod_sandbox import KubeSandbox
 from episode_operator.kube.session import Session
 from episode_operator.runtime import supervisor
 from episode_operator.runtime.limits import (
@@ -33,7 +33,7 @@ from episode_operator.runtime.limits import (
     Spool,
     parse_size,
 )
-from episode_operator.runtime.sandbox import ArchiveFile, JobSpec
+from episode_operator.runtime.sandbox_protocol import ArchiveFile, JobSpec
 from episode_operator.runtime.supervisor import SUPERVISOR_PATH, SessionAnswers
 from tests.unit.local_sandbox import LocalPods
 

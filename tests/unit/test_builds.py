@@ -26,7 +26,7 @@ from episode_operator.kube.objects.buildjobs import (
     build_job,
     build_script,
 )
-from episode_operator.runtime.images import BuildFailed, BuildOutage, BuildReady
+from episode_operator.runtime.sandbox_images import BuildFailed, BuildOutage, BuildReady
 from episode_operator.taskfolder import TaskFiles
 from episode_operator.taskfolder.buildcontext import (
     PACKED_DOCKERFILE,
@@ -35,7 +35,7 @@ from episode_operator.taskfolder.buildcontext import (
     mirror_from_lines,
     pack_build_context,
 )
-from episode_operator.taskfolder.images import ImageMirrors
+from episode_operator.taskfolder.image_refs import ImageMirrors
 
 MIRRORS = ImageMirrors.parse(["ubuntu:24.04=registry.test/sandbox:1", "docker.io/library/=registry.test/library/"])
 DOCKERFILE = "ARG BASE=ubuntu:24.04\nFROM ${BASE} AS build\nRUN make\nFROM python:3.12 \\\n  AS final\n"

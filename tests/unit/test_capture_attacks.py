@@ -22,11 +22,11 @@ from typing import Any
 import aiohttp
 import pytest
 
+from episode_operator.capture.capture_store import CaptureStore, CurrentTurn
 from episode_operator.capture.proxy import PinnedResolver, ProxyConfig, start
 from episode_operator.capture.records import CAPTURE_LIMIT, ROUTE_REFUSED, CapturedCall
-from episode_operator.capture.store import CaptureStore, CurrentTurn
 from episode_operator.capture.wire import KEY_ENV, ROUTES, Refused, route_of
-from episode_operator.kube.dataapi import self_signed_certificate
+from episode_operator.kube.data_api_registration import self_signed_certificate
 from tests.unit.model_upstream import JSON_ANSWERS, KEY, OTHER_ANSWERS, Upstream, running_upstream
 
 MODEL_HOST = "model.test"  # resolvable by nobody but the patched resolver below and the pinned addresses

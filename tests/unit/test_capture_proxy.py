@@ -18,9 +18,9 @@ from typing import Any
 import aiohttp
 import pytest
 
+from episode_operator.capture.capture_store import CaptureStore, CurrentTurn, read_journal
 from episode_operator.capture.proxy import KeyScrubber, ProxyConfig, start
 from episode_operator.capture.records import TOKEN_FIELDS, TOKEN_ID_READERS, CapturedCall, model_call_record
-from episode_operator.capture.store import CaptureStore, CurrentTurn, read_journal
 from episode_operator.capture.wire import agent_base_url
 from tests.reference import gym
 from tests.unit.model_upstream import (

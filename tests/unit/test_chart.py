@@ -16,7 +16,7 @@ import pytest
 import yaml
 
 from episode_operator.api.vocabulary import DEFAULT_AGENT_OUTCOMES
-from episode_operator.kube import dataapi as kube_dataapi
+from episode_operator.kube import data_api_registration as kube_dataapi
 from episode_operator.kube import rbac
 from episode_operator.kube.objects.pods import SandboxRequests
 from tests.chart import CHART, CRDS, INSTALL, chart_crds, find, hack_chart, install_manifests, lint, notes, render
@@ -229,7 +229,7 @@ def test_the_notes_point_at_nothing_outside_the_cluster(values: dict[str, Any]) 
 
 
 def test_the_service_is_where_the_operator_registers_its_data_api() -> None:
-    """The operator registers the APIService itself (kube/dataapi.py), for the Service the chart makes."""
+    """The operator registers the APIService itself (kube/data_api_registration.py), for the Service the chart makes."""
     objects = render(release="ops", namespace="episode-operator-system")
     (service,) = find(objects, "Service")
     assert service["metadata"]["name"] == "episode-operator"
@@ -564,7 +564,7 @@ def with_harbor(harbor: dict[str, Any]) -> dict[str, Any]:
 def test_the_charts_harbor_settings_are_harbor_settings_defaults() -> None:
     """values.yaml restates each of Gym's harbor server settings at HarborSettings' default (the seed's, an
     Episode's own), and a release that sets none of them gives every try exactly those."""
-    from episode_operator.api.models import HarborSettings
+    from episode_operator.api.episode_resource import HarborSettings
     from episode_operator.runtime.gym_server import load_settings
 
     values = yaml.safe_load((CHART / "values.yaml").read_text())
@@ -577,7 +577,7 @@ def test_the_schema_types_each_harbor_setting_as_the_operator_does() -> None:
     schema adds only the prompt template's placeholder, which the operator checks in a validator."""
     import json
 
-    from episode_operator.api.models import HarborSettings
+    from episode_operator.api.episode_resource import HarborSettings
 
     def helm_form(declared: dict[str, Any]) -> dict[str, Any]:
         variants = declared.get("anyOf", [declared])
@@ -598,8 +598,8 @@ def test_the_schema_types_each_harbor_setting_as_the_operator_does() -> None:
 
 
 def test_each_harbor_setting_of_the_release_reaches_every_try() -> None:
-    from episode_operator.api.models import HarborSettings
-    from episode_operator.runtime.gym import parse_run
+    from episode_operator.api.episode_resource import HarborSettings
+    from episode_operator.runtime.gym_protocol import parse_run
     from episode_operator.runtime.gym_server import load_settings, try_manifest
 
     chosen = {

@@ -77,8 +77,8 @@ def test_the_toolchain_images_install_where_the_operator_looks() -> None:
 
 def test_the_pause_image_keeps_alive_as_the_sandbox_containers_do() -> None:
     """hack/cluster spells the keep-alive loop itself (it imports nothing of the operator's): it must
-    be the loop the operator's sandbox containers run (runtime/sandbox.py)."""
-    from episode_operator.runtime.sandbox import KEEP_ALIVE
+    be the loop the operator's sandbox containers run (runtime/sandbox_protocol.py)."""
+    from episode_operator.runtime.sandbox_protocol import KEEP_ALIVE
 
     assert KEEP_ALIVE[:2] == ("sh", "-c")
     assert KEEP_ALIVE[2] == load_script("cluster").KEEP_ALIVE_SCRIPT

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from episode_operator.runtime.images import ImagePlan, ImagePolicy, plan_images
+from episode_operator.runtime.sandbox_images import ImagePlan, ImagePolicy, plan_images
 from episode_operator.taskfolder import TaskFiles, resolve_plan
 from episode_operator.taskfolder.compose import parse_compose
-from episode_operator.taskfolder.models import EnvironmentConfig
+from episode_operator.taskfolder.task_toml import EnvironmentConfig
 from tests.unit.folders import check, plan_of, single_step
 
 COMPOSE = "environment/docker-compose.yaml"

@@ -23,7 +23,7 @@ from typing import Any, Literal
 
 import pytest
 
-from episode_operator.api.models import EpisodeSpec
+from episode_operator.api.episode_resource import EpisodeSpec
 from episode_operator.kube.objects.pods import (
     COPIER,
     COPIER_BUSYBOX,
@@ -36,12 +36,12 @@ from episode_operator.kube.objects.pods import (
     environment_files_config_map,
     sandbox_pod,
 )
-from episode_operator.kube.sandbox import KubeProvider
+from episode_operator.kube.pod_sandbox import KubeProvider
 from episode_operator.runtime.admission import NO_COPIER, Admission, Refusal, admit_task
 from episode_operator.taskfolder import TaskFiles
 from episode_operator.taskfolder.compose import BOUND_ARCHIVE_LIMIT, binds_of, bound_archive, parse_compose
-from episode_operator.taskfolder.models import EnvironmentConfig
 from episode_operator.taskfolder.plan import EpisodePlan
+from episode_operator.taskfolder.task_toml import EnvironmentConfig
 from tests.unit.folders import check, plan_of, single_step
 from tests.unit.local_sandbox import MERGED_USR
 from tests.unit.test_pod_identity import Pods

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from episode_operator.api.models import EpisodeStatus
+from episode_operator.api.episode_resource import EpisodeStatus
 from episode_operator.api.vocabulary import CONDITION_REASON_PATTERN, Condition
 from episode_operator.kube.objects.crds import episode_crd, episodeset_crd
 from episode_operator.kube.objects.pods import OwnerRef

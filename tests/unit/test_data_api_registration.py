@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from episode_operator.kube.client import Conflict, NotFound
-from episode_operator.kube.dataapi import (
+from episode_operator.kube.data_api_registration import (
     SERVING_SECRET_SUFFIX,
     DataApi,
     DataApiUnavailable,
@@ -26,7 +26,7 @@ from episode_operator.kube.dataapi import (
     self_signed_certificate,
     shared_certificate,
 )
-from episode_operator.runtime.dataapi import API_SERVICE
+from episode_operator.runtime.data_api_server import API_SERVICE
 
 SERVICE = ("ops", "episode-operator")
 HOSTNAMES = ["episode-operator.ops.svc", "episode-operator.ops.svc.cluster.local"]

@@ -9,8 +9,8 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
-from episode_operator.api.episodeset import SET_KIND, EpisodeSetSpec, SetTaskStatus
-from episode_operator.api.models import EpisodeSpec
+from episode_operator.api.episode_resource import EpisodeSpec
+from episode_operator.api.episodeset_resource import SET_KIND, EpisodeSetSpec, SetTaskStatus
 from episode_operator.api.naming import content_name
 from episode_operator.cli.kubectl_episode import cli
 from episode_operator.kube.objects.children import child_manifest, child_name, set_selector, task_label_value

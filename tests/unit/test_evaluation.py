@@ -10,7 +10,8 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from episode_operator.api.episodeset import (
+from episode_operator.api.episode_resource import EpisodeSpec, TaskSource
+from episode_operator.api.episodeset_resource import (
     EpisodeSetSpec,
     EpisodeSetStatus,
     EpisodeTemplate,
@@ -20,7 +21,6 @@ from episode_operator.api.episodeset import (
     SetTaskStatus,
     child_spec,
 )
-from episode_operator.api.models import EpisodeSpec, TaskSource
 from episode_operator.api.vocabulary import parse_timestamp, precise_timestamp
 from episode_operator.runtime.evaluation import (
     ChildView,

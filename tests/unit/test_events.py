@@ -10,7 +10,7 @@ from typing import Any
 from aiolimiter import AsyncLimiter
 
 from episode_operator.kube.client import KubeError
-from episode_operator.kube.events import EventRecorder
+from episode_operator.kube.event_recorder import EventRecorder
 from episode_operator.kube.objects.pods import OwnerRef
 from episode_operator.runtime.metrics import Metrics
 

@@ -364,8 +364,8 @@ def test_a_row_says_the_sampling_every_call_was_sent_with(params: dict[str, Any]
 
 
 def test_the_sampling_of_a_row_is_the_episodes_params_by_their_responses_names() -> None:
+    from episode_operator.api.episode_resource import EpisodeSpec
     from episode_operator.api.export import evidence_of
-    from episode_operator.api.models import EpisodeSpec
 
     model = {"name": "policy", "baseURL": "http://198.19.0.9:8000/v1", "params": {"max_tokens": 64, "top_k": 5}}
     spec = EpisodeSpec.model_validate({**SPEC, "agent": {"kind": "command", "command": "x", "model": model}})

@@ -31,7 +31,7 @@ def test_the_operator_imports_kopf_and_its_handlers_without_the_generated_classe
         import json, sys
         from episode_operator.cli.operator_main import import_handlers
         import_handlers()
-        import episode_operator.kube.client, episode_operator.kube.dataapi
+        import episode_operator.kube.client, episode_operator.kube.data_api_registration
         print(json.dumps(sorted(name for name, module in sys.modules.items() if module is not None)))
         """
     )

@@ -16,7 +16,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from episode_operator.api.export import GYM_IDENTITY_ANNOTATION, NO_EVIDENCE, rows
-from episode_operator.runtime.gym import (
+from episode_operator.runtime.gym_protocol import (
     GymRequestError,
     TaskRef,
     aggregate_metrics,

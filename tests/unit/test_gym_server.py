@@ -1,6 +1,6 @@
 """The Gym environment server over real HTTP on a local port, against an in-memory cluster.
 
-The in-memory cluster keeps the rules of the real one the server relies on (kube/gym.py, tested on
+The in-memory cluster keeps the rules of the real one the server relies on (kube/gym_catalogue.py, tested on
 the cluster): a second create of the same name is the same Episode, a deleted Episode wakes
 whoever waits on it with EpisodeGone, and an Episode is finished only once its status says so.
 """
@@ -22,9 +22,9 @@ from typing import Any
 import aiohttp
 import pytest
 
+from episode_operator.api.episode_resource import AgentSpec
 from episode_operator.api.export import GYM_IDENTITY_ANNOTATION, NO_EVIDENCE, EpisodeEvidence
-from episode_operator.api.models import AgentSpec
-from episode_operator.runtime.gym import TaskRef
+from episode_operator.runtime.gym_protocol import TaskRef
 from episode_operator.runtime.gym_server import (
     CAPTURE_KEY_ANNOTATION,
     SCOPE_LABEL,
@@ -280,7 +280,7 @@ def test_aggregate_metrics_over_http() -> None:
 
 
 def test_gym_owns_the_retry_or_the_operator_does_never_both() -> None:
-    from episode_operator.runtime.gym import parse_run
+    from episode_operator.runtime.gym_protocol import parse_run
 
     source = CATALOGUE[TaskRef("red-team", "answer")]
     run = parse_run(flat_row())
@@ -291,7 +291,7 @@ def test_gym_owns_the_retry_or_the_operator_does_never_both() -> None:
 
 
 def test_model_calls_go_through_gyms_model_server_when_it_is_set() -> None:
-    from episode_operator.runtime.gym import parse_run
+    from episode_operator.runtime.gym_protocol import parse_run
 
     source = CATALOGUE[TaskRef("red-team", "answer")]
     run = parse_run(flat_row(_ng_attempt_index=2))
@@ -316,7 +316,7 @@ def test_model_calls_go_through_gyms_model_server_when_it_is_set() -> None:
 
 
 def test_the_harbor_settings_of_the_server_are_every_trys() -> None:
-    from episode_operator.runtime.gym import parse_run
+    from episode_operator.runtime.gym_protocol import parse_run
 
     text = (
         "namespace: evals\nagent: {kind: command, command: x}\nharbor: {stepSetupTimeoutSec: 30, verifierGraceSec: 5}\n"

@@ -12,7 +12,7 @@ import kopf
 import pytest
 
 from episode_operator import handlers
-from episode_operator.api.models import PLURAL
+from episode_operator.api.episode_resource import PLURAL
 from episode_operator.api.vocabulary import GROUP, VERSION
 from episode_operator.kube.replicas import Replicas
 from episode_operator.runtime.wakeups import Wakeups

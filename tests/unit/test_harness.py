@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from episode_operator.api.models import AgentSpec, EpisodeSpec
+from episode_operator.api.episode_resource import AgentSpec, EpisodeSpec
 from episode_operator.api.vocabulary import Stage
 from episode_operator.capture.records import CAPTURE_LIMIT, ROUTE_REFUSED, CapturedCall
 from episode_operator.cli.capture import capture_proxy
@@ -27,7 +27,7 @@ from episode_operator.runtime.agents import agent_kind, spec_problems
 from episode_operator.runtime.agents.harnesses import INSTRUCTION, PRESETS, continue_arguments, harness_run
 from episode_operator.runtime.agents.model import CAPTURE_CONTAINER, PLACEHOLDER_KEY, CaptureBounds, Toolchain
 from episode_operator.taskfolder import TaskFiles
-from episode_operator.taskfolder.models import EnvironmentConfig
+from episode_operator.taskfolder.task_toml import EnvironmentConfig
 from tests.unit.fake_sandbox import World
 from tests.unit.folders import multi_step, steps_toml
 from tests.unit.test_runtime import run

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from episode_operator.api.models import ModelEndpoint
+from episode_operator.api.episode_resource import ModelEndpoint
 from episode_operator.runtime.agents.harnesses import INSTRUCTION, PRESETS, HarnessRun, harness_run
 from episode_operator.runtime.agents.model import PLACEHOLDER_KEY, Toolchain
 from tests.unit.test_release import load_script

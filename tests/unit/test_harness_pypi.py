@@ -13,11 +13,11 @@ from typing import Any
 
 import pytest
 
-from episode_operator.api.models import ModelEndpoint
-from episode_operator.runtime.agents.failures import classify
+from episode_operator.api.episode_resource import ModelEndpoint
+from episode_operator.runtime.agents.agent_failures import classify
 from episode_operator.runtime.agents.harnesses import INSTRUCTION, LOGS, PRESETS, HarnessRun, harness_run
 from episode_operator.runtime.agents.model import PLACEHOLDER_KEY, Toolchain
-from episode_operator.runtime.sandbox import JobState
+from episode_operator.runtime.sandbox_protocol import JobState
 
 PROXY = "http://127.0.0.1:47311/v1"
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from episode_operator.api.models import ModelEndpoint
+from episode_operator.api.episode_resource import ModelEndpoint
 from episode_operator.runtime.agents.harness_registry import HARNESSES
 from episode_operator.runtime.agents.harnesses import (
     COMMANDS,

@@ -7,7 +7,7 @@ import asyncio
 import pytest
 
 from episode_operator.taskfolder.healthcheck import poll_healthcheck
-from episode_operator.taskfolder.models import Healthcheck
+from episode_operator.taskfolder.task_toml import Healthcheck
 
 
 class FakeSandbox:

@@ -1,4 +1,4 @@
-"""Which image each sandbox runs and how it is made (runtime/images.py), decided at admission.
+"""Which image each sandbox runs and how it is made (runtime/sandbox_images.py), decided at admission.
 
 Mirrors apply everywhere an image is named; a Dockerfile is replayed when replay means what a
 build means, built when it cannot be and the operator builds, refused naming its line otherwise;
@@ -12,11 +12,11 @@ from typing import Any
 
 import pytest
 
-from episode_operator.api.models import EpisodeSpec
+from episode_operator.api.episode_resource import EpisodeSpec
 from episode_operator.runtime.admission import Admission, Refusal, admit_task
-from episode_operator.runtime.images import VERIFIER_OWN_COMPOSE, ImagePlan, ImagePolicy, plan_images
+from episode_operator.runtime.sandbox_images import VERIFIER_OWN_COMPOSE, ImagePlan, ImagePolicy, plan_images
 from episode_operator.taskfolder import TaskFiles, load_task, resolve_plan
-from episode_operator.taskfolder.images import ImageMirrors
+from episode_operator.taskfolder.image_refs import ImageMirrors
 
 MIRRORS = ImageMirrors.parse(
     ["ubuntu:24.04=mirror.test/ubuntu:24.04", "python=mirror.test/python", "docker.io/library/=mirror.test/hub/"]

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from episode_operator.taskfolder.images import ImageMirrors, InvalidImageReference, parse_image_reference
+from episode_operator.taskfolder.image_refs import ImageMirrors, InvalidImageReference, parse_image_reference
 
 MIRRORS = ImageMirrors.parse(
     [

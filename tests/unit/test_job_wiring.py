@@ -14,7 +14,7 @@ from datetime import datetime
 
 import pytest
 
-from episode_operator.api.models import EpisodeStatus, TurnStatus
+from episode_operator.api.episode_resource import EpisodeStatus, TurnStatus
 from tests.unit.episodes import run
 from tests.unit.fake_sandbox import KILLED_BY_TERM, MemoryStore, World
 from tests.unit.folders import multi_step, single_step, steps_toml

@@ -17,7 +17,7 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
-from episode_operator.api.models import EpisodeStatus, TurnStatus
+from episode_operator.api.episode_resource import EpisodeStatus, TurnStatus
 from episode_operator.api.naming import content_name
 from episode_operator.cli import printing
 from episode_operator.cli.cluster import Cluster

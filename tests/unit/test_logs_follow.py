@@ -6,8 +6,8 @@ from typing import Any
 
 import pytest
 
-from episode_operator.api.models import EpisodeStatus
-from episode_operator.runtime.sandbox import keyed_job_id
+from episode_operator.api.episode_resource import EpisodeStatus
+from episode_operator.runtime.sandbox_protocol import keyed_job_id
 from episode_operator.runtime.turn.context import running_agent_job
 
 

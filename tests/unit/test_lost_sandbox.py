@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
-from episode_operator.api.models import EpisodeStatus
-from episode_operator.runtime.sandbox import JobSpec, JobState, keyed_job_id
+from episode_operator.api.episode_resource import EpisodeStatus
+from episode_operator.runtime.sandbox_protocol import JobSpec, JobState, keyed_job_id
 from tests.unit.episodes import run, three_steps
 from tests.unit.fake_sandbox import Crash, FakeSandbox, FakeSink, JobRecord, World, unkeyed
 

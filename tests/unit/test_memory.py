@@ -26,11 +26,11 @@ import episode_operator
 from episode_operator import handlers
 from episode_operator.kube import running
 from episode_operator.kube.driver import DriverSettings
-from episode_operator.kube.events import EventRecorder
+from episode_operator.kube.event_recorder import EventRecorder
+from episode_operator.runtime.episode_store import BlobStore
 from episode_operator.runtime.fencing import NoFence
 from episode_operator.runtime.metrics import Metrics
 from episode_operator.runtime.slots import FifoSlots
-from episode_operator.runtime.store import BlobStore
 from episode_operator.runtime.wakeups import Wakeups
 from tests.unit.fake_sandbox import FakeProvider, World
 from tests.unit.folders import multi_step, steps_toml

@@ -13,11 +13,11 @@ from typing import Any
 
 import pytest
 
-from episode_operator.api.models import EpisodeSpec
+from episode_operator.api.episode_resource import EpisodeSpec
 from episode_operator.kube.client import NotFound
 from episode_operator.kube.objects.pods import OwnerRef
-from episode_operator.kube.sandbox import KubeProvider
-from episode_operator.runtime.sandbox import SandboxError
+from episode_operator.kube.pod_sandbox import KubeProvider
+from episode_operator.runtime.sandbox_protocol import SandboxError
 from tests.unit.folders import plan_of, single_step
 
 PROBE = b"version=1\nworkdir=/app\nuser=root\nuid=0\n"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from episode_operator.api.models import EpisodeSpec
+from episode_operator.api.episode_resource import EpisodeSpec
 from episode_operator.kube.objects.network import network_policy
 from episode_operator.kube.objects.pods import (
     RESERVATION_CONTAINER,
@@ -18,7 +18,7 @@ from episode_operator.kube.objects.pods import (
     short_name,
     verifier_reservation,
 )
-from episode_operator.runtime.sandbox import KEEP_ALIVE
+from episode_operator.runtime.sandbox_protocol import KEEP_ALIVE
 from episode_operator.taskfolder import TaskFiles, load_task, resolve_plan
 from episode_operator.taskfolder.compose import Sidecar
 from episode_operator.taskfolder.plan import NetworkPolicy

@@ -19,11 +19,11 @@ import pytest
 
 import episode_operator
 import episode_operator.kube.client as client_module
-from episode_operator.api.episodeset import SET_PLURAL
-from episode_operator.api.models import PLURAL
+from episode_operator.api.episode_resource import PLURAL
+from episode_operator.api.episodeset_resource import SET_PLURAL
 from episode_operator.api.vocabulary import GROUP
 from episode_operator.kube import rbac
-from episode_operator.runtime import dataapi
+from episode_operator.runtime import data_api_server as served
 
 PACKAGE = Path(episode_operator.__file__).parent
 CLIENT = PACKAGE / "kube" / "client.py"
@@ -124,9 +124,9 @@ def grants_of_raw_call(call: ast.Call) -> set[Grant]:
     verb = {"GET": "get", "POST": "create", "PUT": "update", "PATCH": "patch", "DELETE": "delete"}[method.value]
     if (template, verb) == ("/apis/{}/{}", "get"):
         return set()  # discovery of a group version: granted to every authenticated client (system:discovery)
-    data_api = f"/apis/{dataapi.DATA_GROUP}/{dataapi.DATA_VERSION}/namespaces/{{}}/{dataapi.RESOURCE}/{{}}/{{}}"
+    data_api = f"/apis/{served.DATA_GROUP}/{served.DATA_VERSION}/namespaces/{{}}/{served.RESOURCE}/{{}}/{{}}"
     assert template == data_api, f"{template}: no permission mapping; extend tests/unit/test_rbac.py"
-    return {(dataapi.DATA_GROUP, f"{dataapi.RESOURCE}/{name}", verb) for name in dataapi.SUBRESOURCES}
+    return {(served.DATA_GROUP, f"{served.RESOURCE}/{name}", verb) for name in served.SUBRESOURCES}
 
 
 def api_objects(node: ast.AST) -> set[str]:
@@ -208,7 +208,7 @@ def called_client_methods(files: list[Path]) -> set[str]:
             if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in public:
                 called.add(node.func.attr)
             elif is_event_record(node):
-                called.add("create_event")  # the client's Event recorder (kube/events.py) posts through it
+                called.add("create_event")  # the client's Event recorder (kube/event_recorder.py) posts through it
             named = isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name)
             if named and node.value.id == "KubeClient" and node.attr in public:  # type: ignore[attr-defined]
                 called.add(node.attr)  # type: ignore[attr-defined]
@@ -289,13 +289,13 @@ def test_the_operator_is_granted_exactly_what_its_code_and_kopf_use() -> None:
 
 def test_the_data_api_rules_are_what_the_data_api_uses() -> None:
     """Granted apart (cluster-wide, and only with the chart's dataApi.enabled), so checked apart."""
-    used = reachable_grants(called_client_methods([PACKAGE / "kube" / "dataapi.py"]))
+    used = reachable_grants(called_client_methods([PACKAGE / "kube" / "data_api_registration.py"]))
     assert used == rbac.grants(rbac.OPERATOR_PERMISSIONS, "data-api", "data-api-own-namespace")
     named = [(p.resource, p.verbs, p.resource_names) for p in rbac.OPERATOR_PERMISSIONS if p.when == "data-api"]
     assert named == [
         ("subjectaccessreviews", ("create",), ()),
         ("apiservices", ("create",), ()),  # a create cannot be narrowed by name
-        ("apiservices", ("get", "update", "delete"), (dataapi.API_SERVICE,)),
+        ("apiservices", ("get", "update", "delete"), (served.API_SERVICE,)),
         ("clusterroles", ("get",), (rbac.DATA_API_CLUSTER_ROLE,)),  # its own, named by the chart
         ("configmaps", ("get",), ("extension-apiserver-authentication",)),
     ]

@@ -15,10 +15,10 @@ from typing import Any
 
 import pytest
 
-from episode_operator.api.models import AgentSpec, EpisodeStatus, RetryPolicy
+from episode_operator.api.episode_resource import AgentSpec, EpisodeStatus, RetryPolicy
 from episode_operator.runtime.episode import EpisodeConfig, EpisodeRunner
-from episode_operator.runtime.store import EpisodeBlobs, KeptLog
-from episode_operator.runtime.store import kept_logs as store_logs
+from episode_operator.runtime.episode_store import EpisodeBlobs, KeptLog
+from episode_operator.runtime.episode_store import kept_logs as store_logs
 from episode_operator.taskfolder import TaskFiles, load_task, resolve_plan
 from tests.unit.fake_sandbox import FakeSink
 from tests.unit.folders import multi_step, single_step, steps_toml

@@ -12,7 +12,7 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
-from episode_operator.api.episodeset import DATASET_ANNOTATION, REGISTRY_ANNOTATION, EpisodeSetSpec
+from episode_operator.api.episodeset_resource import DATASET_ANNOTATION, REGISTRY_ANNOTATION, EpisodeSetSpec
 from episode_operator.cli.kubectl_episode import cli
 from episode_operator.taskfolder.registry import (
     Checkout,

@@ -14,17 +14,24 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
-from episode_operator.api.models import AgentSpec, EpisodeSpec, EpisodeStatus, RegradeStatus, RetryPolicy, TurnStatus
+from episode_operator.api.episode_resource import (
+    AgentSpec,
+    EpisodeSpec,
+    EpisodeStatus,
+    RegradeStatus,
+    RetryPolicy,
+    TurnStatus,
+)
 from episode_operator.api.vocabulary import Stage
 from episode_operator.cli.cluster import Cluster
 from episode_operator.cli.kubectl_episode import cli
 from episode_operator.kube.client import NotFound
 from episode_operator.kube.driver import DriverSettings
-from episode_operator.kube.regrade import decide_regrade
+from episode_operator.kube.regrade_driver import decide_regrade
 from episode_operator.runtime.admission import Refusal, admit_task
 from episode_operator.runtime.episode import EpisodeConfig
+from episode_operator.runtime.episode_store import BlobStore
 from episode_operator.runtime.regrade import RegradeRefused, RegradeRunner, RegradeStore, plan_regrade, turn_action
-from episode_operator.runtime.store import BlobStore
 from episode_operator.runtime.turn.table import is_published
 from episode_operator.taskfolder import TaskFiles, load_task, resolve_plan
 from tests.unit.episodes import run

@@ -11,8 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from episode_operator.taskfolder import TaskFiles
-from episode_operator.taskfolder.models import EnvironmentConfig
-from episode_operator.taskfolder.replay import (
+from episode_operator.taskfolder.replay_plan import (
     BaseImage,
     CopyStep,
     DockerfileLimits,
@@ -25,6 +24,7 @@ from episode_operator.taskfolder.replay import (
     plan_replay,
     staging_archive,
 )
+from episode_operator.taskfolder.task_toml import EnvironmentConfig
 
 DOCKERFILE = "environment/Dockerfile"
 

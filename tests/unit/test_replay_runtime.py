@@ -14,7 +14,7 @@ import tarfile
 
 import pytest
 
-from episode_operator.runtime.replay import (
+from episode_operator.runtime.replay_runner import (
     ReplayConfig,
     ReplayedSandbox,
     ReplayFailed,
@@ -26,9 +26,9 @@ from episode_operator.runtime.replay import (
     replay_dockerfile,
     replayed_image,
 )
-from episode_operator.runtime.sandbox import KEEP_ALIVE, JobSpec, SandboxError
+from episode_operator.runtime.sandbox_protocol import KEEP_ALIVE, JobSpec, SandboxError
 from episode_operator.taskfolder import TaskFiles
-from episode_operator.taskfolder.models import EnvironmentConfig
+from episode_operator.taskfolder.task_toml import EnvironmentConfig
 from tests.unit.fake_sandbox import Crash, FakeSandbox, MemoryStore, World
 
 BASE_OUTPUT = b"x86_64\n" + b"\x00".join([b"PATH=/usr/bin:/bin", b"HOME=/root", b"PWD=/", b"_EO_JOB=x", b""])

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 from kopf._cogs.structs.bodies import Body
 
-from episode_operator.api.models import AgentSpec, EpisodeStatus
+from episode_operator.api.episode_resource import AgentSpec, EpisodeStatus
 from episode_operator.api.vocabulary import DRIVER_ANNOTATION, ROUTE_LABEL, Stage
 from episode_operator.kube.client import Conflict, KubeError, NotFound
 from episode_operator.kube.replicas import (
@@ -33,7 +33,7 @@ from episode_operator.kube.replicas import (
 )
 from episode_operator.runtime.episode import EpisodeConfig, EpisodeRunner
 from episode_operator.runtime.fencing import Fenced, FencedProvider, FencedSandbox, HandOver
-from episode_operator.runtime.sandbox import JobSpec
+from episode_operator.runtime.sandbox_protocol import JobSpec
 from episode_operator.taskfolder import TaskFiles, load_task, resolve_plan
 from tests.unit.fake_sandbox import FakeProvider, FakeSandbox, FakeSink, MemoryStore, World
 from tests.unit.test_runtime import SEPARATE, ledger_steps

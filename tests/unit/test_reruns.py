@@ -14,17 +14,17 @@ import pytest
 from click.testing import CliRunner
 from pydantic import ValidationError
 
-from episode_operator.api.episodeset import EpisodeSetSpec, EpisodeSetStatus, RerunSpec, SetChildStatus
+from episode_operator.api.episodeset_resource import EpisodeSetSpec, EpisodeSetStatus, RerunSpec, SetChildStatus
 from episode_operator.api.vocabulary import SET_REPLACED_LABEL, SET_RERUN_LABEL, failure_kind_matches
 from episode_operator.cli.kubectl_episode import cli
 from episode_operator.handlers import set_is_open
 from episode_operator.kube.client import Conflict
-from episode_operator.kube.episodeset import SetSettings, reconcile_episode_set
-from episode_operator.kube.events import EventRecorder
+from episode_operator.kube.episodeset_controller import SetSettings, reconcile_episode_set
+from episode_operator.kube.event_recorder import EventRecorder
 from episode_operator.kube.objects.children import child_manifest, child_name, child_view, set_results_selector
 from episode_operator.kube.objects.pods import OwnerRef
 from episode_operator.runtime.evaluation import ChildView, plan_set
-from episode_operator.runtime.reruns import RERUNNABLE, rerun_requested, selected
+from episode_operator.runtime.rerun_plan import RERUNNABLE, rerun_requested, selected
 from tests.unit.test_evaluation import DEFINITION, NOW, finished, resolved, set_spec, view
 
 LATER = "2026-01-01T00:01:00.000000Z"

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from episode_operator.api.episodeset import SetTaskStatus
+from episode_operator.api.episodeset_resource import SetTaskStatus
 from episode_operator.cli import results_page
 from episode_operator.cli.results_page import (
     BELOW_COLOUR,
@@ -30,8 +30,8 @@ from episode_operator.cli.results_page import (
     reward_plot,
     turn_records,
 )
+from episode_operator.runtime.episode_store import SEED_LOGS
 from episode_operator.runtime.evaluation import selection_status
-from episode_operator.runtime.store import SEED_LOGS
 from tests.unit import results
 
 BASE = "/s3cret/"

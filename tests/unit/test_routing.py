@@ -16,7 +16,7 @@ import kopf
 import pytest
 
 from episode_operator import handlers
-from episode_operator.api.models import PLURAL
+from episode_operator.api.episode_resource import PLURAL
 from episode_operator.api.vocabulary import DRIVER_ANNOTATION, GROUP, ROUTE_LABEL, VERSION
 from episode_operator.kube.client import Conflict
 from episode_operator.kube.replicas import Claimable, Replicas, RoutedAway, owner_of

@@ -9,10 +9,10 @@ from typing import Any
 
 import pytest
 
-from episode_operator.api.models import EpisodeStatus
+from episode_operator.api.episode_resource import EpisodeStatus
 from episode_operator.api.vocabulary import Stage
 from episode_operator.runtime.archive import text_tar
-from episode_operator.runtime.sandbox import JobSpec, keyed_job_id
+from episode_operator.runtime.sandbox_protocol import JobSpec, keyed_job_id
 from episode_operator.runtime.turn.table import is_published
 from tests.unit.episodes import run, three_steps
 from tests.unit.fake_sandbox import Crash, FakeSink, World

@@ -17,17 +17,17 @@ from typing import Any
 
 import pytest
 
-from episode_operator.api.models import EpisodeSpec, EpisodeStatus, RetryPolicy
+from episode_operator.api.episode_resource import EpisodeSpec, EpisodeStatus, RetryPolicy
 from episode_operator.api.vocabulary import PODS_READY, SeedStage
 from episode_operator.runtime import episode as episode_module
 from episode_operator.runtime.admission import Admission, admit_task
 from episode_operator.runtime.episode import EpisodeConfig, EpisodeRunner
-from episode_operator.runtime.images import BuildFailed, BuildOutage, BuildOutcome, BuildReady, ImagePolicy
-from episode_operator.runtime.sandbox import Waiting, WaitingReport
+from episode_operator.runtime.sandbox_images import BuildFailed, BuildOutage, BuildOutcome, BuildReady, ImagePolicy
+from episode_operator.runtime.sandbox_protocol import Waiting, WaitingReport
 from episode_operator.runtime.seed import SEED, SeedPublished, SeedRow, SeedWork, seed_resumes_at
 from episode_operator.taskfolder import TaskFiles
 from episode_operator.taskfolder.buildcontext import BuildSource
-from episode_operator.taskfolder.images import ImageMirrors
+from episode_operator.taskfolder.image_refs import ImageMirrors
 from tests.unit.fake_sandbox import Crash, FakeProvider, FakeSandbox, FakeSink, MemoryStore, World, unkeyed
 
 BASE_OUTPUT = b"x86_64\n" + b"\x00".join([b"PATH=/usr/bin:/bin", b"HOME=/root", b""])

@@ -9,8 +9,8 @@ import logging
 import pytest
 
 from episode_operator import handlers
-from episode_operator.api.episodeset import SET_PLURAL
-from episode_operator.api.models import PLURAL
+from episode_operator.api.episode_resource import PLURAL
+from episode_operator.api.episodeset_resource import SET_PLURAL
 from episode_operator.api.vocabulary import GROUP, VERSION
 
 

@@ -29,14 +29,14 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
-from episode_operator.kube.dataapi import front_proxy_from, self_signed_certificate
-from episode_operator.runtime import dataapi
+from episode_operator.kube.data_api_registration import front_proxy_from, self_signed_certificate
+from episode_operator.runtime import data_api_server
 from episode_operator.runtime.archive import tar_bytes
-from episode_operator.runtime.dataapi import Access, Caller, Decision, FrontProxy, serve, server_context
+from episode_operator.runtime.data_api_server import Access, Caller, Decision, FrontProxy, serve, server_context
+from episode_operator.runtime.episode_store import BlobStore
 from episode_operator.runtime.metrics import Metrics
-from episode_operator.runtime.sandbox import ArchiveFile
+from episode_operator.runtime.sandbox_protocol import ArchiveFile
 from episode_operator.runtime.server import application
-from episode_operator.runtime.store import BlobStore
 
 LOG_PATH = "/apis/data.episode-operator.dev/v1alpha1/namespaces/ns/episodes/ep/log"
 
@@ -278,6 +278,6 @@ def test_an_api_server_without_a_front_proxy_is_named() -> None:
 
 def test_every_subresource_is_routed_and_discovered() -> None:
     """A new kind of kept data is one entry of SUBRESOURCES: discovery and RBAC follow it."""
-    names = [resource["name"] for resource in dataapi.discovery()["resources"]]
-    assert names == [f"episodes/{name}" for name in dataapi.SUBRESOURCES]
+    names = [resource["name"] for resource in data_api_server.discovery()["resources"]]
+    assert names == [f"episodes/{name}" for name in data_api_server.SUBRESOURCES]
     assert FrontProxy(client_ca="x").username_headers == ("X-Remote-User",)

@@ -16,12 +16,12 @@ from pathlib import Path
 import pytest
 
 from episode_operator.kube.client import NotFound
-from episode_operator.kube.sandbox import KubeSandbox
+from episode_operator.kube.pod_sandbox import KubeSandbox
 from episode_operator.kube.session import FAILURES_BEFORE_GIVING_UP, Session
 from episode_operator.runtime import supervisor
 from episode_operator.runtime.archive import text_tar
 from episode_operator.runtime.limits import Spool
-from episode_operator.runtime.sandbox import ArchiveFile, JobSpec, SandboxError, Upload
+from episode_operator.runtime.sandbox_protocol import ArchiveFile, JobSpec, SandboxError, Upload
 from episode_operator.runtime.turn.context import REWARD_TXT_PATH
 from tests.unit.local_sandbox import LocalPods
 

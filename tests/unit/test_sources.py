@@ -241,7 +241,7 @@ def test_a_chain_of_links_deeper_than_a_few_is_refused_naming_each_link(tmp_path
 def test_the_operator_reads_a_task_folder_off_its_event_loop(monkeypatch: pytest.MonkeyPatch) -> None:
     """A big folder is unpacked, validated and hashed in a worker thread: the loop other Episodes
     run on goes on meanwhile."""
-    from episode_operator.api.models import TaskSource
+    from episode_operator.api.episode_resource import TaskSource
     from episode_operator.kube.driver import read_task_files
 
     threads: list[threading.Thread] = []

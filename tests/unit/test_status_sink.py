@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 
-from episode_operator.api.models import EpisodeStatus
+from episode_operator.api.episode_resource import EpisodeStatus
 from episode_operator.kube.client import Conflict, KubeError
-from episode_operator.kube.events import EventRecorder
+from episode_operator.kube.event_recorder import EventRecorder
 from episode_operator.kube.objects.pods import OwnerRef
 from episode_operator.kube.status import KubeStatusSink
 

@@ -18,8 +18,8 @@ import obstore
 import pytest
 
 from episode_operator.runtime.archive import tar_bytes
-from episode_operator.runtime.sandbox import ArchiveFile
-from episode_operator.runtime.store import BlobStore, EpisodeBlobs, StoreSettings, export_artifacts, kept_logs
+from episode_operator.runtime.episode_store import BlobStore, EpisodeBlobs, StoreSettings, export_artifacts, kept_logs
+from episode_operator.runtime.sandbox_protocol import ArchiveFile
 from tests.s3server import CREDENTIALS, S3Server, s3_server
 
 obstore_list = obstore.list

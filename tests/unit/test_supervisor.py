@@ -28,7 +28,7 @@ from typing import Literal
 import pytest
 
 from episode_operator.runtime import supervisor
-from episode_operator.runtime.sandbox import JOB_USER, ArchiveFile, JobSpec, JobState, Upload, sealed
+from episode_operator.runtime.sandbox_protocol import JOB_USER, ArchiveFile, JobSpec, JobState, Upload, sealed
 from episode_operator.runtime.supervisor import SUPERVISOR_PATH, Command
 from tests.unit.local_sandbox import kill_jobs
 from tests.unit.tools import tool

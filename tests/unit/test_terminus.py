@@ -24,7 +24,7 @@ from typing import Any
 
 import pytest
 
-from episode_operator.api.models import ModelEndpoint
+from episode_operator.api.episode_resource import ModelEndpoint
 from episode_operator.capture.atif import trajectory_from_calls, trajectory_to_responses
 from episode_operator.runtime.agents.harnesses import PRESETS, harness_run
 from episode_operator.runtime.agents.model import PLACEHOLDER_KEY, Toolchain

@@ -1,6 +1,6 @@
 """Tombstones: a run-once Episode its TTL deleted is answered, not re-run, when a re-sync creates it again.
 
-The decisions (runtime/tombstones.py) on Episode bodies; the keeping (kube/tombstones.py) against a fake
+The decisions (runtime/tombstones.py) on Episode bodies; the keeping (kube/tombstone_configmaps.py) against a fake
 API that honours what the real one does with a ConfigMap: 409 on a create of one that exists and on a
 replace whose resourceVersion is not the stored one.
 """
@@ -16,8 +16,8 @@ from typing import Any
 import pytest
 
 from episode_operator.kube.client import Conflict, NotFound
-from episode_operator.kube.events import EventRecorder
-from episode_operator.kube.tombstones import CONFIG_MAP, answer_from_tombstone, expire_episode
+from episode_operator.kube.event_recorder import EventRecorder
+from episode_operator.kube.tombstone_configmaps import CONFIG_MAP, answer_from_tombstone, expire_episode
 from episode_operator.runtime import tombstones
 from episode_operator.runtime.tombstones import (
     RUN_ONCE_ANNOTATION,

@@ -10,14 +10,14 @@ from typing import Any
 
 import pytest
 
-from episode_operator.api.models import EpisodeStatus
+from episode_operator.api.episode_resource import EpisodeStatus
 from episode_operator.kube.client import KubeError, NotFound
 from episode_operator.kube.driver import DriverSettings, drive_episode
-from episode_operator.kube.events import EventRecorder
+from episode_operator.kube.event_recorder import EventRecorder
 from episode_operator.kube.objects.pods import AgentImages
 from episode_operator.kube.upstream import ServiceName, Unresolvable, pin_upstream, service_of
 from episode_operator.runtime.agents.model import CAPTURE_CONTAINER, CaptureBounds
-from episode_operator.runtime.store import BlobStore
+from episode_operator.runtime.episode_store import BlobStore
 from episode_operator.runtime.timing import Timing
 from tests.unit.folders import single_step
 

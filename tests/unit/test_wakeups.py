@@ -6,7 +6,7 @@ import asyncio
 from typing import Any
 
 from episode_operator.kube.objects.pods import OwnerRef
-from episode_operator.kube.sandbox import KubeProvider
+from episode_operator.kube.pod_sandbox import KubeProvider
 from episode_operator.runtime.wakeups import Wakeups, nap
 
 HOUR = 3600.0

@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Literal
 
-from episode_operator.api.models import AttemptStatus, EpisodeSpec, EpisodeStatus, TurnStatus
+from episode_operator.api.episode_resource import AttemptStatus, EpisodeSpec, EpisodeStatus, TurnStatus
 from episode_operator.api.vocabulary import GROUP, SET_ATTEMPT_LABEL, SET_TASK_INDEX_LABEL, Stage, is_terminal
 from episode_operator.capture.atif import (
     Trajectory,
@@ -122,7 +122,7 @@ class EpisodeEvidence:
 
 NO_EVIDENCE = EpisodeEvidence(captured=False)
 
-# The names of a turn's records in the operator's store (runtime/store.py keeps them).
+# The names of a turn's records in the operator's store (runtime/episode_store.py keeps them).
 INSTRUCTION_RECORD, CALLS_RECORD, TRAJECTORY_RECORD = "instruction.md", "model-calls.jsonl", "trajectory.json"
 
 

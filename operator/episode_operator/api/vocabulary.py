@@ -88,7 +88,7 @@ FailureKind = Literal[
     "agent:model_auth",
     "agent:model_not_found",
     # an agent failure that spec.harbor.agentOutcomePolicy says fails the episode (not retried, not
-    # measured): ungraded, under the failure's own name (runtime/agents/failures.py)
+    # measured): ungraded, under the failure's own name (runtime/agents/agent_failures.py)
     "agent:model_rate_limit",
     "agent:model_unavailable",
     "agent:context_window",
@@ -185,7 +185,7 @@ assert AGENT_CAUSABLE_OUTAGES <= OUTAGE_KINDS
 
 
 # How an agent's turn ended badly, as its recorded model calls (and its own output) tell
-# (runtime/agents/failures.py decides what each means for the episode).
+# (runtime/agents/agent_failures.py decides what each means for the episode).
 AgentFailure = Literal[
     "model_auth",  # the endpoint refused the key (401/403)
     "model_not_found",  # the endpoint does not serve the model (404)
@@ -362,6 +362,6 @@ ROUTE_LABEL: Final = f"{GROUP}/replica"
 # On the member Leases of one operator's replicas: which operator (its Helm release) they belong to.
 REPLICAS_LABEL: Final = f"{GROUP}/replicas"
 # On a member Lease: its replica is shutting down (so the others know who stays, e.g. to keep the
-# data API registered; kube/dataapi.py).
+# data API registered; kube/data_api_registration.py).
 LEAVING_ANNOTATION: Final = f"{GROUP}/leaving"
 MANAGED_BY: Final = {"app.kubernetes.io/managed-by": "episode-operator"}

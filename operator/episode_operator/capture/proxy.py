@@ -42,6 +42,13 @@ from aiohttp import web
 from aiohttp.abc import AbstractResolver, ResolveResult
 from yarl import URL
 
+from episode_operator.capture.capture_store import (
+    MAX_JOURNAL_BYTES,
+    MAX_RECORD_BYTES,
+    CallWriter,
+    CaptureStore,
+    TurnTracker,
+)
 from episode_operator.capture.correction import AnswerTokens
 from episode_operator.capture.records import (
     CAPTURE_LIMIT,
@@ -53,7 +60,6 @@ from episode_operator.capture.records import (
     classify_status,
 )
 from episode_operator.capture.sse import SseScanner, reassemble
-from episode_operator.capture.store import MAX_JOURNAL_BYTES, MAX_RECORD_BYTES, CallWriter, CaptureStore, TurnTracker
 from episode_operator.capture.wire import (
     CLIENT_SESSION_HEADER,
     Dialect,
@@ -199,7 +205,7 @@ BROKEN = Failure(502, "exception", "upstream_broken")
 TOO_LARGE = Failure(413, "client_error", "request_too_large")
 PROXY_FAILED = Failure(502, "exception", "capture_proxy_error")
 # Answered here, never forwarded. ``client_error``: the agent's doing, which says nothing of the model
-# endpoint (runtime/agents/failures.py). Past the journal's bound a 400, which no harness retries.
+# endpoint (runtime/agents/agent_failures.py). Past the journal's bound a 400, which no harness retries.
 NOT_A_ROUTE = Failure(403, "client_error", ROUTE_REFUSED)
 JOURNAL_FULL = Failure(400, "client_error", CAPTURE_LIMIT)
 

@@ -212,7 +212,7 @@ TOKEN_ID_LIST_PARAMS: dict[Dialect, dict[str, tuple[str, ...]]] = {
 # and Messages' name); the Responses API calls it ``max_output_tokens``. Chat completions has a
 # second name for it, which the cap replaces (an endpoint refuses a request with both).
 LENGTH_CAP: dict[Dialect, str] = {"chat": "max_tokens", "messages": "max_tokens", "responses": "max_output_tokens"}
-# Every name of the length cap (spec.agent.model.params may use any of them: api/models.py).
+# Every name of the length cap (spec.agent.model.params may use any of them: api/episode_resource.py).
 LENGTH_CAP_NAMES = ("max_tokens", "max_output_tokens", "max_completion_tokens")
 
 

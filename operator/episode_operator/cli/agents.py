@@ -8,7 +8,7 @@ from typing import Any, get_args
 
 import click
 
-from episode_operator.api.models import AgentSpec, ModelApi, TurnSessions
+from episode_operator.api.episode_resource import AgentSpec, ModelApi, TurnSessions
 from episode_operator.runtime.agents import AGENT_KINDS, spec_problems
 from episode_operator.runtime.agents.harnesses import PRESETS
 

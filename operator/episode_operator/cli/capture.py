@@ -10,7 +10,7 @@ from typing import Any
 
 import click
 
-from episode_operator.capture.store import MAX_JOURNAL_BYTES, MAX_RECORD_BYTES, CaptureStore, CurrentTurn
+from episode_operator.capture.capture_store import MAX_JOURNAL_BYTES, MAX_RECORD_BYTES, CaptureStore, CurrentTurn
 from episode_operator.capture.wire import KEY_ENV, is_ip_address
 
 store_option = click.option(

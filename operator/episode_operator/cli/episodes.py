@@ -20,6 +20,14 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
+from episode_operator.api.episode_resource import (
+    AgentSpec,
+    EpisodeSpec,
+    EpisodeStatus,
+    TaskSource,
+    TurnStatus,
+    episode_manifest,
+)
 from episode_operator.api.export import (
     CALLS_RECORD,
     ENVIRONMENT_SERVER,
@@ -31,14 +39,6 @@ from episode_operator.api.export import (
     evidence_of,
     split_rows,
 )
-from episode_operator.api.models import (
-    AgentSpec,
-    EpisodeSpec,
-    EpisodeStatus,
-    TaskSource,
-    TurnStatus,
-    episode_manifest,
-)
 from episode_operator.api.naming import content_name, document_digest
 from episode_operator.api.vocabulary import DATASET_LABEL, TASK_LABEL, TASK_NAME_ANNOTATION, is_terminal
 from episode_operator.capture.records import parse_journal
@@ -49,11 +49,8 @@ from episode_operator.kube.client import Gone, KubeClient, KubeError
 from episode_operator.kube.objects.children import set_results_selector
 from episode_operator.kube.objects.tasks import TaskTooLarge, task_config_map
 from episode_operator.runtime.archive import RefusedMember, extract_files
-from episode_operator.runtime.dataapi import API_SERVICE
-from episode_operator.runtime.limits import Spool
-from episode_operator.runtime.oci_tasks import push_task
-from episode_operator.runtime.sandbox import MAIN_CONTAINER
-from episode_operator.runtime.store import (
+from episode_operator.runtime.data_api_server import API_SERVICE
+from episode_operator.runtime.episode_store import (
     SEED_LOGS,
     BlobStore,
     EpisodeBlobs,
@@ -63,6 +60,9 @@ from episode_operator.runtime.store import (
     render_logs,
     turn_records,
 )
+from episode_operator.runtime.limits import Spool
+from episode_operator.runtime.oci_tasks import push_task
+from episode_operator.runtime.sandbox_protocol import MAIN_CONTAINER
 from episode_operator.runtime.supervisor import FOLLOW_ENDED, FOLLOW_NO_RECORDS, FOLLOW_SCRIPT, JOBS_DIR
 from episode_operator.runtime.turn.context import running_agent_job
 from episode_operator.taskfolder import TaskFiles, validate_task
@@ -179,7 +179,7 @@ def _dataset_name(_context: click.Context, parameter: click.Parameter, value: st
 
 
 def catalogued(config_map: dict[str, Any], dataset: str, task: str) -> dict[str, Any]:
-    """A task ConfigMap entered in a dataset of the catalogue (the Gym server's, kube/gym.py)."""
+    """A task ConfigMap entered in a dataset of the catalogue (the Gym server's, kube/gym_catalogue.py)."""
     metadata = config_map["metadata"]
     metadata["labels"][DATASET_LABEL] = dataset
     metadata.setdefault("annotations", {})[TASK_NAME_ANNOTATION] = task

@@ -13,8 +13,8 @@ from rich.console import Console, Group
 from rich.live import Live
 from rich.table import Table
 
-from episode_operator.api.episodeset import SET_KIND, EpisodeSetSpec, EpisodeSetStatus, SetTaskStatus
-from episode_operator.api.models import AgentSpec
+from episode_operator.api.episode_resource import AgentSpec
+from episode_operator.api.episodeset_resource import SET_KIND, EpisodeSetSpec, EpisodeSetStatus, SetTaskStatus
 from episode_operator.api.naming import content_name
 from episode_operator.api.vocabulary import API_VERSION, is_terminal
 from episode_operator.cli.agents import agent_options

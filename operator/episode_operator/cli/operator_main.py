@@ -14,13 +14,13 @@ from typing import Any
 
 import click
 
-from episode_operator.capture.store import MAX_JOURNAL_BYTES, MAX_RECORD_BYTES
+from episode_operator.capture.capture_store import MAX_JOURNAL_BYTES, MAX_RECORD_BYTES
 from episode_operator.cli.capture import COMMANDS as CAPTURE_COMMANDS
 from episode_operator.runtime.allocator import release_free_memory_every, tune_allocator
 from episode_operator.runtime.limits import LIMIT_FLAGS, OutputLimits, format_size, parse_size
 from episode_operator.runtime.oci_tasks import DEFAULT_ARTIFACT_LIMIT, DEFAULT_CACHE_LIMIT, TaskArtifactSettings
 from episode_operator.runtime.timing import DEFAULT_TIMING
-from episode_operator.taskfolder.images import ImageMirrors, InvalidImageReference
+from episode_operator.taskfolder.image_refs import ImageMirrors, InvalidImageReference
 
 RELEASE_INTERVAL_SEC = 30.0
 # The builder image `hack/cluster images` makes (buildah from Debian); elsewhere, build and push your own.
@@ -430,7 +430,7 @@ def run(
     from episode_operator.kube.objects.pods import SandboxRequests
     from episode_operator.kube.replicas import ReplicaSettings
     from episode_operator.runtime.agents.model import CaptureBounds
-    from episode_operator.runtime.store import StoreSettings
+    from episode_operator.runtime.episode_store import StoreSettings
 
     builds = None
     if build_registry:

@@ -16,7 +16,7 @@ from typing import Any, Literal
 
 import yaml
 
-from episode_operator.api.models import SINGULAR
+from episode_operator.api.episode_resource import SINGULAR
 from episode_operator.api.vocabulary import GROUP
 from episode_operator.kube.objects.crds import PRINTER_COLUMNS
 

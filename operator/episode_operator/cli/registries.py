@@ -22,7 +22,7 @@ from typing import Any
 
 import click
 
-from episode_operator.api.episodeset import DATASET_ANNOTATION, REGISTRY_ANNOTATION
+from episode_operator.api.episodeset_resource import DATASET_ANNOTATION, REGISTRY_ANNOTATION
 from episode_operator.cli.cluster import Cluster
 from episode_operator.cli.episodes import pack_dataset, pack_tasks
 from episode_operator.kube.client import KubeClient, NotFound

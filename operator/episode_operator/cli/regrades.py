@@ -17,7 +17,7 @@ from typing import Any
 
 import click
 
-from episode_operator.api.models import (
+from episode_operator.api.episode_resource import (
     DEFAULT_TASK_ARCHIVE_KEY,
     EpisodeSpec,
     EpisodeStatus,

@@ -2,7 +2,7 @@
 
 It sets the set's ``spec.rerun`` (the next generation, the outcomes and failure kinds given): the
 declaration a Git repository could hold as well. The operator applies each generation once
-(runtime/reruns.py); this command says which finished children match now, and with ``--wait``
+(runtime/rerun_plan.py); this command says which finished children match now, and with ``--wait``
 follows the set until it has applied the generation and finished again.
 """
 
@@ -14,11 +14,11 @@ from typing import Any, get_args
 import click
 from pydantic import ValidationError
 
-from episode_operator.api.episodeset import EpisodeSetStatus, RerunOutcome, RerunSpec
+from episode_operator.api.episodeset_resource import EpisodeSetStatus, RerunOutcome, RerunSpec
 from episode_operator.cli.cluster import Cluster, cluster_options
 from episode_operator.cli.episodesets import follow_set
 from episode_operator.kube.client import Conflict, KubeClient
-from episode_operator.runtime.reruns import RERUNNABLE, selection
+from episode_operator.runtime.rerun_plan import RERUNNABLE, selection
 
 SHOWN_NAMES = 10
 

@@ -21,9 +21,9 @@ from urllib.parse import quote, urlencode
 
 from pydantic import ValidationError
 
-from episode_operator.api.episodeset import EpisodeSetStatus, SetChildStatus, SetTaskStatus
+from episode_operator.api.episode_resource import EpisodeStatus, TurnStatus
+from episode_operator.api.episodeset_resource import EpisodeSetStatus, SetChildStatus, SetTaskStatus
 from episode_operator.api.export import CALLS_RECORD, INSTRUCTION_RECORD, TRAJECTORY_RECORD
-from episode_operator.api.models import EpisodeStatus, TurnStatus
 from episode_operator.api.vocabulary import is_terminal
 from episode_operator.capture.atif import Content, Step, Trajectory
 from episode_operator.capture.records import CapturedCall, model_call_record, parse_journal
@@ -40,7 +40,7 @@ DOWNLOAD_SECURITY_POLICY = "default-src 'none'; sandbox"
 # How much of a turn's logs a page shows (the end of them); the whole log is a link away.
 LOG_SHOWN_CHARS = 64 * 1024
 TASK_LABEL_CHARS = 32
-# The turn name under which the store keeps an attempt's seed logs (runtime/store.py SEED_LOGS, which this
+# The turn name under which the store keeps an attempt's seed logs (runtime/episode_store.py SEED_LOGS, which this
 # module may not import: the store does I/O; a unit test holds them equal).
 SEED = "seed"
 

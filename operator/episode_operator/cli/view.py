@@ -39,17 +39,17 @@ from urllib.parse import parse_qs, quote, unquote, urlsplit
 
 import click
 
-from episode_operator.api.episodeset import SET_TASK_NAME_ANNOTATION, EpisodeSetStatus
-from episode_operator.api.models import EpisodeStatus
+from episode_operator.api.episode_resource import EpisodeStatus
+from episode_operator.api.episodeset_resource import SET_TASK_NAME_ANNOTATION, EpisodeSetStatus
 from episode_operator.api.vocabulary import SET_LABEL, TASK_LABEL, is_terminal
 from episode_operator.cli import results_page
 from episode_operator.cli.cluster import Cluster, cluster_options
 from episode_operator.cli.episodes import KeptData, kept_data, operator_options
 from episode_operator.cli.results_page import ArtifactFile, EpisodeData, Html, Results
 from episode_operator.kube.client import KubeClient, KubeError, NotFound
-from episode_operator.runtime.dataapi import API_SERVICE, DATA_GROUP, DATA_VERSION, SUBRESOURCES
+from episode_operator.runtime.data_api_server import API_SERVICE, DATA_GROUP, DATA_VERSION, SUBRESOURCES
+from episode_operator.runtime.episode_store import SEED_LOGS, safe
 from episode_operator.runtime.evaluation import ChildView, selection_status
-from episode_operator.runtime.store import SEED_LOGS, safe
 
 
 class Missing(Exception):

@@ -37,10 +37,10 @@ from episode_operator.kube.objects.buildjobs import (
     context_config_map,
 )
 from episode_operator.kube.objects.pod_state import pod_verdict
-from episode_operator.runtime.images import BuildFailed, BuildOutage, BuildOutcome, BuildReady
-from episode_operator.runtime.sandbox import Waiting, WaitingReport
+from episode_operator.runtime.sandbox_images import BuildFailed, BuildOutage, BuildOutcome, BuildReady
+from episode_operator.runtime.sandbox_protocol import Waiting, WaitingReport
 from episode_operator.taskfolder.buildcontext import BuildSource, base_images, pack_build_context
-from episode_operator.taskfolder.images import ImageMirrors
+from episode_operator.taskfolder.image_refs import ImageMirrors
 from episode_operator.taskfolder.sources import TaskFiles
 
 LOG_LIMIT = 256 * 1024

@@ -31,15 +31,15 @@ from kubernetes_asyncio.stream import WsApiClient
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, stop_after_attempt, wait_exponential
 
 from episode_operator import __version__
-from episode_operator.api.episodeset import SET_PLURAL
-from episode_operator.api.models import PLURAL
+from episode_operator.api.episode_resource import PLURAL
+from episode_operator.api.episodeset_resource import SET_PLURAL
 from episode_operator.api.vocabulary import GROUP, VERSION
-from episode_operator.kube.events import EventRecorder
+from episode_operator.kube.event_recorder import EventRecorder
 from episode_operator.kube.kubeconfig import KubeconfigError, Target, locate
-from episode_operator.runtime.dataapi import DATA_GROUP, DATA_VERSION
+from episode_operator.runtime.data_api_server import DATA_GROUP, DATA_VERSION
 from episode_operator.runtime.limits import AnswerSink, OutputLimitExceeded
 from episode_operator.runtime.metrics import Metrics
-from episode_operator.runtime.sandbox import ArchiveFile
+from episode_operator.runtime.sandbox_protocol import ArchiveFile
 
 STDIN, STDOUT, STDERR, ERROR = 0, 1, 2, 3
 FRAME = 256 * 1024

@@ -21,7 +21,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from episode_operator.api.models import EpisodeStatus, TaskSource
+from episode_operator.api.episode_resource import EpisodeStatus, TaskSource
 from episode_operator.api.vocabulary import (
     FAILURE_SEED,
     FAILURE_TASK_SOURCE,
@@ -31,25 +31,25 @@ from episode_operator.kube.builds import BuildCoordinator
 from episode_operator.kube.client import Guard, KubeClient, KubeError, NotFound
 from episode_operator.kube.objects.env import AgentEnv, Sources, referenced, resolve_agent_env, secret_data
 from episode_operator.kube.objects.pods import AgentImages, OwnerRef, SandboxRequests, episode_selector
-from episode_operator.kube.regrade import drive_regrade
+from episode_operator.kube.regrade_driver import drive_regrade
 from episode_operator.kube.replicas import Claim
 from episode_operator.kube.running import episode_provider, runner_config
 from episode_operator.kube.status import KubeStatusSink, refuse
-from episode_operator.kube.tombstones import answer_from_tombstone
+from episode_operator.kube.tombstone_configmaps import answer_from_tombstone
 from episode_operator.kube.upstream import HostResolver, Unresolvable, pin_upstream, system_resolver
 from episode_operator.runtime.admission import Refusal, admit_spec, admit_task
 from episode_operator.runtime.agents import agent_kind
 from episode_operator.runtime.agents.model import CaptureBounds, SandboxNeeds
 from episode_operator.runtime.episode import EpisodeObserver, EpisodeRunner
+from episode_operator.runtime.episode_store import BlobStore
 from episode_operator.runtime.fencing import FencedProvider
-from episode_operator.runtime.images import ImagePolicy
 from episode_operator.runtime.limits import OutputLimits
 from episode_operator.runtime.oci_tasks import ArtifactMissing, TaskArtifacts, TaskArtifactSettings
-from episode_operator.runtime.store import BlobStore
+from episode_operator.runtime.sandbox_images import ImagePolicy
 from episode_operator.runtime.timing import DEFAULT_TIMING, Timing
 from episode_operator.runtime.wakeups import Wakeups
 from episode_operator.taskfolder import TaskFiles
-from episode_operator.taskfolder.images import ImageMirrors
+from episode_operator.taskfolder.image_refs import ImageMirrors
 from episode_operator.taskfolder.oci_artifact import ArtifactError
 
 
@@ -57,7 +57,7 @@ from episode_operator.taskfolder.oci_artifact import ArtifactError
 class DriverSettings:
     """Operator-wide settings the driver needs."""
 
-    # Where logs and artifacts are kept (runtime/store.py): the data directory or a bucket.
+    # Where logs and artifacts are kept (runtime/episode_store.py): the data directory or a bucket.
     store: BlobStore
     # How long pulls, unschedulable pods, missing task sources and job polls are waited for.
     timing: Timing = DEFAULT_TIMING
@@ -105,7 +105,7 @@ async def drive_episode(
     ``claim``: this replica's claim on it (kube/replicas.py), the fence of every sandbox call
     and status write; None for a sole operator."""
     if (recorded := await answer_from_tombstone(client, body, logger)) is not None:
-        return recorded  # a run-once Episode re-created after its TTL: not run again (kube/tombstones.py)
+        return recorded  # a run-once Episode re-created after its TTL: not run again (kube/tombstone_configmaps.py)
     metadata = body["metadata"]
     episode = OwnerRef(metadata["name"], metadata["namespace"], metadata["uid"])
     generation = metadata.get("generation")

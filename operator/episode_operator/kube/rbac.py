@@ -29,11 +29,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from episode_operator.api.episodeset import SET_PLURAL
-from episode_operator.api.models import PLURAL
+from episode_operator.api.episode_resource import PLURAL
+from episode_operator.api.episodeset_resource import SET_PLURAL
 from episode_operator.api.vocabulary import GROUP
-from episode_operator.kube.dataapi import AUTHENTICATION_CONFIG_MAP
-from episode_operator.runtime.dataapi import API_SERVICE, DATA_GROUP, RESOURCE, SUBRESOURCES
+from episode_operator.kube.data_api_registration import AUTHENTICATION_CONFIG_MAP
+from episode_operator.runtime.data_api_server import API_SERVICE, DATA_GROUP, RESOURCE, SUBRESOURCES
 
 RBAC_FILE = Path("helm/episode-operator/files/rbac.yaml")
 # The data API's ClusterRole is named per release: the chart puts its name where this stands.

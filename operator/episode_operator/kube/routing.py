@@ -36,8 +36,8 @@ from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from episode_operator.api.episodeset import SET_PLURAL
-from episode_operator.api.models import PLURAL
+from episode_operator.api.episode_resource import PLURAL
+from episode_operator.api.episodeset_resource import SET_PLURAL
 from episode_operator.api.vocabulary import ROUTE_LABEL
 from episode_operator.kube.client import Conflict, Gone, KubeClient, KubeError, NotFound
 

@@ -1,4 +1,4 @@
-"""What the driver of an Episode and that of a regrade (kube/regrade.py) build alike from an admitted Episode:
+"""What the driver of an Episode and that of a regrade (kube/regrade_driver.py) build alike from an admitted Episode:
 the provider of its pods and the runner's configuration."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 from episode_operator.kube.client import KubeClient
 from episode_operator.kube.objects.pods import OwnerRef, queue_labels
-from episode_operator.kube.sandbox import KubeProvider
+from episode_operator.kube.pod_sandbox import KubeProvider
 from episode_operator.runtime.admission import Admission
 from episode_operator.runtime.agents.model import SandboxNeeds
 from episode_operator.runtime.episode import EpisodeConfig

@@ -24,7 +24,7 @@ from typing import Protocol
 from episode_operator.kube.client import ExecTransportError
 from episode_operator.runtime import supervisor
 from episode_operator.runtime.limits import AnswerSink, OutputLimitExceeded
-from episode_operator.runtime.sandbox import ArchiveFile
+from episode_operator.runtime.sandbox_protocol import ArchiveFile
 from episode_operator.runtime.supervisor import Command, SessionAnswers, SessionReady
 
 #: Channels of the exec protocol a session reads.

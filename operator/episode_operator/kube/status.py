@@ -13,10 +13,10 @@ import logging
 import time
 from dataclasses import dataclass, field
 
-from episode_operator.api.models import EpisodeStatus, TaskStatus
+from episode_operator.api.episode_resource import EpisodeStatus, TaskStatus
 from episode_operator.api.vocabulary import Condition, is_terminal, timestamp
 from episode_operator.kube.client import KubeClient, KubeError, NotFound
-from episode_operator.kube.objects.events import event_name
+from episode_operator.kube.objects.event_manifests import event_name
 from episode_operator.kube.objects.pods import OwnerRef
 from episode_operator.kube.replicas import Claim
 from episode_operator.runtime.admission import Refusal

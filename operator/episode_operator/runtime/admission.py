@@ -4,7 +4,7 @@ Everything that can be refused is refused before any pod exists (docs/architectu
 the models or the agent registry reject, a task folder the loader refuses, a seed-time
 refusal (no image, a Dockerfile neither replay nor the operator's builds can take — naming
 its line —, an oracle without solutions, an unresolvable ``${VAR}``, what the agent kind
-refuses). Admission also decides every sandbox's image (``runtime/images.py``): prebuilt,
+refuses). Admission also decides every sandbox's image (``runtime/sandbox_images.py``): prebuilt,
 replayed at seed, or built in the cluster, the operator's mirrors applied. Each refusal
 carries the ``failureKind`` and a message naming the cause; the kube layer reads the task
 source and writes the verdict.
@@ -18,7 +18,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from episode_operator.api.models import EpisodeSpec, validation_message
+from episode_operator.api.episode_resource import EpisodeSpec, validation_message
 from episode_operator.api.vocabulary import (
     FAILURE_INVALID_SPEC,
     FAILURE_INVALID_TASK,
@@ -27,7 +27,7 @@ from episode_operator.api.vocabulary import (
 )
 from episode_operator.runtime.agents import AGENTS, spec_problems
 from episode_operator.runtime.agents.model import TOOLCHAINS
-from episode_operator.runtime.images import ImagePlan, ImagePolicy, plan_images, with_images
+from episode_operator.runtime.sandbox_images import ImagePlan, ImagePolicy, plan_images, with_images
 from episode_operator.runtime.supervisor import SUPERVISOR_DIR
 from episode_operator.runtime.turn.context import LOGS_VERIFIER, TESTS
 from episode_operator.taskfolder import EpisodePlan, Problem, TaskFiles, resolve_plan, seed_refusals, validate_task

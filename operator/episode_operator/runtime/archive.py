@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Final, Literal
 
 from episode_operator.runtime.limits import OutputLimitExceeded, OutputLimits, bound_name
-from episode_operator.runtime.sandbox import ArchiveFile
+from episode_operator.runtime.sandbox_protocol import ArchiveFile
 from episode_operator.taskfolder import TaskFiles
 
 

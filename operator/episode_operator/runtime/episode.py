@@ -6,7 +6,7 @@ sandboxes (a replayed image's settings over them, a waiting pod's condition), th
 and its deadline, the status and when it is written, Events and metrics, outages and
 retries, the roll-up (docs/task-format.md §3.7) and the episode's end.
 
-Failures keep Gym's classes apart (``runtime/turn/failures.py``): a *measured* 0 ends the
+Failures keep Gym's classes apart (``runtime/turn/turn_failures.py``): a *measured* 0 ends the
 episode with a reward; a *terminal* failure (preparation at step 1) ends it without one and
 is not retried; a *masked* turn masks the episode; an *outage* (the sandbox failed under us)
 restarts the episode in a fresh sandbox, up to a limit.
@@ -30,7 +30,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Protocol
 
-from episode_operator.api.models import (
+from episode_operator.api.episode_resource import (
     AgentSpec,
     AttemptStatus,
     EpisodeStatus,
@@ -60,9 +60,9 @@ from episode_operator.api.vocabulary import (
     set_condition,
     timestamp,
 )
-from episode_operator.runtime.images import ImageBuilder, ImagePlan, SandboxImage
+from episode_operator.runtime.episode_store import SEED_LOGS, EpisodeStore
 from episode_operator.runtime.limits import OutputLimitExceeded, OutputLimits
-from episode_operator.runtime.replay import (
+from episode_operator.runtime.replay_runner import (
     ReplayConfig,
     ReplayedSandbox,
     ReplayReady,
@@ -70,7 +70,8 @@ from episode_operator.runtime.replay import (
     entrypoint_job,
     replayed_image,
 )
-from episode_operator.runtime.sandbox import (
+from episode_operator.runtime.sandbox_images import ImageBuilder, ImagePlan, SandboxImage
+from episode_operator.runtime.sandbox_protocol import (
     MAIN_CONTAINER,
     CommandFailed,
     JobSpec,
@@ -83,10 +84,10 @@ from episode_operator.runtime.sandbox import (
     Waiting,
 )
 from episode_operator.runtime.seed import SEED, ReplayProblem, replay_in, seed_passed, seed_resumes_at, seed_work
-from episode_operator.runtime.store import SEED_LOGS, EpisodeStore
 from episode_operator.runtime.timing import DEFAULT_TIMING, KILL_AFTER_SEC, Timing
 from episode_operator.runtime.turn.context import TurnRun
-from episode_operator.runtime.turn.failures import (
+from episode_operator.runtime.turn.table import TURN, Network, is_published, restart_at
+from episode_operator.runtime.turn.turn_failures import (
     Call,
     EpisodeEnds,
     Outage,
@@ -97,13 +98,12 @@ from episode_operator.runtime.turn.failures import (
     sandbox_call,
     sandbox_lost,
 )
-from episode_operator.runtime.turn.table import TURN, Network, is_published, restart_at
 from episode_operator.runtime.turn.verify import record_score, stops_episode
 from episode_operator.taskfolder import EpisodePlan, TaskFiles
 from episode_operator.taskfolder.healthcheck import poll_healthcheck
-from episode_operator.taskfolder.models import EnvironmentConfig, Healthcheck
 from episode_operator.taskfolder.plan import NetworkPolicy, baseline_policy
 from episode_operator.taskfolder.rewards import TurnScore, roll_up
+from episode_operator.taskfolder.task_toml import EnvironmentConfig, Healthcheck
 
 # Past a job's own bound the supervisor kills it; this margin only covers the kill itself.
 # An episode whose config names no images runs a prebuilt image in every sandbox.
@@ -163,7 +163,7 @@ class EpisodeConfig:
     # What a sandbox's answers and a turn's artifacts may hold (runtime/limits.py); the log tail among them.
     limits: OutputLimits = field(default_factory=OutputLimits)
     generation: int | None = None
-    # How each sandbox's image is made (runtime/images.py); None: prebuilt images only.
+    # How each sandbox's image is made (runtime/sandbox_images.py); None: prebuilt images only.
     images: ImagePlan | None = None
     # spec.agent.env/envFrom as read by the operator: the agent's own jobs get them, nothing else.
     agent_env: Mapping[str, str] = field(default_factory=dict)

@@ -1,6 +1,6 @@
 """What an EpisodeSet does next, and what its children add up to (pure).
 
-The set controller (``kube/episodeset.py``) reads the set and its children from the API
+The set controller (``kube/episodeset_controller.py``) reads the set and its children from the API
 server and hands them to :func:`plan_set`, which decides everything: the new status
 (records of every child, counts, the mean, pass@k, the phase) and which children to
 create, suspend or resume. No I/O happens here, so every rule is a table-driven unit test.
@@ -24,7 +24,7 @@ from fractions import Fraction
 from math import comb
 from typing import Any
 
-from episode_operator.api.episodeset import (
+from episode_operator.api.episodeset_resource import (
     EpisodeSetSpec,
     EpisodeSetStatus,
     FailurePolicy,
@@ -36,7 +36,7 @@ from episode_operator.api.episodeset import (
 )
 from episode_operator.api.naming import document_digest
 from episode_operator.api.vocabulary import ConditionStatus, Outcome, Phase, is_terminal, set_condition
-from episode_operator.runtime.reruns import apply_rerun
+from episode_operator.runtime.rerun_plan import apply_rerun
 
 DEFINITION_FIELDS = ("dataset", "attempts", "agent", "template")
 

@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from episode_operator.runtime.sandbox import (
+from episode_operator.runtime.sandbox_protocol import (
     MAIN_CONTAINER,
     ArchiveFile,
     FileContent,

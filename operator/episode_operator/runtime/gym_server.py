@@ -1,6 +1,6 @@
 """The Gym environment server: ``POST /run`` and ``POST /aggregate_metrics`` backed by Episodes.
 
-A ``/run`` is one try of one rollout (:mod:`episode_operator.runtime.gym`): the server creates its
+A ``/run`` is one try of one rollout (:mod:`episode_operator.runtime.gym_protocol`): the server creates its
 Episode (named from the try, so a re-sent ``/run`` finds the one it made), waits for it to finish
 and answers with its row. A client that goes away before the answer cancels the try: its Episode
 is deleted. The server stopping does not delete anything; the re-sent ``/run`` (Gym re-sends after
@@ -32,8 +32,7 @@ import yaml
 from aiohttp import web
 from pydantic import ConfigDict, Field, ValidationError, model_validator
 
-from episode_operator.api.export import GYM_IDENTITY_ANNOTATION, EpisodeEvidence
-from episode_operator.api.models import (
+from episode_operator.api.episode_resource import (
     AgentSpec,
     EpisodeSpec,
     HarborSettings,
@@ -42,6 +41,7 @@ from episode_operator.api.models import (
     episode_manifest,
     validation_message,
 )
+from episode_operator.api.export import GYM_IDENTITY_ANNOTATION, EpisodeEvidence
 from episode_operator.api.vocabulary import (
     FAILURE_INVALID_SPEC,
     FAILURE_TASK_SOURCE,
@@ -50,7 +50,7 @@ from episode_operator.api.vocabulary import (
     SET_TASK_INDEX_LABEL,
     ApiModel,
 )
-from episode_operator.runtime.gym import (
+from episode_operator.runtime.gym_protocol import (
     GymRequestError,
     GymRun,
     ModelCapture,

@@ -23,7 +23,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import BinaryIO, Final, Protocol
 
-from episode_operator.runtime.sandbox import ArchiveFile
+from episode_operator.runtime.sandbox_protocol import ArchiveFile
 
 KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
 

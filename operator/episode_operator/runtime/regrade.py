@@ -13,7 +13,7 @@ What can be verified again is decided once, when the regrade starts, from the or
 - the original must be finished with a verdict to revisit (Graded, or Masked: its verifier never gave
   one) — an Ungraded or TerminalFailure run is re-run, not regraded;
 - a turn the original verified in a **separate** sandbox is verified again: its artifacts were collected
-  and kept by the operator's store (attempt N of the original, ``runtime/store.py``), and a fresh
+  and kept by the operator's store (attempt N of the original, ``runtime/episode_store.py``), and a fresh
   verifier pod receives them exactly as the original's did;
 - a turn the original verified in the agent's own sandbox (**shared**) cannot be: that sandbox, with
   whatever the agent left in it, is gone. The regrade is refused, naming the turn;
@@ -27,14 +27,14 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
-from episode_operator.api.models import EpisodeStatus, RegradeAction, RegradedTurn, RegradeStatus, TurnStatus
+from episode_operator.api.episode_resource import EpisodeStatus, RegradeAction, RegradedTurn, RegradeStatus, TurnStatus
 from episode_operator.api.vocabulary import FAILURE_REGRADE_INCOMPLETE, Outcome, SeedStage, Stage
 from episode_operator.runtime.episode import EpisodeConfig, EpisodeRunner, StatusSink
-from episode_operator.runtime.sandbox import ArchiveFile, Sandbox, SandboxProvider
+from episode_operator.runtime.episode_store import EpisodeStore
+from episode_operator.runtime.sandbox_protocol import ArchiveFile, Sandbox, SandboxProvider
 from episode_operator.runtime.seed import build_images
-from episode_operator.runtime.store import EpisodeStore
 from episode_operator.runtime.turn.context import TurnRun
-from episode_operator.runtime.turn.failures import EpisodeEnds, Outage
+from episode_operator.runtime.turn.turn_failures import EpisodeEnds, Outage
 from episode_operator.runtime.turn.verify import stops_episode
 from episode_operator.taskfolder import EpisodePlan
 

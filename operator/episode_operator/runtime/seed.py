@@ -30,8 +30,8 @@ from episode_operator.api.vocabulary import FAILURE_AGENT_SETUP, FAILURE_ENVIRON
 from episode_operator.runtime.agents import agent_kind
 from episode_operator.runtime.agents.base import with_agent_env
 from episode_operator.runtime.archive import folder_tar
-from episode_operator.runtime.images import BuildFailed, BuildOutage, ImageBuild, ImageBuilder, ImagePlan
-from episode_operator.runtime.replay import (
+from episode_operator.runtime.episode_store import SEED_LOGS, safe
+from episode_operator.runtime.replay_runner import (
     ReplayConfig,
     ReplayFailed,
     ReplayReady,
@@ -41,10 +41,11 @@ from episode_operator.runtime.replay import (
     entrypoint_job,
     replay_dockerfile,
 )
-from episode_operator.runtime.sandbox import Sandbox, SandboxError, Waiting
-from episode_operator.runtime.store import SEED_LOGS, safe
+from episode_operator.runtime.sandbox_images import BuildFailed, BuildOutage, ImageBuild, ImageBuilder, ImagePlan
+from episode_operator.runtime.sandbox_protocol import Sandbox, SandboxError, Waiting
 from episode_operator.runtime.turn.context import TurnRun, TurnServices
-from episode_operator.runtime.turn.failures import (
+from episode_operator.runtime.turn.prepare import describe
+from episode_operator.runtime.turn.turn_failures import (
     Call,
     EpisodeEnds,
     Outage,
@@ -52,8 +53,7 @@ from episode_operator.runtime.turn.failures import (
     sandbox_call,
     sandbox_lost,
 )
-from episode_operator.runtime.turn.prepare import describe
-from episode_operator.taskfolder.models import EnvironmentConfig
+from episode_operator.taskfolder.task_toml import EnvironmentConfig
 
 # How long the ENTRYPOINT's start is watched: long enough to see it could not start at all.
 ENTRYPOINT_START_SEC = 1.0

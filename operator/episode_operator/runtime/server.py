@@ -1,7 +1,7 @@
 """The operator's open HTTP endpoint: Prometheus metrics, on a port of its own.
 
 Nothing here is private: the kept logs and artifacts are served by the data API
-(``runtime/dataapi.py``), on another port, only to callers the API server authorises.
+(``runtime/data_api_server.py``), on another port, only to callers the API server authorises.
 """
 
 from __future__ import annotations

@@ -77,7 +77,7 @@ from episode_operator.runtime.limits import (
     Spool,
     bound_name,
 )
-from episode_operator.runtime.sandbox import ArchiveFile, FileContent, JobPhase, JobSpec, JobState, Upload
+from episode_operator.runtime.sandbox_protocol import ArchiveFile, FileContent, JobPhase, JobSpec, JobState, Upload
 from episode_operator.runtime.timing import KILL_AFTER_SEC
 
 SUPERVISOR_DIR = "/episode-operator"

@@ -8,7 +8,7 @@ later is answered from the tombstone — its status is the recorded one, with a 
 condition saying so — and runs nothing; a changed spec runs. An answered Episode is not deleted by its
 TTL again: deleting it would only have the next sync create it again.
 
-Pure decisions only; :mod:`episode_operator.kube.tombstones` keeps the tombstones (one ConfigMap per
+Pure decisions only; :mod:`episode_operator.kube.tombstone_configmaps` keeps the tombstones (one ConfigMap per
 namespace, an entry per Episode name) and hooks them into the driver and the TTL.
 """
 
@@ -19,7 +19,7 @@ from typing import Any
 
 from pydantic import Field, ValidationError
 
-from episode_operator.api.models import EpisodeStatus
+from episode_operator.api.episode_resource import EpisodeStatus
 from episode_operator.api.naming import document_digest
 from episode_operator.api.vocabulary import GROUP, ApiModel, Condition, Timestamp
 

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 import dockerfile
 
-from episode_operator.taskfolder.images import ImageMirrors, InvalidImageReference
+from episode_operator.taskfolder.image_refs import ImageMirrors, InvalidImageReference
 from episode_operator.taskfolder.sources import TaskFiles
 from episode_operator.taskfolder.words import WordError, process_word
 

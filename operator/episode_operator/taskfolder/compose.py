@@ -30,8 +30,8 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field
 
 from episode_operator.taskfolder.errors import Problem
-from episode_operator.taskfolder.models import CAMEL_OUTPUT, MAIN_SERVICE, EnvironmentConfig
 from episode_operator.taskfolder.sources import TaskFiles
+from episode_operator.taskfolder.task_toml import CAMEL_OUTPUT, MAIN_SERVICE, EnvironmentConfig
 
 # Harbor reads docker-compose.yaml; the older Gym loader also took these spellings.
 COMPOSE_FILES = (

@@ -6,7 +6,7 @@ verifier, Harbor's precedence (``verifier_mode.resolve_verifier_environment_defi
 step's verifier environment's ``docker_image``, else a ``Dockerfile`` in the step's tests folder,
 then the same for the task's ``[verifier.environment]`` and ``tests/``, else the task's own image
 (the verifier's environment is then ``environment/``, its compose file included);
-and a compose sidecar's ``build:``. Each is replayed (:mod:`episode_operator.taskfolder.replay`)
+and a compose sidecar's ``build:``. Each is replayed (:mod:`episode_operator.taskfolder.replay_plan`)
 or built in the cluster; ``validate`` warns of what replay would refuse, naming the line, since
 only a configured build can take it.
 """
@@ -18,9 +18,9 @@ from dataclasses import dataclass, field
 
 from episode_operator.taskfolder.compose import ENVIRONMENT, ComposeSpec
 from episode_operator.taskfolder.errors import Problem
-from episode_operator.taskfolder.models import StepConfig, TaskConfig
-from episode_operator.taskfolder.replay import plan_replay
+from episode_operator.taskfolder.replay_plan import plan_replay
 from episode_operator.taskfolder.sources import TaskFiles
+from episode_operator.taskfolder.task_toml import StepConfig, TaskConfig
 
 ENVIRONMENT_DOCKERFILE = "environment/Dockerfile"
 # The files that make a tests folder a verifier's environment definition (Harbor's

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
-from episode_operator.taskfolder.models import Healthcheck
+from episode_operator.taskfolder.task_toml import Healthcheck
 
 
 @dataclass

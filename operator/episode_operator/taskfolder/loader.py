@@ -17,14 +17,14 @@ from pydantic import ValidationError
 from episode_operator.taskfolder.compose import ComposeSpec, parse_compose
 from episode_operator.taskfolder.dockerfiles import ENVIRONMENT_DOCKERFILE, replay_warnings
 from episode_operator.taskfolder.errors import Problem, TaskRefused
-from episode_operator.taskfolder.models import (
+from episode_operator.taskfolder.sources import TASK_CONFIG, TaskFiles
+from episode_operator.taskfolder.task_toml import (
     MAIN_SERVICE,
     EnvironmentConfig,
     StepConfig,
     TaskConfig,
     unknown_keys,
 )
-from episode_operator.taskfolder.sources import TASK_CONFIG, TaskFiles
 
 INSTRUCTION = "instruction.md"
 TESTS = "tests"
@@ -241,7 +241,7 @@ class _Checker:
 
     def check_separate_image(self, table: str, environment: EnvironmentConfig | None, context: str) -> None:
         """A separate verifier needs an image: its own, its tests folder's Dockerfile (replayed or built,
-        runtime/images.py), or (as a copy of [environment]) the task's."""
+        runtime/sandbox_images.py), or (as a copy of [environment]) the task's."""
         if environment is None or environment.docker_image or self.files.has_file(f"{context}/Dockerfile"):
             return
         self.refuse(

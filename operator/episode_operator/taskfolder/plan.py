@@ -20,7 +20,8 @@ from episode_operator.taskfolder.compose import ComposeVolume, Sidecar
 from episode_operator.taskfolder.dockerfiles import verifier_image_source
 from episode_operator.taskfolder.errors import Problem
 from episode_operator.taskfolder.loader import INSTRUCTION, TESTS, LoadedTask
-from episode_operator.taskfolder.models import (
+from episode_operator.taskfolder.sources import TASK_CONFIG
+from episode_operator.taskfolder.task_toml import (
     CAMEL_OUTPUT,
     MAIN_SERVICE,
     AgentConfig,
@@ -36,7 +37,6 @@ from episode_operator.taskfolder.models import (
     TaskConfig,
     is_address_entry,
 )
-from episode_operator.taskfolder.sources import TASK_CONFIG
 
 # docs/task-format.md §7: the project's values where the sources leave a gap.
 DEFAULT_AGENT_TIMEOUT_SEC = 28_800.0
@@ -253,7 +253,7 @@ def seed_refusals(plan: EpisodePlan, *, accepts_prior_trajectory: bool) -> list[
     These depend on the Episode, not on the folder, so ``validate`` only warns of them.
     ``accepts_prior_trajectory``: the agent may be given a first step's ``trajectory.json``
     (Gym: the oracle alone, which ignores it). Which images the sandboxes run, and whether a
-    Dockerfile can make them, depends on the operator too: ``runtime/images.py`` decides it.
+    Dockerfile can make them, depends on the operator too: ``runtime/sandbox_images.py`` decides it.
     """
     problems: list[Problem] = []
     if plan.deadline_sec < plan.environment.build_timeout_sec:

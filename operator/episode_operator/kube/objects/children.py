@@ -7,7 +7,8 @@ import re
 from collections.abc import Mapping
 from typing import Any, get_args
 
-from episode_operator.api.episodeset import (
+from episode_operator.api.episode_resource import TaskSource, episode_manifest
+from episode_operator.api.episodeset_resource import (
     CREATED_AT_ANNOTATION,
     SET_TASK_NAME_ANNOTATION,
     SUSPENDED_BY_SET_ANNOTATION,
@@ -15,7 +16,6 @@ from episode_operator.api.episodeset import (
     SetTaskStatus,
     child_spec,
 )
-from episode_operator.api.models import TaskSource, episode_manifest
 from episode_operator.api.vocabulary import (
     MANAGED_BY,
     QUEUE_LABEL,

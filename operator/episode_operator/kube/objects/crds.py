@@ -19,7 +19,8 @@ from typing import Any
 import yaml
 from pydantic import BaseModel
 
-from episode_operator.api.episodeset import (
+from episode_operator.api.episode_resource import KIND, PLURAL, SHORT_NAMES, SINGULAR, EpisodeSpec, EpisodeStatus
+from episode_operator.api.episodeset_resource import (
     SET_KIND,
     SET_PLURAL,
     SET_SHORT_NAMES,
@@ -27,7 +28,6 @@ from episode_operator.api.episodeset import (
     EpisodeSetSpec,
     EpisodeSetStatus,
 )
-from episode_operator.api.models import KIND, PLURAL, SHORT_NAMES, SINGULAR, EpisodeSpec, EpisodeStatus
 from episode_operator.api.vocabulary import GROUP, VERSION
 from episode_operator.runtime.agents import AGENT_KINDS
 
@@ -225,12 +225,12 @@ def _render(manifest: dict[str, Any], source: str) -> str:
 
 def render_crd() -> str:
     """The Episode CRD as the YAML committed under ``crds/``."""
-    return _render(episode_crd(), "api/models.py and runtime/agents/")
+    return _render(episode_crd(), "api/episode_resource.py and runtime/agents/")
 
 
 def render_episodeset_crd() -> str:
     """The EpisodeSet CRD as the YAML committed under ``crds/``."""
-    return _render(episodeset_crd(), "api/episodeset.py and runtime/agents/")
+    return _render(episodeset_crd(), "api/episodeset_resource.py and runtime/agents/")
 
 
 def rendered_crds() -> dict[str, str]:

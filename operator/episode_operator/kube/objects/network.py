@@ -17,8 +17,8 @@ from typing import Any
 
 from episode_operator.api.vocabulary import EPISODE_LABEL
 from episode_operator.kube.objects.pods import OwnerRef, label_value
-from episode_operator.taskfolder.models import is_address_entry
 from episode_operator.taskfolder.plan import NetworkPolicy
+from episode_operator.taskfolder.task_toml import is_address_entry
 
 
 def ip_entries(policy: NetworkPolicy) -> list[str]:

@@ -6,7 +6,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from episode_operator.runtime.sandbox import MAIN_CONTAINER
+from episode_operator.runtime.sandbox_protocol import MAIN_CONTAINER
 
 # Container waiting reasons that only say "not yet", without a cause.
 STARTING = (None, "ContainerCreating", "PodInitializing")

@@ -50,7 +50,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from episode_operator.api.models import KIND, EpisodeSpec
+from episode_operator.api.episode_resource import KIND, EpisodeSpec
 from episode_operator.api.vocabulary import (
     API_VERSION,
     ATTEMPT_LABEL,
@@ -70,7 +70,7 @@ from episode_operator.runtime.agents.model import (
     SandboxNeeds,
     Toolchain,
 )
-from episode_operator.runtime.sandbox import KEEP_ALIVE
+from episode_operator.runtime.sandbox_protocol import KEEP_ALIVE
 from episode_operator.runtime.supervisor import SUPERVISOR_DIR
 from episode_operator.runtime.turn.context import LOGS_VERIFIER, SANDBOX_LAYOUT
 from episode_operator.taskfolder.compose import (
@@ -81,8 +81,8 @@ from episode_operator.taskfolder.compose import (
     binds_of,
     sidecar_only_volumes,
 )
-from episode_operator.taskfolder.models import EnvironmentConfig
 from episode_operator.taskfolder.plan import EpisodePlan, NetworkPolicy, VerifierPlan
+from episode_operator.taskfolder.task_toml import EnvironmentConfig
 
 SUPERVISOR_VOLUME = "episode-operator"
 CAPTURE_VOLUME = "episode-operator-capture"

@@ -6,7 +6,7 @@ import base64
 import re
 from typing import Any
 
-from episode_operator.api.models import DEFAULT_TASK_ARCHIVE_KEY
+from episode_operator.api.episode_resource import DEFAULT_TASK_ARCHIVE_KEY
 from episode_operator.api.vocabulary import TASK_DIGEST_LABEL, TASK_LABEL
 from episode_operator.taskfolder import TaskFiles
 from episode_operator.taskfolder.sources import pack_tar

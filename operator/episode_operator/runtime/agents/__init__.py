@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Final
 
-from episode_operator.api.models import AgentSpec
+from episode_operator.api.episode_resource import AgentSpec
 from episode_operator.runtime.agents.base import COMMON_FIELDS, AgentJob, AgentKind
 from episode_operator.runtime.agents.builtin import Command, Nop, Oracle
 from episode_operator.runtime.agents.harness import Harness

@@ -7,12 +7,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import ClassVar, Protocol
 
-from episode_operator.api.models import AgentSpec
+from episode_operator.api.episode_resource import AgentSpec
 from episode_operator.api.vocabulary import AgentFailure
 from episode_operator.runtime.agents.model import SandboxNeeds
-from episode_operator.runtime.sandbox import JobSpec, Upload
+from episode_operator.runtime.sandbox_protocol import JobSpec, Upload
 from episode_operator.runtime.turn.context import TurnRun
-from episode_operator.runtime.turn.failures import Call
+from episode_operator.runtime.turn.turn_failures import Call
 from episode_operator.taskfolder import EpisodePlan, Problem
 
 # The fields of ``spec.agent`` that every kind may use.

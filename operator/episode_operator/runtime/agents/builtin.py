@@ -4,14 +4,14 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from episode_operator.api.models import AgentSpec
+from episode_operator.api.episode_resource import AgentSpec
 from episode_operator.api.vocabulary import Stage
 from episode_operator.runtime.agents.base import AgentJob, instruction_file, turn_env
 from episode_operator.runtime.agents.model import SandboxNeeds, capture_of, model_env
 from episode_operator.runtime.archive import folder_tar, text_tar
-from episode_operator.runtime.sandbox import JobSpec, Upload, sealed
+from episode_operator.runtime.sandbox_protocol import JobSpec, Upload, sealed
 from episode_operator.runtime.turn.context import INSTRUCTIONS, LOGS_AGENT, SOLUTION, TurnRun
-from episode_operator.runtime.turn.failures import Call
+from episode_operator.runtime.turn.turn_failures import Call
 from episode_operator.taskfolder import EpisodePlan, Problem
 
 ORACLE_OUTPUT = f"{LOGS_AGENT}/oracle.txt"

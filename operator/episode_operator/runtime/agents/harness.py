@@ -4,15 +4,15 @@ from __future__ import annotations
 
 from typing import Any, ClassVar, Final
 
-from episode_operator.api.models import AgentSpec
+from episode_operator.api.episode_resource import AgentSpec
 from episode_operator.api.vocabulary import Stage
 from episode_operator.runtime.agents.base import AgentJob, instruction_file, turn_env
 from episode_operator.runtime.agents.harnesses import LOGS, PRESETS, HarnessPreset, harness_run
 from episode_operator.runtime.agents.model import SandboxNeeds, Toolchain, capture_of
 from episode_operator.runtime.archive import text_tar
-from episode_operator.runtime.sandbox import JobSpec, Upload
+from episode_operator.runtime.sandbox_protocol import JobSpec, Upload
 from episode_operator.runtime.turn.context import INSTRUCTIONS, TurnRun
-from episode_operator.runtime.turn.failures import Call
+from episode_operator.runtime.turn.turn_failures import Call
 from episode_operator.taskfolder import EpisodePlan, Problem
 
 # The preset options every harness takes: the harness's own cap on a turn's agent budget.

@@ -19,7 +19,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Final, cast, get_args
 
-from episode_operator.api.models import ModelApi, ModelEndpoint
+from episode_operator.api.episode_resource import ModelApi, ModelEndpoint
 from episode_operator.api.vocabulary import AgentFailure
 from episode_operator.runtime.agents.harness_registry import HARNESSES, HarnessEntry
 from episode_operator.runtime.agents.model import PLACEHOLDER_KEY, Toolchain, proxied_base_url

@@ -13,8 +13,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-from episode_operator.api.models import ModelEndpoint, SecretKeyRef
-from episode_operator.capture.store import MAX_JOURNAL_BYTES, MAX_RECORD_BYTES
+from episode_operator.api.episode_resource import ModelEndpoint, SecretKeyRef
+from episode_operator.capture.capture_store import MAX_JOURNAL_BYTES, MAX_RECORD_BYTES
 from episode_operator.capture.wire import agent_base_url
 
 # The capture container: its name in the agent pod, the loopback port its proxy listens on (an

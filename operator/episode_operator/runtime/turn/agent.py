@@ -2,7 +2,7 @@
 
 The job and its inputs come from the agent kind's registry entry. Harbor's rule, which Gym
 keeps: the agent's non-zero exit or timeout is recorded and the verifier still decides —
-unless the turn's model calls show the model endpoint failed the agent (``agents/failures.py``).
+unless the turn's model calls show the model endpoint failed the agent (``agents/agent_failures.py``).
 
 With a model endpoint, the pod's capture proxy records every call: before the agent starts the
 runner tells the proxy which attempt and turn is current, and after it ends the runner takes the
@@ -20,18 +20,19 @@ from pathlib import PurePosixPath
 
 from episode_operator.api.vocabulary import FAILURE_CAPTURE_LIMIT
 from episode_operator.capture.atif import trajectory_from_calls
+from episode_operator.capture.capture_store import calls_file
 from episode_operator.capture.records import CAPTURE_LIMIT, CapturedCall, parse_journal
-from episode_operator.capture.store import calls_file
 from episode_operator.runtime.agents import agent_kind
+from episode_operator.runtime.agents.agent_failures import classify, consequence
 from episode_operator.runtime.agents.base import with_agent_env
-from episode_operator.runtime.agents.failures import classify, consequence
 from episode_operator.runtime.agents.model import CAPTURE_CONTAINER, CAPTURE_STORE
 from episode_operator.runtime.archive import read_member, text_tar
-from episode_operator.runtime.sandbox import JobSpec, JobState, Sandbox, SandboxError
-from episode_operator.runtime.store import CALLS_FILE, INSTRUCTION_FILE, TRAJECTORY_FILE
+from episode_operator.runtime.episode_store import CALLS_FILE, INSTRUCTION_FILE, TRAJECTORY_FILE
+from episode_operator.runtime.sandbox_protocol import JobSpec, JobState, Sandbox, SandboxError
 from episode_operator.runtime.turn.collect import carried_artifact
 from episode_operator.runtime.turn.context import TRAJECTORY, TurnRun
-from episode_operator.runtime.turn.failures import (
+from episode_operator.runtime.turn.prepare import carried_cleanup
+from episode_operator.runtime.turn.turn_failures import (
     EpisodeEnds,
     Outage,
     TurnFailed,
@@ -39,7 +40,6 @@ from episode_operator.runtime.turn.failures import (
     sandbox_call,
     sandbox_lost,
 )
-from episode_operator.runtime.turn.prepare import carried_cleanup
 
 # How long the runner waits, after the agent ended, for calls still being recorded.
 SETTLE_SEC = 5

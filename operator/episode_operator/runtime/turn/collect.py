@@ -16,13 +16,13 @@ from dataclasses import dataclass
 from pathlib import PurePosixPath
 from typing import Any, Final, Literal
 
-from episode_operator.api.models import ArtifactSummary
+from episode_operator.api.episode_resource import ArtifactSummary
 from episode_operator.runtime.archive import RefusedMember, repack_artifact
-from episode_operator.runtime.sandbox import CommandFailed, JobSpec, Sandbox, SandboxError
+from episode_operator.runtime.sandbox_protocol import CommandFailed, JobSpec, Sandbox, SandboxError
 from episode_operator.runtime.turn.context import TurnRun
-from episode_operator.runtime.turn.failures import sandbox_lost
-from episode_operator.taskfolder.models import MAIN_SERVICE
+from episode_operator.runtime.turn.turn_failures import sandbox_lost
 from episode_operator.taskfolder.plan import ArtifactPlan
+from episode_operator.taskfolder.task_toml import MAIN_SERVICE
 
 ArtifactStatus = Literal["ok", "failed", "skipped", "empty"]
 _SUMMARY_FIELD: Final[dict[ArtifactStatus, str]] = {

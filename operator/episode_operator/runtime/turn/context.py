@@ -13,10 +13,11 @@ from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from typing import Protocol
 
-from episode_operator.api.models import AgentSpec, EpisodeStatus, TurnStatus
+from episode_operator.api.episode_resource import AgentSpec, EpisodeStatus, TurnStatus
 from episode_operator.api.vocabulary import AgentFailure, AgentOutcome, Stage
+from episode_operator.runtime.episode_store import EpisodeStore
 from episode_operator.runtime.limits import OutputLimits
-from episode_operator.runtime.sandbox import (
+from episode_operator.runtime.sandbox_protocol import (
     MAIN_CONTAINER,
     ArchiveFile,
     JobSpec,
@@ -25,11 +26,10 @@ from episode_operator.runtime.sandbox import (
     Upload,
     keyed_job_id,
 )
-from episode_operator.runtime.store import EpisodeStore
 from episode_operator.taskfolder import EpisodePlan, TaskFiles, TurnPlan
-from episode_operator.taskfolder.models import Healthcheck
 from episode_operator.taskfolder.plan import CONVENTION_ARTIFACTS, NetworkPolicy
 from episode_operator.taskfolder.rewards import REWARD_JSON_NAME, REWARD_TXT_NAME
+from episode_operator.taskfolder.task_toml import Healthcheck
 
 # Fixed paths in the sandbox (docs/task-format.md §1.4).
 LOGS_AGENT = "/logs/agent"
@@ -52,7 +52,7 @@ INSTRUCTIONS = "/episode-operator/instructions"
 
 def turn_job_id(attempt: int, turn_index: int, stage: Stage | str) -> str:
     """The id of the job of ``stage`` in turn ``turn_index`` (from 0) of attempt ``attempt``, before
-    the attempt's key is applied (``runtime/sandbox.py`` :func:`keyed_job_id`)."""
+    the attempt's key is applied (``runtime/sandbox_protocol.py`` :func:`keyed_job_id`)."""
     return f"a{attempt}.t{turn_index + 1}.{stage}"
 
 
@@ -122,7 +122,7 @@ class TurnServices(Protocol):
         """Run a supervised job to its end, re-attaching if it exists; a lost sandbox is an outage.
 
         ``upload`` (the job's inputs) is placed only by the exec that starts the job; its
-        failure raises :class:`~episode_operator.runtime.sandbox.CommandFailed`.
+        failure raises :class:`~episode_operator.runtime.sandbox_protocol.CommandFailed`.
         """
         ...
 

@@ -18,9 +18,9 @@ from typing import Literal
 from episode_operator.api.vocabulary import FAILURE_HEALTHCHECK, FAILURE_SETUP, Stage
 from episode_operator.runtime.agents import agent_kind
 from episode_operator.runtime.archive import folder_tar
-from episode_operator.runtime.sandbox import JobSpec, JobState, Sandbox, Upload
+from episode_operator.runtime.sandbox_protocol import JobSpec, JobState, Sandbox, Upload
 from episode_operator.runtime.turn.context import GRADING_FILES, TurnRun
-from episode_operator.runtime.turn.failures import Call, PreparationFailed, check_started, sandbox_call
+from episode_operator.runtime.turn.turn_failures import Call, PreparationFailed, check_started, sandbox_call
 
 Carrier = Literal["none", "own", "workdir", "agent"]
 

@@ -4,7 +4,7 @@ Every turn walks these stages in order (docs/task-format.md §3.4). For each sta
 
 - **step** — the function that does the stage's work (each in its own module of this package);
 - **next** — the stage after it (a failed preparation from step 2 on jumps to ``done`` with a
-  measured 0; every other failure ends the attempt or the episode, see ``failures.py``);
+  measured 0; every other failure ends the attempt or the episode, see ``turn_failures.py``);
 - **published** — whether the stage is written to the Episode's status *before* its step
   runs. Only where a restart must not redo what came before: everything between two
   published stages is safe to redo, so a restart resumes at the last published stage;

@@ -18,10 +18,10 @@ gate decided here, once, and kept in ``status.turns[].gate``.
 
 from __future__ import annotations
 
-from episode_operator.api.models import TurnStatus
+from episode_operator.api.episode_resource import TurnStatus
 from episode_operator.api.vocabulary import timestamp
 from episode_operator.runtime.archive import mapped_tar
-from episode_operator.runtime.sandbox import JOB_USER, JobSpec, Upload, sealed
+from episode_operator.runtime.sandbox_protocol import JOB_USER, JobSpec, Upload, sealed
 from episode_operator.runtime.turn.context import (
     GRADING_FILES,
     LOGS_VERIFIER,
@@ -31,7 +31,7 @@ from episode_operator.runtime.turn.context import (
     TESTS,
     TurnRun,
 )
-from episode_operator.runtime.turn.failures import Call, check_started, sandbox_call
+from episode_operator.runtime.turn.turn_failures import Call, check_started, sandbox_call
 from episode_operator.taskfolder.rewards import TurnScore, check_min_reward, parse_reward_files
 
 # The folders emptied before test.sh runs (not the trajectory: it is this turn's transcript), sealed:

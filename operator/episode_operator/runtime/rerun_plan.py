@@ -20,7 +20,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final, get_args
 
-from episode_operator.api.episodeset import (
+from episode_operator.api.episodeset_resource import (
     MAX_REPLACED,
     EpisodeSetSpec,
     EpisodeSetStatus,

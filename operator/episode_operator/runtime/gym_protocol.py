@@ -32,6 +32,7 @@ from statistics import fmean, median, stdev
 from typing import Any, Literal
 
 from episode_operator.api import export
+from episode_operator.api.episode_resource import EpisodeStatus
 from episode_operator.api.export import (
     ATTEMPT_INDEX_KEY,
     ECHOED_KEYS,
@@ -40,7 +41,6 @@ from episode_operator.api.export import (
     TASK_INDEX_KEY,
     EpisodeEvidence,
 )
-from episode_operator.api.models import EpisodeStatus
 from episode_operator.api.naming import content_name
 from episode_operator.api.vocabulary import FailureKind, is_terminal
 from episode_operator.runtime.evaluation import pass_at_k

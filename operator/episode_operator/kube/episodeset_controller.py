@@ -31,7 +31,8 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from episode_operator.api.episodeset import (
+from episode_operator.api.episode_resource import DEFAULT_TASK_ARCHIVE_KEY, validation_message
+from episode_operator.api.episodeset_resource import (
     MAX_CHILDREN,
     SET_KIND,
     SUSPENDED_BY_SET_ANNOTATION,
@@ -39,16 +40,15 @@ from episode_operator.api.episodeset import (
     EpisodeSetStatus,
     SetTaskStatus,
 )
-from episode_operator.api.models import DEFAULT_TASK_ARCHIVE_KEY, validation_message
 from episode_operator.api.vocabulary import TASK_LABEL, parse_timestamp, precise_timestamp
 from episode_operator.kube.client import Conflict, KubeClient, KubeError, NotFound
 from episode_operator.kube.objects.children import child_manifest, child_view, replaced_patch, set_selector
-from episode_operator.kube.objects.events import event_name
+from episode_operator.kube.objects.event_manifests import event_name
 from episode_operator.kube.objects.pods import OwnerRef
 from episode_operator.kube.replicas import Claim
 from episode_operator.kube.status import record_event
 from episode_operator.runtime.evaluation import definition_digest, plan_set
-from episode_operator.runtime.reruns import apply_rerun, rerun_requested
+from episode_operator.runtime.rerun_plan import apply_rerun, rerun_requested
 from episode_operator.runtime.timing import DEFAULT_TIMING
 from episode_operator.runtime.wakeups import nap
 
@@ -418,7 +418,7 @@ class SetWriter:
             raise
 
     async def post(self, reason: str, message: str, *, warning: bool = False) -> None:
-        """Queue the Event (posted in the background, see :mod:`episode_operator.kube.events`), named
+        """Queue the Event (posted in the background, see :mod:`episode_operator.kube.event_recorder`), named
         for its occasion so that a second replica's driver does not post it again."""
         name = event_name(self.ref, reason, message)
         record_event(self.client, self.ref, reason, message, warning=warning, logger=self.logger, name=name)

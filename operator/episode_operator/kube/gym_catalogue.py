@@ -22,13 +22,13 @@ from typing import Any
 
 from aiohttp import web
 
+from episode_operator.api.episode_resource import PLURAL, EpisodeSpec
 from episode_operator.api.export import NO_EVIDENCE, EpisodeEvidence, evidence_of
-from episode_operator.api.models import PLURAL, EpisodeSpec
 from episode_operator.api.vocabulary import DATASET_LABEL, TASK_NAME_ANNOTATION, is_terminal
 from episode_operator.kube.client import Conflict, Gone, KubeClient, KubeError
-from episode_operator.runtime.gym import TaskRef
+from episode_operator.runtime.episode_store import BlobStore, turn_records
+from episode_operator.runtime.gym_protocol import TaskRef
 from episode_operator.runtime.gym_server import EpisodeGone, GymServer, GymSettings, RolloutRefused, serve
-from episode_operator.runtime.store import BlobStore, turn_records
 
 LABEL_VALUE = re.compile(r"^([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?$")
 RETRY_PAUSE_SEC = 1.0  # after a failed list or watch of a try's Episode, before the next

@@ -36,9 +36,9 @@ import dockerfile
 from pydantic import BaseModel, ConfigDict, Field
 
 from episode_operator.taskfolder.errors import Problem
-from episode_operator.taskfolder.images import InvalidImageReference, parse_image_reference
-from episode_operator.taskfolder.models import CAMEL_OUTPUT, EnvironmentConfig
+from episode_operator.taskfolder.image_refs import InvalidImageReference, parse_image_reference
 from episode_operator.taskfolder.sources import TaskFiles
+from episode_operator.taskfolder.task_toml import CAMEL_OUTPUT, EnvironmentConfig
 from episode_operator.taskfolder.words import WordError, process_word
 
 DEFAULT_SHELL = ("/bin/sh", "-c")

@@ -27,7 +27,7 @@ from episode_operator.api.vocabulary import (
     OutageKind,
 )
 from episode_operator.capture.records import CapturedCall, ErrorCategory
-from episode_operator.runtime.sandbox import JobState
+from episode_operator.runtime.sandbox_protocol import JobState
 
 
 @dataclass(frozen=True)

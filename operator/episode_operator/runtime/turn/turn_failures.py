@@ -24,7 +24,7 @@ from episode_operator.api.vocabulary import (
     OutageKind,
 )
 from episode_operator.runtime.limits import OutputLimitExceeded
-from episode_operator.runtime.sandbox import CommandFailed, JobState, SandboxError
+from episode_operator.runtime.sandbox_protocol import CommandFailed, JobState, SandboxError
 
 
 class Outage(Exception):
@@ -137,7 +137,7 @@ COMMAND_FAILURES: Final[dict[Call, dict[str | None, Becomes]]] = {
         None: _CANNOT_RUN,
     },
     Call.READ_REWARD: {None: Becomes(outage="read_reward")},
-    # A replay step that fails is the task's (runtime/replay.py says which); a supervisor that
+    # A replay step that fails is the task's (runtime/replay_runner.py says which); a supervisor that
     # cannot start one is not.
     Call.REPLAY: {None: _CANNOT_RUN},
     # environment/ that cannot unpack in the image, or an ENTRYPOINT that cannot start: the task's environment.

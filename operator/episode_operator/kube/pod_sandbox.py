@@ -23,7 +23,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from episode_operator.api.models import KIND, EpisodeSpec
+from episode_operator.api.episode_resource import KIND, EpisodeSpec
 from episode_operator.api.vocabulary import ATTEMPT_LABEL, EPISODE_LABEL, ROLE_LABEL, TURN_LABEL, OutageKind
 from episode_operator.kube.client import ExecTransportError, KubeClient, KubeError, NotFound
 from episode_operator.kube.objects.network import network_policy
@@ -46,7 +46,7 @@ from episode_operator.kube.session import ExecStream, Session, SessionFailed
 from episode_operator.runtime import supervisor
 from episode_operator.runtime.agents.model import CAPTURE_CONTAINER, SandboxNeeds
 from episode_operator.runtime.limits import OutputLimits, Spool
-from episode_operator.runtime.sandbox import (
+from episode_operator.runtime.sandbox_protocol import (
     MAIN_CONTAINER,
     ArchiveFile,
     CommandFailed,

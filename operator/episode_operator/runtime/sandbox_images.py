@@ -25,8 +25,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from episode_operator.runtime.replay import ReplaySource
-from episode_operator.runtime.sandbox import WaitingReport
+from episode_operator.runtime.replay_runner import ReplaySource
+from episode_operator.runtime.sandbox_protocol import WaitingReport
 from episode_operator.taskfolder import EpisodePlan, LoadedTask, Problem
 from episode_operator.taskfolder.buildcontext import BuildSource, pack_build_context
 from episode_operator.taskfolder.compose import Sidecar
@@ -36,8 +36,8 @@ from episode_operator.taskfolder.dockerfiles import (
     dockerfile_sources,
     verifier_image_source,
 )
-from episode_operator.taskfolder.images import ImageMirrors, InvalidImageReference
-from episode_operator.taskfolder.replay import plan_replay
+from episode_operator.taskfolder.image_refs import ImageMirrors, InvalidImageReference
+from episode_operator.taskfolder.replay_plan import plan_replay
 from episode_operator.taskfolder.sources import TASK_CONFIG, TaskFiles
 
 # Harbor runs a verifier environment defined by a tests folder with that folder's compose file; the

@@ -2,7 +2,7 @@
 
 ``start_data_api`` (called once at startup) takes the serving certificate of the operator's Service
 from a Secret beside it (``<service>-data-api-serving``; the first replica to start makes it, a
-self-signed one, and every replica serves that one), starts ``runtime/dataapi.py`` over TLS and
+self-signed one, and every replica serves that one), starts ``runtime/data_api_server.py`` over TLS and
 only then registers the APIService ``v1alpha1.data.episode-operator.dev`` for that Service with the
 certificate as its ``caBundle``, so the API server verifies whom it talks to — whichever replica
 the Service sends it to — and a certificate is trusted only once it is served. Deleting the
@@ -39,7 +39,7 @@ from cryptography.x509.oid import NameOID
 
 from episode_operator.api.vocabulary import MANAGED_BY
 from episode_operator.kube.client import Conflict, KubeClient, KubeError, NotFound
-from episode_operator.runtime.dataapi import (
+from episode_operator.runtime.data_api_server import (
     API_SERVICE,
     DATA_GROUP,
     DATA_VERSION,
@@ -50,7 +50,7 @@ from episode_operator.runtime.dataapi import (
     serve,
     server_context,
 )
-from episode_operator.runtime.store import BlobStore
+from episode_operator.runtime.episode_store import BlobStore
 
 # Where the API server publishes its --requestheader-* settings for aggregated API servers.
 AUTHENTICATION_CONFIG_MAP = ("kube-system", "extension-apiserver-authentication")

@@ -13,7 +13,7 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from episode_operator.api.models import EpisodeStatus
+from episode_operator.api.episode_resource import EpisodeStatus
 from episode_operator.api.vocabulary import timestamp
 from episode_operator.kube.client import Conflict, KubeClient, KubeError, NotFound
 from episode_operator.kube.objects.pods import OwnerRef

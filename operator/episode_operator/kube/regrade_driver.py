@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
 
-from episode_operator.api.models import EpisodeStatus, RegradeSpec, RegradeStatus, TurnStatus
+from episode_operator.api.episode_resource import EpisodeStatus, RegradeSpec, RegradeStatus, TurnStatus
 from episode_operator.api.vocabulary import FAILURE_REGRADE_REFUSED
 from episode_operator.kube.client import KubeClient, NotFound
 from episode_operator.kube.objects.pods import OwnerRef
@@ -24,9 +24,9 @@ from episode_operator.kube.running import episode_provider, runner_config
 from episode_operator.kube.status import KubeStatusSink, refuse
 from episode_operator.runtime.admission import Admission, Refusal
 from episode_operator.runtime.episode import EpisodeObserver
+from episode_operator.runtime.episode_store import ARTIFACTS, MANIFEST, EpisodeBlobs
 from episode_operator.runtime.fencing import FencedProvider
 from episode_operator.runtime.regrade import RegradeRefused, RegradeRunner, RegradeStore, plan_regrade
-from episode_operator.runtime.store import ARTIFACTS, MANIFEST, EpisodeBlobs
 from episode_operator.taskfolder import TaskFiles
 
 if TYPE_CHECKING:

@@ -6,7 +6,7 @@ selector over packed task ConfigMaps, or both), which agent, how many attempts p
 Episodes and rolls their results up into the set's status. Like ``Episode``'s, these models
 are the source of the CRD (:func:`episode_operator.kube.objects.crds.episodeset_crd`).
 
-The Episode template is *derived* from :class:`~episode_operator.api.models.EpisodeSpec`
+The Episode template is *derived* from :class:`~episode_operator.api.episode_resource.EpisodeSpec`
 (every field but ``task``, ``agent`` and ``regrade``), so a field added to Episodes is a field of the
 template at once, with the same description, default and bounds.
 """
@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal
 
 from pydantic import Field, WithJsonSchema, create_model, field_validator, model_validator
 
-from episode_operator.api.models import AgentSpec, EpisodeSpec, TaskSource
+from episode_operator.api.episode_resource import AgentSpec, EpisodeSpec, TaskSource
 from episode_operator.api.vocabulary import (
     FAILURE_FAMILIES,
     FAILURE_KINDS,
@@ -132,7 +132,8 @@ class FailurePolicy(ApiModel):
 
 
 # The outcomes a rerun may re-run: none is a verdict. A Graded child is never re-run, whatever its
-# reward or failure kind (re-rolling verdicts until they pass would bias pass@k); runtime/reruns.py says why each is.
+# reward or failure kind (re-rolling verdicts until they pass would bias pass@k);
+# runtime/rerun_plan.py says why each is.
 RerunOutcome = Literal["Ungraded", "TerminalFailure", "Masked"]
 
 

@@ -2,7 +2,7 @@
 
 The sandbox runs the Dockerfile's ``FROM`` image (mirrored as the operator is told). Replay
 first reads the image's own environment, machine and working directory (one job), plans with
-them (:func:`episode_operator.taskfolder.replay.plan_replay`, so ``ENV PATH=/x:$PATH`` means
+them (:func:`episode_operator.taskfolder.replay_plan.plan_replay`, so ``ENV PATH=/x:$PATH`` means
 what a build means), then applies each step as a supervised job in order:
 
 - ``RUN``: the command as the build's user, in its WORKDIR, with its ENV and ARGs;
@@ -47,7 +47,8 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 
-from episode_operator.runtime.sandbox import (
+from episode_operator.runtime.episode_store import EpisodeStore
+from episode_operator.runtime.sandbox_protocol import (
     KEEP_ALIVE,
     MAIN_CONTAINER,
     CommandFailed,
@@ -58,12 +59,10 @@ from episode_operator.runtime.sandbox import (
     SandboxWrapper,
     Upload,
 )
-from episode_operator.runtime.store import EpisodeStore
 from episode_operator.runtime.supervisor import SUPERVISOR_DIR
 from episode_operator.runtime.timing import DEFAULT_TIMING
 from episode_operator.taskfolder.errors import Problem
-from episode_operator.taskfolder.models import EnvironmentConfig
-from episode_operator.taskfolder.replay import (
+from episode_operator.taskfolder.replay_plan import (
     BaseImage,
     CopyStep,
     ImageSettings,
@@ -77,6 +76,7 @@ from episode_operator.taskfolder.replay import (
     staging_archive,
 )
 from episode_operator.taskfolder.sources import TaskFiles
+from episode_operator.taskfolder.task_toml import EnvironmentConfig
 
 # The base image's machine, then its environment NUL-separated (values may hold newlines).
 BASE_PROBE = "uname -m 2>/dev/null || echo unknown; cat /proc/self/environ"

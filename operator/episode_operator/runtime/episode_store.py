@@ -40,7 +40,7 @@ from obstore.store import LocalStore, MemoryStore, S3Store
 from episode_operator.api.export import CALLS_RECORD, INSTRUCTION_RECORD, TRAJECTORY_RECORD
 from episode_operator.runtime.archive import RefusedMember, extract_files
 from episode_operator.runtime.limits import CHUNK_BYTES
-from episode_operator.runtime.sandbox import ArchiveFile
+from episode_operator.runtime.sandbox_protocol import ArchiveFile
 
 if TYPE_CHECKING:  # the typed configurations exist in obstore's stubs only
     from obstore.store import ClientConfig, ObjectStore, S3Config

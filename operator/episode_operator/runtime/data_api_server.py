@@ -44,7 +44,7 @@ from urllib.parse import unquote
 
 from aiohttp import web
 
-from episode_operator.runtime.store import (
+from episode_operator.runtime.episode_store import (
     BlobStore,
     EpisodeBlobs,
     export_artifacts,

@@ -31,7 +31,7 @@ from typing import Any, Protocol
 
 from aiolimiter import AsyncLimiter
 
-from episode_operator.kube.objects.events import MESSAGE_LIMIT, event_manifest
+from episode_operator.kube.objects.event_manifests import MESSAGE_LIMIT, event_manifest
 from episode_operator.kube.objects.pods import OwnerRef
 from episode_operator.runtime.metrics import Metrics
 
