@@ -28,6 +28,7 @@ from tests.cluster.harness import (
     OperatorProcess,
     context_kubeconfig,
     create_episode,
+    install_crd,
     read_episode,
     wait_for_episode,
 )
@@ -120,6 +121,7 @@ def test_a_folder_over_a_configmap_runs_as_the_readme_prints_it_and_is_pushed_on
     block = README.read_text().split("<!-- BEGIN tasks-of-any-size -->\n```sh\n")[1].split("```\n<!-- END")[0]
     shell = Shell(context_kubeconfig(kubeconfig, tmp_path / "kubeconfig", {"work": quiet_namespace}), tmp_path / "repo")
     write(shell.workdir / "my-big-task", big_folder(os.urandom(3 * MiB)))  # the user's folder: 3 MiB, incompressible
+    install_crd(api_client)  # this branch's CRD (spec.task.oci): a session of another branch may have replaced it
     shell(block, timeout=600)  # bash -e: `run --wait` exits 0 only for a Succeeded Episode
     transcript = shell.transcript[-1]
     assert "my-big-task: over a ConfigMap's size; pushed " in transcript, transcript  # by pack
@@ -167,6 +169,7 @@ def test_an_attackers_artifacts_are_refused_naming_the_reference_and_the_honest_
         "bomb": push(bomb(), "bomb"),
         "elsewhere": f"registry.example:5000/tasks/elsewhere@sha256:{'e' * 64}",
     }
+    install_crd(api_client)  # this branch's CRD (spec.task.oci): a session of another branch may have replaced it
     for name, reference in references.items():
         create_episode(
             api_client, quiet_namespace, name, {"task": {"oci": {"reference": reference}}, "agent": {"kind": "oracle"}}
@@ -200,6 +203,7 @@ def test_an_attackers_artifacts_are_refused_naming_the_reference_and_the_honest_
 def test_a_reference_by_tag_is_refused_by_the_api_server_naming_the_field(
     quiet_namespace: str, api_client: client.ApiClient
 ) -> None:
+    install_crd(api_client)
     with pytest.raises(client.ApiException) as refused:
         create_episode(
             api_client,

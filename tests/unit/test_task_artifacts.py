@@ -15,9 +15,9 @@ from typing import Any
 
 import pytest
 from click.testing import CliRunner
-from episode_operator.api.episode_resource import EpisodeSpec, TaskSource
 from pydantic import ValidationError
 
+from episode_operator.api.episode_resource import EpisodeSpec, TaskSource
 from episode_operator.cli.kubectl_episode import cli
 from episode_operator.kube.driver import TaskSourceError, read_task_files
 from episode_operator.runtime.oci_tasks import (
