@@ -59,6 +59,7 @@ GYM_SERVER = "runtime/gym_server.py"
 HARNESSES = "runtime/agents/harnesses.py"
 RESULTS_PAGE = "cli/results_page.py"
 VIEW = "cli/view.py"
+OCI_TASKS = "runtime/oci_tasks.py"
 MUTATIONS = [
     # As whom, with which environment.
     Mutation(
@@ -1525,6 +1526,56 @@ MUTATIONS = [
         'return Answer(HTTPStatus.OK, "application/octet-stream", file=found, download=path[-1])',
         'return Answer(HTTPStatus.OK, "text/html; charset=utf-8", file=found)',
         "an artifact is served as a page of the server's origin: an agent's HTML opens as one of its pages",
+    ),
+    # Task folders as OCI artifacts: fetched only from allowed registries, bounded, verified, cached; pushed once.
+    Mutation(
+        "task-artifact-any-registry",
+        OCI_TASKS,
+        "if reference.registry not in self.settings.registries:",
+        "if False:",
+        "an Episode makes the operator fetch from any address it names (a registry the operator was not given)",
+    ),
+    Mutation(
+        "task-artifact-manifest-unchecked",
+        "taskfolder/oci_artifact.py",
+        "if (actual := sha256_digest(manifest)) != reference.digest:",
+        "if (actual := sha256_digest(manifest)) != reference.digest and False:",
+        "a registry answers another manifest than the digest names, and the operator follows it",
+    ),
+    Mutation(
+        "task-artifact-layer-unbounded",
+        "taskfolder/oci_artifact.py",
+        "if size > max_layer_bytes:",
+        "if False:",
+        "an artifact declaring any size is downloaded: --task-artifact-limit bounds nothing",
+    ),
+    Mutation(
+        "task-artifact-longer",
+        OCI_TASKS,
+        "if received > layer.size:",
+        "if False:",
+        "a registry sending more than the manifest declares is read to its end",
+    ),
+    Mutation(
+        "task-artifact-digest-unchecked",
+        OCI_TASKS,
+        'if (actual := "sha256:" + hasher.hexdigest()) != layer.digest:',
+        'if (actual := "sha256:" + hasher.hexdigest()) != layer.digest and False:',
+        "a tampered layer is cached and run as the task the reference names",
+    ),
+    Mutation(
+        "task-artifact-no-cache",
+        OCI_TASKS,
+        "if path.is_file():",
+        "if False:",
+        "every Episode of a task downloads its artifact again",
+    ),
+    Mutation(
+        "task-artifact-pushed-again",
+        OCI_TASKS,
+        'if await _exists(session, f"{base}/manifests/{reference.digest}", MANIFEST_MEDIA_TYPE):',
+        "if False:",
+        "pack and run upload the same folder every time",
     ),
 ]
 

@@ -70,6 +70,7 @@ from episode_operator.runtime.fencing import Fence, Fenced, HandOver
 from episode_operator.runtime.gym_server import GymSettings
 from episode_operator.runtime.limits import OutputLimits
 from episode_operator.runtime.metrics import Metrics
+from episode_operator.runtime.oci_tasks import TaskArtifacts, TaskArtifactSettings
 from episode_operator.runtime.rerun_plan import rerun_requested
 from episode_operator.runtime.server import serve
 from episode_operator.runtime.slots import FifoSlots
@@ -120,6 +121,9 @@ class OperatorOptions:
     toolchain_repository: str = "episode-operator.local"
     # What a sandbox's answers and a turn's artifacts may hold (--answer-limit …: runtime/limits.py).
     limits: OutputLimits = field(default_factory=OutputLimits)
+    # Task folders as OCI artifacts (--task-registry, --task-artifact-limit, --task-cache-limit); the cache
+    # directory defaults to <data_dir>/task-artifacts.
+    task_artifacts: TaskArtifactSettings | None = None
 
 
 class LeanDiffBase(kopf.AnnotationsDiffBaseStorage):
@@ -247,6 +251,9 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: ko
             else None
         ),
         limits=options.limits,
+        task_artifacts=TaskArtifacts(
+            options.task_artifacts or TaskArtifactSettings(cache_dir=options.data_dir / "task-artifacts")
+        ),
     )
 
 

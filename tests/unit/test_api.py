@@ -105,10 +105,10 @@ def test_spec_round_trips_in_camel_case() -> None:
 @pytest.mark.parametrize(
     ("change", "fragment"),
     [
-        ({"task": {}}, "exactly one of inline or configMap"),
+        ({"task": {}}, "exactly one of inline, configMap or oci"),
         (
             {"task": {"inline": {"files": {}}, "configMap": {"name": "x"}}},
-            "exactly one of inline or configMap",
+            "exactly one of inline, configMap or oci",
         ),
         ({"agent": {"kind": "command"}}, "spec.agent.command is required when spec.agent.kind is command"),
         ({"agent": {"kind": "command", "command": "  "}}, "spec.agent.command is required"),

@@ -642,3 +642,21 @@ def test_a_bad_harbor_setting_is_refused_by_the_chart_and_the_operator_naming_th
     text = yaml.safe_dump({"namespace": "evals", "agent": {"kind": "command", "command": "true"}, "harbor": harbor})
     with pytest.raises(ValueError, match=re.escape(f"gym.yaml: harbor.{key}")):
         load_settings(text, "token", "gym.yaml")
+
+
+def test_task_artifact_registries_become_flags_the_operator_accepts() -> None:
+    values = {"taskArtifacts": {"registries": ["http://198.18.255.1:5000", "registry.internal"], "limit": "64Mi"}}
+    (deployment,) = find(render(values), "Deployment")
+    args = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
+    flags = [arg for arg in args if arg.startswith("--task-")]
+    assert flags == [
+        "--task-registry=http://198.18.255.1:5000",
+        "--task-registry=registry.internal",
+        "--task-artifact-limit=64Mi",
+        "--task-cache-limit=2Gi",
+    ]
+    options = main_command_params(flags)
+    assert options["task_registries"] == ("http://198.18.255.1:5000", "registry.internal")
+    assert (options["task_artifact_limit"], options["task_cache_limit"]) == (64 << 20, 2 << 30)
+    with pytest.raises(Exception, match="registries"):
+        render({"taskArtifacts": {"registries": ["ftp://x"]}})  # the values schema

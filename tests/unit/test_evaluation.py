@@ -396,7 +396,7 @@ def test_child_spec_takes_the_template_the_task_and_the_agent_with_set_env_first
     [
         ({"dataset": {}}, "spec.dataset is empty"),
         ({"dataset": {"tasks": []}}, "spec.dataset is empty"),
-        ({"dataset": {"tasks": [{"name": "x"}]}}, "exactly one of inline or configMap"),
+        ({"dataset": {"tasks": [{"name": "x"}]}}, "exactly one of inline, configMap or oci"),
         ({"dataset": {"selector": {}}}, "empty selector"),
         ({"dataset": {"selector": {"matchExpressions": [{"key": "a", "operator": "In"}]}}}, "needs values"),
         ({"parallelism": 0}, "greater than or equal to 1"),

@@ -385,6 +385,17 @@ def test_regrade_refuses_what_cannot_be_regraded_naming_it_and_creates_nothing(
     assert api.created == [] and result.stdout == ""
 
 
+def test_regrade_of_a_task_from_an_oci_artifact_is_refused_naming_it(cluster_of: Any) -> None:
+    episode = finished_episode(EXAMPLES / "report-artifact", graded(turn("task")))
+    reference = f"198.18.255.1:5000/tasks/report@sha256:{'a' * 64}"
+    episode["spec"]["task"] = {"oci": {"reference": reference}}
+    api = cluster_of(EpisodeApi(episode))
+    result = CliRunner().invoke(cli, ["regrade", "report", "-n", "evals"])
+    assert result.exit_code == 1, result.output
+    assert f"its task is an OCI artifact (spec.task.oci {reference})" in result.stderr, result.stderr
+    assert api.created == [] and "Traceback" not in result.output
+
+
 # --- the operator's first look --------------------------------------------------------------------------------------
 def decide(api: EpisodeApi, blobs: BlobStore, uid: str | None = "uid-7") -> Any:
     folder = EXAMPLES / "report-artifact"

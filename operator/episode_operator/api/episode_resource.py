@@ -28,6 +28,7 @@ from episode_operator.api.vocabulary import (
     TurnPhase,
 )
 from episode_operator.capture.wire import LENGTH_CAP_NAMES
+from episode_operator.taskfolder.oci_artifact import REFERENCE_PATTERN
 from episode_operator.taskfolder.plan import INSTRUCTION_PLACEHOLDER, SEED_SETTINGS, ServerSettings
 
 KIND = "Episode"
@@ -56,14 +57,27 @@ class ConfigMapTask(ApiModel):
     )
 
 
+class OciTask(ApiModel):
+    reference: str = Field(
+        pattern=REFERENCE_PATTERN,
+        max_length=512,
+        description="HOST[:PORT]/REPOSITORY@sha256:DIGEST of a task artifact (kubectl episode pack, for a folder "
+        "too big for a ConfigMap): named by its manifest's digest, fetched only from the operator's "
+        "--task-registry registries and verified.",
+    )
+
+
 class TaskSource(ApiModel):
     inline: InlineTask | None = Field(default=None, description="The whole task folder in the Episode.")
     config_map: ConfigMapTask | None = Field(default=None, description="A packed task folder in a ConfigMap.")
+    oci: OciTask | None = Field(
+        default=None, description="A packed task folder as an OCI artifact in a registry (over a ConfigMap's size)."
+    )
 
     @model_validator(mode="after")
     def _exactly_one(self) -> TaskSource:
-        if (self.inline is None) == (self.config_map is None):
-            raise ValueError("spec.task needs exactly one of inline or configMap")
+        if sum(source is not None for source in (self.inline, self.config_map, self.oci)) != 1:
+            raise ValueError("spec.task needs exactly one of inline, configMap or oci")
         return self
 
 

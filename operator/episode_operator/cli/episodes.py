@@ -61,11 +61,14 @@ from episode_operator.runtime.episode_store import (
     turn_records,
 )
 from episode_operator.runtime.limits import Spool
+from episode_operator.runtime.oci_tasks import push_task
 from episode_operator.runtime.sandbox_protocol import MAIN_CONTAINER
 from episode_operator.runtime.supervisor import FOLLOW_ENDED, FOLLOW_NO_RECORDS, FOLLOW_SCRIPT, JOBS_DIR
 from episode_operator.runtime.turn.context import running_agent_job
 from episode_operator.taskfolder import TaskFiles, validate_task
 from episode_operator.taskfolder.dataset import DatasetTask, discover_dataset
+from episode_operator.taskfolder.oci_artifact import ArtifactError, TaskRepository
+from episode_operator.taskfolder.sources import pack_tar
 
 # Where a watch starts over after the API server ended it (its timeout) or the list went stale.
 WATCH_RESTARTS = 1000
@@ -83,11 +86,54 @@ def _load_folder(directory: str) -> TaskFiles:
     return files
 
 
-def _pack_manifest(directory: str) -> dict[str, Any]:
+def _task_repository(_context: click.Context, parameter: click.Parameter, value: str | None) -> TaskRepository | None:
     try:
-        return task_config_map(_load_folder(directory), task=Path(directory).resolve().name, namespace=None)
+        return None if not value else TaskRepository.parse(value)
+    except ArtifactError as error:
+        raise click.BadParameter(str(error), param=parameter) from error
+
+
+task_repository_option = click.option(
+    "--task-repository",
+    envvar="EPISODE_TASK_REPOSITORY",
+    default=None,
+    callback=_task_repository,
+    metavar="[http://]HOST[:PORT]/REPOSITORY",
+    help="A folder too big for a ConfigMap is pushed here as an OCI artifact (REPOSITORY/<folder>, named by its "
+    "digest; pushed once: the same folder is the same artifact) and the Episode names it (spec.task.oci). "
+    "https unless http:// says plain HTTP; the operator fetches only from its --task-registry registries. "
+    "Default: $EPISODE_TASK_REPOSITORY.",
+)
+
+
+def _pack_source(
+    directory: str, repository: TaskRepository | None
+) -> tuple[dict[str, Any] | None, dict[str, Any], str]:
+    """(the ConfigMap to create or None, spec.task, the task's stem) of a folder: a content-addressed
+    ConfigMap when the folder fits one, else an OCI artifact pushed to ``repository`` (unless there already)."""
+    files = _load_folder(directory)
+    task = Path(directory).resolve().name
+    try:
+        config_map = task_config_map(files, task=task, namespace=None)
     except TaskTooLarge as error:
-        raise click.ClickException(f"{directory}: {error}") from error
+        if repository is None:
+            raise click.ClickException(
+                f"{directory}: {error}; give --task-repository [http://]HOST[:PORT]/REPOSITORY "
+                "(or $EPISODE_TASK_REPOSITORY) to push it to a registry as an OCI artifact"
+            ) from error
+        target = repository.child(task)
+        try:
+            pushed = asyncio.run(push_task(target, pack_tar(files)))
+        except ArtifactError as push_error:
+            raise click.ClickException(f"{directory}: {push_error}") from push_error
+        said = "pushed" if pushed.uploaded else "already in the registry (nothing uploaded):"
+        click.echo(f"{directory}: over a ConfigMap's size; {said} {pushed.reference}", err=True)
+        return None, {"oci": {"reference": str(pushed.reference)}}, target.repository.rsplit("/", 1)[-1]
+    return (
+        config_map,
+        {"configMap": {"name": config_map["metadata"]["name"]}},
+        config_map["metadata"]["labels"][TASK_LABEL],
+    )
 
 
 def pack_dataset(directory: str) -> list[tuple[str, dict[str, Any]]]:
@@ -218,11 +264,21 @@ def register(cli: click.Group) -> None:
         "paths): the Gym server runs them by name (docs/gym.md).",
     )
     @cluster_options
+    @task_repository_option
     @manifest_output("create the ConfigMap(s) and print their names")
-    def pack(directory: str, dataset: str | None, cluster: Cluster, output: str) -> None:
-        """Pack a task folder into a content-addressed ConfigMap (with --dataset, every task folder under it)."""
+    def pack(
+        directory: str, dataset: str | None, cluster: Cluster, task_repository: TaskRepository | None, output: str
+    ) -> None:
+        """Pack a task folder into a content-addressed ConfigMap (with --dataset, every task folder under it).
+
+        A folder over a ConfigMap's size is pushed to --task-repository as an OCI artifact instead, and its
+        spec.task printed (the artifact is pushed with -o yaml too: it is no object of the cluster)."""
         if dataset is None:
-            manifests = [_pack_manifest(directory)]
+            config_map, task, _ = _pack_source(directory, task_repository)
+            if config_map is None:
+                click.echo(yaml.safe_dump(task, default_flow_style=False, width=1000), nl=False)
+                return
+            manifests = [config_map]
         else:
             manifests = [catalogued(config_map, dataset, task) for task, config_map in pack_dataset(directory)]
         manifests = [placed(manifest, output_namespace(cluster, output)) for manifest in manifests]
@@ -241,6 +297,7 @@ def register(cli: click.Group) -> None:
     @cli.command()
     @click.argument("source", type=click.Path(exists=True))
     @cluster_options
+    @task_repository_option
     @agent_options
     @click.option(
         "--image",
@@ -266,6 +323,7 @@ def register(cli: click.Group) -> None:
     def run(
         source: str,
         cluster: Cluster,
+        task_repository: TaskRepository | None,
         agent: AgentSpec,
         image: str | None,
         name: str | None,
@@ -282,17 +340,16 @@ def register(cli: click.Group) -> None:
         """
         config_map: dict[str, Any] | None = None
         if Path(source).is_dir():
-            config_map = _pack_manifest(source)
+            config_map, task, stem = _pack_source(source, task_repository)
             try:
                 spec = EpisodeSpec(
-                    task=TaskSource.model_validate({"configMap": {"name": config_map["metadata"]["name"]}}),
+                    task=TaskSource.model_validate(task),
                     agent=agent,
                     image=image,
                     timeout_multiplier=timeout_multiplier,
                 )
             except ValueError as error:
                 raise click.ClickException(str(error)) from error
-            stem = config_map["metadata"]["labels"][TASK_LABEL]
             if name or output == "yaml":
                 manifest = episode_manifest(None, spec, name=name or content_name(stem, spec.to_api()))
             else:

@@ -18,6 +18,7 @@ from episode_operator.capture.capture_store import MAX_JOURNAL_BYTES, MAX_RECORD
 from episode_operator.cli.capture import COMMANDS as CAPTURE_COMMANDS
 from episode_operator.runtime.allocator import release_free_memory_every, tune_allocator
 from episode_operator.runtime.limits import LIMIT_FLAGS, OutputLimits, format_size, parse_size
+from episode_operator.runtime.oci_tasks import DEFAULT_ARTIFACT_LIMIT, DEFAULT_CACHE_LIMIT, TaskArtifactSettings
 from episode_operator.runtime.timing import DEFAULT_TIMING
 from episode_operator.taskfolder.image_refs import ImageMirrors, InvalidImageReference
 
@@ -88,6 +89,18 @@ def _size(_context: click.Context, parameter: click.Parameter, value: str) -> in
         return parse_size(value)
     except ValueError as error:
         raise click.BadParameter(str(error), param=parameter) from error
+
+
+def size_option(flag: str, default: int, help_text: str) -> Callable[..., Any]:
+    """A ``SIZE`` flag (``512Mi``), read as bytes."""
+    return click.option(
+        flag,
+        default=format_size(default),
+        show_default=True,
+        callback=_size,
+        metavar="SIZE",
+        help=f"{help_text} Bytes, or with Ki, Mi, Gi.",
+    )
 
 
 def import_handlers() -> ModuleType:
@@ -330,6 +343,26 @@ def main() -> None:
     help="The build registry speaks plain HTTP (or a certificate the builder does not check).",
 )
 @click.option(
+    "--task-registry",
+    "task_registries",
+    multiple=True,
+    metavar="[http://]HOST[:PORT]",
+    help="Fetch spec.task.oci artifacts (task folders too big for a ConfigMap, pushed by kubectl episode pack) "
+    "from this registry (repeatable; https unless http:// says plain HTTP). An artifact of any other registry "
+    "is refused: an Episode cannot make the operator call an address of its choosing.",
+)
+@size_option(
+    "--task-artifact-limit",
+    DEFAULT_ARTIFACT_LIMIT,
+    "A task artifact's packed folder declaring or sending more bytes is refused (the unpacked folder has "
+    "a ConfigMap's limits).",
+)
+@size_option(
+    "--task-cache-limit",
+    DEFAULT_CACHE_LIMIT,
+    "Verified task artifacts kept under <data-dir>/task-artifacts, by digest; past this the least recently used go.",
+)
+@click.option(
     "--unschedulable-timeout",
     "unschedulable_timeout_sec",
     type=click.FloatRange(min=0, min_open=True),
@@ -384,6 +417,9 @@ def run(
     build_namespace: str | None,
     builder_image: str,
     build_registry_insecure: bool,
+    task_registries: tuple[str, ...],
+    task_artifact_limit: int,
+    task_cache_limit: int,
     unschedulable_timeout_sec: float,
     cpu_request_fraction: float | None,
     **limits: int,
@@ -417,6 +453,17 @@ def run(
 
     if store_url is not None and not store_url.startswith(("s3://", "s3a://")):
         raise click.BadParameter(f"{store_url!r} is not an s3://BUCKET[/PREFIX] URL", param_hint="--store-url")
+
+    try:
+        registries = dict(TaskArtifactSettings.parse_registry(value) for value in task_registries)
+    except ValueError as error:
+        raise click.BadParameter(str(error), param_hint="--task-registry") from error
+    task_artifacts = TaskArtifactSettings(
+        registries=registries,
+        cache_dir=data_dir / "task-artifacts",
+        max_layer_bytes=task_artifact_limit,
+        max_cache_bytes=task_cache_limit,
+    )
 
     replicas = ReplicaSettings(
         namespace=lease_namespace,
@@ -479,6 +526,7 @@ def run(
             builds=builds,
             sandbox_requests=sandbox_requests,
             limits=OutputLimits(**limits),
+            task_artifacts=task_artifacts,
         )
     )
 

@@ -93,6 +93,11 @@ def register_regrades(cli: click.Group) -> None:
             source = EpisodeSpec.model_validate(original["spec"]).task
             if source.inline is not None:
                 files = await asyncio.to_thread(TaskFiles.from_mapping, source.inline.files)
+            elif source.oci is not None:
+                raise click.ClickException(
+                    f"episode {namespace}/{episode}: its task is an OCI artifact (spec.task.oci "
+                    f"{source.oci.reference}); regrade reads inline and ConfigMap tasks only"
+                )
             else:
                 assert source.config_map is not None
                 reference = source.config_map

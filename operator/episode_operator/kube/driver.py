@@ -16,6 +16,7 @@ import contextlib
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Any
 
 from pydantic import ValidationError
@@ -43,11 +44,13 @@ from episode_operator.runtime.episode import EpisodeObserver, EpisodeRunner
 from episode_operator.runtime.episode_store import BlobStore
 from episode_operator.runtime.fencing import FencedProvider
 from episode_operator.runtime.limits import OutputLimits
+from episode_operator.runtime.oci_tasks import ArtifactMissing, TaskArtifacts, TaskArtifactSettings
 from episode_operator.runtime.sandbox_images import ImagePolicy
 from episode_operator.runtime.timing import DEFAULT_TIMING, Timing
 from episode_operator.runtime.wakeups import Wakeups
 from episode_operator.taskfolder import TaskFiles
 from episode_operator.taskfolder.image_refs import ImageMirrors
+from episode_operator.taskfolder.oci_artifact import ArtifactError
 
 
 @dataclass(frozen=True)
@@ -75,6 +78,8 @@ class DriverSettings:
     resolve_host: HostResolver = system_resolver
     # What a sandbox's answers and a turn's artifacts may hold (--answer-limit …: runtime/limits.py).
     limits: OutputLimits = field(default_factory=OutputLimits)
+    # Task folders as OCI artifacts (--task-registry …): fetched, verified and cached by digest.
+    task_artifacts: TaskArtifacts = field(default_factory=lambda: TaskArtifacts(TaskArtifactSettings()))
 
     @property
     def image_policy(self) -> ImagePolicy:
@@ -117,7 +122,9 @@ async def drive_episode(
     if isinstance(spec, Refusal):
         return await refuse(sink, status, spec, generation)
     try:
-        files = await read_task_files(client, episode.namespace, spec.task, settings.timing.source_wait_sec)
+        files = await read_task_files(
+            client, episode.namespace, spec.task, settings.timing.source_wait_sec, settings.task_artifacts
+        )
     except TaskSourceError as error:
         return await refuse(sink, status, Refusal(FAILURE_TASK_SOURCE, str(error)), generation)
     # Validation, planning and the digest read every byte of the folder: off the event loop.
@@ -187,15 +194,23 @@ async def read_agent_env(
     return replace(resolved, problems=[*unreadable, *resolved.problems]) if unreadable else resolved
 
 
-async def read_task_files(client: KubeClient, namespace: str, source: TaskSource, wait_sec: float) -> TaskFiles:
-    """The task folder from the Episode itself or from a packed ConfigMap.
+async def read_task_files(
+    client: KubeClient,
+    namespace: str,
+    source: TaskSource,
+    wait_sec: float,
+    artifacts: TaskArtifacts | None = None,
+) -> TaskFiles:
+    """The task folder from the Episode itself, from a packed ConfigMap or from an OCI artifact.
 
-    A missing ConfigMap is waited for a little: ``kubectl apply -f dir/`` and GitOps tools
+    A missing ConfigMap or artifact is waited for a little: ``kubectl apply -f dir/`` and GitOps tools
     may create the Episode before the ConfigMap it names. Read in a worker thread, so that a big
     folder never holds the event loop the other Episodes run on.
     """
     if source.inline is not None:
         return await asyncio.to_thread(TaskFiles.from_mapping, source.inline.files)
+    if source.oci is not None:
+        return await _read_artifact(artifacts or TaskArtifacts(TaskArtifactSettings()), source.oci.reference, wait_sec)
     assert source.config_map is not None
     reference = source.config_map
     deadline = asyncio.get_running_loop().time() + wait_sec
@@ -222,6 +237,29 @@ async def read_task_files(client: KubeClient, namespace: str, source: TaskSource
         raise TaskSourceError(f"configmap {namespace}/{reference.name}: {reference.key} is not base64") from error
     # Unpacking is bounded (taskfolder/sources.py: files, bytes, links as resolved) and runs off the loop.
     return await asyncio.to_thread(TaskFiles.from_tar, archive)
+
+
+async def _read_artifact(artifacts: TaskArtifacts, reference: str, wait_sec: float) -> TaskFiles:
+    """spec.task.oci: fetched (verified, bounded, cached: runtime/oci_tasks.py), then unpacked from the
+    file with exactly the limits of a ConfigMap's archive."""
+    field_name = "spec.task.oci.reference"
+    deadline = asyncio.get_running_loop().time() + wait_sec
+    while True:
+        try:
+            path = await artifacts.fetch(reference)
+            break
+        except ArtifactError as error:
+            raise TaskSourceError(f"{field_name}: {error}") from error
+        except ArtifactMissing as error:
+            if asyncio.get_running_loop().time() > deadline:
+                raise TaskSourceError(f"{field_name}: {error}") from None
+            await asyncio.sleep(1.0)
+    return await asyncio.to_thread(_unpack_file, path)
+
+
+def _unpack_file(path: Path) -> TaskFiles:
+    with path.open("rb") as stream:
+        return TaskFiles.from_tar(stream)
 
 
 async def _model_refusal(
