@@ -1499,6 +1499,13 @@ MUTATIONS = [
         "cline's key is written to a file under /logs/agent, kept with the Episode's logs",
     ),
     Mutation(
+        "cline-auth-unread",
+        HARNESSES,
+        '"errorClass":"auth"',
+        '"errorClass":"authz"',
+        "cline's refused key, its call unrecorded, is called an exit of the agent, not the key's failure",
+    ),
+    Mutation(
         "hermes-managed-scope-unread",
         HARNESSES,
         '        "HERMES_MANAGED_DIR": f"{run.toolchain.path}/share/hermes",\n',
@@ -1518,6 +1525,13 @@ MUTATIONS = [
         '        "HERMES_HOME": f"{LOGS}/hermes",\n',
         "",
         "Hermes keeps its sessions in the agent's home, not under /logs/agent: --continue finds none next turn",
+    ),
+    Mutation(
+        "hermes-retries-unread",
+        HARNESSES,
+        '    (re.compile(HERMES_RETRIED + r"HTTP 429\\b", re.M), "model_rate_limit"),\n',
+        "",
+        "Hermes rate-limited to its end, its calls unrecorded, is called an unavailable endpoint",
     ),
     # The results page of kubectl episode view (issue 28): what agents wrote never runs in a browser.
     Mutation(

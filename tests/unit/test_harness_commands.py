@@ -15,8 +15,10 @@ from pathlib import Path
 import pytest
 
 from episode_operator.api.models import ModelEndpoint
+from episode_operator.runtime.agents.failures import classify
 from episode_operator.runtime.agents.harnesses import INSTRUCTION, PRESETS, HarnessRun, harness_run
 from episode_operator.runtime.agents.model import PLACEHOLDER_KEY, Toolchain
+from episode_operator.runtime.sandbox import JobState
 from tests.unit.test_release import load_script
 from tests.unit.tools import tool
 
@@ -311,3 +313,42 @@ def test_clines_launcher_writes_its_providers_file_then_runs_cline(tmp_path: Pat
     refused = subprocess.run([*argv, str(launcher), "--json"], env=env, capture_output=True, text=True, check=False)
     assert refused.returncode != 0 and "providers.json" in refused.stderr
     assert not refused.stdout
+
+
+# cline's stdout when the scripted server failed it (docs/harnesses.md, "When the model endpoint fails"), as printed.
+CLINE_AUTH = (
+    '{"ts":"2026-12-06T21:24:27.991Z","type":"agent_event","event":{"type":"iteration_start","iteration":1}}\n'
+    '{"ts":"2026-12-06T21:24:28.439Z","type":"agent_event","event":{"type":"error","error":{"name":"Error",'
+    '"message":"Incorrect API key provided","stack":"Error: Incorrect API key provided\\n    at execute '
+    '(/$bunfs/root/chunk-tacx2shb.js:389:6881)"},"errorClass":"auth","recoverable":false,"iteration":1}}\n'
+    '{"ts":"2026-12-06T21:24:28.633Z","type":"error","message":"Incorrect API key provided"}\n'
+)
+CLINE_RECORDS = {
+    "auth": (CLINE_AUTH, "model_auth"),
+    "context-window": (
+        '{"ts":"2026-12-06T21:26:12.668Z","type":"agent_event","event":{"type":"error","error":{"name":'
+        '"ContextWindowOverflowError","message":"The request exceeds the model\'s context window and there is no '
+        "conversation history to compact (provider reported: This model's maximum context length is 8192 "
+        'tokens.)"},"errorClass":"context_window_exceeded","recoverable":false,"iteration":1}}\n',
+        "context_window",
+    ),
+    "garbage": (
+        '{"ts":"2026-12-06T21:26:27.159Z","type":"agent_event","event":{"type":"error","error":{"name":"Error",'
+        '"message":"JSON parsing failed: Text: {not json."},"errorClass":"unknown","recoverable":false}}\n',
+        "exited",
+    ),
+    # A command's output quoting cline's record is a JSON string inside a line of cline's, never a line of its own.
+    "tool-output": (
+        '{"ts":"2026-12-06T21:24:28.439Z","type":"agent_event","event":{"type":"content_end","contentType":"tool",'
+        '"toolName":"run_commands","output":"{\\"ts\\":\\"x\\",\\"type\\":\\"agent_event\\",\\"event\\":{\\"type\\":'
+        '\\"error\\",\\"errorClass\\":\\"auth\\"}}"}}\n',
+        "exited",
+    ),
+}
+
+
+@pytest.mark.parametrize(("output", "failure"), CLINE_RECORDS.values(), ids=list(CLINE_RECORDS))
+def test_clines_own_failure_records_tell_its_failures_apart(output: str, failure: str) -> None:
+    """When the capture recorded no failed call, cline's error event decides (exit 1)."""
+    state = JobState(id="a1.t1.agent", phase="exited", exit_code=1)
+    assert classify(state, [], output.encode(), PRESETS["cline"].failure_patterns) == failure

@@ -248,3 +248,29 @@ def test_hermes_continues_its_last_session_only_when_asked() -> None:
     continued, _, _ = hermes_wiring("chat-completions", continuing=True)
     assert [part for part in continued if part not in fresh] == ["--continue"]
     assert continued.index("--continue") == continued.index("chat") + 1  # an option of its chat command
+
+
+# Hermes's stdout when the scripted server failed it (docs/harnesses.md), as printed: its answer, if any,
+# comes before; a command's output never reaches it.
+HERMES_RECORDS = {
+    "auth": ("HTTP 401: Incorrect API key provided\n", "model_auth"),
+    "rate-limit": (
+        "API call failed after 3 retries: HTTP 429: Rate limit exceeded: too many requests, please retry later\n",
+        "model_rate_limit",
+    ),
+    "server": ("API call failed after 3 retries: HTTP 500: Internal server error\n", "model_unavailable"),
+    "context-window": ("Context length exceeded (18 tokens). Cannot compress further.\n", "context_window"),
+    "garbage": (
+        "API call failed after 3 retries: Expecting property name enclosed in double quotes: line 1 column 2\n",
+        "model_unavailable",
+    ),
+    "refused": ("API call failed after 3 retries: Connection error.\n", "model_unavailable"),
+    # An answer that mentions a status mid-line is no record of Hermes's own.
+    "answer": ("The server said HTTP 401: go away, so I stopped.\n", "exited"),
+}
+
+
+@pytest.mark.parametrize(("output", "failure"), HERMES_RECORDS.values(), ids=list(HERMES_RECORDS))
+def test_hermes_own_failure_records_tell_its_failures_apart(output: str, failure: str) -> None:
+    state = JobState(id="a1.t1.agent", phase="exited", exit_code=1)
+    assert classify(state, [], output.encode(), PRESETS["hermes"].failure_patterns) == failure

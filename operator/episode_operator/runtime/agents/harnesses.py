@@ -234,6 +234,29 @@ AIDER_FAILURES: Final[tuple[tuple[re.Pattern[str], AgentFailure], ...]] = (
     (re.compile(r"^litellm\.RateLimitError:", re.M), "model_rate_limit"),
     (re.compile(r"^litellm\.(?:InternalServerError|APIConnectionError):", re.M), "model_unavailable"),
 )
+# What cline prints on stdout when the model endpoint fails it: an `error` event of its agent, on a line of
+# its own (a tool's output is a JSON string inside a line), with cline's class of the error -- `auth`,
+# `context_window_exceeded` (the context-window wording the classifier reads anyway) or `unknown` -- then it
+# exits 1. It retries 429, 5xx and refused connections silently. Seen in the trials against the scripted server.
+CLINE_FAILURES: Final[tuple[tuple[re.Pattern[str], AgentFailure], ...]] = (
+    (
+        re.compile(r'^\{"ts":"[^"]*","type":"agent_event","event":\{"type":"error",.*"errorClass":"auth"', re.M),
+        "model_auth",
+    ),
+)
+# What Hermes prints on stdout when the model endpoint fails it, on a line of its own: the status and the
+# provider's message (`HTTP 401: ...` at once; `API call failed after 3 retries: HTTP 429: ...` after its
+# retries, or the client's error there when no status came), then it exits 1. Seen in the trials against the
+# scripted server.
+HERMES_RETRIED: Final = r"^(?:API call failed after \d+ retries: )?"
+HERMES_FAILURES: Final[tuple[tuple[re.Pattern[str], AgentFailure], ...]] = (
+    (re.compile(HERMES_RETRIED + r"HTTP 40[13]\b", re.M), "model_auth"),
+    (re.compile(HERMES_RETRIED + r"HTTP 404\b", re.M), "model_not_found"),
+    (re.compile(HERMES_RETRIED + r"HTTP 429\b", re.M), "model_rate_limit"),
+    (re.compile(HERMES_RETRIED + r"HTTP 5\d\d\b", re.M), "model_unavailable"),
+    (re.compile(r"^API call failed after \d+ retries: ", re.M), "model_unavailable"),
+)
+
 COMMANDS: Final[Mapping[str, HarnessCommand]] = {
     "mini-swe-agent": HarnessCommand(
         argv=lambda run: [
@@ -481,6 +504,7 @@ COMMANDS: Final[Mapping[str, HarnessCommand]] = {
             "CLINE_NO_AUTO_UPDATE": "1",
             "E2E_TEST": "true",
         },
+        failure_patterns=CLINE_FAILURES,
     ),
     "hermes": HarnessCommand(
         argv=lambda run: [
@@ -498,6 +522,7 @@ COMMANDS: Final[Mapping[str, HarnessCommand]] = {
             f"--query={INSTRUCTION}",
         ],
         env=_hermes_env,
+        failure_patterns=HERMES_FAILURES,
     ),
 }
 
