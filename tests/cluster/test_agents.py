@@ -189,13 +189,15 @@ def assert_key_nowhere(core: client.CoreV1Api, api: client.ApiClient, namespace:
             assert KEY.encode() not in path.read_bytes(), path
 
 
+# opencode, and Hermes: a PyPI harness whose session lives in a SQLite database under /logs/agent.
+@pytest.mark.parametrize("harness", ["opencode", "hermes"])
 def test_continue_carries_turn_one_into_turn_two_and_fresh_does_not(
-    api_client: client.ApiClient, namespace: str, operator: OperatorProcess, model: ScriptedModel
+    api_client: client.ApiClient, namespace: str, operator: OperatorProcess, model: ScriptedModel, harness: str
 ) -> None:
     for sessions in ("continue", "fresh"):
         model.clear()
         status = run_episode(
-            api_client, namespace, sessions, spec(agent(model, "opencode", turnSessions=sessions)), operator, 1500
+            api_client, namespace, sessions, spec(agent(model, harness, turnSessions=sessions)), operator, 1500
         )
         assert status["reward"] == 1.0, json.dumps(status, indent=1)
         turn_two = [r for r in model.model_requests() if r.get("rule") == "turn-2"]
