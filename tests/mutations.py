@@ -1477,6 +1477,63 @@ MUTATIONS = [
         "",
         "aider ended at its budget while retrying a rate-limited endpoint, its calls unrecorded, is a timeout",
     ),
+    # cline (npm) and Hermes (PyPI).
+    Mutation(
+        "cline-feature-flags-fetched",
+        HARNESSES,
+        '            "E2E_TEST": "true",\n',
+        "",
+        "cline creates its PostHog feature-flag client and resolves its vendor's host from the sandbox",
+    ),
+    Mutation(
+        "cline-base-url-unwritten",
+        HARNESSES,
+        '        "settings": {"provider": provider, "model": run.model, "baseUrl": run.base_url},\n',
+        '        "settings": {"provider": provider, "model": run.model},\n',
+        "cline sends its calls to its provider's own host, not the capture proxy: nothing is captured",
+    ),
+    Mutation(
+        "cline-key-in-providers-file",
+        HARNESSES,
+        '        "tokenSource": "manual",\n',
+        '        "tokenSource": "manual",\n        "apiKey": run.api_key,\n',
+        "cline's key is written to a file under /logs/agent, kept with the Episode's logs",
+    ),
+    Mutation(
+        "cline-auth-unread",
+        HARNESSES,
+        '"errorClass":"auth"',
+        '"errorClass":"authz"',
+        "cline's refused key, its call unrecorded, is called an exit of the agent, not the key's failure",
+    ),
+    Mutation(
+        "hermes-managed-scope-unread",
+        HARNESSES,
+        '        "HERMES_MANAGED_DIR": f"{run.toolchain.path}/share/hermes",\n',
+        "",
+        "Hermes downloads tirith from GitHub, probes the proxy as an Ollama server and makes memory calls of its own",
+    ),
+    Mutation(
+        "hermes-messages-base-url-versioned",
+        HARNESSES,
+        '        base_url: run.base_url.removesuffix("/v1") if run.api == "messages" else run.base_url,\n',
+        "        base_url: run.base_url,\n",
+        "Hermes sends its Messages calls to .../v1/v1/messages, a path no Anthropic endpoint serves",
+    ),
+    Mutation(
+        "hermes-state-in-home",
+        HARNESSES,
+        '        "HERMES_HOME": f"{LOGS}/hermes",\n',
+        "",
+        "Hermes keeps its sessions in the agent's home, not under /logs/agent: --continue finds none next turn",
+    ),
+    Mutation(
+        "hermes-retries-unread",
+        HARNESSES,
+        '    (re.compile(HERMES_RETRIED + r"HTTP 429\\b", re.M), "model_rate_limit"),\n',
+        "",
+        "Hermes rate-limited to its end, its calls unrecorded, is called an unavailable endpoint",
+    ),
     # The results page of kubectl episode view (issue 28): what agents wrote never runs in a browser.
     Mutation(
         "view-unescaped",

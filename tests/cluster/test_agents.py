@@ -198,8 +198,9 @@ def test_a_harness_solves_two_turns_with_every_call_captured(
     for turn in ("one", "two"):
         calls = stored_calls(root, 1, turn)
         answered = [record for record in served if turn_of(record) == turn]
-        # Every call of the turn the model saw is captured and attributed to the turn, none other.
-        assert len([call for call in calls if call["dialect"]]) >= len(answered) > 0, turn
+        # Every call of the turn the model saw is captured and attributed to the turn, none other. (A call of
+        # no dialect -- a route the proxy refused, as Hermes's LM Studio probe -- is stored without the key.)
+        assert len([call for call in calls if call.get("dialect")]) >= len(answered) > 0, turn
         assert all(call["turn"] == turn and call["attempt"] == 1 for call in calls)
         trajectory = json.loads((root / "attempt-1" / turn / "trajectory.json").read_text())
         assert trajectory["schema_version"].startswith("ATIF")

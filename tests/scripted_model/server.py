@@ -37,7 +37,8 @@ continued session the first instruction is still in the conversation; the newest
 
   - ``{"run": "CMD"}``: call the harness's shell tool with CMD. The tool is picked from those the
     request offers (``bash``, ``Bash``, ``exec_command``, ``shell_command``, ``shell``,
-    ``run_shell_command``, ``Shell``) and its arguments from that tool's JSON schema, so one script
+    ``run_shell_command``, ``Shell``, ``run_commands``, ``terminal``) and its arguments from that
+    tool's JSON schema (cline's takes a list of commands), so one script
     drives every harness. A harness that offers no tools but asks for its answers as JSON keystrokes
     (Terminus-2) offers its terminal: CMD is typed there
     (``{"commands": [{"keystrokes": "CMD\\n", ...}], "task_complete": false}``).
@@ -50,7 +51,8 @@ continued session the first instruction is still in the conversation; the newest
     ends the harness's loop: for a harness that ends only on a sentinel command it was told
     about (mini-swe-agent's ``echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT``), it runs that command;
     Terminus-2 gets ``"task_complete": true`` (past the last step too, so its "are you sure?" is
-    answered alike).
+    answered alike); a harness that ends only when its model calls a completion tool (cline's
+    ``submit_and_exit``) gets that call.
 - ``fail``: answer every matching request with an error instead: ``{"status": 401|429|500|...,
   "message": ..., "type": ..., "headers": {...}}``, ``{"kind": "context_window"}`` (the dialect's
   context-length error), ``{"kind": "garbage"}`` (200 with a body that is not the protocol),
@@ -122,8 +124,18 @@ DIALECT_BY_PATH_SUFFIX = {
 # the conversation mentions instead of answering with text, which such a harness would reject.
 FINISH_COMMANDS = ("echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT",)
 
-# Shell tools, by the name each harness gives its own, in order of preference.
-SHELL_TOOL_NAMES = ("bash", "Bash", "exec_command", "shell_command", "shell", "run_shell_command", "Shell")
+# Tools a harness ends its loop by, with the arguments a `finish` step calls them with: cline goes on
+# (reminding its model to call it) after every answer that calls none, thousands of times.
+FINISH_TOOLS: dict[str, dict[str, Any]] = {
+    "submit_and_exit": {"verified": True},
+}
+
+# Shell tools, by the name each harness gives its own, in order of preference: cline's takes a list
+# of commands; Hermes's is its terminal.
+SHELL_TOOL_NAMES = (
+    *("bash", "Bash", "exec_command", "shell_command", "shell", "run_shell_command", "Shell"),
+    *("run_commands", "terminal"),
+)
 
 # Harnesses whose model acts without tools: their requests offer none, their prompt asks for every
 # answer in a format of the harness's own, which this server writes. Such a format, known by the
@@ -461,8 +473,10 @@ class Reply:
 def shell_arguments(name: str, schema: dict[str, Any], command: str) -> dict[str, Any]:
     """Arguments for a shell tool, shaped by its JSON schema."""
     properties = schema.get("properties") or {}
-    if "cmd" in properties:
-        arguments: dict[str, Any] = {"cmd": command}
+    if (properties.get("commands") or {}).get("type") == "array":
+        arguments: dict[str, Any] = {"commands": [command]}
+    elif "cmd" in properties:
+        arguments = {"cmd": command}
     elif (properties.get("command") or {}).get("type") == "array":
         arguments = {"command": ["bash", "-lc", command]}
     else:
@@ -485,6 +499,11 @@ def render_step(step: dict[str, Any], items: list[Item], tools: dict[str, dict[s
     if KEYSTROKES in tools and ("run" in step or "finish" in step):
         return Reply(keystroke_answer(step), [])
     if "finish" in step:
+        finishing = next((name for name in FINISH_TOOLS if name in tools), None)
+        if finishing is not None:
+            # cline's summary must be 10 characters or more.
+            arguments = {"summary": f"Finished: {step['finish']}", **FINISH_TOOLS[finishing]}
+            return Reply("", [{"id": call_id, "name": finishing, "arguments": arguments}])
         said = " ".join(item.text for item in items if item.role in ("system", "user"))
         sentinel = next((command for command in FINISH_COMMANDS if command in said), None)
         if sentinel is None or not tools:

@@ -114,10 +114,13 @@ def seed_refusals(agent: dict[str, Any], toml: str) -> list[str]:
     return admission.message.split("; ") if isinstance(admission, Refusal) else []
 
 
-def test_continue_is_refused_at_seed_for_a_harness_that_cannot_continue() -> None:
-    refused = seed_refusals(harness("mini-swe-agent", turnSessions="continue"), steps_toml("a", "b"))
-    assert refused == ["refused at seed: spec.agent: turnSessions: mini-swe-agent cannot continue a session"]
+@pytest.mark.parametrize("name", ["mini-swe-agent", "cline"])
+def test_continue_is_refused_at_seed_for_a_harness_that_cannot_continue(name: str) -> None:
+    """cline's --id resumes a session only in its TUI (docs/harnesses.md, "cline")."""
+    refused = seed_refusals(harness(name, turnSessions="continue"), steps_toml("a", "b"))
+    assert refused == [f"refused at seed: spec.agent: turnSessions: {name} cannot continue a session"]
     assert seed_refusals(harness("opencode", turnSessions="continue"), steps_toml("a", "b")) == []
+    assert seed_refusals(harness("hermes", turnSessions="continue"), steps_toml("a", "b")) == []
 
 
 def test_continue_is_refused_at_seed_when_the_steps_switch_users() -> None:

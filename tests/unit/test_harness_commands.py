@@ -15,8 +15,10 @@ from pathlib import Path
 import pytest
 
 from episode_operator.api.episode_resource import ModelEndpoint
+from episode_operator.runtime.agents.agent_failures import classify
 from episode_operator.runtime.agents.harnesses import INSTRUCTION, PRESETS, HarnessRun, harness_run
 from episode_operator.runtime.agents.model import PLACEHOLDER_KEY, Toolchain
+from episode_operator.runtime.sandbox_protocol import JobState
 from tests.unit.test_release import load_script
 from tests.unit.tools import tool
 
@@ -204,3 +206,149 @@ def test_pis_launcher_writes_its_models_file_and_hands_the_instruction_to_stdin(
     # Without an instruction after `--` (pi --help, say) the arguments pass as they are.
     result = subprocess.run([*argv, "--help"], env=env, capture_output=True, text=True, check=True)
     assert json.loads(result.stdout) == [[cli, "--help"], ""]
+
+
+# --- cline --------------------------------------------------------------------------------------------------
+CLINE = Toolchain("cline", PRESETS["cline"].version)
+
+
+def cline_run(api: str, continue_session: bool = False) -> HarnessRun:
+    model = ModelEndpoint.model_validate({"name": "org/model:8b", "baseURL": "http://model:8000/v1", "api": api})
+    return harness_run(CLINE, model, continue_session=continue_session)
+
+
+def test_cline_prints_json_events_approving_every_tool_call_for_the_instruction_after_its_options() -> None:
+    assert PRESETS["cline"].argv(cline_run("chat-completions")) == [
+        f"{CLINE.path}/bin/cline",
+        "--provider",
+        "openai-compatible",
+        "--model",
+        "org/model:8b",
+        "--json",
+        "--yolo",
+        "--",
+        INSTRUCTION,
+    ]
+
+
+@pytest.mark.parametrize(
+    ("api", "provider", "key"),
+    [
+        ("chat-completions", "openai-compatible", "OPENAI_API_KEY"),
+        ("responses", "openai-native", "OPENAI_API_KEY"),
+        ("messages", "anthropic", "ANTHROPIC_API_KEY"),
+    ],
+)
+def test_clines_provider_is_the_proxy_speaking_the_runs_api_its_key_in_the_environment(
+    api: str, provider: str, key: str
+) -> None:
+    """cline reads a base URL only from its providers.json (the launcher writes it), the key from its
+    provider's variable; the base URL keeps /v1 for every API (its Anthropic client appends /messages)."""
+    run = cline_run(api)
+    argv, env = PRESETS["cline"].argv(run), PRESETS["cline"].env(run)
+    assert argv[argv.index("--provider") + 1] == provider
+    providers = json.loads(env.pop("EPISODE_CLINE_PROVIDERS"))
+    assert providers["lastUsedProvider"] == provider
+    assert providers["providers"] == {
+        provider: {
+            "settings": {"provider": provider, "model": "org/model:8b", "baseUrl": PROXY},
+            "updatedAt": "1970-01-01T00:00:00.000Z",
+            "tokenSource": "manual",
+        }
+    }
+    assert env.pop(key) == PLACEHOLDER_KEY
+    assert PLACEHOLDER_KEY not in json.dumps([argv, providers])
+
+
+def test_cline_is_offline_and_keeps_its_sessions_under_the_agent_logs() -> None:
+    env = PRESETS["cline"].env(cline_run("chat-completions"))
+    assert {name: value for name, value in env.items() if name.startswith(("CLINE_", "E2E_"))} == {
+        "CLINE_DIR": "/logs/agent/cline",
+        "CLINE_DATA_DIR": "/logs/agent/cline/data",
+        # No telemetry, no self-update (the tree's settings), no update check, no feature flags from PostHog.
+        "CLINE_GLOBAL_SETTINGS_PATH": f"{CLINE.path}/share/cline/global-settings.json",
+        "CLINE_NO_AUTO_UPDATE": "1",
+        "E2E_TEST": "true",
+    }
+    assert load_script("toolchain").CLINE_SETTINGS == {"telemetryOptOut": True, "autoUpdateEnabled": False}
+    assert PRESETS["cline"].state == ("/logs/agent/cline/",)
+    assert PRESETS["cline"].entry.native_logs == ("cline/data/sessions/*/*.messages.json", "cline/data/logs/cline.log")
+
+
+def test_cline_cannot_continue_a_session_headless() -> None:
+    """Its --id resumes a session only in its TUI: with --json cline refuses to run."""
+    assert not PRESETS["cline"].continues
+    assert PRESETS["cline"].argv(cline_run("chat-completions", True)) == PRESETS["cline"].argv(
+        cline_run("chat-completions")
+    )
+
+
+def fake_cline(tmp_path: Path) -> Path:
+    """cline's launcher over a stand-in for its binary that prints its argv as JSON."""
+    root = tmp_path / "cline"
+    binary = root / "libexec" / "cline" / "bin" / "cline"
+    binary.parent.mkdir(parents=True)
+    binary.write_text("#!/usr/bin/env python3\nimport json, sys\nprint(json.dumps(sys.argv[1:]))\n")
+    binary.chmod(0o755)
+    launcher = tmp_path / "bin-cline"
+    launcher.write_text(load_script("toolchain").cline_launcher(str(root)))
+    launcher.chmod(0o755)
+    return launcher
+
+
+@pytest.mark.parametrize("shell", ["sh", "busybox"], ids=["dash", "busybox-ash"])
+def test_clines_launcher_writes_its_providers_file_then_runs_cline(tmp_path: Path, shell: str) -> None:
+    launcher = fake_cline(tmp_path)
+    argv = [tool("sh")] if shell == "sh" else [tool("busybox"), "sh"]
+    data = tmp_path / "logs" / "cline" / "data"
+    providers = '{"version": 1, "providers": {"p": {"settings": {"baseUrl": "http://127.0.0.1:1/v1"}}}}'
+    env = {"PATH": "/usr/bin:/bin", "EPISODE_CLINE_PROVIDERS": providers, "CLINE_DATA_DIR": str(data)}
+    result = subprocess.run(
+        [*argv, str(launcher), "--json", "--", TRICKY_PROMPT], env=env, capture_output=True, text=True, check=True
+    )
+    assert json.loads(result.stdout) == ["--json", "--", TRICKY_PROMPT]
+    assert (data / "settings" / "providers.json").read_text() == providers + "\n"
+    # Without a data directory there is nowhere cline would read the provider from: the launcher refuses.
+    del env["CLINE_DATA_DIR"]
+    refused = subprocess.run([*argv, str(launcher), "--json"], env=env, capture_output=True, text=True, check=False)
+    assert refused.returncode != 0 and "providers.json" in refused.stderr
+    assert not refused.stdout
+
+
+# cline's stdout when the scripted server failed it (docs/harnesses.md, "When the model endpoint fails"), as printed.
+CLINE_AUTH = (
+    '{"ts":"2026-12-06T21:24:27.991Z","type":"agent_event","event":{"type":"iteration_start","iteration":1}}\n'
+    '{"ts":"2026-12-06T21:24:28.439Z","type":"agent_event","event":{"type":"error","error":{"name":"Error",'
+    '"message":"Incorrect API key provided","stack":"Error: Incorrect API key provided\\n    at execute '
+    '(/$bunfs/root/chunk-tacx2shb.js:389:6881)"},"errorClass":"auth","recoverable":false,"iteration":1}}\n'
+    '{"ts":"2026-12-06T21:24:28.633Z","type":"error","message":"Incorrect API key provided"}\n'
+)
+CLINE_RECORDS = {
+    "auth": (CLINE_AUTH, "model_auth"),
+    "context-window": (
+        '{"ts":"2026-12-06T21:26:12.668Z","type":"agent_event","event":{"type":"error","error":{"name":'
+        '"ContextWindowOverflowError","message":"The request exceeds the model\'s context window and there is no '
+        "conversation history to compact (provider reported: This model's maximum context length is 8192 "
+        'tokens.)"},"errorClass":"context_window_exceeded","recoverable":false,"iteration":1}}\n',
+        "context_window",
+    ),
+    "garbage": (
+        '{"ts":"2026-12-06T21:26:27.159Z","type":"agent_event","event":{"type":"error","error":{"name":"Error",'
+        '"message":"JSON parsing failed: Text: {not json."},"errorClass":"unknown","recoverable":false}}\n',
+        "exited",
+    ),
+    # A command's output quoting cline's record is a JSON string inside a line of cline's, never a line of its own.
+    "tool-output": (
+        '{"ts":"2026-12-06T21:24:28.439Z","type":"agent_event","event":{"type":"content_end","contentType":"tool",'
+        '"toolName":"run_commands","output":"{\\"ts\\":\\"x\\",\\"type\\":\\"agent_event\\",\\"event\\":{\\"type\\":'
+        '\\"error\\",\\"errorClass\\":\\"auth\\"}}"}}\n',
+        "exited",
+    ),
+}
+
+
+@pytest.mark.parametrize(("output", "failure"), CLINE_RECORDS.values(), ids=list(CLINE_RECORDS))
+def test_clines_own_failure_records_tell_its_failures_apart(output: str, failure: str) -> None:
+    """When the capture recorded no failed call, cline's error event decides (exit 1)."""
+    state = JobState(id="a1.t1.agent", phase="exited", exit_code=1)
+    assert classify(state, [], output.encode(), PRESETS["cline"].failure_patterns) == failure

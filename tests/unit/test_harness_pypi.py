@@ -1,4 +1,4 @@
-"""The PyPI presets of Harbor's list (kimi-cli, aider): their commands, environments and failure records.
+"""The PyPI presets of Harbor's list (kimi-cli, aider, hermes): their commands, environments and failure records.
 
 What each preset's command and environment must hold for its harness to run offline against the
 pod's capture proxy (docs/harnesses.md, each harness's section) -- checked here on the argv and
@@ -12,12 +12,14 @@ import json
 from typing import Any
 
 import pytest
+import yaml
 
 from episode_operator.api.episode_resource import ModelEndpoint
 from episode_operator.runtime.agents.agent_failures import classify
 from episode_operator.runtime.agents.harnesses import INSTRUCTION, LOGS, PRESETS, HarnessRun, harness_run
 from episode_operator.runtime.agents.model import PLACEHOLDER_KEY, Toolchain
 from episode_operator.runtime.sandbox_protocol import JobState
+from tests.unit.test_release import load_script
 
 PROXY = "http://127.0.0.1:47311/v1"
 
@@ -176,3 +178,99 @@ AIDER_RECORDS = {
 def test_aiders_own_failure_records_tell_its_failures_apart_when_its_budget_ended_it(output: str, failure: str) -> None:
     state = JobState(id="a1.t1.agent", phase="exited", exit_code=143, timed_out=True)
     assert classify(state, [], output.encode(), PRESETS["aider"].failure_patterns) == failure
+
+
+# --- hermes --------------------------------------------------------------------------------------------------
+def hermes_wiring(api: str, continuing: bool = False) -> tuple[list[str], dict[str, str], HarnessRun]:
+    model = ModelEndpoint.model_validate({"name": "scripted-m1", "baseURL": "http://198.19.0.9:8000/v1", "api": api})
+    run = harness_run(Toolchain("hermes", PRESETS["hermes"].version), model, continue_session=continuing)
+    return PRESETS["hermes"].argv(run), PRESETS["hermes"].env(run), run
+
+
+@pytest.mark.parametrize(
+    ("api", "provider", "key", "base_url_variable", "base_url"),
+    [
+        ("chat-completions", "openai-api", "OPENAI_API_KEY", "OPENAI_BASE_URL", PROXY),
+        # Anthropic's client adds /v1 itself.
+        ("messages", "anthropic", "ANTHROPIC_API_KEY", "ANTHROPIC_BASE_URL", PROXY.removesuffix("/v1")),
+    ],
+)
+def test_hermes_runs_one_query_quietly_against_the_proxy_with_its_own_provider_of_the_runs_api(
+    api: str, provider: str, key: str, base_url_variable: str, base_url: str
+) -> None:
+    argv, env, run = hermes_wiring(api)
+    assert argv == [
+        f"{run.toolchain.path}/bin/hermes",
+        "--yolo",
+        "chat",
+        "--quiet",
+        "--model",
+        "scripted-m1",
+        "--provider",
+        provider,
+        f"--query={INSTRUCTION}",
+    ]
+    assert (env[key], env[base_url_variable]) == (PLACEHOLDER_KEY, base_url)
+
+
+def test_hermes_speaks_chat_completions_first_and_anthropic_messages() -> None:
+    assert PRESETS["hermes"].entry.apis == ("chat-completions", "messages")
+    # Hermes speaks Messages through the anthropic package only: its extra is in the tree's lock.
+    assert PRESETS["hermes"].entry.toolchain.pypi["harness"] == "hermes-agent[anthropic]=={version}"
+
+
+def test_hermes_is_offline_and_keeps_its_sessions_under_the_agent_logs() -> None:
+    _, env, run = hermes_wiring("chat-completions")
+    assert env["HERMES_HOME"] == f"{LOGS}/hermes"
+    assert env["HERMES_MANAGED_DIR"] == f"{run.toolchain.path}/share/hermes"
+    assert PRESETS["hermes"].state == (f"{LOGS}/hermes/",)
+    assert PRESETS["hermes"].entry.native_logs == ("hermes/state.db", "hermes/logs/agent.log")
+
+
+def test_hermes_managed_scope_is_the_trees_and_turns_off_all_but_the_agents_calls() -> None:
+    """The settings hack/toolchain writes where HERMES_MANAGED_DIR points (they win over a task's config.yaml)."""
+    toolchain = load_script("toolchain")
+    assert toolchain.HERMES_MANAGED_FILE == "share/hermes/config.yaml"
+    managed = yaml.safe_load(toolchain.HERMES_MANAGED)
+    assert managed["security"]["tirith_enabled"] is False  # a download from GitHub at start
+    assert managed["model_catalog"]["enabled"] is False
+    assert managed["lsp"]["enabled"] is False  # language servers it would install
+    assert managed["memory"] == {"memory_enabled": False, "user_profile_enabled": False, "nudge_interval": 0}
+    assert managed["skills"]["creation_nudge_interval"] == 0
+    assert managed["curator"]["enabled"] is False
+    assert managed["auxiliary"]["title_generation"]["enabled"] is False
+    # No probing of the "local" proxy for a context window at Ollama's, LM Studio's and the models routes.
+    assert managed["model"] == {"context_length": 131072, "ollama_num_ctx": 0}
+
+
+def test_hermes_continues_its_last_session_only_when_asked() -> None:
+    fresh, _, _ = hermes_wiring("chat-completions")
+    continued, _, _ = hermes_wiring("chat-completions", continuing=True)
+    assert [part for part in continued if part not in fresh] == ["--continue"]
+    assert continued.index("--continue") == continued.index("chat") + 1  # an option of its chat command
+
+
+# Hermes's stdout when the scripted server failed it (docs/harnesses.md), as printed: its answer, if any,
+# comes before; a command's output never reaches it.
+HERMES_RECORDS = {
+    "auth": ("HTTP 401: Incorrect API key provided\n", "model_auth"),
+    "rate-limit": (
+        "API call failed after 3 retries: HTTP 429: Rate limit exceeded: too many requests, please retry later\n",
+        "model_rate_limit",
+    ),
+    "server": ("API call failed after 3 retries: HTTP 500: Internal server error\n", "model_unavailable"),
+    "context-window": ("Context length exceeded (18 tokens). Cannot compress further.\n", "context_window"),
+    "garbage": (
+        "API call failed after 3 retries: Expecting property name enclosed in double quotes: line 1 column 2\n",
+        "model_unavailable",
+    ),
+    "refused": ("API call failed after 3 retries: Connection error.\n", "model_unavailable"),
+    # An answer that mentions a status mid-line is no record of Hermes's own.
+    "answer": ("The server said HTTP 401: go away, so I stopped.\n", "exited"),
+}
+
+
+@pytest.mark.parametrize(("output", "failure"), HERMES_RECORDS.values(), ids=list(HERMES_RECORDS))
+def test_hermes_own_failure_records_tell_its_failures_apart(output: str, failure: str) -> None:
+    state = JobState(id="a1.t1.agent", phase="exited", exit_code=1)
+    assert classify(state, [], output.encode(), PRESETS["hermes"].failure_patterns) == failure

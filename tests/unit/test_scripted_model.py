@@ -298,8 +298,34 @@ def test_the_prefix_before_the_dialect_path_does_not_matter(server: ScriptedServ
             },
             {"command": COMMAND},
         ),
+        (
+            {
+                "name": "run_commands",
+                "parameters": {
+                    "properties": {"commands": {"type": "array", "items": {"type": "string"}}},
+                    "required": ["commands"],
+                },
+            },
+            {"commands": [COMMAND]},
+        ),
+        (
+            {
+                "name": "terminal",
+                "parameters": {
+                    "properties": {"command": {"type": "string"}, "background": {"type": "boolean"}},
+                    "required": ["command"],
+                },
+            },
+            {"command": COMMAND},
+        ),
     ],
-    ids=["codex-shell-array", "codex-shell-command", "qwen-code-run-shell-command"],
+    ids=[
+        "codex-shell-array",
+        "codex-shell-command",
+        "qwen-code-run-shell-command",
+        "cline-run-commands-list",
+        "hermes-terminal",
+    ],
 )
 def test_shell_arguments_follow_the_offered_tool_schema(
     server: ScriptedServer, tool: dict[str, Any], arguments: dict[str, Any]
@@ -315,6 +341,22 @@ def test_finish_runs_the_sentinel_a_harness_asked_for(server: ScriptedServer) ->
     body["messages"][1]["content"] += "\nFinish with `echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT`."
     calls, _ = chat_answer(post(server, "/v1/chat/completions", body), False)
     assert calls == [("bash", {"command": "echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"})]
+
+
+def test_finish_calls_the_completion_tool_of_a_harness_that_ends_only_on_it(server: ScriptedServer) -> None:
+    """cline's loop goes on after any answer that calls no tool: a finish calls its submit_and_exit."""
+    submit = {
+        "type": "function",
+        "function": {
+            "name": "submit_and_exit",
+            "parameters": {"properties": {"summary": {"type": "string"}, "verified": {"type": "boolean"}}},
+        },
+    }
+    body = chat_request(False, chat_history()) | {"tools": [BASH_TOOL_CHAT, submit]}
+    calls, _ = chat_answer(post(server, "/v1/chat/completions", body), False)
+    [(name, arguments)] = calls
+    assert name == "submit_and_exit" and arguments["verified"] is True
+    assert len(arguments["summary"]) >= 10  # cline refuses a shorter one
 
 
 def test_a_continued_session_starts_the_new_instruction_at_its_first_step(

@@ -48,3 +48,25 @@ def test_each_python_harness_has_its_lock_file_pinning_it_for_its_python(name: s
     assert toolchain.pypi("harness") in pins
     assert all("==" in pin for pin in pins), "every requirement pinned"
     assert not {pin.split("==")[0].lower() for pin in pins} & set(toolchain.harness.toolchain.lock_excluded)
+
+
+@pytest.mark.parametrize(
+    ("required", "kept"),
+    [
+        ("httpx==0.28.1", "httpx==0.28.1"),
+        ('pyyaml>=6; python_version >= "3.8"', 'pyyaml>=6; python_version >= "3.8"'),
+        # The extra the pin names: its requirement without the marker, which no lock resolves.
+        ('anthropic==0.87.0; extra == "anthropic"', "anthropic==0.87.0"),
+        ("anthropic==0.87.0 ; extra=='anthropic'", "anthropic==0.87.0"),
+        # Another extra's, or one the marker ties to more than the extra: left out.
+        ('slack-bolt==1.21; extra == "slack"', ""),
+        ('pywinpty; extra == "anthropic" and sys_platform == "win32"', ""),
+    ],
+)
+def test_a_lock_keeps_the_requirements_of_the_extras_its_pin_names(required: str, kept: str) -> None:
+    """hermes-agent[anthropic] needs the anthropic package: its Requires-Dist says so under the extra."""
+    toolchain = load_script("toolchain")
+    assert toolchain.requirement_extras("hermes-agent[anthropic]=={version}") == {"anthropic"}
+    assert toolchain.requirement_extras("aider-chat==0.86.2") == set()
+    assert toolchain.requirement_name("hermes-agent[anthropic]==0.19.0") == "hermes-agent"
+    assert toolchain.extra_free(required, {"anthropic"}) == kept

@@ -247,5 +247,39 @@ HARNESSES: Final[dict[str, HarnessEntry]] = {
             # proposes (the one question that option does not answer yes): it acts by its edits only.
             acts="edits",
         ),
+        HarnessEntry(
+            name="cline",
+            # Harbor installs `cline@nightly` unless told a version; 3.0.65 was the newest release.
+            version="3.0.65",
+            apis=("chat-completions", "responses", "messages"),
+            # Its --id resumes a session only in its interactive TUI: with --json it refuses to run.
+            continues=False,
+            state=("cline/",),
+            native_logs=("cline/data/sessions/*/*.messages.json", "cline/data/logs/cline.log"),
+            toolchain=ToolchainBuild(
+                debian=("libc6", "libgcc-s1"),
+                entry="bin/cline",
+                # The npm package `cline` is a Node resolver script for this platform package's Bun-compiled binary.
+                npm={"platform": "@cline/cli-linux-x64@{version}"},
+            ),
+            origin="npm `cline`",
+        ),
+        HarnessEntry(
+            name="hermes",
+            # Harbor installs Hermes from its repository's main branch unless told a tag; 0.19.0 is PyPI's newest.
+            version="0.19.0",
+            apis=("chat-completions", "messages"),
+            continues=True,
+            state=("hermes/",),
+            native_logs=("hermes/state.db", "hermes/logs/agent.log"),
+            toolchain=ToolchainBuild(
+                debian=("libc6", "libgcc-s1", "libstdc++6", "python3.11-minimal", "libpython3.11-stdlib"),
+                entry="bin/hermes",
+                python="3.11",
+                # The anthropic extra: Hermes speaks Anthropic Messages through the anthropic package only.
+                pypi={"harness": "hermes-agent[anthropic]=={version}"},
+            ),
+            origin="PyPI `hermes-agent`",
+        ),
     )
 }

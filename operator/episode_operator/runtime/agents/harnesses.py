@@ -164,6 +164,50 @@ def _kimi_config(run: HarnessRun) -> str:
     )
 
 
+# cline's provider for each model API (its providers.json), and the variable each takes its key from.
+CLINE_PROVIDERS: Final[Mapping[ModelApi, tuple[str, str]]] = {
+    "chat-completions": ("openai-compatible", "OPENAI_API_KEY"),
+    "responses": ("openai-native", "OPENAI_API_KEY"),
+    "messages": ("anthropic", "ANTHROPIC_API_KEY"),
+}
+
+
+def _cline_providers(run: HarnessRun) -> str:
+    """cline's providers.json: one provider, the proxy, speaking the run's API, in the shape cline writes
+    it (it replaces one of another shape with the command line's provider, losing the base URL). The key
+    is not in it: cline reads it from its provider's variable. Anthropic's base URL keeps ``/v1`` here:
+    cline appends ``/messages`` alone."""
+    provider, _ = CLINE_PROVIDERS[run.api]
+    entry = {
+        "settings": {"provider": provider, "model": run.model, "baseUrl": run.base_url},
+        "updatedAt": "1970-01-01T00:00:00.000Z",
+        "tokenSource": "manual",
+    }
+    return json.dumps({"version": 1, "lastUsedProvider": provider, "modes": {}, "providers": {provider: entry}})
+
+
+# Hermes's provider for each model API, and the variables of its key and base URL (Anthropic's
+# client adds ``/v1``).
+HERMES_PROVIDERS: Final[Mapping[ModelApi, tuple[str, str, str]]] = {
+    "chat-completions": ("openai-api", "OPENAI_API_KEY", "OPENAI_BASE_URL"),
+    "messages": ("anthropic", "ANTHROPIC_API_KEY", "ANTHROPIC_BASE_URL"),
+}
+
+
+def _hermes_env(run: HarnessRun) -> dict[str, str]:
+    _, key, base_url = HERMES_PROVIDERS[run.api]
+    return {
+        key: run.api_key,
+        base_url: run.base_url.removesuffix("/v1") if run.api == "messages" else run.base_url,
+        # Its configuration, sessions (state.db) and logs: ~/.hermes otherwise.
+        "HERMES_HOME": f"{LOGS}/hermes",
+        # Offline, and the agent's calls only: the tree's managed scope (hack/toolchain), which wins over
+        # the home's config.yaml: no tirith download, no language servers, no model catalogue, no memory
+        # review, curator or title calls of Hermes's own.
+        "HERMES_MANAGED_DIR": f"{run.toolchain.path}/share/hermes",
+    }
+
+
 def _codex_provider(run: HarnessRun) -> str:
     return (
         'model_providers.episode={name="episode", '
@@ -189,6 +233,28 @@ AIDER_FAILURES: Final[tuple[tuple[re.Pattern[str], AgentFailure], ...]] = (
     (re.compile(r"^litellm\.AuthenticationError:", re.M), "model_auth"),
     (re.compile(r"^litellm\.RateLimitError:", re.M), "model_rate_limit"),
     (re.compile(r"^litellm\.(?:InternalServerError|APIConnectionError):", re.M), "model_unavailable"),
+)
+# What cline prints on stdout when the model endpoint fails it: an `error` event of its agent, on a line of
+# its own (a tool's output is a JSON string inside a line), with cline's class of the error -- `auth`,
+# `context_window_exceeded` (the context-window wording the classifier reads anyway) or `unknown` -- then it
+# exits 1. It retries 429, 5xx and refused connections silently. Seen in the trials against the scripted server.
+CLINE_FAILURES: Final[tuple[tuple[re.Pattern[str], AgentFailure], ...]] = (
+    (
+        re.compile(r'^\{"ts":"[^"]*","type":"agent_event","event":\{"type":"error",.*"errorClass":"auth"', re.M),
+        "model_auth",
+    ),
+)
+# What Hermes prints on stdout when the model endpoint fails it, on a line of its own: the status and the
+# provider's message (`HTTP 401: ...` at once; `API call failed after 3 retries: HTTP 429: ...` after its
+# retries, or the client's error there when no status came), then it exits 1. Seen in the trials against the
+# scripted server.
+HERMES_RETRIED: Final = r"^(?:API call failed after \d+ retries: )?"
+HERMES_FAILURES: Final[tuple[tuple[re.Pattern[str], AgentFailure], ...]] = (
+    (re.compile(HERMES_RETRIED + r"HTTP 40[13]\b", re.M), "model_auth"),
+    (re.compile(HERMES_RETRIED + r"HTTP 404\b", re.M), "model_not_found"),
+    (re.compile(HERMES_RETRIED + r"HTTP 429\b", re.M), "model_rate_limit"),
+    (re.compile(HERMES_RETRIED + r"HTTP 5\d\d\b", re.M), "model_unavailable"),
+    (re.compile(r"^API call failed after \d+ retries: ", re.M), "model_unavailable"),
 )
 
 COMMANDS: Final[Mapping[str, HarnessCommand]] = {
@@ -411,6 +477,52 @@ COMMANDS: Final[Mapping[str, HarnessCommand]] = {
             "LITELLM_LOCAL_MODEL_COST_MAP": "true",
         },
         failure_patterns=AIDER_FAILURES,
+    ),
+    "cline": HarnessCommand(
+        argv=lambda run: [
+            f"{run.toolchain.path}/bin/cline",
+            "--provider",
+            CLINE_PROVIDERS[run.api][0],
+            "--model",
+            run.model,
+            "--json",
+            # Every tool call approved, as Harbor runs it.
+            "--yolo",
+            "--",
+            INSTRUCTION,
+        ],
+        env=lambda run: {
+            CLINE_PROVIDERS[run.api][1]: run.api_key,
+            # The launcher writes it to $CLINE_DATA_DIR/settings/providers.json: cline reads a base URL nowhere else.
+            "EPISODE_CLINE_PROVIDERS": _cline_providers(run),
+            # Its rules, hooks and skills, and its data (sessions, settings, logs): ~/.cline otherwise.
+            "CLINE_DIR": f"{LOGS}/cline",
+            "CLINE_DATA_DIR": f"{LOGS}/cline/data",
+            # Offline: the tree's global settings (no telemetry, no self-update), no update check, and
+            # no feature flags fetched from its vendor (E2E_TEST is cline's only switch for that).
+            "CLINE_GLOBAL_SETTINGS_PATH": f"{run.toolchain.path}/share/cline/global-settings.json",
+            "CLINE_NO_AUTO_UPDATE": "1",
+            "E2E_TEST": "true",
+        },
+        failure_patterns=CLINE_FAILURES,
+    ),
+    "hermes": HarnessCommand(
+        argv=lambda run: [
+            f"{run.toolchain.path}/bin/hermes",
+            # Every command approved, as Harbor runs it.
+            "--yolo",
+            "chat",
+            *(["--continue"] if run.continue_session else []),
+            # Its final answer and the session's id only, no banner or spinner.
+            "--quiet",
+            "--model",
+            run.model,
+            "--provider",
+            HERMES_PROVIDERS[run.api][0],
+            f"--query={INSTRUCTION}",
+        ],
+        env=_hermes_env,
+        failure_patterns=HERMES_FAILURES,
     ),
 }
 
