@@ -69,9 +69,28 @@ def task_files(name: str, memory: int = 256) -> dict[str, str]:
 
 
 # --- helpers ------------------------------------------------------------------------------------------
+CRD_CHECK_SEC = 2.0
+
+
+class CrdKeeper:
+    """Keeps this checkout's CRDs installed while a test waits. Sessions of other checkouts sharing the cluster
+    install theirs as they start; one without spec.warmPool makes the API server prune it from every set read
+    (the operator's included) until it is replaced. Replaced back only when it differs (the harness's digest)."""
+
+    api: client.ApiClient | None = None
+    checked = 0.0
+
+    @classmethod
+    def keep(cls) -> None:
+        if cls.api is not None and time.monotonic() - cls.checked > CRD_CHECK_SEC:
+            install_crd(cls.api)
+            cls.checked = time.monotonic()
+
+
 def wait_until(predicate: Callable[[], Any], what: str, operator: OperatorProcess, timeout: float = 180) -> Any:
     deadline = time.monotonic() + timeout
     while True:
+        CrdKeeper.keep()
         value = predicate()
         if value:
             return value
@@ -185,11 +204,14 @@ def finished(api: client.ApiClient, namespace: str, name: str) -> dict[str, Any]
 
 
 @pytest.fixture(autouse=True)
-def this_checkouts_crd(api_client: client.ApiClient) -> None:
-    """The CRDs of this checkout (spec.warmPool): a session of another checkout sharing the cluster may have
-    installed its own since this session's operator started, and an EpisodeSet read under a CRD without
-    warmPool loses it (the API server prunes unknown fields)."""
+def this_checkouts_crd(api_client: client.ApiClient) -> Iterator[None]:
+    """The CRDs of this checkout (spec.warmPool), installed and kept so while the test runs (:class:`CrdKeeper`)."""
     install_crd(api_client)
+    CrdKeeper.api = api_client
+    try:
+        yield
+    finally:
+        CrdKeeper.api = None
 
 
 @pytest.fixture

@@ -211,33 +211,43 @@ def test_candidates_come_oldest_first_and_without_the_unclaimable() -> None:
 
 
 # --- freshness ------------------------------------------------------------------------------------------
-def test_two_probes_make_a_mark_that_round_trips() -> None:
-    first, second = Probe.read(b"9\n1\n7\n9\n"), Probe.read(b"15\n1\n7\n15\n")
-    assert first is not None and second is not None
-    mark = Mark.of(first, second)
-    assert mark == Mark(15, 6, frozenset({1, 7}))
+def test_probes_make_a_mark_of_the_least_stride_that_round_trips() -> None:
+    probes = [Probe.read(b"9\n1\n7\n9\n"), Probe.read(b"15\n1\n7\n15\n"), Probe.read(b"20\n1\n7\n20\n")]
+    assert all(probes)
+    mark = Mark.of(probes)  # type: ignore[arg-type]
+    assert mark == Mark(20, 5, frozenset({1, 7}))
     assert Mark.parse(mark.annotation()) == mark
     assert Probe.read(b"garbage") is None and Mark.parse("") is None and Mark.parse("15:0:1") is None
 
 
 def test_probes_that_are_not_two_consecutive_execs_make_no_mark() -> None:
-    assert Mark.of(Probe(15, frozenset({1})), Probe(9, frozenset({1}))) is None
-    assert Mark.of(Probe(9, frozenset({1})), Probe(15, frozenset({1, 12}))) is None
+    assert Mark.of([Probe(15, frozenset({1})), Probe(9, frozenset({1}))]) is None
+    assert Mark.of([Probe(9, frozenset({1})), Probe(15, frozenset({1, 12}))]) is None
+    assert Mark.of([Probe(9, frozenset({1}))]) is None
 
 
 MARK = Mark(15, STRIDE, frozenset({1, 7}))
 
 
-def test_a_claim_probe_one_stride_after_the_mark_is_fresh() -> None:
-    assert fresh_after_claim(MARK, Probe(21, frozenset({1, 7}))) is None
+@pytest.mark.parametrize("taken", [STRIDE - 1, STRIDE, STRIDE + STRIDE // 2])
+def test_a_claim_probe_less_than_two_strides_after_the_mark_is_fresh(taken: int) -> None:
+    # An exec costs runc 5 or 6 PIDs here: the claimer's probe alone takes about one stride.
+    assert fresh_after_claim(MARK, Probe(15 + taken, frozenset({1, 7}))) is None
 
 
-def test_an_exec_since_the_mark_took_pids_and_is_found() -> None:
-    assert "PID 27" in str(fresh_after_claim(MARK, Probe(27, frozenset({1, 7}))))
+@pytest.mark.parametrize("taken", [0, STRIDE + STRIDE // 2 + 1, 3 * STRIDE])
+def test_an_exec_since_the_mark_took_pids_and_is_found(taken: int) -> None:
+    assert f"PID {15 + taken}" in str(fresh_after_claim(MARK, Probe(15 + taken, frozenset({1, 7}))))
 
 
 def test_a_process_left_behind_is_found() -> None:
     assert "appeared" in str(fresh_after_claim(MARK, Probe(21, frozenset({1, 7, 19}))))
+
+
+def test_a_process_that_ran_and_exited_since_the_mark_is_found_by_its_pids() -> None:
+    """The claimer's probe plus someone's `kubectl exec … true` (which left nothing alive), each at the fewest
+    PIDs an exec took here (5, below the mark's stride of 6)."""
+    assert fresh_after_claim(MARK, Probe(15 + 5 + 5, frozenset({1, 7}))) is not None
 
 
 # --- refill -----------------------------------------------------------------------------------------------

@@ -19,6 +19,7 @@ from episode_operator.api.vocabulary import POOL_KEY_LABEL, POOL_MARK_ANNOTATION
 from episode_operator.kube.client import Conflict, KubeClient, KubeError, NotFound
 from episode_operator.kube.objects.pods import AgentImages, OwnerRef, SandboxRequests
 from episode_operator.kube.objects.warm_pool import (
+    MARK_PROBES,
     PROBE,
     Mark,
     Probe,
@@ -66,10 +67,14 @@ async def probe(client: KubeClient, namespace: str, name: str) -> Probe | None:
 
 
 async def marked(client: KubeClient, namespace: str, name: str) -> Mark | None:
-    """The pod's mark: two probes back to back (how many PIDs an exec costs, and the last PID taken)."""
-    first = await probe(client, namespace, name)
-    second = await probe(client, namespace, name) if first is not None else None
-    return Mark.of(first, second) if first is not None and second is not None else None
+    """The pod's mark: probes back to back (how many PIDs an exec costs, and the last PID taken)."""
+    probes: list[Probe] = []
+    for _ in range(MARK_PROBES):
+        answer = await probe(client, namespace, name)
+        if answer is None:
+            return None
+        probes.append(answer)
+    return Mark.of(probes)
 
 
 def _count(client: KubeClient, metric: str, *labels: str, value: float = 1.0, gauge: bool = False) -> None:

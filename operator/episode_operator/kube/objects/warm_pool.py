@@ -18,6 +18,7 @@ the PID its probe got must follow the mark's, and no process may have appeared s
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -118,9 +119,11 @@ def unpoolable(needs: SandboxNeeds) -> str | None:
 
 
 # --- freshness ----------------------------------------------------------------------------------------
-# An exec costs the container runtime a few PIDs of the container's namespace (runc's set-up forks: 6 on the
+# An exec costs the container runtime a few PIDs of the container's namespace (runc's set-up forks: 5 or 6 on the
 # project's cluster); a stride outside 1..MAX_STRIDE is not a runtime's, and the pod is not marked.
 MAX_STRIDE = 64
+# How many probes mark a pod: the stride is the least PIDs one of them cost after the one before.
+MARK_PROBES = 3
 
 
 @dataclass(frozen=True)
@@ -144,8 +147,8 @@ class Probe:
 
 @dataclass(frozen=True)
 class Mark:
-    """A pool pod's freshness mark: the last of two probes run back to back, and the PIDs one exec costs
-    (``stride``: the second probe's PID less the first's)."""
+    """A pool pod's freshness mark: the last of MARK_PROBES probes run back to back, and the fewest PIDs one
+    exec cost between them (``stride``)."""
 
     pid: int
     stride: int
@@ -166,23 +169,32 @@ class Mark:
         return mark if 0 < mark.stride <= MAX_STRIDE else None
 
     @classmethod
-    def of(cls, first: Probe, second: Probe) -> Mark | None:
-        """The mark of two probes run back to back (None: they do not read as two consecutive execs)."""
-        stride = second.pid - first.pid
-        if not 0 < stride <= MAX_STRIDE or second.alive != first.alive:
+    def of(cls, probes: Sequence[Probe]) -> Mark | None:
+        """The mark of probes run back to back (None: they do not read as consecutive execs and nothing else)."""
+        if len(probes) < 2:
             return None
-        return cls(second.pid, stride, second.alive)
+        strides = [after.pid - before.pid for before, after in itertools.pairwise(probes)]
+        if not all(0 < stride <= MAX_STRIDE for stride in strides):
+            return None
+        if any(probe.alive != probes[0].alive for probe in probes):
+            return None
+        return cls(probes[-1].pid, min(strides), probes[-1].alive)
 
 
 def fresh_after_claim(mark: Mark, probe: Probe) -> str | None:
     """Why a claimed pod is not as its mark left it (None: nobody ran anything in it since).
 
-    PIDs are handed out in order in the container's PID namespace and each exec costs the runtime the same
-    number of them (the mark's stride): any exec since the mark took some, so the claimer's probe would not get
-    the PID one stride after the mark's; a process left behind would be alive now."""
-    expected = mark.pid + mark.stride
-    if probe.pid != expected:
-        return f"its probe got PID {probe.pid}, not {expected}: something ran in it since it was marked"
+    PIDs are handed out in order in the container's PID namespace, and an exec costs the runtime a few of them,
+    about the same each time (runc: 5 or 6; the mark's stride is the fewest it saw). The claimer's probe alone
+    takes about one stride; one more exec at least doubles that. So a probe more than one and a half strides
+    past the mark's means something ran since (this holds while an exec's cost varies by less than a quarter);
+    a process left behind would be alive now."""
+    taken = probe.pid - mark.pid
+    if not 0 < taken <= mark.stride + mark.stride // 2:
+        return (
+            f"its probe got PID {probe.pid}, {taken} after the mark's (an exec takes about {mark.stride}): "
+            "something ran in it since it was marked"
+        )
     appeared = probe.alive - mark.alive
     if appeared:
         return f"processes appeared since it was marked: {sorted(appeared)}"
