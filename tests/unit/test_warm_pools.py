@@ -99,6 +99,14 @@ def test_the_agents_toolchains_are_in_the_key() -> None:
     assert pod_key(tooled) != pod_key(the_pool_pod())
 
 
+def test_a_pool_pod_carries_the_sets_kueue_queue_and_keeps_its_key() -> None:
+    queued = set_spec()
+    queued.queue_name = "team-a"
+    pod = the_pool_pod(queued)
+    assert pod["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "team-a"
+    assert pod_key(pod) == pod_key(the_pool_pod())
+
+
 def test_a_quota_below_the_target_is_refused() -> None:
     with pytest.raises(ValueError, match="below its target"):
         WarmPool.model_validate({**POOL, "quota": 1})

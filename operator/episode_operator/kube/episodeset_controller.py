@@ -141,6 +141,8 @@ async def reconcile_episode_set(
         previous = EpisodeSetStatus()  # not ours: start over (children are found again by label)
     reopening = rerun_requested(body.get("spec"), body.get("status"))
     if previous.completion_time and not reopening:
+        if (body.get("spec") or {}).get("warmPool"):  # e.g. stopped by its failure policy: no child claims any more
+            await release_pool(client, ref)
         return None
     events = SetWriter(client, ref, logger, claim)
     try:

@@ -35,6 +35,7 @@ from episode_operator.api.vocabulary import (
     POOL_KEY_LABEL,
     POOL_LABEL,
     POOL_MARK_ANNOTATION,
+    QUEUE_LABEL,
     ROLE_LABEL,
     parse_timestamp,
 )
@@ -105,7 +106,13 @@ def pool_pod(
     manifest["metadata"] = {
         "name": short_name(owner.name, f"pool-{suffix}"),
         "namespace": owner.namespace,
-        "labels": {**MANAGED_BY, POOL_LABEL: label_value(owner.name), POOL_KEY_LABEL: key},
+        # The set's Kueue queue too: a pool pod is admitted under the queue's quota as its children's pods are.
+        "labels": {
+            **MANAGED_BY,
+            **({QUEUE_LABEL: spec.queue_name} if spec.queue_name else {}),
+            POOL_LABEL: label_value(owner.name),
+            POOL_KEY_LABEL: key,
+        },
         "ownerReferences": [owner.owner_reference()],
     }
     return manifest
