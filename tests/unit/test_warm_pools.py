@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from episode_operator.api.episode_resource import EpisodeSpec
 from episode_operator.api.episodeset_resource import EpisodeSetSpec, WarmPool, child_spec
 from episode_operator.api.vocabulary import (
     EPISODE_LABEL,
@@ -18,9 +19,17 @@ from episode_operator.api.vocabulary import (
     POOL_MARK_ANNOTATION,
 )
 from episode_operator.kube.client import Conflict, NotFound
-from episode_operator.kube.objects.pods import AgentImages, OwnerRef, SandboxPod, SandboxRequests, sandbox_pod
+from episode_operator.kube.objects.pods import (
+    AgentImages,
+    OwnerRef,
+    SandboxPod,
+    SandboxRequests,
+    sandbox_pod,
+    verifier_reservation,
+)
 from episode_operator.kube.objects.warm_pool import (
     CLAIM_CHECKS,
+    PROBE,
     Mark,
     Probe,
     Wanted,
@@ -424,3 +433,126 @@ def test_a_claimed_pod_is_never_claimed_again() -> None:
     fake = pool_of(1)
     assert asyncio.run(claim_as(fake, 1)) is not None
     assert asyncio.run(claim_as(fake, 2)) is None
+
+
+# --- the provider: claim, fall back, and find the claimed pod again after a restart -------------------------
+class ProviderPods(FakePods):
+    """FakePods plus what KubeProvider calls: read, create, the supervisor's placement, network policies."""
+
+    def __init__(self, pods: list[dict[str, Any]]) -> None:
+        super().__init__(pods)
+        self.created: list[str] = []
+
+    async def read_pod(self, namespace: str, name: str) -> dict[str, Any]:
+        if name not in self.pods:
+            raise NotFound(name, status=404)
+        return copy.deepcopy(self.pods[name])
+
+    async def create_pod(self, namespace: str, manifest: dict[str, Any]) -> dict[str, Any]:
+        pod = live(manifest, uid=f"fresh-{len(self.created)}")
+        self.pods[pod["metadata"]["name"]] = pod
+        self.pids[pod["metadata"]["name"]] = 100
+        self.created.append(pod["metadata"]["name"])
+        return copy.deepcopy(pod)
+
+    async def list_pods(self, namespace: str, selector: str) -> list[dict[str, Any]]:
+        terms = [term.split("=", 1) for term in selector.split(",")]
+        return [
+            copy.deepcopy(pod)
+            for pod in self.pods.values()
+            if all(
+                (pod["metadata"]["labels"].get(t[0]) == t[1]) if len(t) == 2 else t[0] in pod["metadata"]["labels"]
+                for t in terms
+            )
+        ]
+
+    async def apply_network_policy(self, manifest: dict[str, Any]) -> None:
+        pass
+
+    async def exec(self, namespace: str, name: str, container: str, argv: Any, *, stdout: Any, **_: Any) -> int:
+        if tuple(argv) == PROBE:
+            return await super().exec(namespace, name, container, argv, stdout=stdout)
+        stdout.write(b"version=1\nworkdir=/app\nuser=root\nuid=0\n")  # the supervisor's placement
+        return 0
+
+
+def pooled_provider(fake: ProviderPods) -> Any:
+    from episode_operator.kube.pod_sandbox import KubeProvider
+    from tests.unit.folders import plan_of, single_step
+
+    spec = EpisodeSpec.model_validate({"task": {"inline": {"files": {}}}, "agent": {"kind": "oracle"}})
+    episode = OwnerRef("pooled-0-1", "ns", "child-uid")
+    return KubeProvider(fake, episode, spec, plan_of(single_step()), IMAGE, {}, pool=PoolRef("pooled", "set-uid"))  # type: ignore[arg-type]
+
+
+def provider_pool_pod(provider: Any, suffix: str) -> dict[str, Any]:
+    """A pool pod made for exactly the pod ``provider`` would make (its key), running and marked."""
+    pod = SandboxPod(
+        role="agent",
+        attempt=1,
+        image=provider.image,
+        environment=provider.plan.environment,
+        env=provider.main_env,
+        sidecars=provider.plan.sidecars,
+        needs=provider.needs,
+        reservation=verifier_reservation(provider.plan, provider.sandbox_requests),
+        requests=provider.sandbox_requests,
+        volumes=provider.plan.main_volumes,
+    )
+    manifest = sandbox_pod(provider.episode, provider.spec, pod, extra_labels={}, images=provider.images)
+    key = pod_key(manifest)
+    manifest["metadata"] = {
+        "name": f"pooled-pool-{suffix}",
+        "namespace": "ns",
+        "labels": {POOL_LABEL: "pooled", POOL_KEY_LABEL: key},
+        "ownerReferences": [SET.owner_reference()],
+    }
+    return live(manifest, uid=f"pool-{suffix}")
+
+
+def with_pool(count: int) -> tuple[ProviderPods, Any]:
+    fake = ProviderPods([])
+    pool = [provider_pool_pod(pooled_provider(fake), str(i)) for i in range(count)]
+    fake = ProviderPods(pool)
+    return fake, pooled_provider(fake)
+
+
+def test_an_attempt_claims_a_pool_pod_and_makes_none() -> None:
+    fake, provider = with_pool(1)
+    sandbox = asyncio.run(provider.agent(1))
+    assert (sandbox.name, sandbox.uid, fake.created) == ("pooled-pool-0", "pool-0", [])
+    labels = fake.pods["pooled-pool-0"]["metadata"]["labels"]
+    assert labels[EPISODE_LABEL] == "pooled-0-1" and POOL_LABEL not in labels
+
+
+def test_with_no_pool_pod_an_attempt_makes_a_fresh_pod_at_once() -> None:
+    fake, provider = with_pool(0)
+    sandbox = asyncio.run(provider.agent(1))
+    assert fake.created == [sandbox.name] == ["pooled-0-1-a1"]
+
+
+@pytest.mark.parametrize("recorded", [True, False], ids=["uid-recorded", "before-the-uid-was-recorded"])
+def test_a_restarted_operator_finds_the_claimed_pod_again_and_claims_or_makes_no_other(recorded: bool) -> None:
+    fake, provider = with_pool(2)
+    first = asyncio.run(provider.agent(1))
+    again = asyncio.run(pooled_provider(fake).agent(1, uid=first.uid if recorded else None))
+    assert (again.name, again.uid, fake.created) == (first.name, first.uid, [])
+    assert POOL_LABEL in fake.pods["pooled-pool-1"]["metadata"]["labels"], "the other pool pod stays in the pool"
+
+
+def test_a_claimed_pod_that_is_gone_is_lost_never_made_again() -> None:
+    from episode_operator.runtime.sandbox_protocol import SandboxError
+
+    fake, provider = with_pool(1)
+    first = asyncio.run(provider.agent(1))
+    del fake.pods[first.name]
+    with pytest.raises(SandboxError) as lost:
+        asyncio.run(pooled_provider(fake).agent(1, uid=first.uid))
+    assert lost.value.kind == "pod_lost" and fake.created == []
+
+
+def test_a_restarted_operator_releases_the_claimed_pod_by_its_name() -> None:
+    fake, provider = with_pool(1)
+    first = asyncio.run(provider.agent(1))
+    asyncio.run(pooled_provider(fake).release_agent(1))
+    assert first.name in fake.deleted
