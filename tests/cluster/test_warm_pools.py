@@ -9,6 +9,7 @@ to hold only jobs keyed by the claiming attempt's own job key (no earlier agent'
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import hmac
 import subprocess
@@ -22,7 +23,12 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 from kubernetes.stream import stream
 
-from tests.cluster.conftest import SANDBOX_IMAGE, namespace_name, wait_for_default_service_account
+from tests.cluster.conftest import (
+    SANDBOX_IMAGE,
+    delete_namespace_while_watched,
+    namespace_name,
+    wait_for_default_service_account,
+)
 from tests.cluster.harness import GROUP, PLURAL, TERMINAL, VERSION, OperatorProcess, install_crd, read_episode
 
 SETS = "episodesets"
@@ -214,9 +220,11 @@ def this_checkouts_crd(api_client: client.ApiClient) -> Iterator[None]:
         CrdKeeper.api = None
 
 
-@pytest.fixture
-def other_namespace(core: client.CoreV1Api) -> Iterator[str]:
-    name = namespace_name("warm-pool-other")
+@contextlib.contextmanager
+def watched_namespace(core: client.CoreV1Api, stem: str) -> Iterator[str]:
+    """A namespace the session's operator watches, deleted (and waited for) while that operator still runs:
+    the sets and Episodes carry kopf's finalizer, which only a running operator removes."""
+    name = namespace_name(stem)
     core.create_namespace(
         client.V1Namespace(metadata=client.V1ObjectMeta(name=name, labels={"episode-operator.dev/test": "true"}))
     )
@@ -224,7 +232,19 @@ def other_namespace(core: client.CoreV1Api) -> Iterator[str]:
         wait_for_default_service_account(core, name)
         yield name
     finally:
-        core.delete_namespace(name, propagation_policy="Background")
+        delete_namespace_while_watched(core, name)
+
+
+@pytest.fixture
+def namespace(core: client.CoreV1Api, operator: OperatorProcess, request: pytest.FixtureRequest) -> Iterator[str]:
+    with watched_namespace(core, request.node.name.removeprefix("test_")) as name:
+        yield name
+
+
+@pytest.fixture
+def other_namespace(core: client.CoreV1Api, operator: OperatorProcess) -> Iterator[str]:
+    with watched_namespace(core, "warm-pool-other") as name:
+        yield name
 
 
 # --- the tests ------------------------------------------------------------------------------------------
