@@ -46,7 +46,7 @@ from episode_operator.kube.driver import (
     release_episode_pods,
     suspend_episode,
 )
-from episode_operator.kube.episodeset_controller import run_episode_set
+from episode_operator.kube.episodeset_controller import SetSettings, run_episode_set
 from episode_operator.kube.gym_catalogue import start_gym_server
 from episode_operator.kube.objects.pods import AgentImages, SandboxRequests, label_value
 from episode_operator.kube.replicas import (
@@ -64,6 +64,7 @@ from episode_operator.kube.replicas import (
 from episode_operator.kube.routing import Router, Scope
 from episode_operator.kube.status import EpisodeGone
 from episode_operator.kube.tombstone_configmaps import expire_episode
+from episode_operator.kube.warm_pool import PoolSettings
 from episode_operator.runtime.agents.model import CaptureBounds
 from episode_operator.runtime.episode_store import StoreSettings
 from episode_operator.runtime.fencing import Fence, Fenced, HandOver
@@ -583,6 +584,7 @@ async def run_set(body: kopf.Body, memo: Any, logger: Any, stopped: kopf.DaemonS
                         wakeup,
                         lambda: bool(stopped) or not replicas.belongs_here(body),
                         logger,
+                        SetSettings(pool=PoolSettings(memo.settings.sandbox_requests, memo.settings.agent_images)),
                         claim=claim,
                     )
                 if not stopped and not replicas.belongs_here(body):

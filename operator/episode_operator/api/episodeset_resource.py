@@ -196,6 +196,47 @@ else:
     )
 
 
+class WarmPool(ApiModel):
+    """Ready sandbox pods the set keeps for its children's attempts (docs/warm-pools.md).
+
+    A pool pod is made as an attempt's agent pod would be, from this image and these resources, the set's
+    template (security, requests, node placement) and its agent's toolchains; an attempt claims one only
+    when its own pod spec hashes to the pool's (the ``pool-key`` label), else it makes a fresh pod at once.
+    """
+
+    target: int = Field(
+        ge=0, le=100, description="How many ready pods the pool keeps (fewer once fewer children remain to start)."
+    )
+    quota: int | None = Field(
+        default=None,
+        ge=0,
+        le=100,
+        description="The most unclaimed pool pods that exist at once, starting or ready (default: target).",
+    )
+    image: str = Field(min_length=1, description="The image of the pool's pods: the children's task image.")
+    cpus: int | None = Field(default=None, gt=0, description="[environment] cpus of the children's tasks.")
+    memory_mb: int | None = Field(default=None, gt=0, description="[environment] memory_mb of the children's tasks.")
+    storage_mb: int | None = Field(default=None, gt=0, description="[environment] storage_mb of the children's tasks.")
+    workdir: str | None = Field(default=None, description="[environment] workdir of the children's tasks.")
+    max_age_sec: int = Field(
+        default=3000,
+        ge=60,
+        le=3300,
+        description="A pool pod older than this is replaced: its keep-alive forks hourly, which its freshness "
+        "check would take for someone's exec.",
+    )
+
+    @model_validator(mode="after")
+    def _quota_holds_target(self) -> WarmPool:
+        if self.quota is not None and self.quota < self.target:
+            raise ValueError(f"warmPool.quota ({self.quota}) is below its target ({self.target})")
+        return self
+
+    @property
+    def bound(self) -> int:
+        return self.target if self.quota is None else self.quota
+
+
 class EpisodeSetSpec(ApiModel):
     dataset: Dataset = Field(description="The task folders to evaluate.")
     agent: AgentSpec = Field(description="The agent of every child Episode.")
@@ -232,6 +273,10 @@ class EpisodeSetSpec(ApiModel):
         description="Re-run the finished children that failed so, in place (same task and attempt), once per "
         "generation; the replaced ones are listed in status.tasks[].replaced. Reopens a Succeeded set, or one "
         "the failure policy stopped.",
+    )
+    warm_pool: WarmPool | None = Field(
+        default=None,
+        description="Ready sandbox pods kept for the children's attempts to claim (never reused after an agent ran).",
     )
 
 
@@ -323,6 +368,17 @@ class RerunRecord(ApiModel):
     message: str | None = Field(default=None, description="Why it replaced nothing, when it was refused.")
 
 
+class WarmPoolStatus(ApiModel):
+    """The set's warm pool as its last pass saw it."""
+
+    target: int = Field(default=0, description="Ready pods the pool aims at now (spec target, capped by what remains).")
+    ready: int = Field(default=0, description="Pool pods running, marked fresh and claimable.")
+    starting: int = Field(default=0, description="Pool pods made and not yet claimable.")
+    claimed: int = Field(default=0, description="Pods claimed from the pool that still exist (their attempts run).")
+    key: str | None = Field(default=None, description="The pool-key label: the digest of the pool's pod spec.")
+    message: str | None = Field(default=None, description="Why the pool holds fewer pods than its target, if it says.")
+
+
 class EpisodeSetStatus(ApiModel):
     phase: SetPhase | None = None
     reason: str | None = Field(default=None, description="Why the set stopped or failed, CamelCase.")
@@ -345,6 +401,7 @@ class EpisodeSetStatus(ApiModel):
         default=None, description="Set when no child is active and none will start."
     )
     reruns: list[RerunRecord] = Field(default_factory=list, description="Each spec.rerun generation seen, in order.")
+    warm_pool: WarmPoolStatus | None = Field(default=None, description="The warm pool (spec.warmPool), if any.")
     observed_generation: int | None = None
     conditions: Conditions = Field(default_factory=list)
 

@@ -364,4 +364,16 @@ REPLICAS_LABEL: Final = f"{GROUP}/replicas"
 # On a member Lease: its replica is shutting down (so the others know who stays, e.g. to keep the
 # data API registered; kube/data_api_registration.py).
 LEAVING_ANNOTATION: Final = f"{GROUP}/leaving"
+# On a warm pool's pods (EpisodeSet spec.warmPool, docs/warm-pools.md): the set whose pool holds them, and the
+# digest of the pod spec they were made with (what an attempt's own pod spec must hash to for it to claim one).
+POOL_LABEL: Final = f"{GROUP}/pool"
+POOL_KEY_LABEL: Final = f"{GROUP}/pool-key"
+# On a pool pod, written by the operator once it runs: the PID its probe got and the PIDs then alive (freshness).
+POOL_MARK_ANNOTATION: Final = f"{GROUP}/pool-mark"
+# On a claimed pod: the set whose pool it came from (it carries the attempt's labels instead of the pool's).
+POOL_CLAIMED_LABEL: Final = f"{GROUP}/claimed-from-pool"
+# On a child Episode of a set with a warm pool: its attempts look for a pool pod before making one.
+WARM_POOL_ANNOTATION: Final = f"{GROUP}/warm-pool"
+# The field manager of what the operator writes to a pool pod: any other manager's field means the pod was touched.
+FIELD_MANAGER: Final = "episode-operator"
 MANAGED_BY: Final = {"app.kubernetes.io/managed-by": "episode-operator"}

@@ -33,7 +33,7 @@ from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, sto
 from episode_operator import __version__
 from episode_operator.api.episode_resource import PLURAL
 from episode_operator.api.episodeset_resource import SET_PLURAL
-from episode_operator.api.vocabulary import GROUP, VERSION
+from episode_operator.api.vocabulary import FIELD_MANAGER, GROUP, VERSION
 from episode_operator.kube.event_recorder import EventRecorder
 from episode_operator.kube.kubeconfig import KubeconfigError, Target, locate
 from episode_operator.runtime.data_api_server import DATA_GROUP, DATA_VERSION
@@ -562,6 +562,37 @@ class KubeClient:
                 await self.core.create_namespaced_pod(namespace, manifest, _preload_content=False)
             )
         return created
+
+    async def create_pool_pod(self, namespace: str, manifest: dict[str, Any]) -> dict[str, Any]:
+        """Create a warm pool's pod under the operator's field manager (a field of any other manager is a touch)."""
+        with _api_call(f"pod {namespace}/{manifest['metadata']['name']}"):
+            created: dict[str, Any] = await _json(
+                await self.core.create_namespaced_pod(
+                    namespace, manifest, field_manager=FIELD_MANAGER, _preload_content=False
+                )
+            )
+        return created
+
+    async def patch_pool_pod(self, namespace: str, name: str, patch: list[dict[str, Any]]) -> dict[str, Any]:
+        """A JSON patch of a pool pod under the operator's field manager: its mark, or its claim. A patch whose
+        ``test`` of the resourceVersion fails (someone changed the pod first) raises :class:`Conflict`."""
+        try:
+            with _api_call(f"pod {namespace}/{name}"):
+                patched: dict[str, Any] = await _json(
+                    await self.core.patch_namespaced_pod(
+                        name,
+                        namespace,
+                        patch,
+                        field_manager=FIELD_MANAGER,
+                        _content_type="application/json-patch+json",
+                        _preload_content=False,
+                    )
+                )
+        except KubeError as error:
+            if error.status == 422:  # the test op failed: the pod is not the version the patch was made for
+                raise Conflict(str(error), status=409) from error
+            raise
+        return patched
 
     async def read_pod(self, namespace: str, name: str) -> dict[str, Any]:
         """The pod as the API's JSON (camelCase keys), not a model object."""

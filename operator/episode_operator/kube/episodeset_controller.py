@@ -26,7 +26,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from pydantic import ValidationError
@@ -47,6 +47,7 @@ from episode_operator.kube.objects.event_manifests import event_name
 from episode_operator.kube.objects.pods import OwnerRef
 from episode_operator.kube.replicas import Claim
 from episode_operator.kube.status import record_event
+from episode_operator.kube.warm_pool import PoolSettings, reconcile_pool, release_pool
 from episode_operator.runtime.evaluation import definition_digest, plan_set
 from episode_operator.runtime.rerun_plan import apply_rerun, rerun_requested
 from episode_operator.runtime.timing import DEFAULT_TIMING
@@ -63,6 +64,9 @@ class SetSettings:
     resync_sec: float = 30.0
     debounce_sec: float = 0.05  # coalesce a burst of child changes into one pass
     error_backoff_sec: float = 5.0
+    # How a warm pool's pods are built (the operator's pod settings), and how often a pool not yet full is looked at.
+    pool: PoolSettings = field(default_factory=PoolSettings)
+    pool_poll_sec: float = 2.0
 
 
 class SetGone(Exception):
@@ -137,6 +141,8 @@ async def reconcile_episode_set(
         previous = EpisodeSetStatus()  # not ours: start over (children are found again by label)
     reopening = rerun_requested(body.get("spec"), body.get("status"))
     if previous.completion_time and not reopening:
+        if (body.get("spec") or {}).get("warmPool"):  # e.g. stopped by its failure policy: no child claims any more
+            await release_pool(client, ref)
         return None
     events = SetWriter(client, ref, logger, claim)
     try:
@@ -171,7 +177,8 @@ async def reconcile_episode_set(
         now=now,
         generation=metadata.get("generation"),
     )
-    await events.status(previous, plan.status)
+    status, pool_due = await _warm_pool(client, ref, spec, previous, plan.status, settings)
+    await events.status(previous, status)
     for reason, message, warning in plan.events:
         await events.post(reason, message, warning=warning)
     for child, generation in plan.mark_replaced:  # after the status records what replaced them
@@ -190,7 +197,27 @@ async def reconcile_episode_set(
         await _finish_failed(plan.status, *refusal, events, when_idle=True)
     if plan.status.completion_time:
         return None
-    return settings.resync_sec
+    return min(settings.resync_sec, settings.pool_poll_sec) if pool_due else settings.resync_sec
+
+
+async def _warm_pool(
+    client: KubeClient,
+    ref: OwnerRef,
+    spec: EpisodeSetSpec,
+    previous: EpisodeSetStatus,
+    status: EpisodeSetStatus,
+    settings: SetSettings,
+) -> tuple[EpisodeSetStatus, bool]:
+    """The pool after this pass (kube/warm_pool.py), and whether it waits on pods to start (polled: its pods
+    are not watched). A complete set, or one whose pool was removed, has its pool's pods deleted."""
+    if spec.warm_pool is None or status.completion_time:
+        if previous.warm_pool is not None:
+            await release_pool(client, ref)
+        return status.model_copy(update={"warm_pool": None}), False
+    # Children that may still claim a pod (before the dataset is resolved: as many as the target).
+    remaining = spec.warm_pool.target if status.total is None else status.total - status.finished
+    pool = await reconcile_pool(client, ref, spec, remaining=remaining, settings=settings.pool)
+    return status.model_copy(update={"warm_pool": pool}), pool.ready < pool.target
 
 
 # --- dataset --------------------------------------------------------------------------------------
@@ -209,8 +236,10 @@ async def _resolve(
         status = previous.model_copy(
             update={"phase": "Pending", "reason": "Suspended", "message": "suspended (spec.suspend): not started"}
         )
+        # The pool fills while the set waits: its first children find it ready.
+        status, pool_due = await _warm_pool(client, ref, spec, previous, status, settings)
         await events.status(previous, status)
-        return settings.resync_sec
+        return min(settings.resync_sec, settings.pool_poll_sec) if pool_due else settings.resync_sec
     try:
         tasks = await resolve_dataset(client, ref.namespace, spec)
     except DatasetError as error:

@@ -24,7 +24,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from episode_operator.api.episode_resource import KIND, EpisodeSpec
-from episode_operator.api.vocabulary import ATTEMPT_LABEL, EPISODE_LABEL, ROLE_LABEL, TURN_LABEL, OutageKind
+from episode_operator.api.vocabulary import (
+    ATTEMPT_LABEL,
+    EPISODE_LABEL,
+    POOL_CLAIMED_LABEL,
+    ROLE_LABEL,
+    TURN_LABEL,
+    OutageKind,
+)
 from episode_operator.kube.client import ExecTransportError, KubeClient, KubeError, NotFound
 from episode_operator.kube.objects.network import network_policy
 from episode_operator.kube.objects.pod_state import latest_event, pod_verdict
@@ -43,6 +50,7 @@ from episode_operator.kube.objects.pods import (
     verifier_reservation,
 )
 from episode_operator.kube.session import ExecStream, Session, SessionFailed
+from episode_operator.kube.warm_pool import PoolRef, claim
 from episode_operator.runtime import supervisor
 from episode_operator.runtime.agents.model import CAPTURE_CONTAINER, SandboxNeeds
 from episode_operator.runtime.limits import OutputLimits, Spool
@@ -300,10 +308,14 @@ class KubeProvider:
     # Whether a verifier of a turn before the last runs beside the attempt's agent pod, on the capacity it
     # reserved; a regrade (runtime/regrade.py) has no agent pod, and each verifier asks for its own.
     verifiers_beside_agent: bool = True
+    # The set whose warm pool the agent pod may be claimed from (docs/warm-pools.md); None: always a fresh pod.
+    pool: PoolRef | None = None
 
     _applied: dict[str, NetworkPolicy] = field(default_factory=dict)
     # The sandboxes handed out, by pod: their sessions are closed before their pod is deleted.
     _sandboxes: dict[str, KubeSandbox] = field(default_factory=dict)
+    # The agent pods claimed from the pool, by attempt (their names are the pool's, not agent_pod_name's).
+    _claimed: dict[int, str] = field(default_factory=dict)
 
     async def apply_network(self, attempt: int, policy: NetworkPolicy) -> None:
         await self._network(agent_pod_name(self.episode.name, attempt), self._selector(attempt, "agent", None), policy)
@@ -389,9 +401,31 @@ class KubeProvider:
         )
         return await self._ready(pod, waiting, uid)
 
+    async def _agent_name(self, attempt: int) -> str:
+        """The attempt's agent pod's name: the pool pod it claimed, else the one it made."""
+        if attempt not in self._claimed and self.pool is not None:
+            try:
+                pooled = await self._pooled(attempt, None)
+            except KubeError as error:
+                raise SandboxError(str(error), kind="api") from error
+            if pooled is not None:
+                self._claimed[attempt] = pooled["metadata"]["name"]
+        return self._claimed.get(attempt) or agent_pod_name(self.episode.name, attempt)
+
+    async def _pooled(self, attempt: int, recorded: str | None) -> dict[str, Any] | None:
+        """The pool pod this attempt claimed (the recorded one, when it recorded one), if it is there."""
+        selector = ",".join(f"{k}={v}" for k, v in self._selector(attempt, "agent", None).items())
+        for pod in await self.client.list_pods(self.episode.namespace, f"{selector},{POOL_CLAIMED_LABEL}"):
+            metadata = pod.get("metadata") or {}
+            if metadata.get("deletionTimestamp") or not _owned_by(pod, self.episode.uid):
+                continue
+            if recorded is None or metadata.get("uid") == recorded:
+                return pod
+        return None
+
     async def _agent_node(self, attempt: int) -> str:
         """The agent pod's node: a verifier beside it runs there, on the capacity it reserved."""
-        name = agent_pod_name(self.episode.name, attempt)
+        name = await self._agent_name(attempt)
         try:
             node = (await self.client.read_pod(self.episode.namespace, name)).get("spec", {}).get("nodeName")
         except NotFound:
@@ -406,7 +440,7 @@ class KubeProvider:
         await self._delete(verifier_pod_name(self.episode.name, attempt, turn))
 
     async def release_agent(self, attempt: int) -> None:
-        await self._delete(agent_pod_name(self.episode.name, attempt))
+        await self._delete(await self._agent_name(attempt))
 
     async def release_all(self, *, keep: bool) -> None:
         if keep:
@@ -446,21 +480,30 @@ class KubeProvider:
             if self.wakeups is not None
             else contextlib.nullcontext(None)
         )
+        pooling = pod.role == "agent" and self.pool is not None
         with registration as changed:
             try:
+                existing = await self._pooled(pod.attempt, recorded) if pooling else None
                 try:
-                    existing = await self._not_anothers(
-                        await self.client.read_pod(self.episode.namespace, name),
-                        changed,
-                        pod.environment.build_timeout_sec,
-                    )
+                    if existing is None:
+                        existing = await self._not_anothers(
+                            await self.client.read_pod(self.episode.namespace, name),
+                            changed,
+                            pod.environment.build_timeout_sec,
+                        )
                 except NotFound:
                     if recorded is not None:
                         raise SandboxError(
                             f"pod {name} (uid {recorded}) is gone, and what the attempt did in it with it",
                             kind="pod_lost",
                         ) from None
-                    existing = await self.client.create_pod(self.episode.namespace, manifest)
+                    if pooling:
+                        assert self.pool is not None
+                        existing = await claim(self.client, self.episode, self.pool, manifest)
+                    if existing is None:
+                        existing = await self.client.create_pod(self.episode.namespace, manifest)
+                if existing["metadata"]["name"] != name:
+                    name = self._claimed[pod.attempt] = existing["metadata"]["name"]
                 uid = str((existing.get("metadata") or {}).get("uid") or "")
                 if recorded is not None and uid != recorded:
                     raise SandboxError(

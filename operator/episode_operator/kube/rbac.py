@@ -82,9 +82,10 @@ OPERATOR_PERMISSIONS: tuple[Permission, ...] = (
     Permission(
         "",
         "pods",
-        ("create", "get", "list", "watch", "delete"),
+        ("create", "get", "list", "watch", "delete", "patch"),
         "namespaced",
-        "agent and verifier pods; kopf watches them so that a driver reads a starting pod when it changes",
+        "agent and verifier pods; kopf watches them so that a driver reads a starting pod when it changes; a warm "
+        "pool's pods are patched when marked fresh and when claimed",
     ),
     Permission("", "pods/exec", ("create", "get"), "namespaced", "jobs start and are polled by exec (websocket: get)"),
     Permission(

@@ -6,9 +6,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+from episode_operator.api.vocabulary import WARM_POOL_ANNOTATION
 from episode_operator.kube.client import KubeClient
 from episode_operator.kube.objects.pods import OwnerRef, queue_labels
 from episode_operator.kube.pod_sandbox import KubeProvider
+from episode_operator.kube.warm_pool import pool_of
 from episode_operator.runtime.admission import Admission
 from episode_operator.runtime.agents.model import SandboxNeeds
 from episode_operator.runtime.episode import EpisodeConfig
@@ -49,6 +51,7 @@ def episode_provider(
         sandbox_requests=settings.sandbox_requests,
         limits=settings.limits,
         verifiers_beside_agent=verifiers_beside_agent,
+        pool=pool_of(metadata, WARM_POOL_ANNOTATION),
     )
 
 

@@ -104,6 +104,19 @@ class Metrics:
             "Kubernetes Events recorded and waiting for the operator's Event rate limit (at most 1,000).",
             registry=self.registry,
         )
+        self.warm_pool_pods = Gauge(
+            "episode_operator_warm_pool_pods",
+            "Unclaimed pods of each EpisodeSet's warm pool, by state: ready (marked fresh, claimable) or starting.",
+            ["namespace", "set", "state"],
+            registry=self.registry,
+        )
+        self.warm_pool_claims = Counter(
+            "episode_operator_warm_pool_claims",
+            "Attempts' claims of warm pool pods, by result: claimed; lost_race (another claimer won the pod); "
+            "stale (something ran in it since it was marked: deleted); none (no claimable pod: a fresh pod is made).",
+            ["result"],
+            registry=self.registry,
+        )
         self.active = Gauge("episode_operator_active_episodes", "Episodes being driven now.", registry=self.registry)
         self.pending = Gauge(
             "episode_operator_pending_episodes",

@@ -25,6 +25,7 @@ from episode_operator.api.vocabulary import (
     SET_RERUN_LABEL,
     SET_TASK_INDEX_LABEL,
     TASK_LABEL,
+    WARM_POOL_ANNOTATION,
     Phase,
 )
 from episode_operator.kube.objects.pods import NAME_LIMIT, OwnerRef, label_value, short_name
@@ -93,6 +94,8 @@ def child_manifest(
         labels=labels,
     )
     manifest["metadata"]["annotations"] = {SET_TASK_NAME_ANNOTATION: task.name, CREATED_AT_ANNOTATION: created_at}
+    if spec.warm_pool is not None:  # its attempts look in the set's pool before making a pod (docs/warm-pools.md)
+        manifest["metadata"]["annotations"][WARM_POOL_ANNOTATION] = "true"
     manifest["metadata"]["ownerReferences"] = [ref.owner_reference()]
     return manifest
 

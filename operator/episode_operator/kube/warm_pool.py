@@ -1,0 +1,208 @@
+"""Warm pools, with I/O: the set's pass keeps its pool filled and marked; an attempt claims a pod from it.
+
+The decisions are :mod:`episode_operator.kube.objects.warm_pool`'s; this module lists, probes, patches,
+creates and deletes (docs/warm-pools.md).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import secrets
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from episode_operator.api.episodeset_resource import EpisodeSetSpec, WarmPoolStatus
+from episode_operator.api.vocabulary import POOL_KEY_LABEL, POOL_MARK_ANNOTATION
+from episode_operator.kube.client import Conflict, KubeClient, KubeError, NotFound
+from episode_operator.kube.objects.pods import AgentImages, OwnerRef, SandboxRequests
+from episode_operator.kube.objects.warm_pool import (
+    MARK_PROBES,
+    PROBE,
+    Mark,
+    Probe,
+    Wanted,
+    candidates,
+    claim_patch,
+    claimed_selector,
+    container_images,
+    fresh_after_claim,
+    mark_patch,
+    plan_pool,
+    pod_key,
+    pool_pod,
+    pool_selector,
+    unpoolable,
+)
+from episode_operator.runtime.agents import agent_kind
+from episode_operator.runtime.limits import Spool
+from episode_operator.runtime.sandbox_protocol import MAIN_CONTAINER
+
+PROBE_BYTES = 64 * 1024
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class PoolSettings:
+    """The operator's settings a pool pod is built with: the same as an attempt's agent pod."""
+
+    requests: SandboxRequests = field(default_factory=SandboxRequests)
+    images: AgentImages = field(default_factory=AgentImages)
+
+
+async def probe(client: KubeClient, namespace: str, name: str) -> Probe | None:
+    """Run the probe once in the pod's main container (never retried: a retry would take a PID too)."""
+    stdout = Spool(PROBE_BYTES, "the pool probe's answer", "its bound")
+    stderr = Spool(PROBE_BYTES, "the pool probe's stderr", "its bound")
+    with stdout, stderr:
+        try:
+            code = await client.exec(
+                namespace, name, MAIN_CONTAINER, PROBE, stdout=stdout, stderr=stderr, timeout_sec=30.0, attempts=1
+            )
+        except KubeError:
+            return None
+        return Probe.read(stdout.getvalue()) if code == 0 else None
+
+
+async def marked(client: KubeClient, namespace: str, name: str) -> Mark | None:
+    """The pod's mark: probes back to back (how many PIDs an exec costs, and the last PID taken)."""
+    probes: list[Probe] = []
+    for _ in range(MARK_PROBES):
+        answer = await probe(client, namespace, name)
+        if answer is None:
+            return None
+        probes.append(answer)
+    return Mark.of(probes)
+
+
+def _count(client: KubeClient, metric: str, *labels: str, value: float = 1.0, gauge: bool = False) -> None:
+    metrics = getattr(client, "metrics", None)
+    if metrics is None:
+        return
+    instrument = getattr(metrics, metric).labels(*labels)
+    if gauge:
+        instrument.set(value)
+    else:
+        instrument.inc(value)
+
+
+async def reconcile_pool(
+    client: KubeClient,
+    owner: OwnerRef,
+    spec: EpisodeSetSpec,
+    *,
+    remaining: int,
+    settings: PoolSettings,
+) -> WarmPoolStatus:
+    """One pass over the set's pool: delete stale pods, mark the running ones, make what the target lacks."""
+    pool = spec.warm_pool
+    assert pool is not None
+    needs = agent_kind(spec.agent).sandbox_needs(spec.agent)
+    refusal = unpoolable(needs)
+    key = pod_key(pool_pod(owner, spec, needs, requests=settings.requests, images=settings.images, suffix="x"))
+    pods = await client.list_pods(owner.namespace, pool_selector(owner.name))
+    plan = plan_pool(pool, key, pods, remaining=0 if refusal else remaining, now=time.time())
+    for name, reason in plan.delete:
+        log.info("warm pool %s/%s: deleting %s: %s", owner.namespace, owner.name, name, reason)
+        await client.delete_pod(owner.namespace, name)
+    ready = plan.ready
+    by_name = {pod["metadata"]["name"]: pod for pod in pods}
+    for name in plan.mark:
+        mark = await marked(client, owner.namespace, name)
+        if mark is None:
+            continue
+        with contextlib.suppress(Conflict, NotFound):
+            await client.patch_pool_pod(owner.namespace, name, mark_patch(by_name[name], mark))
+            ready += 1
+    message = refusal
+    for _ in range(plan.create):
+        manifest = pool_pod(
+            owner, spec, needs, requests=settings.requests, images=settings.images, suffix=secrets.token_hex(3)
+        )
+        try:
+            await client.create_pool_pod(owner.namespace, manifest)
+        except Conflict:
+            continue  # the random name was taken: the next pass makes it
+        except KubeError as error:
+            if error.status not in (403, 422):  # refused (a ResourceQuota, a policy): said in the status
+                raise
+            message = f"cannot make a pool pod: {error}"
+            break
+    claimed = len(await client.list_pods(owner.namespace, claimed_selector(owner.name)))
+    starting = plan.starting - (ready - plan.ready) + plan.create
+    _count(client, "warm_pool_pods", owner.namespace, owner.name, "ready", value=ready, gauge=True)
+    _count(client, "warm_pool_pods", owner.namespace, owner.name, "starting", value=starting, gauge=True)
+    return WarmPoolStatus(target=plan.target, ready=ready, starting=starting, claimed=claimed, key=key, message=message)
+
+
+async def release_pool(client: KubeClient, owner: OwnerRef) -> None:
+    """Delete the pool's unclaimed pods (the set is complete: no child will claim them)."""
+    for pod in await client.list_pods(owner.namespace, pool_selector(owner.name)):
+        await client.delete_pod(owner.namespace, pod["metadata"]["name"])
+    _count(client, "warm_pool_pods", owner.namespace, owner.name, "ready", value=0, gauge=True)
+    _count(client, "warm_pool_pods", owner.namespace, owner.name, "starting", value=0, gauge=True)
+
+
+@dataclass(frozen=True)
+class PoolRef:
+    """The set an Episode's attempts may claim a pool pod of: the Episode's controlling owner."""
+
+    name: str
+    uid: str
+
+
+def pool_of(metadata: Mapping[str, Any], annotation: str) -> PoolRef | None:
+    """The pool an Episode may claim from: its controlling EpisodeSet's, when the set marked it so."""
+    if (metadata.get("annotations") or {}).get(annotation) != "true":
+        return None
+    for owner in metadata.get("ownerReferences") or []:
+        if owner.get("kind") == "EpisodeSet" and owner.get("controller"):
+            return PoolRef(str(owner["name"]), str(owner["uid"]))
+    return None
+
+
+async def claim(
+    client: KubeClient, episode: OwnerRef, pool: PoolRef, manifest: Mapping[str, Any]
+) -> dict[str, Any] | None:
+    """A pool pod handed to the attempt whose fresh pod would be ``manifest`` (its labels, owner), or None.
+
+    Each candidate is claimed by a patch guarded by its resourceVersion: a claimer that loses the race
+    (409) goes on to the next. The winner probes the pod: one that something ran in since its mark is
+    deleted (it is the claimer's now) and the next tried; none left, the attempt makes a fresh pod.
+    """
+    wanted = Wanted(pool.name, pool.uid, pod_key(manifest), container_images(manifest))
+    try:
+        pods = await client.list_pods(episode.namespace, pool_selector(pool.name))
+    except KubeError:
+        return None
+    if not any((pod["metadata"].get("labels") or {}).get(POOL_KEY_LABEL) == wanted.key for pod in pods) and pods:
+        log.info(
+            "episode %s/%s: its pod (key %s) is not the pool's (key %s): a fresh pod",
+            episode.namespace,
+            episode.name,
+            wanted.key,
+            (pods[0]["metadata"].get("labels") or {}).get(POOL_KEY_LABEL),
+        )
+    labels = manifest["metadata"]["labels"]
+    for pod in candidates(pods, wanted):
+        name = pod["metadata"]["name"]
+        try:
+            claimed = await client.patch_pool_pod(episode.namespace, name, claim_patch(pod, labels, episode, pool.name))
+        except (Conflict, NotFound):
+            _count(client, "warm_pool_claims", "lost_race")
+            continue
+        mark = Mark.parse((pod["metadata"].get("annotations") or {}).get(POOL_MARK_ANNOTATION))
+        probed = await probe(client, episode.namespace, name)
+        reason = "its probe did not answer" if probed is None or mark is None else fresh_after_claim(mark, probed)
+        if reason is not None:
+            log.warning("pool pod %s/%s is not fresh, deleted: %s", episode.namespace, name, reason)
+            _count(client, "warm_pool_claims", "stale")
+            with contextlib.suppress(KubeError):
+                await client.delete_pod(episode.namespace, name)
+            continue
+        _count(client, "warm_pool_claims", "claimed")
+        return claimed
+    _count(client, "warm_pool_claims", "none")
+    return None

@@ -1,0 +1,558 @@
+"""Warm pools without a cluster (docs/warm-pools.md): the key an attempt matches on, every claim check, the
+freshness probe, the refill decision, and claimers racing for one pod against a fake API's resourceVersion."""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+from typing import Any
+
+import pytest
+
+from episode_operator.api.episode_resource import EpisodeSpec
+from episode_operator.api.episodeset_resource import EpisodeSetSpec, WarmPool, child_spec
+from episode_operator.api.vocabulary import (
+    EPISODE_LABEL,
+    POOL_CLAIMED_LABEL,
+    POOL_KEY_LABEL,
+    POOL_LABEL,
+    POOL_MARK_ANNOTATION,
+)
+from episode_operator.kube.client import Conflict, NotFound
+from episode_operator.kube.objects.pods import (
+    AgentImages,
+    OwnerRef,
+    SandboxPod,
+    SandboxRequests,
+    sandbox_pod,
+    verifier_reservation,
+)
+from episode_operator.kube.objects.warm_pool import (
+    CLAIM_CHECKS,
+    PROBE,
+    Mark,
+    Probe,
+    Wanted,
+    candidates,
+    container_images,
+    fresh_after_claim,
+    plan_pool,
+    pod_key,
+    pool_pod,
+    unclaimable,
+)
+from episode_operator.kube.warm_pool import PoolRef, claim
+from episode_operator.runtime.agents.model import SandboxNeeds
+from episode_operator.taskfolder.task_toml import EnvironmentConfig
+
+IMAGE = "registry.example/task:1"
+SET = OwnerRef("pooled", "ns", "set-uid", kind="EpisodeSet")
+REQUESTS = SandboxRequests(0.05)
+STRIDE = 6  # the PIDs one exec costs runc on the project's cluster
+POOL = {"target": 2, "image": IMAGE, "cpus": 1, "memoryMb": 256, "workdir": "/app"}
+
+
+def set_spec(**pool: Any) -> EpisodeSetSpec:
+    return EpisodeSetSpec.model_validate(
+        {
+            "dataset": {"tasks": [{"name": "t", "configMap": {"name": "t"}}]},
+            "agent": {"kind": "command", "command": "true"},
+            "warmPool": {**POOL, **pool},
+        }
+    )
+
+
+def the_pool_pod(spec: EpisodeSetSpec | None = None, suffix: str = "a") -> dict[str, Any]:
+    return pool_pod(SET, spec or set_spec(), SandboxNeeds(), requests=REQUESTS, images=AgentImages(), suffix=suffix)
+
+
+def childs_pod(
+    *, image: str = IMAGE, memory: int = 256, env: dict[str, str] | None = None, cpus: int = 1, workdir: str = "/app"
+) -> dict[str, Any]:
+    """The agent pod a child of the set would make (KubeProvider.agent's pod, a task with these settings)."""
+    spec = child_spec(set_spec(), set_spec().dataset.tasks[0], {"EPISODE_SET": "pooled"})
+    environment = EnvironmentConfig(docker_image=image, cpus=cpus, memory_mb=memory, workdir=workdir)
+    pod = SandboxPod(role="agent", attempt=1, image=image, environment=environment, env=env or {}, requests=REQUESTS)
+    child = OwnerRef("pooled-0-1", "ns", "child-uid")
+    return sandbox_pod(child, spec, pod, extra_labels={}, images=AgentImages())
+
+
+# --- the key -----------------------------------------------------------------------------------------
+def test_a_childs_pod_of_the_pools_settings_has_the_pools_key() -> None:
+    pool = the_pool_pod()
+    assert pod_key(childs_pod()) == pool["metadata"]["labels"][POOL_KEY_LABEL]
+    assert pool["metadata"]["ownerReferences"] == [SET.owner_reference()]
+    assert EPISODE_LABEL not in pool["metadata"]["labels"], "a pool pod is no Episode's"
+
+
+@pytest.mark.parametrize(
+    "differs",
+    [
+        {"image": "registry.example/other:1"},
+        {"memory": 512},
+        {"cpus": 2},
+        {"workdir": "/srv"},
+        {"env": {"TASK_SECRET": "x"}},
+    ],
+    ids=["image", "memory", "cpus", "workdir", "env"],
+)
+def test_a_childs_pod_that_differs_in_anything_has_another_key(differs: dict[str, Any]) -> None:
+    assert pod_key(childs_pod(**differs)) != pod_key(the_pool_pod())
+
+
+def test_the_agents_toolchains_are_in_the_key() -> None:
+    from episode_operator.runtime.agents.model import Toolchain
+
+    needs = SandboxNeeds(toolchains=(Toolchain("node", "22"),))
+    tooled = pool_pod(SET, set_spec(), needs, requests=REQUESTS, images=AgentImages(), suffix="a")
+    assert pod_key(tooled) != pod_key(the_pool_pod())
+
+
+def test_a_pool_pod_carries_the_sets_kueue_queue_and_keeps_its_key() -> None:
+    queued = set_spec()
+    queued.queue_name = "team-a"
+    pod = the_pool_pod(queued)
+    assert pod["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "team-a"
+    assert pod_key(pod) == pod_key(the_pool_pod())
+
+
+def test_a_quota_below_the_target_is_refused() -> None:
+    with pytest.raises(ValueError, match="below its target"):
+        WarmPool.model_validate({**POOL, "quota": 1})
+
+
+# --- claim checks ---------------------------------------------------------------------------------------
+def live(manifest: dict[str, Any], *, pid: int = 9, uid: str = "u1") -> dict[str, Any]:
+    """The pool pod as the API returns it once it runs and was marked."""
+    pod = copy.deepcopy(manifest)
+    pod["metadata"].update(
+        uid=uid,
+        resourceVersion="1",
+        creationTimestamp="2026-12-06T10:00:00Z",
+        annotations={POOL_MARK_ANNOTATION: Mark(pid, STRIDE, frozenset({1, 7})).annotation()},
+        managedFields=[
+            {"manager": "episode-operator", "operation": "Update", "fieldsV1": {"f:metadata": {}, "f:spec": {}}},
+            {"manager": "kubelet", "operation": "Update", "fieldsV1": {"f:status": {}}},
+        ],
+    )
+    pod["status"] = {
+        "phase": "Running",
+        "conditions": [{"type": "Ready", "status": "True"}],
+        "containerStatuses": [
+            {"name": c["name"], "ready": True, "restartCount": 0, "state": {"running": {}}}
+            for c in pod["spec"]["containers"]
+        ],
+    }
+    return pod
+
+
+def wanted() -> Wanted:
+    child = childs_pod()
+    return Wanted("pooled", "set-uid", pod_key(child), container_images(child))
+
+
+def _other_owner(pod: dict[str, Any]) -> None:
+    pod["metadata"]["ownerReferences"][0]["uid"] = "another-set"
+
+
+def _second_owner(pod: dict[str, Any]) -> None:
+    pod["metadata"]["ownerReferences"].append({"kind": "Episode", "uid": "e", "controller": False})
+
+
+def _episode_label(pod: dict[str, Any]) -> None:
+    pod["metadata"]["labels"][EPISODE_LABEL] = "someone"
+
+
+def _other_key(pod: dict[str, Any]) -> None:
+    pod["metadata"]["labels"][POOL_KEY_LABEL] = "0" * 40
+
+
+def _labelled_by_hand(pod: dict[str, Any]) -> None:
+    pod["metadata"]["managedFields"].append(
+        {"manager": "kubectl-label", "operation": "Update", "fieldsV1": {"f:metadata": {"f:labels": {}}}}
+    )
+
+
+def _unmarked(pod: dict[str, Any]) -> None:
+    pod["metadata"]["annotations"] = {}
+
+
+def _not_ready(pod: dict[str, Any]) -> None:
+    pod["status"]["containerStatuses"][0]["state"] = {"waiting": {"reason": "ContainerCreating"}}
+    pod["status"]["containerStatuses"][0]["ready"] = False
+
+
+def _restarted(pod: dict[str, Any]) -> None:
+    pod["status"]["containerStatuses"][0]["restartCount"] = 1
+
+
+def _image_patched(pod: dict[str, Any]) -> None:
+    pod["spec"]["containers"][0]["image"] = "evil.example/backdoor:1"
+
+
+TAMPERS = {
+    "owner": [_other_owner, _second_owner],
+    "labels": [_episode_label, _other_key],
+    "untouched": [_labelled_by_hand],
+    "marked": [_unmarked],
+    "running": [_not_ready, _restarted],
+    "images": [_image_patched],
+}
+
+
+def test_every_claim_check_has_its_tampering_case() -> None:
+    assert [name for name, _ in CLAIM_CHECKS] == list(TAMPERS)
+
+
+def test_an_untouched_marked_running_pool_pod_is_claimable() -> None:
+    assert unclaimable(live(the_pool_pod()), wanted()) is None
+
+
+@pytest.mark.parametrize(
+    ("check", "tamper"),
+    [(check, tamper) for check, tampers in TAMPERS.items() for tamper in tampers],
+    ids=[tamper.__name__.strip("_") for tampers in TAMPERS.values() for tamper in tampers],
+)
+def test_a_pool_pod_tampered_with_is_not_claimable(check: str, tamper: Any) -> None:
+    pod = live(the_pool_pod())
+    tamper(pod)
+    reason = unclaimable(pod, wanted())
+    assert reason is not None and reason.startswith(f"{check}:"), reason
+
+
+def test_candidates_come_oldest_first_and_without_the_unclaimable() -> None:
+    old, new, bad = (live(the_pool_pod(suffix=s), uid=s) for s in ("o", "n", "b"))
+    old["metadata"]["creationTimestamp"] = "2026-12-06T09:00:00Z"
+    _labelled_by_hand(bad)
+    assert [p["metadata"]["uid"] for p in candidates([new, bad, old], wanted())] == ["o", "n"]
+
+
+# --- freshness ------------------------------------------------------------------------------------------
+def test_probes_make_a_mark_of_the_least_stride_that_round_trips() -> None:
+    probes = [Probe.read(b"9\n1\n7\n9\n"), Probe.read(b"15\n1\n7\n15\n"), Probe.read(b"20\n1\n7\n20\n")]
+    assert all(probes)
+    mark = Mark.of(probes)  # type: ignore[arg-type]
+    assert mark == Mark(20, 5, frozenset({1, 7}))
+    assert Mark.parse(mark.annotation()) == mark
+    assert Probe.read(b"garbage") is None and Mark.parse("") is None and Mark.parse("15:0:1") is None
+
+
+def test_probes_that_are_not_two_consecutive_execs_make_no_mark() -> None:
+    assert Mark.of([Probe(15, frozenset({1})), Probe(9, frozenset({1}))]) is None
+    assert Mark.of([Probe(9, frozenset({1})), Probe(15, frozenset({1, 12}))]) is None
+    assert Mark.of([Probe(9, frozenset({1}))]) is None
+
+
+MARK = Mark(15, STRIDE, frozenset({1, 7}))
+
+
+@pytest.mark.parametrize("taken", [STRIDE - 1, STRIDE, STRIDE + STRIDE // 2])
+def test_a_claim_probe_less_than_two_strides_after_the_mark_is_fresh(taken: int) -> None:
+    # An exec costs runc 5 or 6 PIDs here: the claimer's probe alone takes about one stride.
+    assert fresh_after_claim(MARK, Probe(15 + taken, frozenset({1, 7}))) is None
+
+
+@pytest.mark.parametrize("taken", [0, STRIDE + STRIDE // 2 + 1, 3 * STRIDE])
+def test_an_exec_since_the_mark_took_pids_and_is_found(taken: int) -> None:
+    assert f"PID {15 + taken}" in str(fresh_after_claim(MARK, Probe(15 + taken, frozenset({1, 7}))))
+
+
+def test_a_process_left_behind_is_found() -> None:
+    assert "appeared" in str(fresh_after_claim(MARK, Probe(21, frozenset({1, 7, 19}))))
+
+
+def test_a_process_that_ran_and_exited_since_the_mark_is_found_by_its_pids() -> None:
+    """The claimer's probe plus someone's `kubectl exec … true` (which left nothing alive), each at the fewest
+    PIDs an exec took here (5, below the mark's stride of 6)."""
+    assert fresh_after_claim(MARK, Probe(15 + 5 + 5, frozenset({1, 7}))) is not None
+
+
+# --- refill -----------------------------------------------------------------------------------------------
+NOW = 1_796_551_200.0  # 2026-12-06T10:00:00Z + 0 s
+KEY = pod_key(the_pool_pod())
+WARM = WarmPool.model_validate(POOL)
+
+
+def test_an_empty_pool_makes_its_target() -> None:
+    plan = plan_pool(WARM, KEY, [], remaining=10, now=NOW)
+    assert (plan.create, plan.target, plan.ready, plan.starting) == (2, 2, 0, 0)
+
+
+def test_no_more_pods_than_children_remain() -> None:
+    assert plan_pool(WARM, KEY, [], remaining=1, now=NOW).create == 1
+    assert plan_pool(WARM, KEY, [], remaining=0, now=NOW).create == 0
+
+
+def test_a_claimed_pod_is_replaced_and_a_full_pool_makes_none() -> None:
+    one = live(the_pool_pod(suffix="a"), uid="a")
+    assert plan_pool(WARM, KEY, [one], remaining=5, now=NOW).create == 1
+    two = live(the_pool_pod(suffix="b"), uid="b")
+    plan = plan_pool(WARM, KEY, [one, two], remaining=5, now=NOW)
+    assert (plan.create, plan.ready, plan.delete) == (0, 2, ())
+
+
+def test_a_running_unmarked_pod_is_marked_and_a_starting_one_waits() -> None:
+    running = live(the_pool_pod(suffix="a"), uid="a")
+    _unmarked(running)
+    starting = live(the_pool_pod(suffix="b"), uid="b")
+    _unmarked(starting)
+    _not_ready(starting)
+    plan = plan_pool(WARM, KEY, [running, starting], remaining=5, now=NOW)
+    assert plan.mark == (running["metadata"]["name"],) and plan.starting == 2 and plan.create == 0
+
+
+@pytest.mark.parametrize("tamper", [_labelled_by_hand, _restarted, _other_key], ids=["labelled", "restarted", "key"])
+def test_a_touched_restarted_or_outdated_pod_is_deleted_and_replaced(tamper: Any) -> None:
+    pod = live(the_pool_pod(suffix="a"), uid="a")
+    tamper(pod)
+    plan = plan_pool(WARM, KEY, [pod], remaining=5, now=NOW)
+    # Replaced as it goes: the quota (2) counts it until it is gone, so one pod is made now.
+    assert [name for name, _ in plan.delete] == [pod["metadata"]["name"]] and plan.create == 1
+
+
+def test_an_old_pod_is_replaced_before_its_keep_alive_forks() -> None:
+    pod = live(the_pool_pod(suffix="a"), uid="a")
+    assert plan_pool(WARM, KEY, [pod], remaining=5, now=NOW + WARM.max_age_sec - 1).delete == ()
+    assert plan_pool(WARM, KEY, [pod], remaining=5, now=NOW + WARM.max_age_sec + 1).delete != ()
+
+
+def test_the_quota_counts_pods_still_being_deleted() -> None:
+    going = live(the_pool_pod(suffix="g"), uid="g")
+    going["metadata"]["deletionTimestamp"] = "2026-12-06T10:00:01Z"
+    assert plan_pool(WARM, KEY, [going], remaining=5, now=NOW).create == 1
+    roomy = WarmPool.model_validate({**POOL, "quota": 3})
+    assert plan_pool(roomy, KEY, [going], remaining=5, now=NOW).create == 2
+
+
+def test_past_the_target_the_youngest_go() -> None:
+    pods = [live(the_pool_pod(suffix=s), uid=s) for s in ("a", "b", "c")]
+    pods[2]["metadata"]["creationTimestamp"] = "2026-12-06T10:00:05Z"
+    plan = plan_pool(WARM, KEY, pods, remaining=5, now=NOW)
+    assert [name for name, _ in plan.delete] == [pods[2]["metadata"]["name"]]
+
+
+# --- the claim, against a fake API ---------------------------------------------------------------------------
+class FakePods:
+    """list/patch/delete/exec of pool pods, with the API server's resourceVersion test and a PID counter per pod."""
+
+    def __init__(self, pods: list[dict[str, Any]]) -> None:
+        self.pods = {pod["metadata"]["name"]: pod for pod in pods}
+        self.pids = {
+            name: Mark.parse(pod["metadata"]["annotations"][POOL_MARK_ANNOTATION]).pid
+            for name, pod in self.pods.items()
+        }  # type: ignore[union-attr]
+        self.deleted: list[str] = []
+        self.metrics = None
+
+    async def list_pods(self, namespace: str, selector: str) -> list[dict[str, Any]]:
+        await asyncio.sleep(0)  # every claimer lists before any patches: the race
+        wanted = dict(term.split("=", 1) for term in selector.split(","))
+        return [
+            copy.deepcopy(pod)
+            for pod in self.pods.values()
+            if all(pod["metadata"]["labels"].get(k) == v for k, v in wanted.items())
+        ]
+
+    async def patch_pool_pod(self, namespace: str, name: str, patch: list[dict[str, Any]]) -> dict[str, Any]:
+        await asyncio.sleep(0)
+        if name not in self.pods:
+            raise NotFound(name, status=404)
+        pod = self.pods[name]
+        for op in patch:
+            field = op["path"].rsplit("/", 1)[1]
+            if op["op"] == "test" and pod["metadata"][field] != op["value"]:
+                raise Conflict("test failed", status=409)
+            if op["op"] == "replace":
+                pod["metadata"][field] = copy.deepcopy(op["value"])
+        pod["metadata"]["resourceVersion"] = str(int(pod["metadata"]["resourceVersion"]) + 1)
+        return copy.deepcopy(pod)
+
+    async def delete_pod(self, namespace: str, name: str) -> None:
+        self.deleted.append(name)
+        self.pods.pop(name, None)
+
+    def exec_into(self, name: str) -> None:
+        """Someone's exec: it takes the PIDs an exec takes."""
+        self.pids[name] += STRIDE
+
+    async def exec(self, namespace: str, name: str, container: str, argv: Any, *, stdout: Any, **_: Any) -> int:
+        self.pids[name] += STRIDE
+        stdout.write(f"{self.pids[name]}\n1\n7\n{self.pids[name]}\n".encode())
+        return 0
+
+
+def pool_of(count: int) -> FakePods:
+    return FakePods([live(the_pool_pod(suffix=str(i)), uid=f"u{i}") for i in range(count)])
+
+
+def claimer(number: int) -> OwnerRef:
+    return OwnerRef(f"pooled-0-{number}", "ns", f"child-{number}")
+
+
+async def claim_as(fake: FakePods, number: int) -> dict[str, Any] | None:
+    manifest = childs_pod()
+    manifest["metadata"]["labels"][EPISODE_LABEL] = f"pooled-0-{number}"
+    return await claim(fake, claimer(number), PoolRef("pooled", "set-uid"), manifest)  # type: ignore[arg-type]
+
+
+def test_of_two_claimers_of_one_pod_one_wins_and_the_other_makes_a_fresh_pod() -> None:
+    fake = pool_of(1)
+
+    async def both() -> list[dict[str, Any] | None]:
+        return list(await asyncio.gather(claim_as(fake, 1), claim_as(fake, 2)))
+
+    results = asyncio.run(both())
+    won = [r for r in results if r is not None]
+    assert len(won) == 1 and results.count(None) == 1
+    pod = fake.pods[won[0]["metadata"]["name"]]
+    assert POOL_LABEL not in pod["metadata"]["labels"] and pod["metadata"]["labels"][POOL_CLAIMED_LABEL] == "pooled"
+    assert pod["metadata"]["ownerReferences"][0]["kind"] == "Episode"
+
+
+def test_two_claimers_of_two_pods_get_one_each() -> None:
+    fake = pool_of(2)
+
+    async def both() -> list[dict[str, Any] | None]:
+        return list(await asyncio.gather(claim_as(fake, 1), claim_as(fake, 2)))
+
+    first, second = asyncio.run(both())
+    assert first is not None and second is not None
+    assert first["metadata"]["uid"] != second["metadata"]["uid"]
+
+
+def test_a_pod_someone_execd_into_is_deleted_by_its_claimer_and_the_next_one_claimed() -> None:
+    fake = pool_of(2)
+    touched = sorted(fake.pods)[0]
+    fake.exec_into(touched)
+    result = asyncio.run(claim_as(fake, 1))
+    assert result is not None and result["metadata"]["name"] != touched
+    assert fake.deleted == [touched]
+
+
+def test_a_claimed_pod_is_never_claimed_again() -> None:
+    fake = pool_of(1)
+    assert asyncio.run(claim_as(fake, 1)) is not None
+    assert asyncio.run(claim_as(fake, 2)) is None
+
+
+# --- the provider: claim, fall back, and find the claimed pod again after a restart -------------------------
+class ProviderPods(FakePods):
+    """FakePods plus what KubeProvider calls: read, create, the supervisor's placement, network policies."""
+
+    def __init__(self, pods: list[dict[str, Any]]) -> None:
+        super().__init__(pods)
+        self.created: list[str] = []
+
+    async def read_pod(self, namespace: str, name: str) -> dict[str, Any]:
+        if name not in self.pods:
+            raise NotFound(name, status=404)
+        return copy.deepcopy(self.pods[name])
+
+    async def create_pod(self, namespace: str, manifest: dict[str, Any]) -> dict[str, Any]:
+        pod = live(manifest, uid=f"fresh-{len(self.created)}")
+        self.pods[pod["metadata"]["name"]] = pod
+        self.pids[pod["metadata"]["name"]] = 100
+        self.created.append(pod["metadata"]["name"])
+        return copy.deepcopy(pod)
+
+    async def list_pods(self, namespace: str, selector: str) -> list[dict[str, Any]]:
+        terms = [term.split("=", 1) for term in selector.split(",")]
+        return [
+            copy.deepcopy(pod)
+            for pod in self.pods.values()
+            if all(
+                (pod["metadata"]["labels"].get(t[0]) == t[1]) if len(t) == 2 else t[0] in pod["metadata"]["labels"]
+                for t in terms
+            )
+        ]
+
+    async def apply_network_policy(self, manifest: dict[str, Any]) -> None:
+        pass
+
+    async def exec(self, namespace: str, name: str, container: str, argv: Any, *, stdout: Any, **_: Any) -> int:
+        if tuple(argv) == PROBE:
+            return await super().exec(namespace, name, container, argv, stdout=stdout)
+        stdout.write(b"version=1\nworkdir=/app\nuser=root\nuid=0\n")  # the supervisor's placement
+        return 0
+
+
+def pooled_provider(fake: ProviderPods) -> Any:
+    from episode_operator.kube.pod_sandbox import KubeProvider
+    from tests.unit.folders import plan_of, single_step
+
+    spec = EpisodeSpec.model_validate({"task": {"inline": {"files": {}}}, "agent": {"kind": "oracle"}})
+    episode = OwnerRef("pooled-0-1", "ns", "child-uid")
+    return KubeProvider(fake, episode, spec, plan_of(single_step()), IMAGE, {}, pool=PoolRef("pooled", "set-uid"))  # type: ignore[arg-type]
+
+
+def provider_pool_pod(provider: Any, suffix: str) -> dict[str, Any]:
+    """A pool pod made for exactly the pod ``provider`` would make (its key), running and marked."""
+    pod = SandboxPod(
+        role="agent",
+        attempt=1,
+        image=provider.image,
+        environment=provider.plan.environment,
+        env=provider.main_env,
+        sidecars=provider.plan.sidecars,
+        needs=provider.needs,
+        reservation=verifier_reservation(provider.plan, provider.sandbox_requests),
+        requests=provider.sandbox_requests,
+        volumes=provider.plan.main_volumes,
+    )
+    manifest = sandbox_pod(provider.episode, provider.spec, pod, extra_labels={}, images=provider.images)
+    key = pod_key(manifest)
+    manifest["metadata"] = {
+        "name": f"pooled-pool-{suffix}",
+        "namespace": "ns",
+        "labels": {POOL_LABEL: "pooled", POOL_KEY_LABEL: key},
+        "ownerReferences": [SET.owner_reference()],
+    }
+    return live(manifest, uid=f"pool-{suffix}")
+
+
+def with_pool(count: int) -> tuple[ProviderPods, Any]:
+    fake = ProviderPods([])
+    pool = [provider_pool_pod(pooled_provider(fake), str(i)) for i in range(count)]
+    fake = ProviderPods(pool)
+    return fake, pooled_provider(fake)
+
+
+def test_an_attempt_claims_a_pool_pod_and_makes_none() -> None:
+    fake, provider = with_pool(1)
+    sandbox = asyncio.run(provider.agent(1))
+    assert (sandbox.name, sandbox.uid, fake.created) == ("pooled-pool-0", "pool-0", [])
+    labels = fake.pods["pooled-pool-0"]["metadata"]["labels"]
+    assert labels[EPISODE_LABEL] == "pooled-0-1" and POOL_LABEL not in labels
+
+
+def test_with_no_pool_pod_an_attempt_makes_a_fresh_pod_at_once() -> None:
+    fake, provider = with_pool(0)
+    sandbox = asyncio.run(provider.agent(1))
+    assert fake.created == [sandbox.name] == ["pooled-0-1-a1"]
+
+
+@pytest.mark.parametrize("recorded", [True, False], ids=["uid-recorded", "before-the-uid-was-recorded"])
+def test_a_restarted_operator_finds_the_claimed_pod_again_and_claims_or_makes_no_other(recorded: bool) -> None:
+    fake, provider = with_pool(2)
+    first = asyncio.run(provider.agent(1))
+    again = asyncio.run(pooled_provider(fake).agent(1, uid=first.uid if recorded else None))
+    assert (again.name, again.uid, fake.created) == (first.name, first.uid, [])
+    assert POOL_LABEL in fake.pods["pooled-pool-1"]["metadata"]["labels"], "the other pool pod stays in the pool"
+
+
+def test_a_claimed_pod_that_is_gone_is_lost_never_made_again() -> None:
+    from episode_operator.runtime.sandbox_protocol import SandboxError
+
+    fake, provider = with_pool(1)
+    first = asyncio.run(provider.agent(1))
+    del fake.pods[first.name]
+    with pytest.raises(SandboxError) as lost:
+        asyncio.run(pooled_provider(fake).agent(1, uid=first.uid))
+    assert lost.value.kind == "pod_lost" and fake.created == []
+
+
+def test_a_restarted_operator_releases_the_claimed_pod_by_its_name() -> None:
+    fake, provider = with_pool(1)
+    first = asyncio.run(provider.agent(1))
+    asyncio.run(pooled_provider(fake).release_agent(1))
+    assert first.name in fake.deleted
