@@ -619,7 +619,7 @@ MUTATIONS = [
     ),
     Mutation(
         "pool-claim-unguarded",
-        "kube/objects/warm_pool.py",
+        "kube/objects/warm_pool_plan.py",
         '        {"op": "test", "path": "/metadata/resourceVersion", "value": metadata["resourceVersion"]},\n'
         '        {"op": "replace", "path": "/metadata/labels",',
         '        {"op": "replace", "path": "/metadata/labels",',
@@ -627,21 +627,21 @@ MUTATIONS = [
     ),
     Mutation(
         "pool-exec-unnoticed",
-        "kube/objects/warm_pool.py",
+        "kube/objects/warm_pool_plan.py",
         "    if not 0 < taken <= mark.stride + mark.stride // 2:\n",
         "    if not 0 < taken:\n",
         "a pool pod someone exec'd into since its mark is handed to an attempt",
     ),
     Mutation(
         "pool-touch-unnoticed",
-        "kube/objects/warm_pool.py",
+        "kube/objects/warm_pool_plan.py",
         'if entry.get("manager") != FIELD_MANAGER and not _status_only(entry)',
         'if entry.get("manager") is None',
         "a pool pod someone labelled or patched by hand stays claimable",
     ),
     Mutation(
         "pool-key-image-only",
-        "kube/objects/warm_pool.py",
+        "kube/objects/warm_pool_plan.py",
         '    canonical = json.dumps(manifest["spec"], sort_keys=True, separators=(",", ":"))\n',
         '    canonical = json.dumps(manifest["spec"]["containers"][0]["image"])\n',
         "an attempt of other resources, env or workdir claims a pool pod of the same image",

@@ -27,7 +27,7 @@ from episode_operator.kube.objects.pods import (
     sandbox_pod,
     verifier_reservation,
 )
-from episode_operator.kube.objects.warm_pool import (
+from episode_operator.kube.objects.warm_pool_plan import (
     CLAIM_CHECKS,
     PROBE,
     Mark,

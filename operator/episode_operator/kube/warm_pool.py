@@ -1,6 +1,6 @@
 """Warm pools, with I/O: the set's pass keeps its pool filled and marked; an attempt claims a pod from it.
 
-The decisions are :mod:`episode_operator.kube.objects.warm_pool`'s; this module lists, probes, patches,
+The decisions are :mod:`episode_operator.kube.objects.warm_pool_plan`'s; this module lists, probes, patches,
 creates and deletes (docs/warm-pools.md).
 """
 
@@ -18,7 +18,7 @@ from episode_operator.api.episodeset_resource import EpisodeSetSpec, WarmPoolSta
 from episode_operator.api.vocabulary import POOL_KEY_LABEL, POOL_MARK_ANNOTATION
 from episode_operator.kube.client import Conflict, KubeClient, KubeError, NotFound
 from episode_operator.kube.objects.pods import AgentImages, OwnerRef, SandboxRequests
-from episode_operator.kube.objects.warm_pool import (
+from episode_operator.kube.objects.warm_pool_plan import (
     MARK_PROBES,
     PROBE,
     Mark,
