@@ -13,6 +13,7 @@ import importlib.util
 import json
 import os
 import re
+import shutil
 import stat
 import subprocess
 import sys
@@ -126,6 +127,21 @@ def prepare_rootfs(archive: Path, tmp_path: Path) -> Path:
         (rootfs / directory.lstrip("/")).mkdir(parents=True)
         os.chown(rootfs / directory.lstrip("/"), AGENT_UID, AGENT_UID)
     return rootfs
+
+
+def give_image_programs(rootfs: Path, programs: tuple[str, ...]) -> None:
+    """Put in the root the programs a harness runs from the task image by their path (its registry entry's
+    ``image_needs``): this machine's, with the shared libraries they load, at the same paths -- as every task
+    image such a harness can run on has them. The harness itself still runs from its tree alone."""
+    for program in programs:
+        host = Path(program)
+        listing = subprocess.run(["ldd", str(host)], capture_output=True, text=True, check=True).stdout
+        libraries = [Path(word) for line in listing.splitlines() for word in line.split() if word.startswith("/")]
+        for source in (host, *libraries):
+            target = rootfs / str(source).lstrip("/")
+            target.parent.mkdir(parents=True, exist_ok=True)
+            if not target.exists():
+                shutil.copy2(source.resolve(), target)
 
 
 def foreign_peers(trace: Path) -> list[str]:

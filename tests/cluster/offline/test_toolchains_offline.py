@@ -16,7 +16,14 @@ from pathlib import Path
 
 import pytest
 
-from tests.cluster.offline.chroot import INSTRUCTION, MARKER, foreign_peers, prepare_rootfs, run_chrooted
+from tests.cluster.offline.chroot import (
+    INSTRUCTION,
+    MARKER,
+    foreign_peers,
+    give_image_programs,
+    prepare_rootfs,
+    run_chrooted,
+)
 from tests.cluster.toolchains import API_KEY, HARNESS_APIS
 
 SCRIPT = {
@@ -38,6 +45,7 @@ def test_toolchain_runs_in_an_empty_root_with_only_the_model_reachable(
     """Each harness with each model API it speaks (NAME: its default; NAME:API: another)."""
     harness = HARNESS_APIS[name]
     rootfs = prepare_rootfs(image_archives[harness.name], tmp_path)
+    give_image_programs(rootfs, harness.preset.entry.image_needs)
 
     trace = tmp_path / "network.strace"
     result = run_chrooted(netns, rootfs, harness, trace)

@@ -68,6 +68,9 @@ class HarnessEntry:
     origin: str
     version_note: str = ""
     acts: Literal["tools", "edits"] = "tools"
+    # Programs the harness runs from the task image by an absolute path, which its toolchain therefore
+    # cannot supply: the task image must have them (its docs row says so).
+    image_needs: tuple[str, ...] = ()
 
 
 HARNESSES: Final[dict[str, HarnessEntry]] = {
@@ -81,7 +84,9 @@ HARNESSES: Final[dict[str, HarnessEntry]] = {
             state=("mini-swe-agent.trajectory.json",),
             native_logs=("mini-swe-agent.trajectory.json",),
             toolchain=ToolchainBuild(
-                debian=("libc6", "libgcc-s1", "libstdc++6", "python3.11-minimal", "libpython3.11-stdlib"),
+                # bash: its terminal tool runs `bash` (found on PATH; its commands start with `builtin cd`), for
+                # task images without one.
+                debian=("libc6", "libgcc-s1", "libstdc++6", "python3.11-minimal", "libpython3.11-stdlib", "bash"),
                 entry="bin/mini-swe-agent",
                 python="3.11",
                 pypi={"harness": "mini-swe-agent=={version}"},
@@ -237,7 +242,9 @@ HARNESSES: Final[dict[str, HarnessEntry]] = {
             state=("aider/",),
             native_logs=("aider/chat.history.md", "aider/llm.history"),
             toolchain=ToolchainBuild(
-                debian=("libc6", "libgcc-s1", "libstdc++6", "python3.11-minimal", "libpython3.11-stdlib"),
+                # bash: its terminal tool runs `bash` (found on PATH; its commands start with `builtin cd`), for
+                # task images without one.
+                debian=("libc6", "libgcc-s1", "libstdc++6", "python3.11-minimal", "libpython3.11-stdlib", "bash"),
                 entry="bin/aider",
                 python="3.11",
                 pypi={"harness": "aider-chat=={version}"},
@@ -254,6 +261,8 @@ HARNESSES: Final[dict[str, HarnessEntry]] = {
             apis=("chat-completions", "responses", "messages"),
             # Its --id resumes a session only in its interactive TUI: with --json it refuses to run.
             continues=False,
+            # Its shell tool spawns /bin/bash by that path on Linux (no setting or PATH lookup changes it).
+            image_needs=("/bin/bash",),
             state=("cline/",),
             native_logs=("cline/data/sessions/*/*.messages.json", "cline/data/logs/cline.log"),
             toolchain=ToolchainBuild(
@@ -273,7 +282,9 @@ HARNESSES: Final[dict[str, HarnessEntry]] = {
             state=("hermes/",),
             native_logs=("hermes/state.db", "hermes/logs/agent.log"),
             toolchain=ToolchainBuild(
-                debian=("libc6", "libgcc-s1", "libstdc++6", "python3.11-minimal", "libpython3.11-stdlib"),
+                # bash: its terminal tool runs `bash` (found on PATH; its commands start with `builtin cd`), for
+                # task images without one.
+                debian=("libc6", "libgcc-s1", "libstdc++6", "python3.11-minimal", "libpython3.11-stdlib", "bash"),
                 entry="bin/hermes",
                 python="3.11",
                 # The anthropic extra: Hermes speaks Anthropic Messages through the anthropic package only.
