@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import io
+import json
 import os
 import tarfile
 from collections.abc import Iterator
@@ -121,21 +122,31 @@ def test_a_folder_over_a_configmap_runs_as_the_readme_prints_it_and_is_pushed_on
     block = README.read_text().split("<!-- BEGIN tasks-of-any-size -->\n```sh\n")[1].split("```\n<!-- END")[0]
     shell = Shell(context_kubeconfig(kubeconfig, tmp_path / "kubeconfig", {"work": quiet_namespace}), tmp_path / "repo")
     write(shell.workdir / "my-big-task", big_folder(os.urandom(3 * MiB)))  # the user's folder: 3 MiB, incompressible
+    # The user's dataset: another big folder beside a small one (a ConfigMap).
+    write(shell.workdir / "my-dataset" / "big-one", big_folder(os.urandom(2 * MiB)))
+    write(shell.workdir / "my-dataset" / "small-one", big_folder(os.urandom(1000)))
     install_crd(api_client)  # this branch's CRD (spec.task.oci): a session of another branch may have replaced it
-    shell(block, timeout=600)  # bash -e: `run --wait` exits 0 only for a Succeeded Episode
+    shell(block, timeout=900)  # bash -e: `run --wait` and `eval --wait` exit 0 only when all Succeeded
     transcript = shell.transcript[-1]
     assert "my-big-task: over a ConfigMap's size; pushed " in transcript, transcript  # by pack
     assert "already in the registry (nothing uploaded)" in transcript, transcript  # run: the same folder
+    assert "big-one: over a ConfigMap's size; pushed " in transcript, transcript  # by eval
     reference = transcript.split("reference: ")[1].split()[0]
     assert reference.startswith(f"{REGISTRY}/episode-tasks/my-big-task@sha256:")
-    (episode,) = client.CustomObjectsApi(api_client).list_namespaced_custom_object(
+    episodes = client.CustomObjectsApi(api_client).list_namespaced_custom_object(
         "episode-operator.dev", "v1alpha1", quiet_namespace, "episodes"
     )["items"]
-    assert episode["spec"]["task"] == {"oci": {"reference": reference}}
-    status = read_episode(api_client, quiet_namespace, episode["metadata"]["name"])["status"]
-    assert (status["phase"], status["outcome"], status["reward"]) == ("Succeeded", "Graded", 1.0), status
-    cached = list((operator_here.data_dir / "task-artifacts" / "sha256").glob("*.tar.gz"))
-    assert [path.name for path in cached] == [reference.split("sha256:")[1] + ".tar.gz"]
+    tasks = {json.dumps(episode["spec"]["task"], sort_keys=True): episode["metadata"]["name"] for episode in episodes}
+    assert len(episodes) == 3 and json.dumps({"oci": {"reference": reference}}) in tasks, tasks
+    big_one = [episode for episode in episodes if "big-one" in json.dumps(episode["spec"]["task"])]
+    assert len(big_one) == 1 and "oci" in big_one[0]["spec"]["task"], tasks
+    assert any("configMap" in episode["spec"]["task"] for episode in episodes), tasks  # the small one
+    for episode in episodes:
+        status = read_episode(api_client, quiet_namespace, episode["metadata"]["name"])["status"]
+        assert (status["phase"], status["outcome"], status["reward"]) == ("Succeeded", "Graded", 1.0), status
+    cached = sorted(path.name for path in (operator_here.data_dir / "task-artifacts" / "sha256").glob("*.tar.gz"))
+    oci = [episode["spec"]["task"]["oci"]["reference"] for episode in episodes if "oci" in episode["spec"]["task"]]
+    assert cached == sorted(item.split("sha256:")[1] + ".tar.gz" for item in oci)
 
 
 def bomb() -> bytes:

@@ -269,3 +269,43 @@ def test_an_unreachable_registry_is_a_message_not_a_traceback(tmp_path: Path) ->
     result = CliRunner().invoke(cli, ["pack", str(folder), "--task-repository", f"http://{address}/tasks"])
     assert result.exit_code == 1, result.output
     assert f"cannot push to {address}" in result.output and "Traceback" not in result.output
+
+
+def test_eval_pushes_a_datasets_big_task_and_packs_the_rest_as_configmaps(
+    registry: FakeRegistry, tmp_path: Path
+) -> None:
+    """A dataset of one big folder and one small: the set names the big one by its artifact's digest and the
+    small one by its ConfigMap, and only the small one's ConfigMap is a manifest to apply."""
+    dataset = tmp_path / "mixed"
+    write_folder(dataset / "big-task", big_folder())
+    write_folder(dataset / "small-task", TaskFiles.from_mapping(single_step()))
+    where = f"http://{registry.address}/tasks"
+    args = ["eval", str(dataset), "--task-repository", where, "-o", "yaml"]
+    result = CliRunner().invoke(cli, [*args, "--agent", "nop"])
+    assert result.exit_code == 0, result.output
+    manifests = list(__import__("yaml").safe_load_all(result.stdout))
+    assert [manifest["kind"] for manifest in manifests] == ["ConfigMap", "EpisodeSet"]
+    tasks = {task["name"]: task for task in manifests[1]["spec"]["dataset"]["tasks"]}
+    assert tasks["big-task"]["oci"]["reference"].startswith(f"{registry.address}/tasks/big-task@sha256:")
+    assert tasks["small-task"]["configMap"]["name"] == manifests[0]["metadata"]["name"]
+    assert registry.requests["PUT manifest"] == 1 and "pushed" in result.stderr
+    again = CliRunner().invoke(cli, [*args, "--agent", "nop"])
+    assert again.exit_code == 0 and again.stdout == result.stdout  # the same set, and nothing pushed again
+    assert registry.requests["PUT manifest"] == 1
+
+
+def test_a_datasets_big_task_without_a_repository_is_refused_and_nothing_pushed(
+    registry: FakeRegistry, tmp_path: Path
+) -> None:
+    dataset = tmp_path / "mixed"
+    write_folder(dataset / "big-task", big_folder())
+    write_folder(dataset / "small-task", TaskFiles.from_mapping(single_step()))
+    result = CliRunner().invoke(
+        cli, ["eval", str(dataset), "--agent", "nop", "-o", "yaml"], env={"EPISODE_TASK_REPOSITORY": ""}
+    )
+    assert result.exit_code == 1 and "Traceback" not in result.output
+    assert f"{dataset / 'big-task'}: " in result.output and "give --task-repository" in result.output
+    # The Gym server's catalogue holds ConfigMaps: pack --dataset refuses the big folder, naming why.
+    packed = CliRunner().invoke(cli, ["pack", str(dataset), "--dataset", "mixed", "-o", "yaml"])
+    assert packed.exit_code == 1 and "catalogue holds ConfigMaps only" in packed.output
+    assert not registry.requests.get("PUT manifest")

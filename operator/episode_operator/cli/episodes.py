@@ -11,6 +11,7 @@ import sys
 import tarfile
 import time
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol, cast
 
@@ -106,47 +107,99 @@ task_repository_option = click.option(
 )
 
 
+REPOSITORY_HINT = (
+    "give --task-repository [http://]HOST[:PORT]/REPOSITORY (or $EPISODE_TASK_REPOSITORY) to push it to a "
+    "registry as an OCI artifact"
+)
+
+
+@dataclass(frozen=True)
+class PackedTask:
+    """A task folder ready for a spec: its ID, the ConfigMap to create (None: the folder is too big for one
+    and goes to a registry as an OCI artifact, ``files``), and the task source that names it."""
+
+    name: str
+    where: Path
+    config_map: dict[str, Any] | None
+    files: TaskFiles
+
+    def source(self, reference: str | None = None) -> dict[str, Any]:
+        """spec.task (or a dataset entry's source): the ConfigMap, else the pushed artifact's ``reference``."""
+        if self.config_map is not None:
+            return {"configMap": {"name": self.config_map["metadata"]["name"]}}
+        assert reference is not None, f"{self.where}: pushed before it is named"
+        return {"oci": {"reference": reference}}
+
+
+def _packed(name: str, where: Path, files: TaskFiles, repository: TaskRepository | None) -> PackedTask:
+    """The folder in a content-addressed ConfigMap when it fits one; else marked for ``repository``
+    (refused, naming the folder and the flag, without one)."""
+    try:
+        return PackedTask(name, where, task_config_map(files, task=name, namespace=None), files)
+    except TaskTooLarge as error:
+        if repository is None:
+            raise click.ClickException(f"{where}: {error}; {REPOSITORY_HINT}") from error
+        return PackedTask(name, where, None, files)
+
+
+def _push(task: PackedTask, repository: TaskRepository) -> dict[str, Any]:
+    """Push a folder too big for a ConfigMap to ``repository``/<its name> (once: the same folder is the same
+    artifact) and return the task source naming it by digest."""
+    target = repository.child(task.where.resolve().name)
+    try:
+        pushed = asyncio.run(push_task(target, pack_tar(task.files)))
+    except ArtifactError as error:
+        raise click.ClickException(f"{task.where}: {error}") from error
+    said = "pushed" if pushed.uploaded else "already in the registry (nothing uploaded):"
+    click.echo(f"{task.where}: over a ConfigMap's size; {said} {pushed.reference}", err=True)
+    return task.source(str(pushed.reference))
+
+
 def _pack_source(
     directory: str, repository: TaskRepository | None
 ) -> tuple[dict[str, Any] | None, dict[str, Any], str]:
     """(the ConfigMap to create or None, spec.task, the task's stem) of a folder: a content-addressed
     ConfigMap when the folder fits one, else an OCI artifact pushed to ``repository`` (unless there already)."""
-    files = _load_folder(directory)
-    task = Path(directory).resolve().name
-    try:
-        config_map = task_config_map(files, task=task, namespace=None)
-    except TaskTooLarge as error:
-        if repository is None:
-            raise click.ClickException(
-                f"{directory}: {error}; give --task-repository [http://]HOST[:PORT]/REPOSITORY "
-                "(or $EPISODE_TASK_REPOSITORY) to push it to a registry as an OCI artifact"
-            ) from error
-        target = repository.child(task)
-        try:
-            pushed = asyncio.run(push_task(target, pack_tar(files)))
-        except ArtifactError as push_error:
-            raise click.ClickException(f"{directory}: {push_error}") from push_error
-        said = "pushed" if pushed.uploaded else "already in the registry (nothing uploaded):"
-        click.echo(f"{directory}: over a ConfigMap's size; {said} {pushed.reference}", err=True)
-        return None, {"oci": {"reference": str(pushed.reference)}}, target.repository.rsplit("/", 1)[-1]
-    return (
-        config_map,
-        {"configMap": {"name": config_map["metadata"]["name"]}},
-        config_map["metadata"]["labels"][TASK_LABEL],
+    where = Path(directory)
+    task = _packed(where.resolve().name, where, _load_folder(directory), repository)
+    if task.config_map is None:
+        assert repository is not None
+        source = _push(task, repository)
+        return None, source, repository.child(task.name).repository.rsplit("/", 1)[-1]
+    return task.config_map, task.source(), task.config_map["metadata"]["labels"][TASK_LABEL]
+
+
+CATALOGUE_HINT = "the Gym server's catalogue holds ConfigMaps only: run such a task with `run` or `eval`"
+
+
+def pack_folder(
+    directory: str, repository: TaskRepository | None, too_big_hint: str = REPOSITORY_HINT
+) -> list[PackedTask]:
+    """Every task folder under ``directory``, packed (:func:`pack_tasks`); every refusal reported at once."""
+    dataset = discover_dataset(directory)
+    return pack_tasks(
+        dataset.tasks, [problem.render() for problem in dataset.problems], directory, repository, too_big_hint
     )
 
 
 def pack_dataset(directory: str) -> list[tuple[str, dict[str, Any]]]:
-    """(task ID, ConfigMap) of every task folder under ``directory``; every refusal reported at once."""
-    dataset = discover_dataset(directory)
-    return pack_tasks(dataset.tasks, [problem.render() for problem in dataset.problems], directory)
+    """(task ID, ConfigMap) of every task folder under ``directory``, for the Gym server's catalogue."""
+    packed = pack_folder(directory, None, CATALOGUE_HINT)
+    return [(task.name, cast(dict[str, Any], task.config_map)) for task in packed]
 
 
-def pack_tasks(tasks: Sequence[DatasetTask], problems: list[str], where: str) -> list[tuple[str, dict[str, Any]]]:
-    """(task ID, ConfigMap) of each task folder, validated; with ``problems`` already found, every refusal
-    reported at once, naming ``where`` the tasks came from, and nothing packed."""
+def pack_tasks(
+    tasks: Sequence[DatasetTask],
+    problems: list[str],
+    where: str,
+    repository: TaskRepository | None,
+    too_big_hint: str = REPOSITORY_HINT,
+) -> list[PackedTask]:
+    """Each task folder, validated, in a ConfigMap or (too big for one, with ``repository``) marked for the
+    registry; with ``problems`` already found, every refusal reported at once, naming ``where`` the tasks
+    came from, and nothing packed."""
     problems = list(problems)
-    packed: list[tuple[str, dict[str, Any]]] = []
+    packed: list[PackedTask] = []
     for task in tasks:
         files = TaskFiles.from_path(task.path)
         validation = validate_task(files)
@@ -154,9 +207,14 @@ def pack_tasks(tasks: Sequence[DatasetTask], problems: list[str], where: str) ->
             problems += [f"{task.path}: {problem.render()}" for problem in validation.problems]
             continue
         try:
-            packed.append((task.name, task_config_map(files, task=task.name, namespace=None)))
+            packed.append(
+                PackedTask(task.name, task.path, task_config_map(files, task=task.name, namespace=None), files)
+            )
         except TaskTooLarge as error:
-            problems.append(f"{task.path}: {error}")
+            if repository is None:
+                problems.append(f"{task.path}: {error}; {too_big_hint}")
+            else:
+                packed.append(PackedTask(task.name, task.path, None, files))
     if problems:
         for problem in problems:
             click.echo(f"  {problem}", err=True)
@@ -166,6 +224,18 @@ def pack_tasks(tasks: Sequence[DatasetTask], problems: list[str], where: str) ->
             f"{where}: no task folders (a task folder holds task.toml; hidden folders are skipped)"
         )
     return packed
+
+
+def dataset_sources(packed: Sequence[PackedTask], repository: TaskRepository | None) -> list[dict[str, Any]]:
+    """The dataset's entries (ID and source), pushing each folder too big for a ConfigMap to ``repository``
+    once every folder has passed."""
+    return [
+        {
+            "name": task.name,
+            **(task.source() if task.config_map is not None else _push(task, cast(TaskRepository, repository))),
+        }
+        for task in packed
+    ]
 
 
 def _dataset_name(_context: click.Context, parameter: click.Parameter, value: str | None) -> str | None:

@@ -19,9 +19,17 @@ from episode_operator.api.naming import content_name
 from episode_operator.api.vocabulary import API_VERSION, is_terminal
 from episode_operator.cli.agents import agent_options
 from episode_operator.cli.cluster import Cluster, cluster_options
-from episode_operator.cli.episodes import dump_manifests, manifest_output, output_namespace, placed
+from episode_operator.cli.episodes import (
+    dataset_sources,
+    dump_manifests,
+    manifest_output,
+    output_namespace,
+    placed,
+    task_repository_option,
+)
 from episode_operator.cli.registries import dataset_origin, registry_options
 from episode_operator.kube.client import KubeClient
+from episode_operator.taskfolder.oci_artifact import TaskRepository
 
 SHOWN_TASKS = 30
 OUTCOME_CELLS = {"Ungraded": "infra", "Masked": "masked", "TerminalFailure": "term"}
@@ -34,6 +42,7 @@ def register_sets(cli: click.Group) -> None:
     @click.argument("dataset")
     @registry_options
     @cluster_options
+    @task_repository_option
     @agent_options
     @click.option("--image", default=None, help="Image for tasks without docker_image.")
     @click.option("--attempts", type=click.IntRange(1, 100), default=1, show_default=True, help="Per task (pass@k).")
@@ -65,6 +74,7 @@ def register_sets(cli: click.Group) -> None:
         registry: str | None,
         checkouts: tuple[str, ...],
         cluster: Cluster,
+        task_repository: TaskRepository | None,
         agent: AgentSpec,
         image: str | None,
         attempts: int,
@@ -87,8 +97,9 @@ def register_sets(cli: click.Group) -> None:
         folder (or NAME-VERSION) and a digest of its spec instead: a manifest for Git, one object however
         often applied.
         """
-        origin = dataset_origin(dataset, registry, checkouts, cluster)
+        origin = dataset_origin(dataset, registry, checkouts, cluster, task_repository)
         packed = origin.packed
+        config_maps = [task.config_map for task in packed if task.config_map is not None]
         template: dict[str, Any] = {"timeoutMultiplier": timeout_multiplier}
         if image:
             template["image"] = image
@@ -97,12 +108,7 @@ def register_sets(cli: click.Group) -> None:
         try:
             spec = EpisodeSetSpec.model_validate(
                 {
-                    "dataset": {
-                        "tasks": [
-                            {"name": task, "configMap": {"name": config_map["metadata"]["name"]}}
-                            for task, config_map in packed
-                        ]
-                    },
+                    "dataset": {"tasks": dataset_sources(packed, task_repository)},
                     "agent": agent.to_api(),
                     "attempts": attempts,
                     "parallelism": parallelism,
@@ -126,13 +132,13 @@ def register_sets(cli: click.Group) -> None:
             metadata["annotations"] = dict(origin.annotations)
         manifest = {"apiVersion": API_VERSION, "kind": SET_KIND, "metadata": metadata, "spec": given}
         namespace = output_namespace(cluster, output)
-        manifests = [placed(m, namespace) for m in [*(config_map for _, config_map in packed), manifest]]
+        manifests = [placed(m, namespace) for m in [*config_maps, manifest]]
         if output == "yaml":
             click.echo(dump_manifests(manifests), nl=False)
             return
 
         async def create(client: KubeClient) -> dict[str, Any]:
-            await asyncio.gather(*(client.apply_config_map(config_map) for _, config_map in packed))
+            await asyncio.gather(*(client.apply_config_map(config_map) for config_map in config_maps))
             return await client.create_episodeset(manifest)
 
         set_name = cluster.run(create)["metadata"]["name"]

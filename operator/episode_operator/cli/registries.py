@@ -24,10 +24,11 @@ import click
 
 from episode_operator.api.episodeset_resource import DATASET_ANNOTATION, REGISTRY_ANNOTATION
 from episode_operator.cli.cluster import Cluster
-from episode_operator.cli.episodes import pack_dataset, pack_tasks
+from episode_operator.cli.episodes import PackedTask, pack_folder, pack_tasks
 from episode_operator.kube.client import KubeClient, NotFound
 from episode_operator.taskfolder.dataset import DatasetTask
 from episode_operator.taskfolder.errors import Problem
+from episode_operator.taskfolder.oci_artifact import TaskRepository
 from episode_operator.taskfolder.registry import (
     REGISTRY_FILE,
     Checkout,
@@ -147,7 +148,7 @@ def registry_dataset(source: str, wanted: str, checkouts: Sequence[str], cluster
 class DatasetOrigin:
     """What ``eval`` evaluates: the packed tasks, the stem of the set's name, and the set's annotations."""
 
-    packed: list[tuple[str, dict[str, Any]]]
+    packed: list[PackedTask]
     stem: str
     annotations: Mapping[str, str]
 
@@ -170,15 +171,22 @@ def registry_options(command: Callable[..., Any]) -> Callable[..., Any]:
     )(command)
 
 
-def dataset_origin(dataset: str, registry: str | None, checkouts: Sequence[str], cluster: Cluster) -> DatasetOrigin:
-    """The tasks ``eval`` packs: every task folder under the folder DATASET, or the registry's NAME@VERSION."""
+def dataset_origin(
+    dataset: str,
+    registry: str | None,
+    checkouts: Sequence[str],
+    cluster: Cluster,
+    repository: TaskRepository | None = None,
+) -> DatasetOrigin:
+    """The tasks ``eval`` packs: every task folder under the folder DATASET, or the registry's NAME@VERSION;
+    a folder too big for a ConfigMap marked for ``repository``."""
     if registry is None:
         if checkouts:
             raise click.UsageError("--checkout goes with --registry")
         if not Path(dataset).is_dir():
             raise click.BadParameter(f"{dataset!r}: no such directory (a dataset by name needs --registry)")
-        return DatasetOrigin(pack_dataset(dataset), Path(dataset).resolve().name, {})
+        return DatasetOrigin(pack_folder(dataset, repository), Path(dataset).resolve().name, {})
     found = registry_dataset(registry, dataset, checkouts, cluster)
-    packed = pack_tasks(found.tasks, [], f"{registry}: {found.reference}")
+    packed = pack_tasks(found.tasks, [], f"{registry}: {found.reference}", repository)
     stem = re.sub(r"[^a-z0-9-]+", "-", found.reference.lower()).strip("-")
     return DatasetOrigin(packed, stem, {DATASET_ANNOTATION: found.reference, REGISTRY_ANNOTATION: registry})
