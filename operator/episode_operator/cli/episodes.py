@@ -68,7 +68,7 @@ from episode_operator.runtime.supervisor import FOLLOW_ENDED, FOLLOW_NO_RECORDS,
 from episode_operator.runtime.turn.context import running_agent_job
 from episode_operator.taskfolder import TaskFiles, validate_task
 from episode_operator.taskfolder.dataset import DatasetTask, discover_dataset
-from episode_operator.taskfolder.oci_artifact import ArtifactError, TaskRepository
+from episode_operator.taskfolder.oci_artifact import ArtifactError, TaskReference, TaskRepository
 from episode_operator.taskfolder.sources import pack_tar
 
 # Where a watch starts over after the API server ended it (its timeout) or the list went stale.
@@ -132,27 +132,26 @@ class PackedTask:
 
 
 def _packed(name: str, where: Path, files: TaskFiles, repository: TaskRepository | None) -> PackedTask:
-    """The folder in a content-addressed ConfigMap when it fits one; else marked for ``repository``
-    (refused, naming the folder and the flag, without one)."""
+    """The folder in a content-addressed ConfigMap when it fits one; else marked for ``repository``.
+    Raises :class:`TaskTooLarge` when it fits none and there is no repository."""
     try:
         return PackedTask(name, where, task_config_map(files, task=name, namespace=None), files)
-    except TaskTooLarge as error:
+    except TaskTooLarge:
         if repository is None:
-            raise click.ClickException(f"{where}: {error}; {REPOSITORY_HINT}") from error
+            raise
         return PackedTask(name, where, None, files)
 
 
-def _push(task: PackedTask, repository: TaskRepository) -> dict[str, Any]:
-    """Push a folder too big for a ConfigMap to ``repository``/<its name> (once: the same folder is the same
-    artifact) and return the task source naming it by digest."""
-    target = repository.child(task.where.resolve().name)
+def _push(task: PackedTask, repository: TaskRepository) -> TaskReference:
+    """Push a folder too big for a ConfigMap to ``repository``/<its folder's name> (once: the same folder is
+    the same artifact) and return its reference, by digest."""
     try:
-        pushed = asyncio.run(push_task(target, pack_tar(task.files)))
+        pushed = asyncio.run(push_task(repository.child(task.where.resolve().name), pack_tar(task.files)))
     except ArtifactError as error:
         raise click.ClickException(f"{task.where}: {error}") from error
     said = "pushed" if pushed.uploaded else "already in the registry (nothing uploaded):"
     click.echo(f"{task.where}: over a ConfigMap's size; {said} {pushed.reference}", err=True)
-    return task.source(str(pushed.reference))
+    return pushed.reference
 
 
 def _pack_source(
@@ -161,11 +160,14 @@ def _pack_source(
     """(the ConfigMap to create or None, spec.task, the task's stem) of a folder: a content-addressed
     ConfigMap when the folder fits one, else an OCI artifact pushed to ``repository`` (unless there already)."""
     where = Path(directory)
-    task = _packed(where.resolve().name, where, _load_folder(directory), repository)
+    try:
+        task = _packed(where.resolve().name, where, _load_folder(directory), repository)
+    except TaskTooLarge as error:
+        raise click.ClickException(f"{directory}: {error}; {REPOSITORY_HINT}") from error
     if task.config_map is None:
-        assert repository is not None
-        source = _push(task, repository)
-        return None, source, repository.child(task.name).repository.rsplit("/", 1)[-1]
+        assert repository is not None, "_packed marks a folder for a registry only with one"
+        reference = _push(task, repository)
+        return None, task.source(str(reference)), reference.repository.rsplit("/", 1)[-1]
     return task.config_map, task.source(), task.config_map["metadata"]["labels"][TASK_LABEL]
 
 
@@ -207,14 +209,9 @@ def pack_tasks(
             problems += [f"{task.path}: {problem.render()}" for problem in validation.problems]
             continue
         try:
-            packed.append(
-                PackedTask(task.name, task.path, task_config_map(files, task=task.name, namespace=None), files)
-            )
+            packed.append(_packed(task.name, task.path, files, repository))
         except TaskTooLarge as error:
-            if repository is None:
-                problems.append(f"{task.path}: {error}; {too_big_hint}")
-            else:
-                packed.append(PackedTask(task.name, task.path, None, files))
+            problems.append(f"{task.path}: {error}; {too_big_hint}")
     if problems:
         for problem in problems:
             click.echo(f"  {problem}", err=True)
@@ -229,13 +226,14 @@ def pack_tasks(
 def dataset_sources(packed: Sequence[PackedTask], repository: TaskRepository | None) -> list[dict[str, Any]]:
     """The dataset's entries (ID and source), pushing each folder too big for a ConfigMap to ``repository``
     once every folder has passed."""
-    return [
-        {
-            "name": task.name,
-            **(task.source() if task.config_map is not None else _push(task, cast(TaskRepository, repository))),
-        }
-        for task in packed
-    ]
+    sources = []
+    for task in packed:
+        if task.config_map is None:
+            assert repository is not None, f"{task.where}: marked for a registry without one"
+            sources.append({"name": task.name, **task.source(str(_push(task, repository)))})
+        else:
+            sources.append({"name": task.name, **task.source()})
+    return sources
 
 
 def _dataset_name(_context: click.Context, parameter: click.Parameter, value: str | None) -> str | None:
