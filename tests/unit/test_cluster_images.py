@@ -67,6 +67,38 @@ def test_a_harness_registry_entry_keys_its_own_toolchain_image_alone(tmp_path: P
     assert keys(load_script("cluster", root=elsewhere)) == rebuilt
 
 
+def test_hack_toolchains_code_keys_the_images_it_builds_and_no_other(tmp_path: Path) -> None:
+    """A toolchain image is keyed by the part of hack/toolchain that builds it: one harness's assembler
+    changed rebuilds that image alone (rebuilding all eleven cost CI about ten minutes), a helper two
+    harnesses call rebuilds those two, the code every build runs rebuilds every toolchain, and a comment
+    between definitions rebuilds none."""
+    elsewhere = checkout(tmp_path)
+    script = elsewhere / "hack" / "toolchain"
+    toolchains = {name for name in keys(load_script("cluster", root=elsewhere)) if "toolchain-" in name}
+    before = keys(load_script("cluster", root=elsewhere))
+    edit(
+        script, '    """codex\'s npm platform package as it lays', '    """codex\'s own npm platform package as it lays'
+    )
+    after_codex = keys(load_script("cluster", root=elsewhere))
+    assert changed_images(before, after_codex) == {name for name in toolchains if "toolchain-codex" in name}
+    edit(
+        script,
+        "def bundle_shell(tree: Path, rootfs: Path) -> None:\n",
+        "def bundle_shell(tree: Path, rootfs: Path) -> None:\n    pass\n",
+    )
+    after_shell = keys(load_script("cluster", root=elsewhere))
+    assert changed_images(after_codex, after_shell) == {
+        name for name in toolchains if any(f"toolchain-{h}:" in name for h in ("qwen-code", "hermes"))
+    }
+    edit(script, "def bundle(tree: Path,", "# a comment between definitions\n\n\ndef bundle(tree: Path,")
+    assert keys(load_script("cluster", root=elsewhere)) == after_shell
+    edit(script, '    """Copy every shared library the tree', '    """Copy each shared library the tree')
+    after_bundle = keys(load_script("cluster", root=elsewhere))
+    assert changed_images(after_shell, after_bundle) == toolchains
+    edit(script, '    """Write the toolchain image\'s root filesystem', '    """Write a toolchain image\'s root filesystem')
+    assert changed_images(after_bundle, keys(load_script("cluster", root=elsewhere))) == toolchains
+
+
 def test_the_toolchain_images_install_where_the_operator_looks() -> None:
     """hack/toolchain imports nothing of the operator's package, so it spells the toolchains' root
     itself: it must be the folder the agent pod's toolchain volumes mount (runtime/agents/model.py)."""
