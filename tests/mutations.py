@@ -827,9 +827,9 @@ MUTATIONS = [
     ),
     Mutation(
         "capture-address-unpinned",
-        "kube/driver.py",
-        "        needs = replace(needs, capture=capture)\n",
-        "",
+        "kube/upstream.py",
+        "    return replace(needs, capture=replace(needs.capture, upstream_addresses=addresses, bounds=bounds))\n",
+        "    return needs\n",
         "the agent pod's proxy gets no pinned address (or the operator's bounds): it cannot reach a named upstream",
     ),
     Mutation(

@@ -584,7 +584,13 @@ async def run_set(body: kopf.Body, memo: Any, logger: Any, stopped: kopf.DaemonS
                         wakeup,
                         lambda: bool(stopped) or not replicas.belongs_here(body),
                         logger,
-                        SetSettings(pool=PoolSettings(memo.settings.sandbox_requests, memo.settings.agent_images)),
+                        SetSettings(
+                            pool=PoolSettings(
+                                memo.settings.sandbox_requests,
+                                memo.settings.agent_images,
+                                memo.settings.capture_bounds,
+                            )
+                        ),
                         claim=claim,
                     )
                 if not stopped and not replicas.belongs_here(body):

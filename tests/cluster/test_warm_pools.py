@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import hmac
+import json
 import subprocess
 import time
 from collections.abc import Callable, Iterator
@@ -30,6 +31,7 @@ from tests.cluster.conftest import (
     wait_for_default_service_account,
 )
 from tests.cluster.harness import GROUP, PLURAL, TERMINAL, VERSION, OperatorProcess, install_crd, read_episode
+from tests.scripted_model.deploy import deploy_scripted_model
 
 SETS = "episodesets"
 POOL_LABEL = "episode-operator.dev/pool"
@@ -366,3 +368,70 @@ def test_a_pool_pod_someone_execd_into_or_labelled_is_never_claimed(
     for claimer in ("first", "second"):
         status = wait_until(lambda c=claimer: finished(api_client, namespace, c), claimer, operator)
         assert status.get("reward") == 1.0, status
+
+
+# --- an agent whose model calls go through the capture proxy ------------------------------------------
+MODEL_KEY = "sk-warm-pool-7e57"
+MODEL_ANSWER = "the pooled proxy's answer"
+# One chat call through the pod's capture proxy; the reward is whether the scripted model's answer came back.
+MODEL_AGENT = (
+    "python3 - <<'EOF'\n"
+    "import json, os, urllib.request\n"
+    'body = json.dumps({"model": os.environ["EPISODE_MODEL"], "messages": [{"role": "user", "content": "hi"}]})\n'
+    'headers = {"content-type": "application/json", "authorization": "Bearer " + os.environ["EPISODE_MODEL_API_KEY"]}\n'
+    'url = os.environ["EPISODE_MODEL_BASE_URL"] + "/chat/completions"\n'
+    "request = urllib.request.Request(url, body.encode(), headers)\n"
+    'answer = json.load(urllib.request.urlopen(request, timeout=60))["choices"][0]["message"]["content"]\n'
+    f'open("/app/earned.txt", "w").write("1\\n" if {MODEL_ANSWER!r} in answer else "0\\n")\n'
+    "EOF\n"
+)
+
+
+def test_a_model_agents_pool_runs_its_proxy_and_a_childs_calls_through_it_are_its_own(
+    operator: OperatorProcess,
+    api_client: client.ApiClient,
+    core: client.CoreV1Api,
+    namespace: str,
+    sandbox_image: str,
+) -> None:
+    """A pool for an agent with a model endpoint: its pods carry the capture proxy an attempt's pod would carry
+    (pinned to the same upstream, the same key's Secret), so a child claims one; its one call is captured as
+    its own and reaches the model with the key. Before the key's Secret exists the pool makes no pod and says
+    why (a pod that could never start would only hold the quota)."""
+    name = "modelled"
+    endpoint = {"name": "m", "baseURL": "http://scripted-model:8000/v1", "apiKeySecretRef": {"name": "model-key"}}
+    spec = {**set_spec(1, 1, 1, suspend=True), "agent": {"kind": "command", "command": MODEL_AGENT, "model": endpoint}}
+    script = {"rules": [{"name": "any", "steps": [{"say": MODEL_ANSWER}]}]}
+    model = deploy_scripted_model(core, namespace, script, sandbox_image)
+    create_set(api_client, namespace, name, spec)
+    message = wait_until(
+        lambda: (set_status(api_client, namespace, name).get("warmPool") or {}).get("message"),
+        "the pool says why it makes no pod",
+        operator,
+    )
+    assert f"secret {namespace}/model-key not found" in message, message
+    assert pool_pods(core, namespace, name) == []
+
+    core.create_namespaced_secret(
+        namespace, client.V1Secret(metadata=client.V1ObjectMeta(name="model-key"), string_data={"api-key": MODEL_KEY})
+    )
+    pool = wait_until(lambda: ready_pool(core, api_client, namespace, name, 1), "the pool of 1 is ready", operator)
+    [pod_name] = pool.values()
+    containers = [c.name for c in core.read_namespaced_pod(pod_name, namespace).spec.containers]
+    assert "capture" in containers, containers
+    assert model.model_requests() == [], "nothing called the model before a child claimed the pod"
+
+    custom(api_client).patch_namespaced_custom_object(
+        GROUP, VERSION, namespace, SETS, name, {"spec": {"suspend": False}}
+    )
+    child = f"{name}-0-1"
+    status = wait_until(lambda: finished(api_client, namespace, child), "the child finishes", operator, 300)
+    record = agent_pod_record(api_client, namespace, child)
+    assert record is not None and record["uid"] in pool, f"the child made a fresh pod {record} instead of {pool}"
+    assert status.get("reward") == 1.0, status
+    uid = read_episode(api_client, namespace, child)["metadata"]["uid"]
+    calls = (operator.data_dir / namespace / child / uid / "attempt-1" / "task" / "model-calls.jsonl").read_text()
+    captured = [json.loads(line) for line in calls.splitlines() if line and not line.startswith('{"begun"')]
+    assert [call["response_source"] for call in captured if call.get("dialect")] == ["upstream"]
+    [received] = model.model_requests()
+    assert received["api_key"] == MODEL_KEY

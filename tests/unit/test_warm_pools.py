@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import json
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -41,8 +43,10 @@ from episode_operator.kube.objects.warm_pool_plan import (
     pool_pod,
     unclaimable,
 )
-from episode_operator.kube.warm_pool import PoolRef, claim
-from episode_operator.runtime.agents.model import SandboxNeeds
+from episode_operator.kube.upstream import pinned_needs, system_resolver
+from episode_operator.kube.warm_pool import PoolRef, PoolSettings, claim, pool_needs
+from episode_operator.runtime.agents import agent_kind
+from episode_operator.runtime.agents.model import CaptureBounds, SandboxNeeds
 from episode_operator.taskfolder.task_toml import EnvironmentConfig
 
 IMAGE = "registry.example/task:1"
@@ -556,3 +560,79 @@ def test_a_restarted_operator_releases_the_claimed_pod_by_its_name() -> None:
     first = asyncio.run(provider.agent(1))
     asyncio.run(pooled_provider(fake).release_agent(1))
     assert first.name in fake.deleted
+
+
+# --- an agent whose model calls go through a capture proxy -------------------------------------------------
+MODEL_AGENT = {
+    "kind": "command",
+    "command": "true",
+    "model": {"name": "policy", "baseURL": "http://198.18.0.9:8000/v1", "apiKeySecretRef": {"name": "model-key"}},
+}
+CAPTURING = PoolSettings(REQUESTS, AgentImages(capture="episode-operator.local/operator:1"))
+
+
+class Keys:
+    """The API as far as a model agent's pool asks it: the key's Secret (its keys), no Services."""
+
+    def __init__(self, keys: set[str] | None) -> None:
+        self.keys = keys
+
+    async def secret_keys(self, namespace: str, name: str) -> set[str]:
+        if self.keys is None:
+            raise NotFound(f"secrets {name!r} not found", status=404)
+        return self.keys
+
+    async def service_cluster_ips(self, namespace: str, name: str) -> list[str]:
+        raise NotFound(name, status=404)
+
+
+def model_set(**agent: Any) -> EpisodeSetSpec:
+    spec = set_spec()
+    return EpisodeSetSpec.model_validate(
+        {**spec.model_dump(by_alias=True, exclude_none=True), "agent": {**MODEL_AGENT, **agent}}
+    )
+
+
+def model_childs_pod(spec: EpisodeSetSpec, needs: SandboxNeeds) -> dict[str, Any]:
+    child = child_spec(spec, spec.dataset.tasks[0], {"EPISODE_SET": "pooled"})
+    environment = EnvironmentConfig(docker_image=IMAGE, cpus=1, memory_mb=256, workdir="/app")
+    pod = SandboxPod(role="agent", attempt=1, image=IMAGE, environment=environment, needs=needs, requests=REQUESTS)
+    return sandbox_pod(OwnerRef("pooled-0-1", "ns", "child-uid"), child, pod, extra_labels={}, images=CAPTURING.images)
+
+
+def test_a_model_agents_child_has_the_pools_key_its_proxy_pinned_as_the_driver_pins_it() -> None:
+    """The pool pins the proxy's upstream and gives it its settings by the driver's own function: a child's pod,
+    proxy and all, is the pool's pod. A child whose upstream pinned elsewhere gets a fresh pod."""
+    spec = model_set()
+    needs, refusal = asyncio.run(pool_needs(Keys({"api-key"}), "ns", spec, CAPTURING))  # type: ignore[arg-type]
+    assert refusal is None
+    assert needs.capture is not None and needs.capture.upstream_addresses == ("198.18.0.9",)
+    pool = pool_pod(SET, spec, needs, requests=REQUESTS, images=CAPTURING.images, suffix="a")
+    assert "capture-proxy" in json.dumps(pool["spec"]), "the pool pod runs the proxy the child's pod runs"
+    child_needs = asyncio.run(
+        pinned_needs(
+            Keys({"api-key"}), "ns", agent_kind(spec.agent).sandbox_needs(spec.agent), CaptureBounds(), system_resolver
+        )  # type: ignore[arg-type]
+    )
+    assert pod_key(model_childs_pod(spec, child_needs)) == pool["metadata"]["labels"][POOL_KEY_LABEL]
+    assert child_needs.capture is not None
+    elsewhere = replace(child_needs, capture=replace(child_needs.capture, upstream_addresses=("198.18.0.10",)))
+    assert pod_key(model_childs_pod(spec, elsewhere)) != pool["metadata"]["labels"][POOL_KEY_LABEL]
+
+
+@pytest.mark.parametrize(
+    ("keys", "images", "says"),
+    [
+        (None, CAPTURING.images, "spec.agent.model.apiKeySecretRef: secret ns/model-key not found"),
+        ({"other"}, CAPTURING.images, "has no key 'api-key'"),
+        ({"api-key"}, AgentImages(), "this operator has no capture image"),
+    ],
+    ids=["no-secret", "no-key", "no-capture-image"],
+)
+def test_a_model_agent_that_could_not_call_its_model_gets_no_pool_pods_and_the_status_says_why(
+    keys: set[str] | None, images: AgentImages, says: str
+) -> None:
+    settings = PoolSettings(REQUESTS, images)
+    needs, refusal = asyncio.run(pool_needs(Keys(keys), "ns", model_set(), settings))  # type: ignore[arg-type]
+    assert refusal is not None and says in refusal
+    assert needs.capture is None  # the key of a pod that is never made; no proxy without an image to build it from

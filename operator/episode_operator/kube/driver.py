@@ -36,10 +36,10 @@ from episode_operator.kube.replicas import Claim
 from episode_operator.kube.running import episode_provider, runner_config
 from episode_operator.kube.status import KubeStatusSink, refuse
 from episode_operator.kube.tombstone_configmaps import answer_from_tombstone
-from episode_operator.kube.upstream import HostResolver, Unresolvable, pin_upstream, system_resolver
+from episode_operator.kube.upstream import HostResolver, Unresolvable, model_problem, pinned_needs, system_resolver
 from episode_operator.runtime.admission import Refusal, admit_spec, admit_task
 from episode_operator.runtime.agents import agent_kind
-from episode_operator.runtime.agents.model import CaptureBounds, SandboxNeeds
+from episode_operator.runtime.agents.model import CaptureBounds
 from episode_operator.runtime.episode import EpisodeObserver, EpisodeRunner
 from episode_operator.runtime.episode_store import BlobStore
 from episode_operator.runtime.fencing import FencedProvider
@@ -135,18 +135,17 @@ async def drive_episode(
     if spec.regrade is not None:  # no agent runs: its model, key and env are not the regrade's business
         return await drive_regrade(client, body, admission, files, status, sink, settings, observer, claim)
     needs = agent_kind(spec.agent).sandbox_needs(spec.agent)
-    refusal = await _model_refusal(client, episode.namespace, needs, settings.agent_images, admission.digest)
-    if refusal is not None:
-        return await refuse(sink, status, refusal, generation)
-    if needs.capture is not None:
-        try:
-            addresses = await pin_upstream(client, episode.namespace, needs.capture.upstream, settings.resolve_host)
-        except Unresolvable as error:
-            return await refuse(
-                sink, status, Refusal(FAILURE_SEED, f"refused at seed: {error}", admission.digest), generation
-            )
-        capture = replace(needs.capture, upstream_addresses=addresses, bounds=settings.capture_bounds)
-        needs = replace(needs, capture=capture)
+    problem = await model_problem(client, episode.namespace, needs, settings.agent_images)
+    if problem is not None:
+        return await refuse(
+            sink, status, Refusal(FAILURE_SEED, f"refused at seed: {problem}", admission.digest), generation
+        )
+    try:
+        needs = await pinned_needs(client, episode.namespace, needs, settings.capture_bounds, settings.resolve_host)
+    except Unresolvable as error:
+        return await refuse(
+            sink, status, Refusal(FAILURE_SEED, f"refused at seed: {error}", admission.digest), generation
+        )
     agent_env = await read_agent_env(client, episode.namespace, spec.agent.env, spec.agent.env_from, admission.main_env)
     if agent_env.problems:
         message = f"refused at seed: {'; '.join(agent_env.problems)}"
@@ -260,43 +259,6 @@ async def _read_artifact(artifacts: TaskArtifacts, reference: str, wait_sec: flo
 def _unpack_file(path: Path) -> TaskFiles:
     with path.open("rb") as stream:
         return TaskFiles.from_tar(stream)
-
-
-async def _model_refusal(
-    client: KubeClient, namespace: str, needs: SandboxNeeds, images: AgentImages, digest: str
-) -> Refusal | None:
-    """A model endpoint needs the capture image and its key's Secret: refused before any pod starts."""
-    if needs.capture is None:
-        return None
-    if images.capture is None:
-        return Refusal(
-            FAILURE_SEED,
-            "refused at seed: spec.agent.model: this operator has no capture image (episode-operator run "
-            "--capture-image, the chart sets it to its own image)",
-            digest,
-        )
-    secret = needs.capture.secret
-    if secret is None:
-        return None
-    field_name = "spec.agent.model.apiKeySecretRef"
-    try:
-        keys = await client.secret_keys(namespace, secret.name)
-    except NotFound:
-        return Refusal(
-            FAILURE_SEED, f"refused at seed: {field_name}: secret {namespace}/{secret.name} not found", digest
-        )
-    except KubeError as error:
-        return Refusal(
-            FAILURE_SEED, f"refused at seed: {field_name}: cannot read secret {secret.name}: {error}", digest
-        )
-    if secret.key not in keys:
-        return Refusal(
-            FAILURE_SEED,
-            f"refused at seed: {field_name}: secret {namespace}/{secret.name} has no key {secret.key!r} "
-            f"(keys: {', '.join(sorted(keys)) or 'none'})",
-            digest,
-        )
-    return None
 
 
 async def release_episode_pods(client: KubeClient, namespace: str, name: str) -> None:

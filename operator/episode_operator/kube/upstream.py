@@ -27,12 +27,14 @@ import asyncio
 import re
 import socket
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Protocol
 from urllib.parse import urlsplit
 
 from episode_operator.capture.wire import is_ip_address
-from episode_operator.kube.client import KubeError, NotFound
+from episode_operator.kube.client import KubeClient, KubeError, NotFound
+from episode_operator.kube.objects.pods import AgentImages
+from episode_operator.runtime.agents.model import CaptureBounds, SandboxNeeds
 
 FIELD = "spec.agent.model.baseURL"
 CLUSTER_DOMAIN = "cluster.local"
@@ -131,3 +133,43 @@ async def pin_upstream(
             return tuple(dict.fromkeys(resolved))  # in order, once each
         causes.append("the operator's resolver: no address")
     raise Unresolvable(f"{FIELD}: cannot resolve {upstream.host}: {'; '.join(causes)}")
+
+
+async def model_problem(client: KubeClient, namespace: str, needs: SandboxNeeds, images: AgentImages) -> str | None:
+    """What stops an agent pod of ``needs`` in ``namespace`` from calling its model (None: nothing): the
+    operator's capture image, the key's Secret and key. An Episode is refused at seed with it; a warm pool
+    makes no pods (they would never start)."""
+    if needs.capture is None:
+        return None
+    if images.capture is None:
+        return (
+            "spec.agent.model: this operator has no capture image (episode-operator run "
+            "--capture-image, the chart sets it to its own image)"
+        )
+    secret = needs.capture.secret
+    if secret is None:
+        return None
+    field_name = "spec.agent.model.apiKeySecretRef"
+    try:
+        keys = await client.secret_keys(namespace, secret.name)
+    except NotFound:
+        return f"{field_name}: secret {namespace}/{secret.name} not found"
+    except KubeError as error:
+        return f"{field_name}: cannot read secret {secret.name}: {error}"
+    if secret.key not in keys:
+        return (
+            f"{field_name}: secret {namespace}/{secret.name} has no key {secret.key!r} "
+            f"(keys: {', '.join(sorted(keys)) or 'none'})"
+        )
+    return None
+
+
+async def pinned_needs(
+    client: KubeClient, namespace: str, needs: SandboxNeeds, bounds: CaptureBounds, resolve: HostResolver
+) -> SandboxNeeds:
+    """``needs`` with the capture proxy's upstream pinned and its settings, as an attempt's agent pod and a
+    warm pool's pod both get them (so their pod specs, and keys, are equal). Raises :class:`Unresolvable`."""
+    if needs.capture is None:
+        return needs
+    addresses = await pin_upstream(client, namespace, needs.capture.upstream, resolve)
+    return replace(needs, capture=replace(needs.capture, upstream_addresses=addresses, bounds=bounds))

@@ -11,7 +11,7 @@ import logging
 import secrets
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from episode_operator.api.episodeset_resource import EpisodeSetSpec, WarmPoolStatus
@@ -34,9 +34,10 @@ from episode_operator.kube.objects.warm_pool_plan import (
     pod_key,
     pool_pod,
     pool_selector,
-    unpoolable,
 )
+from episode_operator.kube.upstream import HostResolver, Unresolvable, model_problem, pinned_needs, system_resolver
 from episode_operator.runtime.agents import agent_kind
+from episode_operator.runtime.agents.model import CaptureBounds, SandboxNeeds
 from episode_operator.runtime.limits import Spool
 from episode_operator.runtime.sandbox_protocol import MAIN_CONTAINER
 
@@ -50,6 +51,8 @@ class PoolSettings:
 
     requests: SandboxRequests = field(default_factory=SandboxRequests)
     images: AgentImages = field(default_factory=AgentImages)
+    capture_bounds: CaptureBounds = field(default_factory=CaptureBounds)
+    resolve_host: HostResolver = system_resolver
 
 
 async def probe(client: KubeClient, namespace: str, name: str) -> Probe | None:
@@ -88,6 +91,22 @@ def _count(client: KubeClient, metric: str, *labels: str, value: float = 1.0, ga
         instrument.inc(value)
 
 
+async def pool_needs(
+    client: KubeClient, namespace: str, spec: EpisodeSetSpec, settings: PoolSettings
+) -> tuple[SandboxNeeds, str | None]:
+    """What the set's agent adds to its pods, as an attempt's pod gets it (a capture proxy pinned to the same
+    upstream, with the same settings), and why the pool makes no pods (None: it does)."""
+    needs = agent_kind(spec.agent).sandbox_needs(spec.agent)
+    problem = await model_problem(client, namespace, needs, settings.images)
+    if problem is None:
+        try:
+            return await pinned_needs(client, namespace, needs, settings.capture_bounds, settings.resolve_host), None
+        except Unresolvable as error:
+            problem = str(error)
+    # No pod is made; the key is that of the pod without its proxy.
+    return replace(needs, capture=None), f"no pool pods: {problem}"
+
+
 async def reconcile_pool(
     client: KubeClient,
     owner: OwnerRef,
@@ -99,8 +118,7 @@ async def reconcile_pool(
     """One pass over the set's pool: delete stale pods, mark the running ones, make what the target lacks."""
     pool = spec.warm_pool
     assert pool is not None
-    needs = agent_kind(spec.agent).sandbox_needs(spec.agent)
-    refusal = unpoolable(needs)
+    needs, refusal = await pool_needs(client, owner.namespace, spec, settings)
     key = pod_key(pool_pod(owner, spec, needs, requests=settings.requests, images=settings.images, suffix="x"))
     pods = await client.list_pods(owner.namespace, pool_selector(owner.name))
     plan = plan_pool(pool, key, pods, remaining=0 if refusal else remaining, now=time.time())

@@ -6,7 +6,7 @@ A pool pod is an attempt's agent pod made before the attempt: :func:`pool_pod` b
 gives it the pool's name, labels and owner (the EpisodeSet). Its *key* is the digest of its pod spec
 (:func:`pod_key`); an attempt claims a pool pod only when the pod spec it would make hashes to the
 same key. So nothing is configured at claim: a task whose pod would differ in any way (env, compose
-sidecars or volumes, bound files, the capture proxy, a verifier reservation, another image, other
+sidecars or volumes, bound files, the capture proxy's upstream or settings, a verifier reservation, another image, other
 resources or toolchains) never matches and gets a fresh pod.
 
 A pod is claimable when every row of :data:`CLAIM_CHECKS` holds; the claim is one JSON patch guarded
@@ -116,13 +116,6 @@ def pool_pod(
         "ownerReferences": [owner.owner_reference()],
     }
     return manifest
-
-
-def unpoolable(needs: SandboxNeeds) -> str | None:
-    """Why the set's agent cannot have a pool (None: it can)."""
-    if needs.capture is not None:
-        return "the agent's model calls go through a capture proxy made for each Episode: its pods are not pooled"
-    return None
 
 
 # --- freshness ----------------------------------------------------------------------------------------
