@@ -31,7 +31,7 @@ from tests.cluster.conftest import (
     wait_for_default_service_account,
 )
 from tests.cluster.harness import GROUP, PLURAL, TERMINAL, VERSION, OperatorProcess, install_crd, read_episode
-from tests.scripted_model.deploy import deploy_scripted_model
+from tests.scripted_model.deploy import PORT, deploy_scripted_model
 
 SETS = "episodesets"
 POOL_LABEL = "episode-operator.dev/pool"
@@ -399,7 +399,7 @@ def test_a_model_agents_pool_runs_its_proxy_and_a_childs_calls_through_it_are_it
     its own and reaches the model with the key. Before the key's Secret exists the pool makes no pod and says
     why (a pod that could never start would only hold the quota)."""
     name = "modelled"
-    endpoint = {"name": "m", "baseURL": "http://scripted-model:8000/v1", "apiKeySecretRef": {"name": "model-key"}}
+    endpoint = {"name": "m", "baseURL": f"http://scripted-model:{PORT}/v1", "apiKeySecretRef": {"name": "model-key"}}
     spec = {**set_spec(1, 1, 1, suspend=True), "agent": {"kind": "command", "command": MODEL_AGENT, "model": endpoint}}
     script = {"rules": [{"name": "any", "steps": [{"say": MODEL_ANSWER}]}]}
     model = deploy_scripted_model(core, namespace, script, sandbox_image)
@@ -425,8 +425,8 @@ def test_a_model_agents_pool_runs_its_proxy_and_a_childs_calls_through_it_are_it
         GROUP, VERSION, namespace, SETS, name, {"spec": {"suspend": False}}
     )
     child = f"{name}-0-1"
+    record = wait_until(lambda: agent_pod_record(api_client, namespace, child), "the child's agent pod", operator)
     status = wait_until(lambda: finished(api_client, namespace, child), "the child finishes", operator, 300)
-    record = agent_pod_record(api_client, namespace, child)
     assert record is not None and record["uid"] in pool, f"the child made a fresh pod {record} instead of {pool}"
     assert status.get("reward") == 1.0, status
     uid = read_episode(api_client, namespace, child)["metadata"]["uid"]
