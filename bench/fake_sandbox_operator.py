@@ -173,7 +173,8 @@ def profiled(path: str) -> None:
 
 
 if __name__ == "__main__":
-    running.KubeProvider = FakeProvider  # type: ignore[assignment,misc]
+    if not os.environ.get("BENCH_REAL_SANDBOXES"):  # set: the operator as it ships, for a comparison
+        running.KubeProvider = FakeProvider  # type: ignore[assignment,misc]
     if os.environ.get("BENCH_PROFILE"):
         profiled(os.environ["BENCH_PROFILE"])
     main()

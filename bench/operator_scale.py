@@ -63,7 +63,8 @@ from bench.suite.cluster import (
     proc_sample,
 )
 from bench.suite.stats import table
-from tests.cluster.harness import free_port, install_crd
+from bench.suite.tasks import episode_spec, trivial_task
+from tests.cluster.harness import SIDE_BY_SIDE_CPU_REQUEST_FRACTION, free_port, install_crd
 
 OUT = Path(__file__).resolve().parent / "out"
 # hack/cluster's API server audit log: every write of an Episode, with its client's User-Agent.
@@ -74,8 +75,13 @@ SPEC_AGENT = {"kind": "command", "command": "sleep"}
 class Operator(Replica):
     """One fake-sandbox operator (bench/replicas.py's replica) with its /metrics on a port of its own."""
 
-    def __init__(self, options: argparse.Namespace, namespace: str, folder: Path, turn_sec: float) -> None:
+    def __init__(
+        self, options: argparse.Namespace, namespace: str, folder: Path, turn_sec: float, *, real: bool = False
+    ) -> None:
         super().__init__(options.kubeconfig, namespace, "r0", folder, folder / "timeline.jsonl", turn_sec)
+        if real:  # real pods, execs and sessions; each pod requesting little CPU (the cluster tier's share)
+            self.env["BENCH_REAL_SANDBOXES"] = "1"
+            self.command += ["--cpu-request-fraction", str(SIDE_BY_SIDE_CPU_REQUEST_FRACTION)]
         self.timeline = folder / "timeline.jsonl"
         self.metrics_port = free_port()
         at = self.command.index("--metrics-port")
@@ -107,11 +113,13 @@ class Operator(Replica):
 
 
 @contextmanager
-def operating(options: argparse.Namespace, namespaces: Namespaces, label: str, turn_sec: float) -> Iterator[Operator]:
+def operating(
+    options: argparse.Namespace, namespaces: Namespaces, label: str, turn_sec: float, *, real: bool = False
+) -> Iterator[Operator]:
     """A fresh namespace and an operator of its own; the namespace deleted while the operator runs."""
     namespace = namespaces.create(label)
     folder = Path(tempfile.mkdtemp(prefix=f"operator-scale-{label}-", dir=OUT))
-    operator = Operator(options, namespace, folder, turn_sec)
+    operator = Operator(options, namespace, folder, turn_sec, real=real)
     operator.start()
     try:
         yield operator
@@ -127,7 +135,9 @@ def create_all(api: Any, namespace: str, names: list[str], spec: dict[str, Any],
         list(pool.map(lambda name: create_episode(api, namespace, name, spec), names))
 
 
-def spec_of(turns: int) -> dict[str, Any]:
+def spec_of(turns: int, *, real: bool = False) -> dict[str, Any]:
+    if real:  # the oracle on bench/suite's trivial task: a real pod, every command a supervised job
+        return episode_spec(trivial_task(turns, setup=False))
     return {"task": {"inline": {"files": task(turns)}}, "agent": SPEC_AGENT}
 
 
@@ -155,19 +165,22 @@ def per_request_kind(delta: Counter[str], turns: int) -> dict[str, float]:
 
 
 # Phase: turns ----------------------------------------------------------------------------------------------
-def turns_phase(options: argparse.Namespace, api: Any, namespaces: Namespaces, turns: int) -> dict[str, Any]:
-    names = [f"e{index}" for index in range(options.episodes)]
-    with operating(options, namespaces, f"t{turns}", options.turn_sec) as operator:
+def turns_phase(
+    options: argparse.Namespace, api: Any, namespaces: Namespaces, turns: int, *, real: bool = False
+) -> dict[str, Any]:
+    names = [f"e{index}" for index in range(options.real_episodes if real else options.episodes)]
+    label = f"{'real' if real else 't'}{turns}"
+    with operating(options, namespaces, label, options.turn_sec, real=real) as operator:
         namespace = operator.command[operator.command.index("--namespace") + 1]
         with Recorder.episodes(api, namespace) as episodes:
             before, requests_before, started = operator.sample(), operator.requests(), time.time()
-            create_all(api, namespace, names, spec_of(turns))
+            create_all(api, namespace, names, spec_of(turns, real=real))
             views = episodes.wait_all(names, lambda view: view.terminal, timeout=turns * options.turn_sec * 4 + 600)
             after, requests_after = operator.sample(), operator.requests()
     failed = sorted(name for name, view in views.items() if view.phase != "Succeeded")
     assert not failed, f"not Succeeded: {failed[:5]}"
     delta = requests_after - requests_before + kopf_writes(namespace)
-    count = options.episodes * turns
+    count = len(names) * turns
     return {
         "turns_per_episode": turns,
         "turns": count,
@@ -276,9 +289,12 @@ def marginal(results: list[dict[str, Any]]) -> dict[str, float] | None:
     assert key
     requests_low = sum(Counter(low["requests_by_kind"]).values())
     requests_high = sum(Counter(high["requests_by_kind"]).values())
+    kinds = Counter(high["requests_by_kind"])
+    kinds.subtract(Counter(low["requests_by_kind"]))
     return {
         "cpu_per_turn_ms": (high["cpu_sec"] - low["cpu_sec"]) / added * 1000,
         "requests_per_turn": (requests_high - requests_low) / added,
+        "requests_per_turn_by_kind": {kind: round(count / added, 2) for kind, count in sorted(kinds.items()) if count},
     }
 
 
@@ -374,10 +390,11 @@ def main() -> int:
         baseline_child(sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5]))
         return 0
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--phases", default="turns,burst,concurrent")
+    parser.add_argument("--phases", default="turns,real-turns,burst,concurrent")
     parser.add_argument("--episodes", type=int, default=10, help="Episodes of the turns phase")
     parser.add_argument("--turns", default="1,5", help="turns per Episode, one run each")
     parser.add_argument("--turn-sec", type=float, default=2.0)
+    parser.add_argument("--real-episodes", type=int, default=4, help="Episodes of the real-turns phase (real pods)")
     parser.add_argument("--burst", type=int, default=300)
     parser.add_argument("--concurrent", type=int, default=1000)
     parser.add_argument("--hold-sec", type=float, default=60.0)
@@ -406,6 +423,10 @@ def main() -> int:
                 "marginal": marginal(runs),
                 "baseline_marginal": marginal(floors),
             }
+        if "real-turns" in phases:
+            real = [turns_phase(options, api, namespaces, t, real=True) for t in map(int, options.turns.split(","))]
+            record["real_turns"] = {"operator": real, "marginal": marginal(real)}
+            say(f"real sandboxes: {record['real_turns']['marginal']}")
         if "burst" in phases:
             record["burst"] = {
                 "operator": burst_phase(options, api, namespaces),
@@ -451,6 +472,21 @@ def report(record: dict[str, Any]) -> None:
         for operator in record["turns"]["operator"]:
             kinds = operator["requests_per_turn_by_kind"]
             print(f"requests per turn by kind, {operator['turns_per_episode']} turn(s): {kinds}")
+    if "real_turns" in record:
+        rows = []
+        for run in record["real_turns"]["operator"]:
+            rows.append([f"{run['turns_per_episode']} ({run['turns']} turns)", f"{run['cpu_per_turn_ms']:.1f} ms",
+                         f"{run['requests_per_turn']:.2f}", f"{run['load_average']:.1f}"])  # fmt: skip
+        extra = record["real_turns"]["marginal"]
+        if extra:
+            rows.append(
+                ["marginal turn", f"{extra['cpu_per_turn_ms']:.1f} ms", f"{extra['requests_per_turn']:.2f}", ""]
+            )
+        print(table("Per turn with real pods (execs, sessions): the oracle on a trivial task",
+                    ["turns per Episode", "operator CPU", "operator requests", "load"], rows))  # fmt: skip
+        for run in record["real_turns"]["operator"]:
+            kinds = run["requests_per_turn_by_kind"]
+            print(f"requests per turn by kind, real, {run['turns_per_episode']} turn(s): {kinds}")
     if "burst" in record:
         burst, floor = record["burst"]["operator"], record["burst"]["baseline"]
         print(table(
