@@ -153,23 +153,14 @@ class FakeProvider:
 
 
 def profiled(path: str) -> None:
-    """``$BENCH_PROFILE``: profile the whole operator into ``path`` (pstats) at exit. With yappi importable
-    (not a project dependency: ``pip install --target DIR yappi`` and DIR on PYTHONPATH), every thread's
-    CPU time (aiohttp's and kopf's worker threads included); else cProfile, the main thread's wall time."""
+    """``$BENCH_PROFILE``: cProfile the operator into ``path`` (pstats) at exit — the main thread, where
+    kopf's event loop and the drivers run (aiohttp's and the store's worker threads are not in it)."""
     import atexit
+    import cProfile
 
-    try:
-        import yappi  # type: ignore[import-not-found]
-    except ImportError:
-        import cProfile
-
-        profile = cProfile.Profile()
-        profile.enable()
-        atexit.register(profile.dump_stats, path)
-        return
-    yappi.set_clock_type("cpu")
-    yappi.start(builtins=True)
-    atexit.register(lambda: yappi.get_func_stats().save(path, type="pstat"))
+    profile = cProfile.Profile()
+    profile.enable()
+    atexit.register(profile.dump_stats, path)
 
 
 if __name__ == "__main__":

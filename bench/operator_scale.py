@@ -91,8 +91,6 @@ class Operator(Replica):
         del self.command[at : at + 6]
         if options.profile:
             self.env["BENCH_PROFILE"] = str(folder / "operator.prof")
-            if options.profile_path:
-                self.env["PYTHONPATH"] = os.pathsep.join([options.profile_path, self.env.get("PYTHONPATH", "")])
 
     def requests(self) -> Counter[str]:
         with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=10) as answer:
@@ -398,8 +396,7 @@ def main() -> int:
     parser.add_argument("--burst", type=int, default=300)
     parser.add_argument("--concurrent", type=int, default=1000)
     parser.add_argument("--hold-sec", type=float, default=60.0)
-    parser.add_argument("--profile", action="store_true", help="profile the operator (bench/out/…/operator.prof)")
-    parser.add_argument("--profile-path", default="", help="a directory holding yappi (else cProfile is used)")
+    parser.add_argument("--profile", action="store_true", help="cProfile the operator (bench/out/…/operator.prof)")
     parser.add_argument("--kubeconfig", type=Path, default=Path(os.environ.get("KUBECONFIG") or DEFAULT_KUBECONFIG))
     options = parser.parse_args()
     OUT.mkdir(parents=True, exist_ok=True)
