@@ -12,7 +12,7 @@ import pytest
 import yaml
 from aiohttp import web
 
-from episode_operator.kube.client import KubeClient, KubeError, request_kind
+from episode_operator.kube.client import KubeClient, KubeError, environment_applies, request_kind
 from episode_operator.runtime.metrics import Metrics
 
 HOST = "https://198.18.255.1:6443"
@@ -150,3 +150,105 @@ def test_a_replicas_requests_name_it_in_their_user_agent(tmp_path: Path) -> None
 
     asyncio.run(scenario())
     assert seen == ["episode-operator/0.1.0 (replica r1.ab12cd)", "episode-operator/0.1.0"]
+
+
+@pytest.fixture
+def bare_environment(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
+    """No proxy variables, no NETRC, and a HOME without a .netrc: returns that HOME."""
+    for name in ("http_proxy", "https_proxy", "all_proxy", "ws_proxy", "wss_proxy", "no_proxy", "netrc"):
+        monkeypatch.delenv(name, raising=False)
+        monkeypatch.delenv(name.upper(), raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    return tmp_path
+
+
+@pytest.mark.parametrize(
+    ("variables", "netrc", "proxied", "applies"),
+    [
+        ({}, False, False, False),
+        ({"HTTPS_PROXY": "http://198.18.0.9:3128"}, False, False, True),
+        ({"HTTP_PROXY": "http://198.18.0.9:3128"}, False, False, True),  # aiohttp's http proxy, for ws:// too
+        ({"HTTPS_PROXY": "http://198.18.0.9:3128", "NO_PROXY": "198.18.255.1"}, False, False, False),
+        ({"HTTPS_PROXY": "http://198.18.0.9:3128"}, False, True, False),  # the kubeconfig's proxy-url wins
+        ({}, True, False, True),
+        ({}, True, True, True),  # a netrc still gives a password to a server asked without credentials
+    ],
+)
+def test_the_environment_is_consulted_only_when_a_proxy_or_netrc_could_apply(
+    bare_environment: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    variables: dict[str, str],
+    netrc: bool,
+    proxied: bool,
+    applies: bool,
+) -> None:
+    for name, value in variables.items():
+        monkeypatch.setenv(name, value)
+    if netrc:
+        (bare_environment / ".netrc").write_text("machine 198.18.255.1 login u password p\n")
+    assert environment_applies(HOST, proxied=proxied) is applies
+
+
+@pytest.mark.parametrize("proxy", [None, "http://198.18.0.9:3128"])
+def test_the_clients_sessions_trust_the_environment_only_when_it_applies(
+    bare_environment: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path, proxy: str | None
+) -> None:
+    """Without a proxy or netrc aiohttp's per-request lookups are off (each cost a worker thread's turn);
+    with one, requests and exec's websockets still honour it."""
+    if proxy:
+        monkeypatch.setenv("HTTPS_PROXY", proxy)
+
+    async def scenario() -> list[bool]:
+        client = await KubeClient.connect(str(_kubeconfig(tmp_path / "kubeconfig", 6443)))
+        try:
+            return [session.rest_client.pool_manager.trust_env for session in (client.api, client.ws_api)]
+        finally:
+            await client.close()
+
+    assert asyncio.run(scenario()) == [proxy is not None] * 2
+
+
+def test_writes_whose_reply_is_not_read_still_raise_the_api_servers_errors(tmp_path: Path) -> None:
+    """Events, status writes and merge patches skip deserialising their replies; an error status is still
+    this module's typed error with the API server's message (an Event already posted is a Conflict)."""
+    answers = {"events": 409, "episodes/status": 422, "episodes": 404, "episodesets/status": 201}
+
+    async def answer(request: web.Request) -> web.Response:
+        tail = request.path.split("/namespaces/ns/")[1]
+        resource = "/".join(tail.split("/")[0:3:2])
+        code = answers[resource]
+        return web.json_response({"kind": "Status", "message": f"said {code}"}, status=code)
+
+    async def scenario() -> list[tuple[str, int]]:
+        app = web.Application()
+        app.router.add_route("*", "/{tail:.*}", answer)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        kubeconfig = _kubeconfig(tmp_path / "kubeconfig", port)
+        kubeconfig.write_text(kubeconfig.read_text().replace("https://", "http://"))
+        client = await KubeClient.connect(str(kubeconfig))
+        raised: list[tuple[str, int]] = []
+        try:
+            for call in (
+                client.create_event("ns", {"metadata": {"name": "x"}}),
+                client.replace_episode_status("ns", "e", {"phase": "Running"}),
+                client.patch_episode("ns", "e", {"spec": {"suspend": True}}),
+                client.replace_episodeset_status("ns", "s", {}),
+            ):
+                try:
+                    await call
+                except KubeError as error:
+                    raised.append((f"{type(error).__name__}: {error}", error.status))
+        finally:
+            await client.close()
+            await runner.cleanup()
+        return raised
+
+    assert asyncio.run(scenario()) == [
+        ("Conflict: event: said 409", 409),
+        ("KubeError: status of episode ns/e: said 422", 422),
+        ("NotFound: episode ns/e: said 404", 404),
+    ]

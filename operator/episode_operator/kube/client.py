@@ -23,12 +23,14 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import aiohttp
+from aiohttp.helpers import get_env_proxy_for_url, netrc_from_env
 from kubernetes_asyncio import client as k8s
 from kubernetes_asyncio import config as k8s_config
 from kubernetes_asyncio.client.exceptions import ApiException
 from kubernetes_asyncio.config import ConfigException
 from kubernetes_asyncio.stream import WsApiClient
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, stop_after_attempt, wait_exponential
+from yarl import URL
 
 from episode_operator import __version__
 from episode_operator.api.episode_resource import PLURAL
@@ -178,6 +180,25 @@ async def login_for(kubeconfig: str | None = None) -> Login:
     )
 
 
+def environment_applies(server: str, *, proxied: bool = False) -> bool:
+    """Whether aiohttp's ``trust_env`` (on in kubernetes_asyncio's sessions) can change a request to
+    ``server``: a netrc file, or a proxy for it in the environment (``HTTPS_PROXY``, ``NO_PROXY``… as
+    aiohttp reads them, for requests and for exec's websockets) unless ``proxied`` (the kubeconfig names
+    one: the environment's is not consulted). When none does, :meth:`KubeClient.connect` turns the
+    lookups off: aiohttp makes them on every request, each in a worker thread (~0.6 ms of CPU a request)."""
+    if netrc_from_env() is not None:
+        return True
+    if proxied:
+        return False
+    for scheme in ("https", "wss", "http", "ws"):
+        try:
+            get_env_proxy_for_url(URL(server).with_scheme(scheme))
+        except LookupError:
+            continue
+        return True
+    return False
+
+
 def user_agent(replica: str | None = None) -> str:
     """The User-Agent of the operator's requests, as kubectl's names the program and its version."""
     return f"episode-operator/{__version__}" + (f" (replica {replica})" if replica else "")
@@ -295,6 +316,9 @@ class KubeClient:
         configuration.connection_pool_maxsize = EXEC_CONNECTIONS
         ws_api = _CountedWs(configuration, count)
         api.user_agent = ws_api.user_agent = agent
+        if not environment_applies(str(configuration.host), proxied=bool(configuration.proxy)):
+            for client in (api, ws_api):
+                client.rest_client.pool_manager._trust_env = False
         return cls(api, ws_api, metrics=metrics)
 
     async def close(self) -> None:
@@ -318,14 +342,17 @@ class KubeClient:
         With a ``guard`` the API server writes it only while that annotation has that value (a
         JSON patch ``test``): the fence of kube/replicas.py, at no extra request; else 422."""
         with _api_call(f"status of episode {namespace}/{name}"):
-            await self.custom.patch_namespaced_custom_object_status(
-                GROUP,
-                VERSION,
-                namespace,
-                PLURAL,
-                name,
-                _guarded([{"op": "add", "path": "/status", "value": status}], guard),
-                _content_type="application/json-patch+json",
+            await _body(  # the reply (the whole object) is not read: not parsed either
+                await self.custom.patch_namespaced_custom_object_status(
+                    GROUP,
+                    VERSION,
+                    namespace,
+                    PLURAL,
+                    name,
+                    _guarded([{"op": "add", "path": "/status", "value": status}], guard),
+                    _content_type="application/json-patch+json",
+                    _preload_content=False,
+                )
             )
 
     async def create_episode(self, manifest: dict[str, Any]) -> dict[str, Any]:
@@ -444,8 +471,17 @@ class KubeClient:
     async def patch_episode(self, namespace: str, name: str, patch: dict[str, Any]) -> None:
         """A JSON merge patch of an Episode (spec.suspend, annotations)."""
         with _api_call(f"episode {namespace}/{name}"):
-            await self.custom.patch_namespaced_custom_object(
-                GROUP, VERSION, namespace, PLURAL, name, patch, _content_type="application/merge-patch+json"
+            await _body(
+                await self.custom.patch_namespaced_custom_object(
+                    GROUP,
+                    VERSION,
+                    namespace,
+                    PLURAL,
+                    name,
+                    patch,
+                    _content_type="application/merge-patch+json",
+                    _preload_content=False,
+                )
             )
 
     # EpisodeSets ---------------------------------------------------------------------------
@@ -461,21 +497,33 @@ class KubeClient:
     ) -> None:
         """Write the whole status of an EpisodeSet (as :meth:`replace_episode_status`)."""
         with _api_call(f"status of episodeset {namespace}/{name}"):
-            await self.custom.patch_namespaced_custom_object_status(
-                GROUP,
-                VERSION,
-                namespace,
-                SET_PLURAL,
-                name,
-                _guarded([{"op": "add", "path": "/status", "value": status}], guard),
-                _content_type="application/json-patch+json",
+            await _body(  # the reply (the whole object) is not read: not parsed either
+                await self.custom.patch_namespaced_custom_object_status(
+                    GROUP,
+                    VERSION,
+                    namespace,
+                    SET_PLURAL,
+                    name,
+                    _guarded([{"op": "add", "path": "/status", "value": status}], guard),
+                    _content_type="application/json-patch+json",
+                    _preload_content=False,
+                )
             )
 
     async def patch_episodeset(self, namespace: str, name: str, patch: dict[str, Any]) -> None:
         """A JSON merge patch of an EpisodeSet (its annotations)."""
         with _api_call(f"episodeset {namespace}/{name}"):
-            await self.custom.patch_namespaced_custom_object(
-                GROUP, VERSION, namespace, SET_PLURAL, name, patch, _content_type="application/merge-patch+json"
+            await _body(
+                await self.custom.patch_namespaced_custom_object(
+                    GROUP,
+                    VERSION,
+                    namespace,
+                    SET_PLURAL,
+                    name,
+                    patch,
+                    _content_type="application/merge-patch+json",
+                    _preload_content=False,
+                )
             )
 
     async def create_episodeset(self, manifest: dict[str, Any]) -> dict[str, Any]:
@@ -543,7 +591,8 @@ class KubeClient:
 
     async def create_event(self, namespace: str, event: dict[str, Any]) -> None:
         with _api_call("event"):
-            await self.core.create_namespaced_event(namespace, event)
+            # The reply is not read: deserialised into model objects it cost more CPU than the request.
+            await _body(await self.core.create_namespaced_event(namespace, event, _preload_content=False))
 
     async def list_pod_events(self, namespace: str, pod: str) -> list[dict[str, Any]]:
         """The Events of one pod (what the scheduler and the kubelet said of it), as the API's JSON."""
