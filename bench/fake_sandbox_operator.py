@@ -111,6 +111,9 @@ class FakeProvider:
     async def verifier(self, attempt: int, turn: int, plan: Any, *, waiting: Any = None) -> FakeSandbox:
         return await self.agent(attempt)
 
+    def pin_images(self, pins: Any) -> None:
+        pass
+
     async def apply_network(self, attempt: int, policy: Any) -> None:
         pass
 
