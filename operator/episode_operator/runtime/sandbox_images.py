@@ -105,6 +105,19 @@ DOCKERFILE_MAKING: Final[Mapping[tuple[Takes, bool, bool], Making]] = {
 }
 
 
+def render_making_table() -> str:
+    """:data:`DOCKERFILE_MAKING` as Markdown, for docs/runtime.md (tests/doc_tables.py)."""
+    lines = [
+        "| what can make it | build registry | EpisodeSet child | made | why |",
+        "| --- | --- | --- | --- | --- |",
+    ]
+    for (takes, registry, set_child), making in DOCKERFILE_MAKING.items():
+        made = making.made or "refused"
+        yes = {True: "yes", False: "no"}
+        lines.append(f"| {takes.value} | {yes[registry]} | {yes[set_child]} | {made} | {making.why} |")
+    return "\n".join(lines) + "\n"
+
+
 @dataclass(frozen=True)
 class ImagePolicy:
     """The operator's image settings: its mirrors, and where built images are pulled from (None: no builds)."""
