@@ -459,11 +459,18 @@ def test_a_set_child_starts_from_the_built_digest_and_replays_nothing() -> None:
 
 
 def test_a_runner_restarted_past_the_seed_pins_the_built_images_before_any_pod() -> None:
-    world, builder, dying = World(), FakeBuilder(), FakeSink()
-    run(replayed_task(), world=world, builder=builder, sink=dying, set_child=True)
-    ready = next(s for s in dying.statuses if s.attempts and s.attempts[-1].ready_at is not None)
+    """The runner dies as it writes readyAt; the next one makes no seed stage again, yet its pods (a later
+    separate verifier's) must name the digest: it reads the builds back before anything else."""
+    world, builder = World(), FakeBuilder()
+    dying = FakeSink(crash_when=lambda status: bool(status.attempts and status.attempts[-1].ready_at))
+    with pytest.raises(Crash):
+        run(replayed_task(), world=world, builder=builder, sink=dying, set_child=True)
     provider = FakeProvider(world)
-    status = run(replayed_task(), world=world, builder=builder, status=ready, set_child=True, provider=provider)[0]
-    assert status.phase == "Succeeded", status.message
+    asked = builder.asked
+    status = run(
+        replayed_task(), world=world, builder=builder, status=dying.statuses[-1], set_child=True, provider=provider
+    )[0]
+    assert (status.phase, status.attempt) == ("Succeeded", 1), status.message
+    assert builder.asked == asked + 2 and sum(builder.built.values()) == 2  # asked again, nothing built again
     tag = admitted(replayed_task(), set_child=True)[0].images.agent.image
     assert provider.pins[tag] == pinned("registry.test/builds:environment/Dockerfile")
