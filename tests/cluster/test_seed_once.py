@@ -20,6 +20,7 @@ from typing import Any
 
 import pytest
 from kubernetes import client
+from kubernetes.client.exceptions import ApiException
 
 from episode_operator.kube.objects.buildjobs import MANIFEST_DIGEST_ANNOTATION
 from episode_operator.taskfolder import TaskFiles
@@ -84,6 +85,16 @@ def registry_digest(tag: str) -> str:
         return str(response.headers["Docker-Content-Digest"])
 
 
+def exists(api: client.ApiClient, namespace: str, name: str) -> bool:
+    try:
+        read_episode(api, namespace, name)
+    except ApiException as error:
+        if error.status == 404:
+            return False
+        raise
+    return True
+
+
 def create_set(
     api: client.ApiClient, namespace: str, name: str, files: dict[str, str], attempts: int, parallel: int
 ) -> None:
@@ -106,7 +117,11 @@ def set_children(
 ) -> dict[str, dict[str, Any]]:
     """Every child's final status, and the set's record of each once it has them all."""
     children = [f"{name}-0-{attempt}" for attempt in range(1, attempts + 1)]
-    statuses = wait_all(api, namespace, children, operator)
+    # The set makes them as its parallelism allows: each is waited for once it exists.
+    statuses: dict[str, dict[str, Any]] = {}
+    for child in children:
+        poll_until(lambda child=child: exists(api, namespace, child), f"{child} created", operator, timeout=900)
+        statuses.update(wait_all(api, namespace, [child], operator))
 
     def recorded() -> bool:
         status = client.CustomObjectsApi(api).get_namespaced_custom_object(GROUP, VERSION, namespace, SETS, name)
