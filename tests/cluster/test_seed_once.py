@@ -11,6 +11,7 @@ while a pod that names the tag gets the tampered image (the control, which shows
 
 from __future__ import annotations
 
+import hashlib
 import shlex
 import urllib.request
 import uuid
@@ -19,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
@@ -28,7 +30,10 @@ from episode_operator.taskfolder.buildcontext import BuildSource, pack_build_con
 from episode_operator.taskfolder.image_refs import ImageMirrors
 from tests.cluster.conftest import delete_namespace_while_watched, namespace_name, namespace_prefix
 from tests.cluster.harness import (
+    CRD_DIGEST_ANNOTATION,
+    CRD_PATH,
     GROUP,
+    SET_CRD_PATH,
     SIDE_BY_SIDE_CPU_REQUEST_FRACTION,
     VERSION,
     OperatorProcess,
@@ -115,26 +120,51 @@ def create_set(
 def set_children(
     api: client.ApiClient, namespace: str, name: str, attempts: int, operator: OperatorProcess
 ) -> dict[str, dict[str, Any]]:
-    """Every child's final status, and the set's record of each once it has them all."""
+    """Every child's final status."""
     children = [f"{name}-0-{attempt}" for attempt in range(1, attempts + 1)]
     # The set makes them as its parallelism allows: each is waited for once it exists.
     statuses: dict[str, dict[str, Any]] = {}
     for child in children:
         poll_until(lambda child=child: exists(api, namespace, child), f"{child} created", operator, timeout=900)
         statuses.update(wait_all(api, namespace, [child], operator))
+    return statuses
+
+
+def installed_crds_are_ours(api: client.ApiClient) -> str | None:
+    """None when the cluster serves this checkout's CRDs, else which are not (another checkout's tests
+    installed theirs, which prune status.image: re-run then)."""
+    extensions = client.ApiextensionsV1Api(api)
+    wrong = []
+    for path in (CRD_PATH, SET_CRD_PATH):
+        name = yaml.safe_load(path.read_text())["metadata"]["name"]
+        served = (extensions.read_custom_resource_definition(name).metadata.annotations or {}).get(
+            CRD_DIGEST_ANNOTATION
+        )
+        if served != hashlib.sha256(path.read_bytes()).hexdigest():
+            wrong.append(f"{name} (digest {served})")
+    return ", ".join(wrong) or None
+
+
+def recorded_images(
+    api: client.ApiClient, namespace: str, name: str, attempts: int, operator: OperatorProcess
+) -> tuple[dict[str, dict[str, Any]], list[dict[str, Any]]]:
+    """Each child's status.image, and the set's record of each child, once the set has them all."""
+    children = [f"{name}-0-{attempt}" for attempt in range(1, attempts + 1)]
+    images = {child: read_episode(api, namespace, child)["status"].get("image") for child in children}
+    other = installed_crds_are_ours(api)
+    assert all(images.values()) or other is None, f"status.image pruned: another checkout's CRDs are served: {other}"
 
     def recorded() -> bool:
-        status = client.CustomObjectsApi(api).get_namespaced_custom_object(GROUP, VERSION, namespace, SETS, name)
-        records = ((status.get("status") or {}).get("tasks") or [{}])[0].get("children") or []
+        records = set_records(api, namespace, name)
         return len([record for record in records if record.get("image")]) == attempts
 
     poll_until(recorded, f"the set {name} records every child's image", operator, timeout=120)
-    return statuses
+    return images, set_records(api, namespace, name)
 
 
 def set_records(api: client.ApiClient, namespace: str, name: str) -> list[dict[str, Any]]:
     body = client.CustomObjectsApi(api).get_namespaced_custom_object(GROUP, VERSION, namespace, SETS, name)
-    return list(body["status"]["tasks"][0]["children"])
+    return list((((body.get("status") or {}).get("tasks") or [{}])[0]).get("children") or [])
 
 
 def seed_logs(kubeconfig: Path, operator: OperatorProcess, namespace: str, name: str) -> str:
@@ -198,15 +228,15 @@ def test_an_episodeset_of_four_attempts_builds_once_and_every_attempt_starts_fro
     for name in statuses:
         (agent,) = pods.of(name, "agent")
         assert agent["main"] == pinned, (name, agent)
-        image = statuses[name]["image"]
-        assert (image["ref"], image["made"]) == (pinned, "built"), image
-        assert "built once for the EpisodeSet's attempts" in image["message"]
-    # No replay ran: the seed logs hold the build's (attempt that made it) and no replay.
+    # No replay ran: the seed logs hold the one build's log (the attempts that waited for it share it), no replay.
     logs = {name: seed_logs(kubeconfig, builder_operator, namespace, name) for name in statuses}
     assert not [name for name, text in logs.items() if "replay" in text], logs
-    assert sum("build-environment" in text for text in logs.values()) == 1, logs
-    # The set's record of each child says which image it started from, and why.
-    records = set_records(api_client, namespace, "once")
+    assert all("turn seed: build-environment <==" in text for text in logs.values()), logs
+    # Each child's status and the set's record of it say which image it started from, and why.
+    images, records = recorded_images(api_client, namespace, "once", 4, builder_operator)
+    for image in images.values():
+        assert image is not None and (image["ref"], image["made"]) == (pinned, "built"), image
+        assert "built once for the EpisodeSet's attempts" in image["message"]
     assert [(r["image"]["ref"], r["image"]["made"]) for r in records] == [(pinned, "built")] * 4, records
 
 
@@ -234,13 +264,13 @@ def test_control_the_same_set_without_a_build_registry_replays_in_every_pod(
         for name in statuses:
             (agent,) = pods.of(name, "agent")
             assert agent["main"] == REGISTRY_SANDBOX, agent  # the mirrored FROM image, the Dockerfile replayed in it
-            image = statuses[name]["image"]
-            assert (image["ref"], image["made"]) == (REGISTRY_SANDBOX, "replayed"), image
-            assert "no build registry" in image["message"]
             assert "==> environment/Dockerfile:2: RUN echo" in seed_logs(kubeconfig, operator, namespace, name)
-        records = set_records(api_client, namespace, "replay")
-        assert [r["image"]["made"] for r in records] == ["replayed"] * 4, records
         assert build_jobs(api_client, build_namespace) == before  # nothing built
+        images, records = recorded_images(api_client, namespace, "replay", 4, operator)
+        for image in images.values():
+            assert image is not None and (image["ref"], image["made"]) == (REGISTRY_SANDBOX, "replayed"), image
+            assert "no build registry" in image["message"]
+        assert [r["image"]["made"] for r in records] == ["replayed"] * 4, records
     finally:
         delete_namespace_while_watched(core, namespace)
         operator.stop()
@@ -330,7 +360,6 @@ def test_attacker_an_agent_that_pushes_under_the_tag_cannot_change_what_the_next
     first, second = statuses["attack-0-1"], statuses["attack-0-2"]
     assert (first["reward"], second["reward"]) == (1.0, 1.0), statuses
     assert [pods.of(name, "agent")[0]["main"] for name in statuses] == [pinned, pinned]
-    assert read_episode(api_client, namespace, "attack-0-2")["status"]["image"]["ref"] == pinned
 
     # The control: a pod that names the tag (pulled afresh) starts from the tampered image.
     name = f"by-tag-{uuid.uuid4().hex[:6]}"
@@ -352,3 +381,5 @@ def test_attacker_an_agent_that_pushes_under_the_tag_cannot_change_what_the_next
     poll_until(ended, "the by-tag pod ended", builder_operator, timeout=180)
     assert core.read_namespaced_pod_log(name, namespace) == "pushed by attempt 1\n" * 2
     assert core.read_namespaced_pod(name, namespace).status.container_statuses[0].image_id.endswith(tampered)
+    images, _ = recorded_images(api_client, namespace, "attack", 2, builder_operator)
+    assert images["attack-0-2"] is not None and images["attack-0-2"]["ref"] == pinned
