@@ -137,6 +137,9 @@ class FakeProvider:
     ) -> FakeSandbox:
         return await self.agent(attempt, uid=uid)
 
+    def pin_images(self, pins: Any) -> None:
+        pass
+
     async def apply_network(self, attempt: int, policy: Any) -> None:
         pass
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from episode_operator.kube.objects.pods import AgentImages
-from episode_operator.runtime import gym_server, limits, seed
+from episode_operator.runtime import gym_server, limits, sandbox_images, seed
 from episode_operator.runtime.agents import harnesses
 from episode_operator.runtime.turn import table
 
@@ -47,6 +47,7 @@ class Block:
 BLOCKS = (
     Block("docs/runtime.md", "seed table", seed.render_table),
     Block("docs/runtime.md", "stage table", table.render_table),
+    Block("docs/runtime.md", "dockerfile making table", sandbox_images.render_making_table),
     Block("README.md", "output limits", limits.render_table),
     Block("README.md", "harbor settings", gym_server.render_harbor_table),
     # One row per entry of the harness registry (runtime/agents/harness_registry.py).

@@ -1132,6 +1132,31 @@ MUTATIONS = [
         '(True, False): "new-copy",',
         "a volume mounted `nocopy` first is filled from the image all the same, where Docker leaves it empty",
     ),
+    # Seed once: a set's children build their Dockerfile once and every pod runs the build's digest.
+    Mutation(
+        "set-child-replays",
+        "runtime/sandbox_images.py",
+        """    (Takes.REPLAY, True, True): Making(
+        "built",""",
+        """    (Takes.REPLAY, True, True): Making(
+        "replayed",""",
+        "an EpisodeSet's attempts on an operator with a build registry replay the Dockerfile in every pod",
+    ),
+    Mutation(
+        "built-image-by-tag",
+        "kube/pod_sandbox.py",
+        "return self._pins.get(image, image)",
+        "return image",
+        "pods run a built image by its tag: whoever pushes under it (an agent reaching the registry) changes "
+        "what the next attempt starts from",
+    ),
+    Mutation(
+        "pins-not-read-back-after-a-restart",
+        EPISODE,
+        "if attempt.ready_at is not None and self.images.builds() and not self._pins:",
+        "if False:",
+        "a runner restarted past the seed makes a later verifier's pod from the built image's tag",
+    ),
     Mutation(
         "copier-missing-unrefused",
         "runtime/admission.py",
@@ -1143,8 +1168,8 @@ MUTATIONS = [
     Mutation(
         "verifier-without-compose",
         "kube/pod_sandbox.py",
-        "sidecars = self.plan.sidecars if plan.compose else ()",
-        "sidecars = ()",
+        "sidecars = self._pinned_sidecars(self.plan.sidecars) if plan.compose else []",
+        "sidecars = []",
         "a separate verifier in environment/ runs without the task's services: a test.sh asking one fails",
     ),
     Mutation(

@@ -550,6 +550,7 @@ class FakeProvider:
     def __init__(self, world: World) -> None:
         self.world = world
         self.verifier_plans: dict[str, VerifierPlan] = {}
+        self.pins: dict[str, str] = {}
 
     async def agent(self, attempt: int, *, waiting: WaitingReport | None = None, uid: str | None = None) -> FakeSandbox:
         name = f"pod-a{attempt}"
@@ -580,6 +581,10 @@ class FakeProvider:
             for report in reports:
                 await waiting(report)
             await waiting(None)
+
+    def pin_images(self, pins: Mapping[str, str]) -> None:
+        """Recorded: the images the pods made from now on would run instead of the built tags."""
+        self.pins.update(pins)
 
     async def apply_network(self, attempt: int, policy: NetworkPolicy) -> None:
         if not self.world.networks or self.world.networks[-1] != policy.mode:

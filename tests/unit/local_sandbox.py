@@ -252,6 +252,7 @@ class LocalProvider:
         self.released: list[str] = []
         self.networks: list[str] = []
         self.sandboxes: dict[str, KubeSandbox] = {}
+        self.pins: dict[str, str] = {}
 
     async def _ready(
         self, name: str, env: Mapping[str, str], waiting: WaitingReport | None, uid: str | None
@@ -280,6 +281,10 @@ class LocalProvider:
     ) -> KubeSandbox:
         env = plan.environment.env if plan.environment else {}
         return await self._ready(f"pod-a{attempt}-v{turn + 1}", env, waiting, uid)
+
+    def pin_images(self, pins: Mapping[str, str]) -> None:
+        """Recorded: the images the pods made from now on would run instead of the built tags."""
+        self.pins.update(pins)
 
     async def apply_network(self, attempt: int, policy: NetworkPolicy) -> None:
         if not self.networks or self.networks[-1] != policy.mode:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import gzip
+import hashlib
 import io
 import random
 import tarfile
@@ -22,6 +23,7 @@ from episode_operator.kube.objects.buildjobs import (
     EXIT_BUILD,
     EXIT_PULL,
     EXIT_PUSH,
+    MANIFEST_DIGEST_ANNOTATION,
     BuildJobSpec,
     build_job,
     build_script,
@@ -102,6 +104,10 @@ def test_the_build_job_is_bounded_never_retried_and_named_by_the_digest() -> Non
     assert "pull --tls-verify=false registry.test/sandbox:1 || exit 21" in script
     assert "--build-arg V=2 --target final /workspace/context || exit 10" in script
     assert script.endswith(f"|| exit {EXIT_PUSH}")
+    # The push says which manifest it pushed, in the termination message the coordinator reads.
+    assert "push --tls-verify=false --digestfile /dev/termination-log " in script
+    (container,) = job["spec"]["template"]["spec"]["containers"]
+    assert container["terminationMessagePath"] == "/dev/termination-log"
 
 
 class FakeApi:
@@ -115,6 +121,8 @@ class FakeApi:
         self.logs: dict[str, bytes] = {}
         self.exit_codes: dict[str, int] = {}
         self.waiting: str | None = None
+        self.pods_gone = False  # the Jobs' pods deleted (their Jobs stay)
+        self.no_digest = False  # builds whose push wrote no digest (an older operator's build script)
 
     def finish(self, name: str, code: int, log: bytes = b"", *, deadline: bool = False) -> None:
         self.exit_codes[name], self.logs[name] = code, log
@@ -130,8 +138,11 @@ class FakeApi:
         name = manifest["metadata"]["name"]
         if name in self.jobs:
             raise Conflict(f"job {name} exists", status=409)
-        self.jobs[name] = {"metadata": manifest["metadata"], "status": {}}
+        self.jobs[name] = {"metadata": {**manifest["metadata"], "annotations": {}}, "status": {}}
         self.created.append(name)
+
+    async def annotate_job(self, namespace: str, name: str, annotations: dict[str, str]) -> None:
+        self.jobs[name]["metadata"]["annotations"].update(annotations)
 
     async def read_job(self, namespace: str, name: str) -> dict[str, Any]:
         if name not in self.jobs:
@@ -144,17 +155,23 @@ class FakeApi:
 
     async def list_pods(self, namespace: str, selector: str) -> list[dict[str, Any]]:
         name = selector.removeprefix("job-name=")
-        if name not in self.jobs:
+        if name not in self.jobs or self.pods_gone:
             return []
         state: dict[str, Any] = {}
         if name in self.exit_codes:
-            state = {"terminated": {"exitCode": self.exit_codes[name]}}
+            code = self.exit_codes[name]
+            state = {"terminated": {"exitCode": code, "message": "" if code or self.no_digest else manifest(name)}}
         elif self.waiting:
             state = {"waiting": {"reason": self.waiting}}
         return [{"metadata": {"name": f"{name}-pod"}, "status": {"containerStatuses": [{"state": state}]}}]
 
     async def read_pod_log(self, namespace: str, name: str, container: str, *, limit_bytes: int) -> bytes:
         return self.logs.get(name.removesuffix("-pod"), b"")
+
+
+def manifest(job: str) -> str:
+    """The manifest digest the fake build of ``job`` pushed."""
+    return "sha256:" + hashlib.sha256(job.encode()).hexdigest()
 
 
 def coordinator(api: FakeApi) -> BuildCoordinator:
@@ -196,6 +213,38 @@ def test_one_build_per_digest_reused_and_shared_by_concurrent_callers() -> None:
     ready = [result for result in results if isinstance(result, BuildReady)]
     assert ready[0].image == f"pull.test:5000/episode-operator/builds:{ready[0].digest.removeprefix('sha256:')}"
     assert [result.built for result in ready] == [True] * 5 + [False, False]
+    # Every caller gets the image by the manifest digest the push wrote, never by the tag; the Job records it.
+    (job,) = api.created
+    assert {result.pinned for result in ready} == {f"pull.test:5000/episode-operator/builds@{manifest(job)}"}
+    assert api.jobs[job]["metadata"]["annotations"] == {MANIFEST_DIGEST_ANNOTATION: manifest(job)}
+
+
+def test_the_digest_outlives_the_build_pod_and_a_build_that_recorded_none_is_built_again() -> None:
+    api = FakeApi()
+
+    async def scenario() -> tuple[object, object, object]:
+        finishing = asyncio.create_task(finish_when_created(api, 0))
+        first = await coordinator(api).ensure_image(files(), SOURCE, timeout_sec=60)
+        await finishing
+        api.pods_gone = True  # the Job's record answers now
+        later = await coordinator(api).ensure_image(files(), SOURCE, timeout_sec=60)
+        # A succeeded Job with no digest recorded and no pod to read it from: built again.
+        (job,) = api.created
+        api.jobs[job]["metadata"]["annotations"].clear()
+        api.pods_gone = False
+        finishing = asyncio.create_task(finish_when_created(api, 0))
+        api.no_digest = True
+        api.exit_codes.pop(job)  # the old pod is gone with its message
+        rebuilt_without = await coordinator(api).ensure_image(files(), SOURCE, timeout_sec=60)
+        await finishing
+        return first, later, rebuilt_without
+
+    first, later, rebuilt_without = asyncio.run(scenario())
+    assert isinstance(first, BuildReady) and isinstance(later, BuildReady)
+    assert later.pinned == first.pinned and not later.built
+    # The rebuild's push wrote no digest either: an outage, never the tag handed out instead.
+    assert isinstance(rebuilt_without, BuildOutage) and "pushed no manifest digest" in rebuilt_without.message
+    assert len(api.created) == 2 and api.deleted == [api.created[0]]
 
 
 @pytest.mark.parametrize(

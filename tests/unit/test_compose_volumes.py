@@ -425,6 +425,30 @@ def test_the_provider_makes_the_config_map_before_each_pod_that_runs_the_compose
     assert "initContainers" not in alone and "hostAliases" not in alone
 
 
+def test_pinned_images_replace_the_built_tags_in_every_pod_the_provider_makes() -> None:
+    """Seed once: after the builds, the agent pod, a separate verifier's pod and a built sidecar name each
+    built image by its manifest digest (pin_images), never by the tag anyone who reaches the registry moves."""
+    plan, files = shared_plan()
+    built = "registry.test/builds:abc"
+    sidecars = [plan.sidecars[0].model_copy(update={"image": built}), *plan.sidecars[1:]]
+    verifier = plan.turns[0].verifier.model_copy(
+        update={"mode": "separate", "environment": plan.environment, "compose": True, "image": built}
+    )
+    plan = plan.model_copy(
+        update={"sidecars": sidecars, "turns": [plan.turns[0].model_copy(update={"verifier": verifier})]}
+    )
+    archive = bound_archive(files, binds_of(plan.main_volumes, plan.sidecars))
+    pods = ConfigMapPods()
+    provider = KubeProvider(pods, EPISODE, SPEC, plan, built, {}, bound_files=archive)  # type: ignore[arg-type]
+    digest = "registry.test/builds@sha256:" + "d" * 64
+    provider.pin_images({built: digest})
+    asyncio.run(provider.agent(1))
+    asyncio.run(provider.verifier(1, 0, verifier))
+    for pod in ("vols-a1", "vols-a1-v1"):
+        images = [container["image"] for container in pods.pods[pod]["spec"]["containers"]]
+        assert images[0] == digest and images[1] == digest and built not in images, (pod, images)
+
+
 # --- the pod, run --------------------------------------------------------------------------------------
 Flavour = Literal["debian", "busybox"]
 

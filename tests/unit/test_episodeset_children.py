@@ -9,12 +9,20 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
-from episode_operator.api.episode_resource import EpisodeSpec
+from episode_operator.api.episode_resource import EpisodeSpec, ImageStatus
 from episode_operator.api.episodeset_resource import SET_KIND, EpisodeSetSpec, SetTaskStatus
 from episode_operator.api.naming import content_name
+from episode_operator.api.vocabulary import SET_ATTEMPT_LABEL, SET_TASK_INDEX_LABEL
 from episode_operator.cli.kubectl_episode import cli
-from episode_operator.kube.objects.children import child_manifest, child_name, set_selector, task_label_value
+from episode_operator.kube.objects.children import (
+    child_manifest,
+    child_name,
+    child_view,
+    set_selector,
+    task_label_value,
+)
 from episode_operator.kube.objects.pods import OwnerRef
+from episode_operator.runtime.evaluation import record_children
 from episode_operator.taskfolder.dataset import discover_dataset
 from tests.conftest import EXAMPLE_TASKS
 
@@ -216,3 +224,21 @@ def test_eval_refuses_an_empty_dataset_and_invalid_folders_before_creating_anyth
     assert result.exit_code == 1, result.output
     assert f"{tmp_path}/bad/broken: task.toml: TOML syntax error" in result.output
     assert "refused (1 error(s)); nothing was created" in result.output
+
+
+def test_the_sets_record_of_a_child_says_which_image_it_started_from_and_why() -> None:
+    """Seed once: each child's status.image (its digest when built once) reaches the set's record of it, a
+    malformed one is no record, and a finished record keeps what it said."""
+    pinned = "registry.test/builds@sha256:" + "d" * 64
+    image = {"ref": pinned, "made": "built", "message": "environment/Dockerfile: built once"}
+    labels = {SET_TASK_INDEX_LABEL: "0", SET_ATTEMPT_LABEL: "1"}
+    item = {"metadata": {"name": "s-0-1", "labels": labels}, "status": {"phase": "Running", "image": image}}
+    view = child_view(item)
+    assert view.image == ImageStatus(ref=pinned, made="built", message="environment/Dockerfile: built once")
+    assert child_view({**item, "status": {"image": {"made": "baked"}}}).image is None
+    task = SetTaskStatus(index=0, name="t")
+    (updated,), lost = record_children([task], [view], "2026-01-01T00:00:00Z")
+    assert not lost and updated.children[0].image == view.image
+    finished = child_view({**item, "status": {"phase": "Succeeded", "outcome": "Graded", "image": image}})
+    (done,), _ = record_children([task], [finished], "2026-01-01T00:00:00Z")
+    assert done.children[0].image is not None and done.children[0].image.ref == pinned

@@ -14,7 +14,14 @@ import pytest
 
 from episode_operator.api.episode_resource import EpisodeSpec
 from episode_operator.runtime.admission import Admission, Refusal, admit_task
-from episode_operator.runtime.sandbox_images import VERIFIER_OWN_COMPOSE, ImagePlan, ImagePolicy, plan_images
+from episode_operator.runtime.sandbox_images import (
+    DOCKERFILE_MAKING,
+    VERIFIER_OWN_COMPOSE,
+    ImagePlan,
+    ImagePolicy,
+    Takes,
+    plan_images,
+)
 from episode_operator.taskfolder import TaskFiles, load_task, resolve_plan
 from episode_operator.taskfolder.image_refs import ImageMirrors
 
@@ -36,9 +43,11 @@ def folder(toml: str = "", **files: str) -> dict[str, str]:
     }
 
 
-def images(files: dict[str, str], policy: ImagePolicy = REPLAY_ONLY, override: str | None = None) -> Any:
+def images(
+    files: dict[str, str], policy: ImagePolicy = REPLAY_ONLY, override: str | None = None, *, set_child: bool = False
+) -> Any:
     task = load_task(TaskFiles.from_mapping(files))
-    return plan_images(task, resolve_plan(task), image_override=override, policy=policy)
+    return plan_images(task, resolve_plan(task), image_override=override, policy=policy, set_child=set_child)
 
 
 def problems(files: dict[str, str], policy: ImagePolicy = REPLAY_ONLY) -> list[str]:
@@ -237,3 +246,63 @@ def test_admission_puts_every_decided_image_in_the_plan() -> None:
     refused = admit_task(spec, TaskFiles.from_mapping(files), REPLAY_ONLY)
     assert isinstance(refused, Refusal) and refused.failure_kind == "harbor:seed_refused"
     assert refused.message.startswith("refused at seed: environment/api/Dockerfile:3: FROM ubuntu:24.04: a second FROM")
+
+
+# Seed once: a set's children build a replayable Dockerfile once, when the operator has a registry ----------
+def test_the_making_table_covers_every_case_and_only_a_set_child_with_a_registry_builds_what_replays() -> None:
+    assert set(DOCKERFILE_MAKING) == {(takes, r, c) for takes in Takes for r in (True, False) for c in (True, False)}
+    made = {key: making.made for key, making in DOCKERFILE_MAKING.items()}
+    assert [key for key, how in made.items() if key[0] is Takes.REPLAY and how == "built"] == [
+        (Takes.REPLAY, True, True)
+    ]
+    # What only a build takes is built with a registry, refused without; what neither takes, always refused.
+    assert {how for (takes, registry, _), how in made.items() if takes is Takes.BUILD} == {"built", None}
+    assert all(how == ("built" if registry else None) for (t, registry, _), how in made.items() if t is Takes.BUILD)
+    assert all(how is None for (takes, _, _), how in made.items() if takes is Takes.NEITHER)
+    assert all(making.why for making in DOCKERFILE_MAKING.values())
+
+
+REPLAYABLE = "FROM ubuntu:24.04\nRUN echo hi > /hi\nCOPY app.py /app/app.py\n"
+
+
+@pytest.mark.parametrize(
+    ("policy", "set_child", "made", "image"),
+    [
+        (BUILDS, True, "built", "registry.test:5000/builds:"),
+        (BUILDS, False, "replayed", "mirror.test/ubuntu:24.04"),  # a standalone Episode replays as before
+        (REPLAY_ONLY, True, "replayed", "mirror.test/ubuntu:24.04"),  # no registry: replay as today
+        (REPLAY_ONLY, False, "replayed", "mirror.test/ubuntu:24.04"),
+    ],
+    ids=["set-child-with-registry", "standalone-with-registry", "set-child-no-registry", "standalone-no-registry"],
+)
+def test_a_replayable_dockerfile_is_built_once_for_a_set_child_of_an_operator_that_builds(
+    policy: ImagePolicy, set_child: bool, made: str, image: str
+) -> None:
+    task = folder(environment__Dockerfile=REPLAYABLE, **{"environment/app.py": "print()\n"})
+    planned = images(task, policy, set_child=set_child)
+    assert isinstance(planned, ImagePlan)
+    assert planned.agent.made == made and planned.agent.image.startswith(image), planned.agent
+    assert (planned.agent.replay is None) == (made == "built") and (planned.agent.build is None) == (made != "built")
+    assert len(planned.builds()) == (made == "built")
+    assert planned.agent.why == DOCKERFILE_MAKING[Takes.REPLAY, policy.build_repository is not None, set_child].why
+
+
+def test_a_set_childs_separate_verifier_made_from_the_agents_dockerfile_is_the_same_build() -> None:
+    toml = '[verifier]\nenvironment_mode = "separate"\n'
+    planned = images(
+        folder(toml, environment__Dockerfile=REPLAYABLE, **{"environment/app.py": "x\n"}), BUILDS, set_child=True
+    )
+    assert isinstance(planned, ImagePlan)
+    verifier = planned.verifier(0)
+    assert verifier is not None and verifier.image == planned.agent.image and verifier.made == "built"
+    assert len(planned.builds()) == 1  # one build, both pods from its digest
+
+
+def test_admission_passes_set_child_through() -> None:
+    task = folder(environment__Dockerfile=REPLAYABLE, **{"environment/app.py": "print()\n"})
+    spec = EpisodeSpec.model_validate({"task": {"inline": {"files": task}}, "agent": {"kind": "oracle"}})
+    child = admit_task(spec, TaskFiles.from_mapping(task), BUILDS, set_child=True)
+    alone = admit_task(spec, TaskFiles.from_mapping(task), BUILDS)
+    assert isinstance(child, Admission) and isinstance(alone, Admission)
+    assert (child.images.agent.made, alone.images.agent.made) == ("built", "replayed")
+    assert child.image.startswith("registry.test:5000/builds:")

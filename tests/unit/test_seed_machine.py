@@ -11,6 +11,7 @@ builder; RUN lines are in the fake sandbox's line language.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
@@ -81,6 +82,11 @@ def prebuilt_task() -> dict[str, str]:
     }
 
 
+def pinned(tag: str) -> str:
+    """The fake build of ``tag``, by the manifest digest its push wrote."""
+    return tag.rsplit(":", 1)[0] + "@sha256:" + hashlib.sha256(tag.encode()).hexdigest()
+
+
 @dataclass
 class FakeBuilder:
     """In-cluster builds as the coordinator answers: once per context, then reused; or failing."""
@@ -105,13 +111,16 @@ class FakeBuilder:
             return BuildOutage("sha256:d", "registry", "build build-d: cannot push to registry.test: refused")
         first = source.dockerfile not in self.built
         self.built[source.dockerfile] += int(first)
-        return BuildReady(f"registry.test/builds:{source.dockerfile}", "sha256:d", first, b"built\n" if first else b"")
+        tag = f"registry.test/builds:{source.dockerfile}"
+        return BuildReady(tag, "sha256:d", first, pinned(tag), b"built\n" if first else b"")
 
 
-def admitted(folder: dict[str, str], agent: dict[str, Any] | None = None) -> tuple[Admission, TaskFiles]:
+def admitted(
+    folder: dict[str, str], agent: dict[str, Any] | None = None, *, set_child: bool = False
+) -> tuple[Admission, TaskFiles]:
     files = TaskFiles.from_mapping(folder)
     spec = EpisodeSpec.model_validate({"task": {"inline": {"files": folder}}, "agent": agent or AGENT})
-    admission = admit_task(spec, files, POLICY)
+    admission = admit_task(spec, files, POLICY, set_child=set_child)
     assert isinstance(admission, Admission), admission
     return admission, files
 
@@ -126,11 +135,13 @@ def run(
     store: MemoryStore | None = None,
     agent: dict[str, Any] | None = None,
     retries: int = 2,
+    set_child: bool = False,
+    provider: FakeProvider | None = None,
 ) -> tuple[EpisodeStatus, World, FakeSink, MemoryStore]:
     world = world or World()
     world.outputs.setdefault("replay.base", BASE_OUTPUT)
     sink, store = sink or FakeSink(), store or MemoryStore()
-    admission, files = admitted(folder, agent)
+    admission, files = admitted(folder, agent, set_child=set_child)
     config = EpisodeConfig(
         plan=admission.plan,
         files=files,
@@ -141,7 +152,7 @@ def run(
     )
     runner = EpisodeRunner(
         config,
-        FakeProvider(world),
+        provider or FakeProvider(world),
         sink,
         store,
         clock=world.clock.time,
@@ -273,7 +284,8 @@ def test_a_replayed_image_gives_every_later_job_its_user_workdir_and_environment
     start = jobs["replay.start"]
     assert start.command.startswith("exec serve sh -c ") and (start.user, start.cwd) == ("agent", "/srv/app")
     assert status.attempts[0].seed_stage == SeedStage.AGENT_SETUP and status.attempts[0].ready_at
-    assert ("ImageBuilt", "sidecar:api: registry.test/builds:environment/api/Dockerfile built", False) in sink.events
+    built = pinned("registry.test/builds:environment/api/Dockerfile")
+    assert ("ImageBuilt", f"sidecar:api: {built} built", False) in sink.events
     assert store.logs[(1, "seed", "build-sidecar_api")] == b"built\n"
     assert b"==> environment/Dockerfile:3: RUN write made-by-run yes" in store.logs[(1, "seed", "replay")]
 
@@ -424,3 +436,41 @@ def test_a_separate_verifiers_failing_replay_masks_the_episode() -> None:
     status = run(folder)[0]
     assert (status.outcome, status.failure_kind) == ("Masked", "harbor:verifier_error")
     assert status.message == "turn task: the verifier's environment: tests/Dockerfile:2: RUN exit 4: exited with 4"
+
+
+# Seed once ---------------------------------------------------------------------------------------------
+def test_a_set_child_starts_from_the_built_digest_and_replays_nothing() -> None:
+    world, builder = World(), FakeBuilder()
+    provider = FakeProvider(world)
+    status, world, _, _ = run(replayed_task(), world=world, builder=builder, set_child=True, provider=provider)
+    assert (status.phase, status.reward) == ("Succeeded", 1.0), status.message
+    pod = world.sandboxes["pod-a1"]
+    assert not [job for job in pod.starts if job.startswith("replay.")], pod.starts
+    assert builder.built == Counter({"environment/Dockerfile": 1, "environment/api/Dockerfile": 1})
+    tag = admitted(replayed_task(), set_child=True)[0].images.agent.image
+    built = pinned("registry.test/builds:environment/Dockerfile")  # what the fake build pushed
+    assert tag.startswith("registry.test/builds:") and provider.pins[tag] == built  # pods name the digest
+    assert status.image is not None and (status.image.ref, status.image.made) == (built, "built")
+    assert status.image.message and "built once for the EpisodeSet's attempts" in status.image.message
+    # The same task standalone replays in its pod, and says so.
+    alone = run(replayed_task())[0]
+    assert alone.image is not None and alone.image.made == "replayed"
+    assert alone.image.ref == "docker.io/local/sandbox:1" and "standalone Episode" in (alone.image.message or "")
+
+
+def test_a_runner_restarted_past_the_seed_pins_the_built_images_before_any_pod() -> None:
+    """The runner dies as it writes readyAt; the next one makes no seed stage again, yet its pods (a later
+    separate verifier's) must name the digest: it reads the builds back before anything else."""
+    world, builder = World(), FakeBuilder()
+    dying = FakeSink(crash_when=lambda status: bool(status.attempts and status.attempts[-1].ready_at))
+    with pytest.raises(Crash):
+        run(replayed_task(), world=world, builder=builder, sink=dying, set_child=True)
+    provider = FakeProvider(world)
+    asked = builder.asked
+    status = run(
+        replayed_task(), world=world, builder=builder, status=dying.statuses[-1], set_child=True, provider=provider
+    )[0]
+    assert (status.phase, status.attempt) == ("Succeeded", 1), status.message
+    assert builder.asked == asked + 2 and sum(builder.built.values()) == 2  # asked again, nothing built again
+    tag = admitted(replayed_task(), set_child=True)[0].images.agent.image
+    assert provider.pins[tag] == pinned("registry.test/builds:environment/Dockerfile")

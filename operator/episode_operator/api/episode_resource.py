@@ -407,6 +407,25 @@ class TaskStatus(ApiModel):
     name: str | None = Field(default=None, description="[task].name, when set.")
 
 
+ImageMade = Literal["prebuilt", "replayed", "built"]
+
+
+class ImageStatus(ApiModel):
+    """The image the current attempt's agent sandbox started from, and why it is that one."""
+
+    ref: str | None = Field(
+        default=None,
+        description="The image the agent pod runs: a built image by its manifest digest (repository@sha256:…), "
+        "a replayed one's FROM image, else the prebuilt image.",
+    )
+    made: ImageMade | None = Field(
+        default=None,
+        description="prebuilt; replayed (environment/Dockerfile applied in the attempt's pod); built (in the "
+        "cluster, once per build context).",
+    )
+    message: str | None = Field(default=None, description="Why the image is made so, and from what.")
+
+
 PodRole = Literal["agent", "verifier"]
 
 
@@ -491,6 +510,7 @@ class EpisodeStatus(ApiModel):
     progress: str | None = Field(default=None, description="Turns done / total, for printing.")
     turns: list[TurnStatus] = Field(default_factory=list)
     task: TaskStatus | None = None
+    image: ImageStatus | None = Field(default=None, description="The image the agent sandbox started from, and why.")
     pod_name: str | None = None
     started_at: Timestamp | None = None
     finished_at: Timestamp | None = None

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal
 
 from pydantic import Field, WithJsonSchema, create_model, field_validator, model_validator
 
-from episode_operator.api.episode_resource import AgentSpec, EpisodeSpec, TaskSource
+from episode_operator.api.episode_resource import AgentSpec, EpisodeSpec, ImageStatus, TaskSource
 from episode_operator.api.vocabulary import (
     FAILURE_FAMILIES,
     FAILURE_KINDS,
@@ -292,6 +292,10 @@ class SetChildStatus(ApiModel):
     failure_kind: str | None = None
     created_at: Timestamp | None = Field(default=None, description="When the controller created it (µs; annotation).")
     finished_at: Timestamp | None = Field(default=None, description="The child's own status.finishedAt.")
+    image: ImageStatus | None = Field(
+        default=None,
+        description="The image the child's agent sandbox started from (a digest when built once), and why.",
+    )
     observed_finished_at: Timestamp | None = Field(
         default=None, description="When the controller first saw it finished (µs), before creating any other child."
     )

@@ -9,6 +9,13 @@ for that one Job (in this operator they share one wait; across operator restarts
 record). A build that failed for the task's reason stays failed — its Job is the cached
 verdict; one that failed for an outage is deleted and built again by the next caller.
 
+A build's image is handed out by the manifest digest its push wrote (``buildah push --digestfile``
+into the build pod's termination message), recorded on the Job as an annotation the first time a
+caller reads it: ``repository@sha256:…``. The tag (the context digest) only finds the build; a pod
+never names it, so nobody who can push to the registry — an agent in a pod can reach it — can change
+what a later attempt starts from. A succeeded Job with no digest recorded and no pod left to read it
+from (a build of an older operator) is built again.
+
 Failures are classified from the build script's exit code (:mod:`episode_operator.kube.objects.buildjobs`):
 a Dockerfile that fails to build, a base image that does not exist or a build past its
 ``build_timeout_sec`` is the task's failure (terminal); a registry that cannot be reached for
@@ -31,6 +38,7 @@ from episode_operator.kube.objects.buildjobs import (
     EXIT_CONTEXT,
     EXIT_PULL,
     EXIT_PUSH,
+    MANIFEST_DIGEST_ANNOTATION,
     MAX_CONTEXT_BYTES,
     BuildJobSpec,
     build_job,
@@ -52,6 +60,7 @@ UNREACHABLE = re.compile(
     r"server gave HTTP response to HTTPS client|connection reset|dial tcp",
     re.IGNORECASE,
 )
+MANIFEST_DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
 # Pod waiting reasons that mean the builder image will not start.
 BUILDER_UNSTARTABLE = {"ErrImagePull", "ImagePullBackOff", "ErrImageNeverPull", "InvalidImageName"}
 
@@ -81,6 +90,10 @@ class BuildSettings:
 
     def image(self, digest_hex: str, *, pull: bool) -> str:
         return f"{self.pull_repository if pull else f'{self.registry}/{self.repository}'}:{digest_hex}"
+
+    def pinned(self, manifest_digest: str) -> str:
+        """The built image as the nodes pull it, by the manifest digest the build pushed."""
+        return f"{self.pull_repository}@{manifest_digest}"
 
 
 JobVerdict = Literal["succeeded", "failed", "running"]
@@ -159,11 +172,34 @@ class BuildCoordinator:
                 built = await self._create(spec, archive)
             job = await self._wait(spec, digest)
             if self._verdict(job) == "succeeded":
+                manifest = await self._manifest_digest(spec, job)
+                if manifest is None:
+                    if built:
+                        return BuildOutage(digest, "build", f"build {spec.name} pushed no manifest digest")
+                    # A build of an older operator, its pod gone: built again, its digest then recorded.
+                    await self.client.delete_job(spec.namespace, spec.name)
+                    await self._wait_gone(spec)
+                    return await self._ensure(spec, digest, archive)
                 log = await self._log(spec) if built else b""
-                return BuildReady(self.settings.image(spec.digest_hex, pull=True), digest, built, log)
+                image = self.settings.image(spec.digest_hex, pull=True)
+                return BuildReady(image, digest, built, self.settings.pinned(manifest), log)
             return await self._classify(spec, digest, job)
         except KubeError as error:
             return BuildOutage(digest, "api", f"build {spec.name}: {error}")
+
+    async def _manifest_digest(self, spec: BuildJobSpec, job: dict[str, Any]) -> str | None:
+        """The manifest digest the succeeded build pushed: the Job's record, else its pod's termination
+        message (then recorded on the Job, so that it outlives the pod); None when neither says."""
+        recorded = ((job.get("metadata") or {}).get("annotations") or {}).get(MANIFEST_DIGEST_ANNOTATION, "")
+        if MANIFEST_DIGEST.fullmatch(recorded):
+            return str(recorded)
+        pod = await self._pod(spec)
+        terminated = ((_container_status(pod).get("state") or {}).get("terminated") or {}) if pod else {}
+        message = str(terminated.get("message") or "").strip()
+        if not MANIFEST_DIGEST.fullmatch(message):
+            return None
+        await self.client.annotate_job(spec.namespace, spec.name, {MANIFEST_DIGEST_ANNOTATION: message})
+        return message
 
     async def _find(self, spec: BuildJobSpec) -> dict[str, Any] | None:
         try:

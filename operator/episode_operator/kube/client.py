@@ -694,6 +694,17 @@ class KubeClient:
             job: dict[str, Any] = await _json(await batch.read_namespaced_job(name, namespace, _preload_content=False))
         return job
 
+    async def annotate_job(self, namespace: str, name: str, annotations: dict[str, str]) -> None:
+        """Merge ``annotations`` into the Job's; :class:`NotFound` when there is none."""
+        batch: Any = k8s.BatchV1Api(self.api)
+        patch = {"metadata": {"annotations": annotations}}
+        with _api_call(f"job {namespace}/{name}"):
+            await _json(
+                await batch.patch_namespaced_job(
+                    name, namespace, patch, _content_type="application/merge-patch+json", _preload_content=False
+                )
+            )
+
     async def delete_job(self, namespace: str, name: str) -> None:
         """Delete a Job and its pods; one that is already gone is fine."""
         batch: Any = k8s.BatchV1Api(self.api)

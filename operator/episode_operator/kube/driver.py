@@ -25,6 +25,7 @@ from episode_operator.api.episode_resource import EpisodeStatus, TaskSource
 from episode_operator.api.vocabulary import (
     FAILURE_SEED,
     FAILURE_TASK_SOURCE,
+    SET_LABEL,
     is_terminal,
 )
 from episode_operator.kube.builds import BuildCoordinator
@@ -129,7 +130,11 @@ async def drive_episode(
         return await refuse(sink, status, Refusal(FAILURE_TASK_SOURCE, str(error)), generation)
     # Validation, planning and the digest read every byte of the folder: off the event loop.
     lends_copier = settings.agent_images.capture is not None
-    admission = await asyncio.to_thread(admit_task, spec, files, settings.image_policy, lends_copier=lends_copier)
+    # A child of an EpisodeSet: with a build registry its Dockerfile is built once for all its attempts.
+    set_child = SET_LABEL in (metadata.get("labels") or {})
+    admission = await asyncio.to_thread(
+        admit_task, spec, files, settings.image_policy, lends_copier=lends_copier, set_child=set_child
+    )
     if isinstance(admission, Refusal):
         return await refuse(sink, status, admission, generation)
     if spec.regrade is not None:  # no agent runs: its model, key and env are not the regrade's business

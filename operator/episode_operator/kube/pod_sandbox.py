@@ -70,6 +70,7 @@ from episode_operator.runtime.timing import DEFAULT_TIMING, Timing
 from episode_operator.runtime.turn.context import SANDBOX_LAYOUT
 from episode_operator.runtime.wakeups import Wakeups, nap
 from episode_operator.taskfolder import EpisodePlan
+from episode_operator.taskfolder.compose import Sidecar
 from episode_operator.taskfolder.plan import NetworkPolicy, VerifierPlan, baseline_policy
 
 PUBLIC = NetworkPolicy()
@@ -312,10 +313,26 @@ class KubeProvider:
     pool: PoolRef | None = None
 
     _applied: dict[str, NetworkPolicy] = field(default_factory=dict)
+    # Built images' tags → the same images by manifest digest (pin_images): what pods name.
+    _pins: dict[str, str] = field(default_factory=dict)
     # The sandboxes handed out, by pod: their sessions are closed before their pod is deleted.
     _sandboxes: dict[str, KubeSandbox] = field(default_factory=dict)
     # The agent pods claimed from the pool, by attempt (their names are the pool's, not agent_pod_name's).
     _claimed: dict[int, str] = field(default_factory=dict)
+
+    def pin_images(self, pins: Mapping[str, str]) -> None:
+        self._pins.update(pins)
+
+    def _pinned(self, image: str) -> str:
+        return self._pins.get(image, image)
+
+    def _pinned_sidecars(self, sidecars: Sequence[Sidecar]) -> list[Sidecar]:
+        return [
+            sidecar.model_copy(update={"image": self._pins[sidecar.image]})
+            if sidecar.image is not None and sidecar.image in self._pins
+            else sidecar
+            for sidecar in sidecars
+        ]
 
     async def apply_network(self, attempt: int, policy: NetworkPolicy) -> None:
         await self._network(agent_pod_name(self.episode.name, attempt), self._selector(attempt, "agent", None), policy)
@@ -344,10 +361,10 @@ class KubeProvider:
         pod = SandboxPod(
             role="agent",
             attempt=attempt,
-            image=self.image,
+            image=self._pinned(self.image),
             environment=self.plan.environment,
             env=self.main_env,
-            sidecars=self.plan.sidecars,
+            sidecars=self._pinned_sidecars(self.plan.sidecars),
             network=baseline_policy(self.plan.environment),
             needs=self.needs,
             reservation=verifier_reservation(self.plan, self.sandbox_requests),
@@ -380,7 +397,7 @@ class KubeProvider:
     ) -> KubeSandbox:
         assert plan.environment is not None
         # Harbor's verifier environment is environment/: its compose file runs there too, in this new pod.
-        sidecars = self.plan.sidecars if plan.compose else ()
+        sidecars = self._pinned_sidecars(self.plan.sidecars) if plan.compose else []
         node: str | None = None
         beside = self.verifiers_beside_agent and turn < len(self.plan.turns) - 1
         if beside and verifier_requests(plan, sidecars, self.sandbox_requests):
@@ -388,7 +405,7 @@ class KubeProvider:
         pod = SandboxPod(
             role="verifier",
             attempt=attempt,
-            image=plan.image or self.image,
+            image=self._pinned(plan.image or self.image),
             environment=plan.environment,
             env={**self.plan.compose_env, **plan.environment.env} if plan.compose else plan.environment.env,
             sidecars=sidecars,

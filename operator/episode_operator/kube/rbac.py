@@ -116,9 +116,10 @@ OPERATOR_PERMISSIONS: tuple[Permission, ...] = (
     Permission(
         "batch",
         "jobs",
-        ("create", "get", "delete"),
+        ("create", "get", "patch", "delete"),
         "namespaced",
-        "in-cluster image builds, one Job per build context digest (kube/builds.py)",
+        "in-cluster image builds, one Job per build context digest, annotated with the manifest digest it "
+        "pushed (kube/builds.py)",
     ),
     Permission("", "pods/log", ("get",), "namespaced", "a failed build's log, kept and classified"),
     Permission(

@@ -90,10 +90,16 @@ def admit_spec(document: Mapping[str, Any]) -> EpisodeSpec | Refusal:
 
 
 def admit_task(
-    spec: EpisodeSpec, files: TaskFiles, policy: ImagePolicy | None = None, *, lends_copier: bool = True
+    spec: EpisodeSpec,
+    files: TaskFiles,
+    policy: ImagePolicy | None = None,
+    *,
+    lends_copier: bool = True,
+    set_child: bool = False,
 ) -> Admission | Refusal:
     """Load, validate and plan the task for ``spec`` under the operator's image ``policy``, with every
-    seed-time refusal; ``lends_copier``: the operator has its own image, which lends sidecars a copier."""
+    seed-time refusal; ``lends_copier``: the operator has its own image, which lends sidecars a copier;
+    ``set_child``: the Episode is a child of an EpisodeSet (its Dockerfile is built once, with a registry)."""
     digest = files.digest()
     validation = validate_task(files)
     if validation.task is None:
@@ -102,7 +108,9 @@ def admit_task(
     plan = resolve_plan(
         validation.task, timeout_multiplier=spec.timeout_multiplier, settings=spec.harbor.server_settings()
     )
-    images = plan_images(validation.task, plan, image_override=spec.image, policy=policy or ImagePolicy())
+    images = plan_images(
+        validation.task, plan, image_override=spec.image, policy=policy or ImagePolicy(), set_child=set_child
+    )
     problems = [
         *validation.task.compose.mount_refusals(RESERVED_IN_EVERY_CONTAINER, RESERVED_IN_MAIN),
         *([] if lends_copier else copier_refusals(validation.task.compose)),

@@ -34,6 +34,7 @@ from episode_operator.api.episode_resource import (
     AgentSpec,
     AttemptStatus,
     EpisodeStatus,
+    ImageStatus,
     PodRecord,
     PodRole,
     RetryPolicy,
@@ -83,7 +84,15 @@ from episode_operator.runtime.sandbox_protocol import (
     Upload,
     Waiting,
 )
-from episode_operator.runtime.seed import SEED, ReplayProblem, replay_in, seed_passed, seed_resumes_at, seed_work
+from episode_operator.runtime.seed import (
+    SEED,
+    ReplayProblem,
+    build_images,
+    replay_in,
+    seed_passed,
+    seed_resumes_at,
+    seed_work,
+)
 from episode_operator.runtime.timing import DEFAULT_TIMING, KILL_AFTER_SEC, Timing
 from episode_operator.runtime.turn.context import TurnRun
 from episode_operator.runtime.turn.table import TURN, Network, is_published, restart_at
@@ -206,6 +215,8 @@ class EpisodeRunner:
         self.status = EpisodeStatus()
         self._agent_sandbox: Sandbox | None = None
         self._agent_replay: ReplayReady | None = None
+        # Built images' tags → the same images by the manifest digest their builds pushed (the images stage).
+        self._pins: dict[str, str] = {}
         self._verifier_sandboxes: dict[int, Sandbox] = {}
         # Healthcheck attempts of this runner never collide with a crashed runner's.
         self._incarnation = f"{int(clock() * 1000) % 10**9:x}"
@@ -270,6 +281,10 @@ class EpisodeRunner:
             assert attempt.not_before is not None
             await self.sleep(max(parse_timestamp(attempt.not_before) - self.clock(), 0.0))
             attempt.started_at = timestamp(self.clock())
+        if attempt.ready_at is not None and self.images.builds() and not self._pins:
+            # A restarted runner past the seed: the builds' digests, read back from their Jobs, before any
+            # pod (a later separate verifier's) is made; the tags are never what a pod names.
+            await build_images(self)
         if attempt.ready_at is None:
             await self._seed()
             ready = self.clock()
@@ -543,6 +558,10 @@ class EpisodeRunner:
             if self.status.pod_name != sandbox.name:
                 self.status.pod_name = sandbox.name
                 changed = True
+            image = self._image_status()
+            if self.status.image != image:
+                self.status.image = image
+                changed = True
             if changed:
                 # Before any job runs in it: a restart then knows this pod, and never uses another in its place.
                 await self.publish()
@@ -555,6 +574,15 @@ class EpisodeRunner:
                 # A restarted runner: the replay is done, its settings are read back from the pod.
                 self.replayed(await self._recall_replay(self._agent_sandbox, source))
         return self._agent_sandbox
+
+    def _image_status(self) -> ImageStatus | None:
+        """Which image the agent sandbox started from and why (None: an episode of prebuilt images the
+        runner was given no plan of)."""
+        if self.config.images is None:
+            return None
+        agent = self.images.agent
+        ref = self._pins.get(agent.image, agent.image)
+        return ImageStatus(ref=ref, made=agent.made, message=f"{agent.origin}: {agent.why}" if agent.why else None)
 
     def _keyed(self, sandbox: Sandbox) -> Sandbox:
         key = self._attempt.job_key
@@ -741,6 +769,10 @@ class EpisodeRunner:
             log_name=log_name,
             poll_interval_sec=self.config.timing.poll_interval_sec,
         )
+
+    def pin(self, image: str, pinned: str) -> None:
+        self._pins[image] = pinned
+        self.provider.pin_images(self._pins)
 
     def replayed(self, ready: ReplayReady) -> None:
         assert self._agent_sandbox is not None

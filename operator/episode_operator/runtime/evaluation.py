@@ -24,6 +24,7 @@ from fractions import Fraction
 from math import comb
 from typing import Any
 
+from episode_operator.api.episode_resource import ImageStatus
 from episode_operator.api.episodeset_resource import (
     EpisodeSetSpec,
     EpisodeSetStatus,
@@ -76,6 +77,7 @@ class ChildView:
     deleting: bool = False
     rerun: int = 0  # the spec.rerun generation that made it (0: the set's first run of its slot)
     marked_replaced: bool = False  # labelled as replaced by a rerun
+    image: ImageStatus | None = None  # the image its agent sandbox started from, and why (its status.image)
 
     @property
     def terminal(self) -> bool:
@@ -133,6 +135,7 @@ def record_children(
                     reward=child.reward if child.terminal else None,
                     failure_kind=child.failure_kind if child.terminal else None,
                     created_at=child.created_at,
+                    image=child.image,
                     finished_at=child.finished_at if child.terminal else None,
                     observed_finished_at=now if child.terminal else None,
                 )

@@ -18,7 +18,7 @@ stops exactly where it was, as after a crash, and the status stays the only stat
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -141,6 +141,9 @@ class FencedProvider:
     ) -> Sandbox:
         self.fence.check()
         return FencedSandbox(await self.provider.verifier(attempt, turn, plan, waiting=waiting, uid=uid), self.fence)
+
+    def pin_images(self, pins: Mapping[str, str]) -> None:
+        self.provider.pin_images(pins)
 
     async def apply_network(self, attempt: int, policy: NetworkPolicy) -> None:
         self.fence.check()

@@ -3,9 +3,11 @@
 The task's images (docs/task-format.md "Gym image rule", §2.13, §7), decided at admission:
 
 - **the agent's sandbox**: ``spec.image`` (a prebuilt image of the task) over
-  ``[environment].docker_image``; else ``environment/Dockerfile``, replayed in its ``FROM`` image
-  at seed when replay can mean what a build means, else built in the cluster when the operator
-  has a build registry, else refused naming the instruction and its line;
+  ``[environment].docker_image``; else ``environment/Dockerfile``, made as :data:`DOCKERFILE_MAKING`
+  says: for a child of an EpisodeSet on an operator with a build registry, built once in the
+  cluster and every attempt started from the digest the build pushed (seed once); else replayed in
+  its ``FROM`` image at seed when replay can mean what a build means, else built in the cluster
+  when the operator has a build registry, else refused naming the instruction and its line;
 - **a separate verifier**, by Harbor's precedence (step, then task): a declared verifier
   environment's ``docker_image``, else the ``Dockerfile`` of the tests folder (``steps/<name>/tests``,
   then ``tests``), replayed or built as above; else the agent sandbox's image, made the same way
@@ -21,10 +23,12 @@ task, the spec and the operator's settings: a restarted operator computes the sa
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Final, Protocol
 
+from episode_operator.api.episode_resource import ImageMade
 from episode_operator.runtime.replay_runner import ReplaySource
 from episode_operator.runtime.sandbox_protocol import WaitingReport
 from episode_operator.taskfolder import EpisodePlan, LoadedTask, Problem
@@ -51,6 +55,69 @@ VERIFIER_OWN_COMPOSE = (
 )
 
 
+class Takes(enum.Enum):
+    """What can make an image from a Dockerfile (taskfolder/replay_plan.py says)."""
+
+    REPLAY = "replay or a build"  # replay can mean what a build means (and the role may replay)
+    BUILD = "only a build"  # multi-stage, a target, a sidecar's build:, what replay refuses but a build takes
+    NEITHER = "neither"  # a Dockerfile no build takes either (its problems name the line)
+
+
+@dataclass(frozen=True)
+class Making:
+    """How an image is made from a Dockerfile (None: refused) and why, as the status's message says."""
+
+    made: ImageMade | None
+    why: str
+
+
+# How a Dockerfile's image is made: by what can take it, whether the operator has a build registry,
+# and whether the Episode is a child of an EpisodeSet (its attempts share one task: seed once).
+# A standalone Episode runs one attempt (and its retries): replay in its pod costs less than a build
+# pod, a push and a pull, so it replays as before; a set's children build once and all start from
+# the pushed digest, so no attempt replays.
+_NO_REGISTRY = Making("replayed", "replayed in the attempt's pod: this operator has no build registry")
+_BUILD_ONLY = Making("built", "built in the cluster (replay cannot apply this Dockerfile), once per build context")
+_UNBUILT = Making(None, "only a build can make it, and this operator builds no images")
+_NEITHER = Making(None, "neither replay nor a build can make it")
+DOCKERFILE_MAKING: Final[Mapping[tuple[Takes, bool, bool], Making]] = {
+    # (what can make it, the operator has a build registry, a child of an EpisodeSet): how, and why
+    (Takes.REPLAY, True, True): Making(
+        "built",
+        "built once for the EpisodeSet's attempts (the operator has a build registry); every attempt starts "
+        "from the manifest digest the build pushed, none replays",
+    ),
+    (Takes.REPLAY, True, False): Making(
+        "replayed",
+        "replayed in the attempt's pod: a standalone Episode runs one attempt, for which a build would cost a "
+        "build pod, a push and a pull more",
+    ),
+    (Takes.REPLAY, False, True): _NO_REGISTRY,
+    (Takes.REPLAY, False, False): _NO_REGISTRY,
+    (Takes.BUILD, True, True): _BUILD_ONLY,
+    (Takes.BUILD, True, False): _BUILD_ONLY,
+    (Takes.BUILD, False, True): _UNBUILT,
+    (Takes.BUILD, False, False): _UNBUILT,
+    (Takes.NEITHER, True, True): _NEITHER,
+    (Takes.NEITHER, True, False): _NEITHER,
+    (Takes.NEITHER, False, True): _NEITHER,
+    (Takes.NEITHER, False, False): _NEITHER,
+}
+
+
+def render_making_table() -> str:
+    """:data:`DOCKERFILE_MAKING` as Markdown, for docs/runtime.md (tests/doc_tables.py)."""
+    lines = [
+        "| what can make it | build registry | EpisodeSet child | made | why |",
+        "| --- | --- | --- | --- | --- |",
+    ]
+    for (takes, registry, set_child), making in DOCKERFILE_MAKING.items():
+        made = making.made or "refused"
+        yes = {True: "yes", False: "no"}
+        lines.append(f"| {takes.value} | {yes[registry]} | {yes[set_child]} | {made} | {making.why} |")
+    return "\n".join(lines) + "\n"
+
+
 @dataclass(frozen=True)
 class ImagePolicy:
     """The operator's image settings: its mirrors, and where built images are pulled from (None: no builds)."""
@@ -58,14 +125,20 @@ class ImagePolicy:
     mirrors: ImageMirrors = field(default_factory=ImageMirrors)
     build_repository: str | None = None
 
+    def making(self, takes: Takes, *, set_child: bool) -> Making:
+        """How this operator makes a Dockerfile's image (:data:`DOCKERFILE_MAKING`)."""
+        return DOCKERFILE_MAKING[takes, self.build_repository is not None, set_child]
+
 
 @dataclass(frozen=True)
 class ImageBuild:
-    """An image built in the cluster before any pod needs it: ``role`` names it in logs and messages."""
+    """An image built in the cluster before any pod needs it: ``role`` names it in logs and messages,
+    ``tag`` is the image as the plan names it (the build's tag), which pods run by its digest instead."""
 
     role: str
     source: BuildSource
     timeout_sec: float
+    tag: str = ""
 
 
 @dataclass(frozen=True)
@@ -73,14 +146,20 @@ class SandboxImage:
     """The image a sandbox's main container (or a sidecar) runs, and how it is made.
 
     ``replay``: the Dockerfile applied in the started container (``image`` is its mirrored FROM);
-    ``build``: built in the cluster first (``image`` is the build's tag); neither: prebuilt.
-    ``origin`` says where it came from, for messages.
+    ``build``: built in the cluster first (``image`` is the build's tag, which pods never name:
+    they run the digest the build pushed); neither: prebuilt. ``origin`` says where it came from,
+    ``why`` why it is made so, for messages.
     """
 
     image: str
     origin: str
     replay: ReplaySource | None = None
     build: ImageBuild | None = None
+    why: str = ""
+
+    @property
+    def made(self) -> ImageMade:
+        return "built" if self.build is not None else "replayed" if self.replay is not None else "prebuilt"
 
 
 @dataclass(frozen=True)
@@ -106,10 +185,12 @@ class ImagePlan:
 
 
 def plan_images(
-    task: LoadedTask, plan: EpisodePlan, *, image_override: str | None, policy: ImagePolicy
+    task: LoadedTask, plan: EpisodePlan, *, image_override: str | None, policy: ImagePolicy, set_child: bool = False
 ) -> ImagePlan | list[Problem]:
-    """Decide every image of an episode of ``plan``; the problems name the file and line when refused."""
-    planner = _Planner(task.files, policy)
+    """Decide every image of an episode of ``plan``; the problems name the file and line when refused.
+
+    ``set_child``: the Episode is a child of an EpisodeSet (:data:`DOCKERFILE_MAKING`)."""
+    planner = _Planner(task.files, policy, set_child)
     sources = {source.role: source for source in dockerfile_sources(task.files, task.config, task.compose)}
     agent = planner.agent(plan, image_override, sources.get("environment"))
     verifiers: list[SandboxImage | None] = []
@@ -158,9 +239,10 @@ def with_images(plan: EpisodePlan, images: ImagePlan) -> EpisodePlan:
 
 
 class _Planner:
-    def __init__(self, files: TaskFiles, policy: ImagePolicy) -> None:
+    def __init__(self, files: TaskFiles, policy: ImagePolicy, set_child: bool) -> None:
         self.files = files
         self.policy = policy
+        self.set_child = set_child
         self.problems: list[Problem] = []
 
     def mirrored(self, image: str, where: str, file: str = TASK_CONFIG) -> str | None:
@@ -172,7 +254,7 @@ class _Planner:
 
     def prebuilt(self, image: str, origin: str) -> SandboxImage | None:
         mirrored = self.mirrored(image, origin)
-        return SandboxImage(mirrored, origin) if mirrored is not None else None
+        return SandboxImage(mirrored, origin, why=f"prebuilt: {origin}") if mirrored is not None else None
 
     def agent(self, plan: EpisodePlan, override: str | None, source: DockerfileSource | None) -> SandboxImage | None:
         if override:
@@ -191,22 +273,29 @@ class _Planner:
         return self.dockerfile(source, plan.environment.build_timeout_sec, replayable=True)
 
     def dockerfile(self, source: DockerfileSource, timeout_sec: float, *, replayable: bool) -> SandboxImage | None:
-        """Replay ``source`` when it can be (and ``replayable``), else build it, else refuse it."""
+        """Replay ``source`` or build it, as :data:`DOCKERFILE_MAKING` says, else refuse it naming why."""
         planning = plan_replay(self.files, source.dockerfile, source.context, build_args=source.args)
         if replayable and source.target is None and planning.plan is not None:
+            takes = Takes.REPLAY
+        elif planning.plan is not None or planning.needs_build:
+            takes = Takes.BUILD
+        else:
+            takes = Takes.NEITHER
+        making = self.policy.making(takes, set_child=self.set_child)
+        if making.made == "replayed" and planning.plan is not None:
             from_image = self.mirrored(planning.plan.from_image, "FROM", source.dockerfile)
             if from_image is None:
                 return None
             replay = ReplaySource(source.dockerfile, source.context, dict(source.args))
-            return SandboxImage(from_image, source.dockerfile, replay=replay)
-        buildable = planning.plan is not None or planning.needs_build
-        if buildable and self.policy.build_repository is not None:
+            return SandboxImage(from_image, source.dockerfile, replay=replay, why=making.why)
+        if making.made == "built" and self.policy.build_repository is not None:
             build = BuildSource(source.dockerfile, source.context, dict(source.args), source.target)
             packed = pack_build_context(self.files, build, self.policy.mirrors)
             image = f"{self.policy.build_repository}:{packed.hex}"
-            return SandboxImage(image, source.dockerfile, build=ImageBuild(source.role, build, timeout_sec))
+            made = ImageBuild(source.role, build, timeout_sec, image)
+            return SandboxImage(image, source.dockerfile, build=made, why=making.why)
         self.problems += planning.problems
-        if buildable:
+        if takes is Takes.BUILD:
             if replayable:
                 why = "replay cannot apply this Dockerfile, and this operator builds no images: set docker_image"
             else:
@@ -229,11 +318,17 @@ class _Planner:
 # In-cluster builds -------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class BuildReady:
-    """The image exists; ``built`` is False when an earlier build of the same digest was reused."""
+    """The image exists; ``built`` is False when an earlier build of the same digest was reused.
+
+    ``image`` is the build's tag (named by the context digest), ``pinned`` the same image by the
+    manifest digest the build pushed (``repository@sha256:…``): what pods run, so that whoever
+    pushes under the tag later (an agent that reaches the registry) changes nothing they start from.
+    """
 
     image: str
     digest: str
     built: bool
+    pinned: str
     log: bytes = b""
 
 

@@ -296,6 +296,11 @@ class SandboxProvider(Protocol):
         """A fresh verifier sandbox for a separate turn (re-attached if it exists); ``uid`` as for :meth:`agent`."""
         ...
 
+    def pin_images(self, pins: Mapping[str, str]) -> None:
+        """Pods made from now on run ``pins[image]`` where they would run ``image``: a built image's tag
+        is replaced by its manifest digest (runtime/sandbox_images.py ``BuildReady.pinned``)."""
+        ...
+
     async def apply_network(self, attempt: int, policy: NetworkPolicy) -> None:
         """Put the agent pod under ``policy`` for the phase about to run (a no-op when unchanged)."""
         ...

@@ -79,6 +79,10 @@ class SeedServices(TurnServices, Protocol):
         """The agent sandbox's replay finished: its jobs run with the image's settings from now on."""
         ...
 
+    def pin(self, image: str, pinned: str) -> None:
+        """The built ``image`` (its tag) is ``pinned`` (by manifest digest): every pod made from now on runs that."""
+        ...
+
     async def pod_waiting(self, report: Waiting | None) -> None:
         """Why a pod the episode needs does not run yet (None: it runs), for the status and an Event."""
         ...
@@ -88,7 +92,8 @@ SeedStep = Callable[[SeedServices], Awaitable[None]]
 
 
 async def build_images(seed: SeedServices) -> None:
-    """Stage ``images``: every image the episode builds in the cluster exists (built once per context digest)."""
+    """Stage ``images``: every image the episode builds in the cluster exists (built once per context digest),
+    and the pods made after it name each by the manifest digest its build pushed."""
     for build in seed.images.builds():
         await _build(seed, build)
 
@@ -105,8 +110,9 @@ async def _build(seed: SeedServices, build: ImageBuild) -> None:
         raise EpisodeEnds("TerminalFailure", FAILURE_ENVIRONMENT_BUILD, f"{source.dockerfile}: {outcome.message}")
     if isinstance(outcome, BuildOutage):
         raise Outage("image_build", f"{source.dockerfile}: {outcome.message}")
+    seed.pin(build.tag, outcome.pinned)
     verb = "built" if outcome.built else "reused"
-    await seed.event("ImageBuilt" if outcome.built else "ImageReused", f"{build.role}: {outcome.image} {verb}")
+    await seed.event("ImageBuilt" if outcome.built else "ImageReused", f"{build.role}: {outcome.pinned} {verb}")
 
 
 async def start_sandbox(seed: SeedServices) -> None:

@@ -11,6 +11,10 @@ made like the project's other images; it builds Dockerfiles as BuildKit does (mu
 and the ``vfs`` storage driver, which work inside an unprivileged-looking container only with
 privilege: the build pod is privileged, so builds belong in a namespace of their own.
 
+The push writes the manifest digest it pushed to the container's termination message
+(``buildah push --digestfile``): the coordinator records it on the Job, and pods run the image by
+that digest, never by the tag (which anyone who can push to the registry can move).
+
 The build script tells the outcome by its exit code, so the coordinator classifies failures
 without parsing prose: the context cannot be unpacked, a base image cannot be pulled, the
 Dockerfile fails to build, or the image cannot be pushed.
@@ -37,6 +41,10 @@ EXIT_CONTEXT = 30
 EXIT_PULL = 21
 EXIT_BUILD = 10
 EXIT_PUSH = 20
+# Where the push writes the manifest digest it pushed: the container's termination message.
+DIGEST_FILE = "/dev/termination-log"
+# The Job's record of that digest, once the coordinator read it (the build pod may be gone later).
+MANIFEST_DIGEST_ANNOTATION = "episode-operator.dev/manifest-digest"
 
 
 @dataclass(frozen=True)
@@ -102,7 +110,7 @@ def build_script(spec: BuildJobSpec) -> str:
         lines.append(f"{buildah} pull {verify} {shlex.quote(image)} || exit {EXIT_PULL}")
     lines += [
         f"{shlex.join(build)} || exit {EXIT_BUILD}",
-        f"{buildah} push {verify} {shlex.quote(spec.image)} "
+        f"{buildah} push {verify} --digestfile {DIGEST_FILE} {shlex.quote(spec.image)} "
         f"{shlex.quote('docker://' + spec.image)} || exit {EXIT_PUSH}",
     ]
     return "\n".join(lines)
@@ -116,6 +124,8 @@ def build_job(spec: BuildJobSpec) -> dict[str, Any]:
         "imagePullPolicy": "IfNotPresent",
         "command": ["sh", "-c", build_script(spec)],
         "securityContext": {"privileged": True},
+        "terminationMessagePath": DIGEST_FILE,
+        "terminationMessagePolicy": "File",
         "volumeMounts": [
             {"name": "context", "mountPath": "/input", "readOnly": True},
             {"name": "storage", "mountPath": STORAGE},

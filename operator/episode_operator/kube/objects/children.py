@@ -7,7 +7,9 @@ import re
 from collections.abc import Mapping
 from typing import Any, get_args
 
-from episode_operator.api.episode_resource import TaskSource, episode_manifest
+from pydantic import ValidationError
+
+from episode_operator.api.episode_resource import ImageStatus, TaskSource, episode_manifest
 from episode_operator.api.episodeset_resource import (
     CREATED_AT_ANNOTATION,
     SET_TASK_NAME_ANNOTATION,
@@ -125,7 +127,18 @@ def child_view(item: Mapping[str, Any]) -> ChildView:
         deleting=bool(metadata.get("deletionTimestamp")),
         rerun=_generation(labels.get(SET_RERUN_LABEL)),
         marked_replaced=SET_REPLACED_LABEL in labels,
+        image=_image(status.get("image")),
     )
+
+
+def _image(value: Any) -> ImageStatus | None:
+    """The child's status.image, when it is one (a status we cannot read says nothing)."""
+    if not isinstance(value, dict):
+        return None
+    try:
+        return ImageStatus.model_validate(value)
+    except ValidationError:
+        return None
 
 
 def _generation(value: str | None) -> int:
