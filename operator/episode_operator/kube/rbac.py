@@ -120,6 +120,13 @@ OPERATOR_PERMISSIONS: tuple[Permission, ...] = (
         "namespaced",
         "in-cluster image builds, one Job per build context digest (kube/builds.py)",
     ),
+    Permission(
+        "apps",
+        "daemonsets",
+        ("create", "get", "delete"),
+        "namespaced",
+        "an EpisodeSet's pre-pull: one DaemonSet per set, owned by it (kube/prepull.py)",
+    ),
     Permission("", "pods/log", ("get",), "namespaced", "a failed build's log, kept and classified"),
     Permission(
         "",
