@@ -9,13 +9,15 @@ from typing import Any
 
 import pytest
 
-from episode_operator.api.episodeset_resource import EpisodeSetSpec, SetTaskStatus
+from episode_operator.api.episodeset_resource import EpisodeSetSpec, PrePullImage, PrePullStatus, SetTaskStatus
 from episode_operator.api.vocabulary import PREPULL_ANNOTATION
+from episode_operator.kube.client import NotFound
 from episode_operator.kube.objects.children import child_manifest
 from episode_operator.kube.objects.pods import AgentImages, OwnerRef
 from episode_operator.kube.objects.prepull_plan import (
     HOSTNAME_LABEL,
     MAIN_WEIGHT,
+    MAX_IMAGES,
     OTHER_WEIGHT,
     current,
     done,
@@ -26,7 +28,7 @@ from episode_operator.kube.objects.prepull_plan import (
     progress,
     set_images,
 )
-from episode_operator.kube.prepull import PrePullSettings, agent_images, task_images
+from episode_operator.kube.prepull import PrePullSettings, agent_images, reconcile_prepull, task_images
 from episode_operator.runtime.sandbox_images import ImagePolicy
 from episode_operator.taskfolder.image_refs import ImageMirrors
 from tests.unit.folders import single_step
@@ -249,3 +251,62 @@ def test_children_wait_for_images_on_their_way_never_for_a_failing_one_nor_past_
     )
     assert not holds(failed_only, 60, 5)  # only a failing pull is left: it holds nothing
     assert not holds(progress([], DS, []), 60, 5)
+
+
+# --- one pass, against a fake API ------------------------------------------------------------------------------
+class FakeApps:
+    """The calls a pre-pull pass makes, answered from memory (kube/client.py's names), each counted."""
+
+    def __init__(self) -> None:
+        self.daemon_sets: dict[str, dict[str, Any]] = {}
+        self.pods: list[dict[str, Any]] = []
+        self.calls: list[str] = []
+
+    async def read_daemon_set(self, namespace: str, name: str) -> dict[str, Any]:
+        self.calls.append("read")
+        if name not in self.daemon_sets:
+            raise NotFound(name)
+        return self.daemon_sets[name]
+
+    async def create_daemon_set(self, manifest: dict[str, Any]) -> dict[str, Any]:
+        self.calls.append("create")
+        self.daemon_sets[manifest["metadata"]["name"]] = manifest
+        return manifest
+
+    async def delete_daemon_set(self, namespace: str, name: str) -> None:
+        self.calls.append("delete")
+        self.daemon_sets.pop(name, None)
+
+    async def list_pods(self, namespace: str, selector: str) -> list[dict[str, Any]]:
+        self.calls.append("list")
+        return self.pods
+
+
+def one_pass(fake: FakeApps, spec: EpisodeSetSpec, previous: PrePullStatus | None) -> PrePullStatus:
+    settings = PrePullSettings(images=AgentImages(capture=COPIER))
+    return asyncio.run(reconcile_prepull(fake, SET, spec, previous, [], settings))  # type: ignore[arg-type]
+
+
+def test_a_pass_makes_the_daemon_set_once_and_a_complete_pre_pull_is_not_read_on_every_pass() -> None:
+    fake = FakeApps()
+    spec = set_spec([], prePull={"images": ["x.example/a:1"]})
+    first = one_pass(fake, spec, None)
+    assert fake.calls == ["read", "create", "list"] and first.daemon_set == "pulled-prepull"
+    assert [row.image for row in first.images] == ["x.example/a:1"] and not done(first)
+    fake.pods = [ds_pod("n1", {"x.example/a:1": RUNNING})]
+    fake.daemon_sets["pulled-prepull"]["status"] = {"desiredNumberScheduled": 1}
+    second = one_pass(fake, spec, first)
+    assert done(second) and fake.calls[3:] == ["read", "list"]
+    fake.calls.clear()
+    assert one_pass(fake, spec, second) == second and fake.calls == []  # complete: nothing read until recheck
+    # Other images (a spec changed under a running set): the DaemonSet is replaced.
+    other = PrePullStatus(images=[PrePullImage(image="x.example/b:1")])
+    one_pass(fake, spec, other)
+    assert fake.calls == ["read", "delete", "create", "list"]
+
+
+def test_images_past_one_pods_bound_are_said_and_left_to_the_childrens_pods() -> None:
+    extra = [f"x.example/img-{index:03}:1" for index in range(MAX_IMAGES + 6)]
+    status = one_pass(FakeApps(), set_spec([], prePull={"images": extra}), None)
+    assert [row.image for row in status.images] == extra[:MAX_IMAGES] and status.left_out == 6
+    assert status.message is not None and f"6 more images than one pre-pull pod runs ({MAX_IMAGES})" in status.message

@@ -419,6 +419,9 @@ class PrePullStatus(ApiModel):
     daemon_set: str | None = Field(default=None, description="The DaemonSet that pulls the images.")
     images: list[PrePullImage] = Field(default_factory=list, description="Every image pulled, in a stable order.")
     ready: str | None = Field(default=None, description="Images on every node / images, for printing.")
+    left_out: int = Field(
+        default=0, description="Images past the bound of one pre-pull pod (the last by name), not pulled."
+    )
     message: str | None = Field(default=None, description="Why images are missing or not pulled, if it says.")
 
 

@@ -5,6 +5,7 @@ what its pods say (docs/prepull.md). The decisions are :mod:`episode_operator.ku
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass, field
 
 from episode_operator.api.episodeset_resource import EpisodeSetSpec, PrePullStatus, SetTaskStatus, child_spec
@@ -13,8 +14,10 @@ from episode_operator.kube.driver import read_task_files
 from episode_operator.kube.objects.children import task_source
 from episode_operator.kube.objects.pods import AgentImages, OwnerRef
 from episode_operator.kube.objects.prepull_plan import (
+    MAX_IMAGES,
     current,
     daemon_set_name,
+    done,
     prepull_daemon_set,
     prepull_selector,
     progress,
@@ -26,6 +29,8 @@ from episode_operator.runtime.oci_tasks import TaskArtifacts
 from episode_operator.runtime.sandbox_images import ImagePlan, ImagePolicy
 
 log = logging.getLogger(__name__)
+# When each set's pre-pull was last read (by set uid): a complete one is not read on every pass of its set.
+_checked: dict[str, float] = {}
 
 
 @dataclass(frozen=True)
@@ -35,6 +40,8 @@ class PrePullSettings:
     images: AgentImages = field(default_factory=AgentImages)
     policy: ImagePolicy = field(default_factory=ImagePolicy)
     artifacts: TaskArtifacts | None = None
+    # A pre-pull whose every image is on every node is read again after this long (a node added), not each pass.
+    recheck_sec: float = 30.0
 
 
 def _pulled(images: ImagePlan) -> list[str]:
@@ -86,13 +93,17 @@ async def reconcile_prepull(
     """One pass: the images (found once, then kept in the status), the DaemonSet made or replaced, its progress."""
     if previous is not None and previous.images:
         images = [row.image for row in previous.images]
+        left_out = previous.left_out
         problems: list[str] = []
+        if done(previous) and time.monotonic() - _checked.get(owner.uid, 0.0) < settings.recheck_sec:
+            return previous  # every image in: looked at again now and then (a node added), not on every pass
     else:
         found, problems = await task_images(client, owner.namespace, spec, tasks, settings)
-        images = set_images(spec, found, agent_images(spec, settings.images))
+        every = set_images(spec, found, agent_images(spec, settings.images))
+        images, left_out = every[:MAX_IMAGES], max(0, len(every) - MAX_IMAGES)
     if settings.images.capture is None:
         message = "pre-pull needs the operator's own image (--capture-image) to lend its busybox: nothing pulled"
-        return PrePullStatus(images=progress(images, None, []).images, message=message)
+        return PrePullStatus(images=progress(images, None, []).images, message=message, left_out=left_out)
     name = daemon_set_name(owner.name)
     try:
         daemon_set: dict[str, object] | None = await client.read_daemon_set(owner.namespace, name)
@@ -112,9 +123,14 @@ async def reconcile_prepull(
             if error.status not in (403, 422):  # refused (a policy, a quota): said in the status
                 raise
             message = f"cannot make the pre-pull DaemonSet {name}: {error}"
-            return PrePullStatus(images=progress(images, None, []).images, message=message)
+            return PrePullStatus(images=progress(images, None, []).images, message=message, left_out=left_out)
     pods = await client.list_pods(owner.namespace, prepull_selector(owner.name))
     status = progress(images, daemon_set, pods)
+    status.left_out = left_out
+    if left_out:
+        bound = f"{left_out} more images than one pre-pull pod runs ({MAX_IMAGES}): their children's pods pull them"
+        status.message = f"{status.message}; {bound}" if status.message else bound
+    _checked[owner.uid] = time.monotonic()
     if problems:
         unread = f"{len(problems)} tasks' images unknown ({'; '.join(problems)[:400]})"
         status.message = f"{status.message}; {unread}" if status.message else unread
@@ -124,3 +140,4 @@ async def reconcile_prepull(
 async def release_prepull(client: KubeClient, owner: OwnerRef) -> None:
     """Delete the set's DaemonSet (the set is complete, or pre-pull was turned off)."""
     await client.delete_daemon_set(owner.namespace, daemon_set_name(owner.name))
+    _checked.pop(owner.uid, None)

@@ -53,6 +53,9 @@ PULL_STATES: Mapping[str, str] = {
 MAIN_WEIGHT = 100
 OTHER_WEIGHT = 10
 MESSAGE_NODES = 3  # nodes named per image in a message
+# The most images one pre-pull pod runs (a container each, on every node): a dataset of thousands of distinct
+# images is not pulled onto every node whole (their disks); the rest are said in the status and pulled by their pods.
+MAX_IMAGES = 64
 # The node label a preferred term names nodes by. Not the field metadata.name: until Kubernetes 1.22 the scheduler
 # scored preferred terms' matchExpressions only; the kubelet labels its node with its own name (--hostname-override).
 HOSTNAME_LABEL = "kubernetes.io/hostname"
