@@ -43,6 +43,8 @@ HOSTNAME_LABEL = "kubernetes.io/hostname"
 # What hack/cluster publishes in its registry: a fresh tag of it is an image no node has pulled.
 PUBLISHED = f"{REGISTRY}/episode-operator/sandbox:bookworm"
 LENT_BUSYBOX = "/episode-operator-prepull/busybox"
+# What runs in a pre-pull container, asked with the lent busybox alone (the image's own tools are not trusted).
+PROBE = "{busybox} tr '\\0' ' ' < /proc/1/cmdline; echo; {busybox} id -u; {busybox} ls /var/run/secrets 2>&1"
 WAIT_SEC = 240  # longer than any wait below: a child started before it is not the wait running out
 
 TASK_TOML = """schema_version = "1.4"
@@ -268,7 +270,7 @@ def test_the_pre_pull_runs_nothing_of_the_image(
         pod.metadata.name,
         namespace,
         container=container.name,
-        command=[LENT_BUSYBOX, "sh", "-c", "tr '\\0' ' ' < /proc/1/cmdline; echo; id -u; ls /var/run/secrets 2>&1"],
+        command=[LENT_BUSYBOX, "sh", "-c", PROBE.format(busybox=LENT_BUSYBOX)],
         stderr=True,
         stdin=False,
         stdout=True,
