@@ -40,8 +40,6 @@ from tests.cluster.test_warm_pools import (
 
 PREPULL_LABEL = "episode-operator.dev/prepull"
 HOSTNAME_LABEL = "kubernetes.io/hostname"
-# What hack/cluster publishes in its registry: a fresh tag of it is an image no node has pulled.
-PUBLISHED = f"{REGISTRY}/episode-operator/sandbox:bookworm"
 LENT_BUSYBOX = "/episode-operator-prepull/busybox"
 # What runs in a pre-pull container, asked with the lent busybox alone (the image's own tools are not trusted).
 PROBE = "{busybox} tr '\\0' ' ' < /proc/1/cmdline; echo; {busybox} id -u; {busybox} ls /var/run/secrets 2>&1"
@@ -100,10 +98,12 @@ def on_node(image: str) -> bool:
 
 @pytest.fixture
 def fresh_image() -> Iterator[str]:
-    """A tag of the published sandbox image no node has: pushed to the cluster's registry, removed after."""
+    """A new name of the sandbox image that no node has: pushed to the cluster's registry from the node's containerd
+    (tagged, pushed, the name removed again: the node keeps the layers, not the image), deleted after."""
     image = f"{REGISTRY}/episode-operator/prepull-test:{uuid.uuid4().hex[:12]}"
-    tls = ("--src-tls-verify=false", "--dest-tls-verify=false")
-    subprocess.run(["skopeo", "copy", *tls, f"docker://{PUBLISHED}", f"docker://{image}"], check=True, timeout=300)
+    for step in (("tag", SANDBOX_IMAGE, image), ("push", "--plain-http", image), ("rm", image)):
+        done = ctr("images", *step)
+        assert done.returncode == 0, f"ctr images {' '.join(step)}: {done.stderr}"
     try:
         yield image
     finally:
@@ -326,9 +326,9 @@ def test_an_image_that_cannot_be_pulled_is_named_and_the_children_start_anyway(
     assert done["outcomes"]["graded"] == 2, done
     for child in (f"{name}-0-1", f"{name}-0-2"):
         assert read_episode(api_client, namespace, child)["status"]["reward"] == 1.0
+    # One Warning names it, however often the kubelet's back-off changes its words.
     warnings = core.list_namespaced_event(namespace, field_selector="reason=PrePullFailing").items
-    assert any(missing in (event.message or "") and event.type == "Warning" for event in warnings), [
-        event.message for event in warnings
-    ]
+    named = [event for event in warnings if missing in (event.message or "") and event.type == "Warning"]
+    assert len(named) == 1, [event.message for event in warnings]
     apps = client.AppsV1Api(api_client)
     wait_until(lambda: daemon_set_gone(apps, namespace, name), "the complete set's DaemonSet is deleted", operator)

@@ -21,6 +21,7 @@ from episode_operator.kube.objects.prepull_plan import (
     OTHER_WEIGHT,
     current,
     done,
+    failing_images,
     holds,
     image_affinity,
     nodes_holding,
@@ -310,3 +311,14 @@ def test_images_past_one_pods_bound_are_said_and_left_to_the_childrens_pods() ->
     status = one_pass(FakeApps(), set_spec([], prePull={"images": extra}), None)
     assert [row.image for row in status.images] == extra[:MAX_IMAGES] and status.left_out == 6
     assert status.message is not None and f"6 more images than one pre-pull pod runs ({MAX_IMAGES})" in status.message
+
+
+def test_a_failing_image_is_one_event_not_one_per_pass() -> None:
+    """Named once when it starts failing; the kubelet's reason going ErrImagePull → ImagePullBackOff and back is
+    the same failure."""
+    images = ["bad.example/x:1", "good.example/y:1"]
+    err = {"waiting": {"reason": "ErrImagePull", "message": "not found"}}
+    first = progress(images, DS, [ds_pod("n1", {"good.example/y:1": RUNNING, "bad.example/x:1": err})])
+    later = progress(images, DS, [ds_pod("n1", {"good.example/y:1": RUNNING, "bad.example/x:1": BACKOFF})])
+    assert failing_images(first) == failing_images(later) == {"bad.example/x:1"}
+    assert first.message != later.message

@@ -46,6 +46,7 @@ from episode_operator.kube.objects.children import child_manifest, child_view, r
 from episode_operator.kube.objects.event_manifests import event_name
 from episode_operator.kube.objects.pods import OwnerRef
 from episode_operator.kube.objects.prepull_plan import done as prepull_done
+from episode_operator.kube.objects.prepull_plan import failing_images as prepull_failing
 from episode_operator.kube.objects.prepull_plan import holds as prepull_holds
 from episode_operator.kube.prepull import PrePullSettings, reconcile_prepull, release_prepull
 from episode_operator.kube.replicas import Claim
@@ -239,8 +240,10 @@ async def _pre_pull(
         return status.model_copy(update={"pre_pull": None}), False
     pulled = await reconcile_prepull(client, ref, spec, previous.pre_pull, status.tasks, settings.prepull)
     before = previous.pre_pull
-    if pulled.message and pulled.message != (before.message if before else None) and "cannot" in pulled.message:
-        await events.post("PrePullFailing", pulled.message, warning=True)
+    newly = prepull_failing(pulled) - (prepull_failing(before) if before is not None else set())
+    if newly:  # once per image that starts failing (its message changes with the kubelet's back-off)
+        rows = [f"{row.image} {row.message}" for row in pulled.images if row.image in newly]
+        await events.post("PrePullFailing", "; ".join(rows), warning=True)
     if prepull_done(pulled) and not (before is not None and prepull_done(before)):
         await events.post("PrePulled", f"{len(pulled.images)} images on every node ({pulled.ready})")
     return status.model_copy(update={"pre_pull": pulled}), not prepull_done(pulled)

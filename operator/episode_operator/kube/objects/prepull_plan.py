@@ -260,6 +260,10 @@ def failing(row: PrePullImage) -> bool:
     return bool(row.message and row.message.startswith("cannot be pulled"))
 
 
+def failing_images(status: PrePullStatus) -> set[str]:
+    return {row.image for row in status.images if failing(row)}
+
+
 def holds(status: PrePullStatus, wait_sec: float, waited_sec: float) -> bool:
     """Whether the set holds its children back: within ``wait_sec``, while an image is still on its way to a
     node (one whose pull fails holds nothing: the children start, and fail or pull on their own)."""
