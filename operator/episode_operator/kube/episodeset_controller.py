@@ -235,7 +235,8 @@ async def _pre_pull(
     """The pre-pull after this pass (kube/prepull.py), and whether it still pulls (polled). A complete set, or
     one whose prePull was removed, has its DaemonSet deleted; its Events say when a pull fails and when all is in."""
     if spec.pre_pull is None or status.completion_time:
-        if previous.pre_pull is not None:
+        # The completing pass of a pre-pulling set releases it even when its last pass wrote no status of it.
+        if previous.pre_pull is not None or (status.completion_time and spec.pre_pull is not None):
             await release_prepull(client, ref)
         return status.model_copy(update={"pre_pull": None}), False
     pulled = await reconcile_prepull(client, ref, spec, previous.pre_pull, status.tasks, settings.prepull)
