@@ -23,7 +23,7 @@ from kubernetes.client.exceptions import ApiException
 from kubernetes.stream import stream
 
 from tests.cluster.conftest import SANDBOX_IMAGE
-from tests.cluster.harness import GROUP, VERSION, OperatorProcess, read_episode
+from tests.cluster.harness import GROUP, VERSION, OperatorProcess, install_crd, read_episode
 from tests.cluster.test_builds import REGISTRY
 from tests.cluster.test_node_images import ctr
 from tests.cluster.test_warm_pools import (
@@ -177,6 +177,7 @@ def test_a_fresh_image_is_pulled_before_the_children_start_and_they_prefer_its_n
     name = "pulled"
     assert not on_node(fresh_image), "the fresh tag is on the node already: the test would prove nothing"
     with statuses_of(api_client, namespace, name) as seen:
+        install_crd(api_client)  # again: another checkout's tests may have installed theirs (no spec.prePull)
         create_set(api_client, namespace, name, set_spec(fresh_image, wait_for_go=True))
         ready = wait_until(
             lambda: (
@@ -250,6 +251,7 @@ def test_the_pre_pull_runs_nothing_of_the_image(
     and no service account token is mounted. The honest control beside it: the same image in a child runs the
     task as the task says (the child earns its reward)."""
     name = "nothing-runs"
+    install_crd(api_client)  # again: another checkout's tests may have installed theirs (no spec.prePull)
     create_set(api_client, namespace, name, set_spec(SANDBOX_IMAGE, wait_for_go=True))
     pod = wait_until(
         lambda: next(
@@ -300,6 +302,7 @@ def test_an_image_that_cannot_be_pulled_is_named_and_the_children_start_anyway(
 ) -> None:
     name = "unpullable"
     missing = f"{REGISTRY}/episode-operator/no-such-image:{uuid.uuid4().hex[:12]}"
+    install_crd(api_client)  # again: another checkout's tests may have installed theirs (no spec.prePull)
     create_set(api_client, namespace, name, set_spec(SANDBOX_IMAGE, wait_for_go=False, extra=[missing]))
 
     def rows() -> dict[str, dict[str, Any]]:
