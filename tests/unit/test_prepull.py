@@ -322,3 +322,20 @@ def test_a_failing_image_is_one_event_not_one_per_pass() -> None:
     later = progress(images, DS, [ds_pod("n1", {"good.example/y:1": RUNNING, "bad.example/x:1": BACKOFF})])
     assert failing_images(first) == failing_images(later) == {"bad.example/x:1"}
     assert first.message != later.message
+
+
+def test_a_pre_pull_pod_the_scheduler_cannot_place_is_said() -> None:
+    """Seen on the shared test node: every CPU requested, the DaemonSet's pod Pending, nothing pulled."""
+    pending = {
+        "metadata": {"name": "p"},
+        "spec": {"containers": [{"name": "image-0", "image": "x:1"}]},
+        "status": {
+            "phase": "Pending",
+            "conditions": [
+                {"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": "0/1 nodes: cpu"}
+            ],
+        },
+    }
+    status = progress(["x:1"], {**DS, "status": {"desiredNumberScheduled": 1}}, [pending])
+    assert status.message == "the pre-pull pod is not scheduled: 0/1 nodes: cpu"
+    assert holds(status, 60, 5)  # the wait still bounds it

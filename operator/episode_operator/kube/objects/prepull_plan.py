@@ -224,10 +224,22 @@ def _image_message(entries: Sequence[ImageOnNode]) -> str | None:
     return None
 
 
+def unschedulable(pods: Iterable[Mapping[str, Any]]) -> str | None:
+    """What the scheduler says of a pre-pull pod it cannot place (e.g. the node's CPU all requested), if any."""
+    for pod in pods:
+        if (pod.get("spec") or {}).get("nodeName") or pod.get("metadata", {}).get("deletionTimestamp"):
+            continue
+        for condition in (pod.get("status") or {}).get("conditions") or []:
+            if condition.get("type") == "PodScheduled" and condition.get("status") == "False":
+                return str(condition.get("message") or condition.get("reason") or "Unschedulable")
+    return None
+
+
 def progress(
     images: Sequence[str], daemon_set: Mapping[str, Any] | None, pods: Iterable[Mapping[str, Any]]
 ) -> PrePullStatus:
     """Per image, how many of the DaemonSet's nodes hold it, and why the others do not."""
+    pods = list(pods)
     entries = observed(pods)
     scheduled = len({entry.node for entry in entries})
     desired = ((daemon_set or {}).get("status") or {}).get("desiredNumberScheduled")
@@ -239,7 +251,12 @@ def progress(
         rows.append(PrePullImage(image=image, nodes=nodes, of=of, message=_image_message(mine)))
     complete = sum(1 for row in rows if row.of and row.nodes >= row.of)
     failed = [row for row in rows if failing(row)]
-    if failed:
+    unscheduled = unschedulable(pods)
+    if unscheduled:
+        message = f"the pre-pull pod is not scheduled: {unscheduled}"
+        if failed:
+            message += "; " + "; ".join(f"{row.image} {row.message}" for row in failed)
+    elif failed:
         message = "; ".join(f"{row.image} {row.message}" for row in failed)
     elif daemon_set is not None and of == 0:
         message = "the pre-pull DaemonSet runs on no node yet (the template's nodeSelector and tolerations)"
