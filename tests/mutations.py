@@ -647,6 +647,27 @@ MUTATIONS = [
         "an attempt of other resources, env or workdir claims a pool pod of the same image",
     ),
     Mutation(
+        "prepull-task-images-missed",
+        "kube/prepull.py",
+        "        images += _pulled(admission.images)\n",
+        "        images += []\n",
+        "pre-pull reads the task folders but pulls none of their own images (docker_image, a Dockerfile's FROM)",
+    ),
+    Mutation(
+        "prepull-failing-pull-holds",
+        "kube/objects/prepull_plan.py",
+        "    return any(not (row.of and row.nodes >= row.of) and not failing(row) for row in status.images)\n",
+        "    return any(not (row.of and row.nodes >= row.of) for row in status.images)\n",
+        "an image that cannot be pulled holds the children back until prePull.waitSec is over",
+    ),
+    Mutation(
+        "prepull-affinity-required",
+        "kube/objects/prepull_plan.py",
+        '    node_affinity["preferredDuringSchedulingIgnoredDuringExecution"] = [\n',
+        '    node_affinity["requiredDuringSchedulingIgnoredDuringExecution"] = [\n',
+        "a child's pod may only run where its images are: a set stalls while no node has them",
+    ),
+    Mutation(
         "cpu-fraction-ignored",
         "kube/objects/pods.py",
         '            asked["cpu"] = requests.cpu(environment.cpus)\n',

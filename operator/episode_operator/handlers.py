@@ -49,6 +49,7 @@ from episode_operator.kube.driver import (
 from episode_operator.kube.episodeset_controller import SetSettings, run_episode_set
 from episode_operator.kube.gym_catalogue import start_gym_server
 from episode_operator.kube.objects.pods import AgentImages, SandboxRequests, label_value
+from episode_operator.kube.prepull import PrePullSettings
 from episode_operator.kube.replicas import (
     EPISODE_SETS,
     EPISODES,
@@ -589,7 +590,10 @@ async def run_set(body: kopf.Body, memo: Any, logger: Any, stopped: kopf.DaemonS
                                 memo.settings.sandbox_requests,
                                 memo.settings.agent_images,
                                 memo.settings.capture_bounds,
-                            )
+                            ),
+                            prepull=PrePullSettings(
+                                memo.settings.agent_images, memo.settings.image_policy, memo.settings.task_artifacts
+                            ),
                         ),
                         claim=claim,
                     )

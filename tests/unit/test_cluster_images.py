@@ -95,7 +95,11 @@ def test_hack_toolchains_code_keys_the_images_it_builds_and_no_other(tmp_path: P
     edit(script, '    """Copy every shared library the tree', '    """Copy each shared library the tree')
     after_bundle = keys(load_script("cluster", root=elsewhere))
     assert changed_images(after_shell, after_bundle) == toolchains
-    edit(script, '    """Write the toolchain image\'s root filesystem', '    """Write a toolchain image\'s root filesystem')
+    edit(
+        script,
+        '    """Write the toolchain image\'s root filesystem',
+        '    """Write a toolchain image\'s root filesystem',
+    )
     assert changed_images(after_bundle, keys(load_script("cluster", root=elsewhere))) == toolchains
 
 

@@ -58,6 +58,7 @@ CORE_KINDS = {
     "api_service": ("apiregistration.k8s.io", "apiservices"),
     "role": ("rbac.authorization.k8s.io", "roles"),  # read_cluster_role: clusterroles (below)
     "job": ("batch", "jobs"),
+    "daemon_set": ("apps", "daemonsets"),
     "lease": ("coordination.k8s.io", "leases"),
 }
 SUBRESOURCES = ("status", "exec", "log", "proxy")

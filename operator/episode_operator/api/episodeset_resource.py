@@ -237,6 +237,26 @@ class WarmPool(ApiModel):
         return self.target if self.quota is None else self.quota
 
 
+class PrePull(ApiModel):
+    """Pull the children's images onto the nodes they may run on before they start (docs/prepull.md).
+
+    The images are every one a child's pods run: each task's sandbox image (``spec.image``, else the task's
+    ``[environment] docker_image``, else its Dockerfile's FROM when replayed), separate verifiers' and compose
+    sidecars' images, the agent's toolchain images, the capture proxy's, the warm pool's, and ``images``.
+    """
+
+    images: list[str] = Field(
+        default_factory=list, description="More images to pull beside the ones the set's children run."
+    )
+    wait_sec: int = Field(
+        default=0,
+        ge=0,
+        le=3600,
+        description="Children start only once every image is on every node, an image's pull fails, or this many "
+        "seconds passed since the set started (0: they start at once, beside the pulls).",
+    )
+
+
 class EpisodeSetSpec(ApiModel):
     dataset: Dataset = Field(description="The task folders to evaluate.")
     agent: AgentSpec = Field(description="The agent of every child Episode.")
@@ -277,6 +297,11 @@ class EpisodeSetSpec(ApiModel):
     warm_pool: WarmPool | None = Field(
         default=None,
         description="Ready sandbox pods kept for the children's attempts to claim (never reused after an agent ran).",
+    )
+    pre_pull: PrePull | None = Field(
+        default=None,
+        description="Pull the children's images (tasks', toolchains', the pool's) onto the nodes they may run on "
+        "before they need them, with one DaemonSet the set owns; children prefer nodes that hold their image.",
     )
 
 
@@ -383,6 +408,27 @@ class WarmPoolStatus(ApiModel):
     message: str | None = Field(default=None, description="Why the pool holds fewer pods than its target, if it says.")
 
 
+class PrePullImage(ApiModel):
+    """One image the set pre-pulls, as its last pass saw it."""
+
+    image: str
+    nodes: int = Field(default=0, description="Nodes of the pre-pull DaemonSet that hold it.")
+    of: int = Field(default=0, description="Nodes the pre-pull DaemonSet runs on (the nodes the children may use).")
+    message: str | None = Field(default=None, description="Why a node does not hold it yet (a pull waiting, failing).")
+
+
+class PrePullStatus(ApiModel):
+    """The set's pre-pull (spec.prePull) as its last pass saw it."""
+
+    daemon_set: str | None = Field(default=None, description="The DaemonSet that pulls the images.")
+    images: list[PrePullImage] = Field(default_factory=list, description="Every image pulled, in a stable order.")
+    ready: str | None = Field(default=None, description="Images on every node / images, for printing.")
+    left_out: int = Field(
+        default=0, description="Images past the bound of one pre-pull pod (the last by name), not pulled."
+    )
+    message: str | None = Field(default=None, description="Why images are missing or not pulled, if it says.")
+
+
 class EpisodeSetStatus(ApiModel):
     phase: SetPhase | None = None
     reason: str | None = Field(default=None, description="Why the set stopped or failed, CamelCase.")
@@ -406,6 +452,7 @@ class EpisodeSetStatus(ApiModel):
     )
     reruns: list[RerunRecord] = Field(default_factory=list, description="Each spec.rerun generation seen, in order.")
     warm_pool: WarmPoolStatus | None = Field(default=None, description="The warm pool (spec.warmPool), if any.")
+    pre_pull: PrePullStatus | None = Field(default=None, description="The images pre-pulled (spec.prePull), if any.")
     observed_generation: int | None = None
     conditions: Conditions = Field(default_factory=list)
 

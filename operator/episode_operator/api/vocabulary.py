@@ -375,5 +375,8 @@ POOL_CLAIMED_LABEL: Final = f"{GROUP}/claimed-from-pool"
 # On a child Episode of a set with a warm pool: its attempts look for a pool pod before making one.
 WARM_POOL_ANNOTATION: Final = f"{GROUP}/warm-pool"
 # The field manager of what the operator writes to a pool pod: any other manager's field means the pod was touched.
+# The pre-pull DaemonSet of a set (docs/prepull.md): its pods' label; on a child, whether its set pre-pulls.
+PREPULL_LABEL: Final = f"{GROUP}/prepull"
+PREPULL_ANNOTATION: Final = f"{GROUP}/prepull"
 FIELD_MANAGER: Final = "episode-operator"
 MANAGED_BY: Final = {"app.kubernetes.io/managed-by": "episode-operator"}

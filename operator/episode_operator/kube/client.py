@@ -679,6 +679,39 @@ class KubeClient:
             )
             return await _body(response)
 
+    # DaemonSets (an EpisodeSet's pre-pull, docs/prepull.md) ---------------------------------------
+    async def create_daemon_set(self, manifest: dict[str, Any]) -> dict[str, Any]:
+        """Create a DaemonSet; :class:`Conflict` when one of that name exists."""
+        apps: Any = k8s.AppsV1Api(self.api)
+        namespace, name = manifest["metadata"]["namespace"], manifest["metadata"]["name"]
+        with _api_call(f"daemonset {namespace}/{name}"):
+            created: dict[str, Any] = await _json(
+                await apps.create_namespaced_daemon_set(namespace, manifest, _preload_content=False)
+            )
+        return created
+
+    async def read_daemon_set(self, namespace: str, name: str) -> dict[str, Any]:
+        """The DaemonSet as the API's JSON; :class:`NotFound` when there is none."""
+        apps: Any = k8s.AppsV1Api(self.api)
+        with _api_call(f"daemonset {namespace}/{name}"):
+            found: dict[str, Any] = await _json(
+                await apps.read_namespaced_daemon_set(name, namespace, _preload_content=False)
+            )
+        return found
+
+    async def delete_daemon_set(self, namespace: str, name: str) -> None:
+        """Delete a DaemonSet and, in the background, its pods; one already gone is fine."""
+        apps: Any = k8s.AppsV1Api(self.api)
+        try:
+            with _api_call(f"daemonset {namespace}/{name}"):
+                await _json(
+                    await apps.delete_namespaced_daemon_set(
+                        name, namespace, propagation_policy="Background", _preload_content=False
+                    )
+                )
+        except NotFound:
+            pass
+
     # Jobs (in-cluster builds) -------------------------------------------------------------------
     async def create_job(self, manifest: dict[str, Any]) -> None:
         """Create a Job; :class:`Conflict` when one of that name exists."""

@@ -45,6 +45,10 @@ from episode_operator.kube.client import Conflict, KubeClient, KubeError, NotFou
 from episode_operator.kube.objects.children import child_manifest, child_view, replaced_patch, set_selector
 from episode_operator.kube.objects.event_manifests import event_name
 from episode_operator.kube.objects.pods import OwnerRef
+from episode_operator.kube.objects.prepull_plan import done as prepull_done
+from episode_operator.kube.objects.prepull_plan import failing_images as prepull_failing
+from episode_operator.kube.objects.prepull_plan import holds as prepull_holds
+from episode_operator.kube.prepull import PrePullSettings, reconcile_prepull, release_prepull
 from episode_operator.kube.replicas import Claim
 from episode_operator.kube.status import record_event
 from episode_operator.kube.warm_pool import PoolSettings, reconcile_pool, release_pool
@@ -67,6 +71,10 @@ class SetSettings:
     # How a warm pool's pods are built (the operator's pod settings), and how often a pool not yet full is looked at.
     pool: PoolSettings = field(default_factory=PoolSettings)
     pool_poll_sec: float = 2.0
+    # How the children's images are found (the operator's image settings), and how often a pre-pull still
+    # pulling is looked at (its DaemonSet's pods are not watched).
+    prepull: PrePullSettings = field(default_factory=PrePullSettings)
+    prepull_poll_sec: float = 2.0
 
 
 class SetGone(Exception):
@@ -143,6 +151,8 @@ async def reconcile_episode_set(
     if previous.completion_time and not reopening:
         if (body.get("spec") or {}).get("warmPool"):  # e.g. stopped by its failure policy: no child claims any more
             await release_pool(client, ref)
+        if (body.get("spec") or {}).get("prePull"):
+            await release_prepull(client, ref)
         return None
     events = SetWriter(client, ref, logger, claim)
     try:
@@ -178,6 +188,14 @@ async def reconcile_episode_set(
         generation=metadata.get("generation"),
     )
     status, pool_due = await _warm_pool(client, ref, spec, previous, plan.status, settings)
+    status, prepull_due = await _pre_pull(client, ref, spec, previous, status, settings, events)
+    create = plan.create
+    if spec.pre_pull is not None and status.pre_pull is not None and plan.create:
+        waited = time.time() - parse_timestamp(status.start_time or now)
+        if prepull_holds(status.pre_pull, spec.pre_pull.wait_sec, waited):
+            create = []  # the children start once the images are in (or the wait is over): the next passes
+            held = f"{len(plan.create)} children wait for their images (prePull.waitSec {spec.pre_pull.wait_sec})"
+            status.pre_pull.message = f"{held}: {status.pre_pull.message}" if status.pre_pull.message else held
     await events.status(previous, status)
     for reason, message, warning in plan.events:
         await events.post(reason, message, warning=warning)
@@ -192,12 +210,44 @@ async def reconcile_episode_set(
         await events.post("ChildrenSuspended", f"suspended {len(plan.suspend)} active children: {plan.suspend}")
     if plan.resume:
         await events.post("ChildrenResumed", f"resumed {len(plan.resume)} children: {plan.resume}")
-    refusal = await _create_children(client, ref, spec, plan.status.tasks, plan.create, events)
+    refusal = await _create_children(client, ref, spec, plan.status.tasks, create, events)
     if refusal is not None:
         await _finish_failed(plan.status, *refusal, events, when_idle=True)
     if plan.status.completion_time:
         return None
-    return min(settings.resync_sec, settings.pool_poll_sec) if pool_due else settings.resync_sec
+    delay = settings.resync_sec
+    if pool_due:
+        delay = min(delay, settings.pool_poll_sec)
+    if prepull_due:
+        delay = min(delay, settings.prepull_poll_sec)
+    return delay
+
+
+async def _pre_pull(
+    client: KubeClient,
+    ref: OwnerRef,
+    spec: EpisodeSetSpec,
+    previous: EpisodeSetStatus,
+    status: EpisodeSetStatus,
+    settings: SetSettings,
+    events: SetWriter,
+) -> tuple[EpisodeSetStatus, bool]:
+    """The pre-pull after this pass (kube/prepull.py), and whether it still pulls (polled). A complete set, or
+    one whose prePull was removed, has its DaemonSet deleted; its Events say when a pull fails and when all is in."""
+    if spec.pre_pull is None or status.completion_time:
+        # The completing pass of a pre-pulling set releases it even when its last pass wrote no status of it.
+        if previous.pre_pull is not None or (status.completion_time and spec.pre_pull is not None):
+            await release_prepull(client, ref)
+        return status.model_copy(update={"pre_pull": None}), False
+    pulled = await reconcile_prepull(client, ref, spec, previous.pre_pull, status.tasks, settings.prepull)
+    before = previous.pre_pull
+    newly = prepull_failing(pulled) - (prepull_failing(before) if before is not None else set())
+    if newly:  # once per image that starts failing (its message changes with the kubelet's back-off)
+        rows = [f"{row.image} {row.message}" for row in pulled.images if row.image in newly]
+        await events.post("PrePullFailing", "; ".join(rows), warning=True)
+    if prepull_done(pulled) and not (before is not None and prepull_done(before)):
+        await events.post("PrePulled", f"{len(pulled.images)} images on every node ({pulled.ready})")
+    return status.model_copy(update={"pre_pull": pulled}), not prepull_done(pulled)
 
 
 async def _warm_pool(

@@ -49,6 +49,7 @@ from episode_operator.kube.objects.pods import (
     verifier_requests,
     verifier_reservation,
 )
+from episode_operator.kube.objects.prepull_plan import image_affinity, nodes_holding, prepull_selector
 from episode_operator.kube.session import ExecStream, Session, SessionFailed
 from episode_operator.kube.warm_pool import PoolRef, claim
 from episode_operator.runtime import supervisor
@@ -311,6 +312,8 @@ class KubeProvider:
     verifiers_beside_agent: bool = True
     # The set whose warm pool the agent pod may be claimed from (docs/warm-pools.md); None: always a fresh pod.
     pool: PoolRef | None = None
+    # The set whose pre-pull DaemonSet shows which nodes hold the images (docs/prepull.md); None: no preference.
+    prepull: PoolRef | None = None
 
     _applied: dict[str, NetworkPolicy] = field(default_factory=dict)
     # Built images' tags → the same images by manifest digest (pin_images): what pods name.
@@ -518,6 +521,8 @@ class KubeProvider:
                         assert self.pool is not None
                         existing = await claim(self.client, self.episode, self.pool, manifest)
                     if existing is None:
+                        if pod.role == "agent" and self.prepull is not None:
+                            manifest = await self._near_images(manifest, self.prepull)
                         existing = await self.client.create_pod(self.episode.namespace, manifest)
                 if existing["metadata"]["name"] != name:
                     name = self._claimed[pod.attempt] = existing["metadata"]["name"]
@@ -544,6 +549,15 @@ class KubeProvider:
         except CommandFailed as error:
             raise SandboxError(f"cannot place the supervisor in {name}: {error}", kind="supervisor") from error
         return sandbox
+
+    async def _near_images(self, manifest: dict[str, Any], prepull: PoolRef) -> dict[str, Any]:
+        """A fresh pod preferring the nodes its set's pre-pull shows holding its images (the key a pool claim
+        compares is taken before: a pool pod is never passed over for it). Unread, the pod goes as it is."""
+        try:
+            pods = await self.client.list_pods(self.episode.namespace, prepull_selector(prepull.name))
+        except KubeError:
+            return manifest
+        return image_affinity(manifest, nodes_holding(pods))
 
     async def _not_anothers(
         self, existing: dict[str, Any], changed: asyncio.Event | None, timeout_sec: float

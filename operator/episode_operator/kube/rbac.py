@@ -121,6 +121,13 @@ OPERATOR_PERMISSIONS: tuple[Permission, ...] = (
         "in-cluster image builds, one Job per build context digest, annotated with the manifest digest it "
         "pushed (kube/builds.py)",
     ),
+    Permission(
+        "apps",
+        "daemonsets",
+        ("create", "get", "delete"),
+        "namespaced",
+        "an EpisodeSet's pre-pull: one DaemonSet per set, owned by it (kube/prepull.py)",
+    ),
     Permission("", "pods/log", ("get",), "namespaced", "a failed build's log, kept and classified"),
     Permission(
         "",

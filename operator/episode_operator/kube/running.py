@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from episode_operator.api.vocabulary import WARM_POOL_ANNOTATION
+from episode_operator.api.vocabulary import PREPULL_ANNOTATION, WARM_POOL_ANNOTATION
 from episode_operator.kube.client import KubeClient
 from episode_operator.kube.objects.pods import OwnerRef, queue_labels
 from episode_operator.kube.pod_sandbox import KubeProvider
@@ -52,6 +52,7 @@ def episode_provider(
         limits=settings.limits,
         verifiers_beside_agent=verifiers_beside_agent,
         pool=pool_of(metadata, WARM_POOL_ANNOTATION),
+        prepull=pool_of(metadata, PREPULL_ANNOTATION),
     )
 
 

@@ -20,6 +20,7 @@ from episode_operator.api.episodeset_resource import (
 )
 from episode_operator.api.vocabulary import (
     MANAGED_BY,
+    PREPULL_ANNOTATION,
     QUEUE_LABEL,
     SET_ATTEMPT_LABEL,
     SET_LABEL,
@@ -98,6 +99,8 @@ def child_manifest(
     manifest["metadata"]["annotations"] = {SET_TASK_NAME_ANNOTATION: task.name, CREATED_AT_ANNOTATION: created_at}
     if spec.warm_pool is not None:  # its attempts look in the set's pool before making a pod (docs/warm-pools.md)
         manifest["metadata"]["annotations"][WARM_POOL_ANNOTATION] = "true"
+    if spec.pre_pull is not None:  # its agent pods prefer the nodes holding their images (docs/prepull.md)
+        manifest["metadata"]["annotations"][PREPULL_ANNOTATION] = "true"
     manifest["metadata"]["ownerReferences"] = [ref.owner_reference()]
     return manifest
 
