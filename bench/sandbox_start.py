@@ -409,6 +409,7 @@ CASES = (
     ("set, pre-pulled", "pre-pulled", "applied_to_first_command"),
     ("set, warm pool", "warm", "applied_to_first_command"),
 )
+SOURCES = ("direct", "cold", "pre-pulled", "warm")
 SIDE_FIGURES = (
     ("child seen → first", "child_seen_to_first_command"),
     ("claim seen → first", "claim_seen_to_first_command"),
@@ -505,7 +506,11 @@ def namespace_gone(core: client.CoreV1Api, name: str) -> bool:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--cases", default=",".join(SOURCES), help=f"of {','.join(SOURCES)} (default: all)")
     args = parser.parse_args()
+    cases = args.cases.split(",")
+    if set(cases) - set(SOURCES):
+        parser.error(f"no such case: {', '.join(sorted(set(cases) - set(SOURCES)))} (cases: {', '.join(SOURCES)})")
     api = config.new_client_from_config(config_file=str(KUBECONFIG))  # type: ignore[no-untyped-call]
     core = client.CoreV1Api(api)
     install_crd(api)
@@ -515,42 +520,53 @@ def main() -> int:
     work = Path(tempfile.mkdtemp(prefix="bench-start-"))
     namespace = ""
     try:
+        OUT.mkdir(exist_ok=True)
+        (OUT / "sandbox_start-operator.log").unlink(missing_ok=True)
         prepulled, layer_bytes = unique_image(f"pre-{uuid.uuid4().hex[:8]}", work)
         pushed.append(prepulled)
         operator = OperatorProcess(
             KUBECONFIG,
             work / "data",
-            work / "operator.log",
+            OUT / "sandbox_start-operator.log",
             f"{PREFIX}*",
             ("--pull-grace", "300"),
             cpu_request_fraction=None,
+            program=tuple(os.environ["BENCH_START_PROGRAM"].split()) if os.environ.get("BENCH_START_PROGRAM") else None,
         )
         operator.start()
         try:
             with bench_namespace(core) as namespace, Seen(api, namespace) as seen:
-                pre_pull(core, namespace, prepulled)
+                if "pre-pulled" in cases:
+                    pre_pull(core, namespace, prepulled)
                 for index in range(args.repeats):
-                    cold, _ = unique_image(f"cold-{uuid.uuid4().hex[:8]}", work)
-                    pushed.append(cold)
-                    if cold in node_images():
-                        raise BenchFailed(f"{cold} is on the node before its run")
-                    runs.setdefault("direct", []).append(run_direct(core, namespace, f"direct-{index}", IMAGE))
-                    runs.setdefault("cold", []).append(
-                        run_set(api, namespace, f"cold-{index}", cold, seen, operator, pool=False)
-                    )
-                    runs.setdefault("pre-pulled", []).append(
-                        run_set(api, namespace, f"pre-{index}", prepulled, seen, operator, pool=False)
-                    )
-                    warm = run_set(api, namespace, f"warm-{index}", IMAGE, seen, operator, pool=True)
-                    if not warm["claimed"]:
-                        raise BenchFailed(f"warm-{index}: the child made a fresh pod {warm['agent_pod']}, no claim")
-                    runs.setdefault("warm", []).append(warm)
+                    if "cold" in cases:
+                        cold, _ = unique_image(f"cold-{uuid.uuid4().hex[:8]}", work)
+                        pushed.append(cold)
+                        if cold in node_images():
+                            raise BenchFailed(f"{cold} is on the node before its run")
+                    if "direct" in cases:
+                        runs.setdefault("direct", []).append(run_direct(core, namespace, f"direct-{index}", IMAGE))
+                    if "cold" in cases:
+                        runs.setdefault("cold", []).append(
+                            run_set(api, namespace, f"cold-{index}", cold, seen, operator, pool=False)
+                        )
+                        remove_from_node(cold)
+                    if "pre-pulled" in cases:
+                        runs.setdefault("pre-pulled", []).append(
+                            run_set(api, namespace, f"pre-{index}", prepulled, seen, operator, pool=False)
+                        )
+                    if "warm" in cases:
+                        warm = run_set(api, namespace, f"warm-{index}", IMAGE, seen, operator, pool=True)
+                        if not warm["claimed"]:
+                            raise BenchFailed(f"warm-{index}: the child made a fresh pod {warm['agent_pod']}, no claim")
+                        runs.setdefault("warm", []).append(warm)
                     print(
                         f"repeat {index}: "
-                        + ", ".join(f"{source} {runs[source][-1][key]:.3f}" for _, source, key in CASES),
+                        + ", ".join(
+                            f"{case} {runs[source][-1][key]:.3f}" for case, source, key in CASES if source in runs
+                        ),
                         flush=True,
                     )
-                    remove_from_node(cold)
             wait_for("the bench namespace deleted", lambda: namespace_gone(core, namespace))
         finally:
             operator.stop()
