@@ -446,8 +446,11 @@ class ProviderPods(FakePods):
     def __init__(self, pods: list[dict[str, Any]]) -> None:
         super().__init__(pods)
         self.created: list[str] = []
+        self.reads: list[str] = []  # the pods read, by name
+        self.lists: list[str] = []  # the selectors listed
 
     async def read_pod(self, namespace: str, name: str) -> dict[str, Any]:
+        self.reads.append(name)
         if name not in self.pods:
             raise NotFound(name, status=404)
         return copy.deepcopy(self.pods[name])
@@ -460,6 +463,7 @@ class ProviderPods(FakePods):
         return copy.deepcopy(pod)
 
     async def list_pods(self, namespace: str, selector: str) -> list[dict[str, Any]]:
+        self.lists.append(selector)
         terms = [term.split("=", 1) for term in selector.split(",")]
         return [
             copy.deepcopy(pod)
@@ -527,6 +531,44 @@ def test_an_attempt_claims_a_pool_pod_and_makes_none() -> None:
     assert (sandbox.name, sandbox.uid, fake.created) == ("pooled-pool-0", "pool-0", [])
     labels = fake.pods["pooled-pool-0"]["metadata"]["labels"]
     assert labels[EPISODE_LABEL] == "pooled-0-1" and POOL_LABEL not in labels
+
+
+def test_a_claimed_pod_that_runs_is_not_read_again_before_the_supervisor_is_placed() -> None:
+    """The claim's answer is the pod, running (only a running pod is claimed): reading it again costs a round
+    trip between the claim and the agent's first command."""
+    fake, provider = with_pool(1)
+    sandbox = asyncio.run(provider.agent(1))
+    assert sandbox.name == "pooled-pool-0" and fake.created == []
+    assert sandbox.name not in fake.reads, fake.reads
+
+
+def test_a_fresh_pod_is_still_waited_for_until_it_runs() -> None:
+    """The control: a pod made (not yet running in its create answer) is read until it runs."""
+    fake, provider = with_pool(0)
+    made = fake.create_pod
+
+    async def create_starting(namespace: str, manifest: dict[str, Any]) -> dict[str, Any]:
+        pod = await made(namespace, manifest)
+        starting = copy.deepcopy(pod)
+        starting["status"] = {"phase": "Pending"}
+        return starting
+
+    fake.create_pod = create_starting  # type: ignore[method-assign]
+    sandbox = asyncio.run(provider.agent(1))
+    assert fake.reads.count(sandbox.name) >= 2, fake.reads  # the NotFound before the create, then until it runs
+
+
+def test_an_attempt_in_a_pod_of_its_own_lists_no_pool_pods_again() -> None:
+    """Once an attempt made its own pod, asking for its agent pod (its name, its node, its release, the sandbox
+    again) neither lists the pool nor looks for a claimed pod."""
+    fake, provider = with_pool(0)
+    sandbox = asyncio.run(provider.agent(1))
+    listed = len(fake.lists)
+    provider._sandboxes.clear()
+    again = asyncio.run(provider.agent(1, uid=sandbox.uid))
+    asyncio.run(provider.release_agent(1))
+    assert (again.name, fake.deleted) == (sandbox.name, [sandbox.name])
+    assert fake.lists[listed:] == [], fake.lists[listed:]
 
 
 def test_with_no_pool_pod_an_attempt_makes_a_fresh_pod_at_once() -> None:
