@@ -207,12 +207,16 @@ class KubeSandbox:
         default ``cwd`` of its collect hooks. A sidecar without ``sh`` cannot run hooks; its
         hooks then fail when they run, best effort as Gym treats them.
         """
-        output = await self._small(supervisor.placement(layout=layout, limits=self.limits))
-        self.facts = supervisor.parse_probe(output)
-        self.workdir = self.facts.get("workdir") or "/"
+        self.placed(await self._small(supervisor.placement(layout=layout, limits=self.limits)))
         for container in sidecars:
             with contextlib.suppress(CommandFailed, SandboxError):
                 await self._small(supervisor.placement(limits=self.limits), container=container)
+
+    def placed(self, answer: bytes) -> None:
+        """Learn the facts (its working directory…) from the answer of the supervisor's placement in the main
+        container, wherever it ran (:meth:`place_supervisor`, or with a claimed pool pod's probe)."""
+        self.facts = supervisor.parse_probe(answer)
+        self.workdir = self.facts.get("workdir") or "/"
 
     async def start_job(self, spec: JobSpec, *, wait_sec: float = 0.0, upload: Upload | None = None) -> JobState:
         command = supervisor.start(spec, wait_sec=wait_sec, upload=upload, limits=self.limits)
@@ -502,6 +506,7 @@ class KubeProvider:
         pooling = pod.role == "agent" and self.pool is not None
         # An attempt known to run in a pod of its own has no claimed pod to look for (nor a pool to claim from).
         claimable = pooling and pod.attempt not in self._fresh
+        placed: bytes | None = None  # the supervisor's placement's answer, when it ran with a claim's probe
         with registration as changed:
             try:
                 existing = await self._pooled(pod.attempt, recorded) if claimable else None
@@ -520,7 +525,11 @@ class KubeProvider:
                         ) from None
                     if claimable:
                         assert self.pool is not None
-                        existing = await claim(self.client, self.episode, self.pool, manifest)
+                        # Placed with the claim's probe (one exec): a claimed pod has no sidecar to place into.
+                        placement = supervisor.placement(layout=SANDBOX_LAYOUT, limits=self.limits)
+                        claimed = await claim(self.client, self.episode, self.pool, manifest, placement=placement)
+                        if claimed is not None:
+                            existing, placed = claimed.pod, claimed.placed
                     if existing is None:
                         existing = await self.client.create_pod(self.episode.namespace, manifest)
                 if existing["metadata"]["name"] != name:
@@ -543,6 +552,9 @@ class KubeProvider:
         if sandbox is None or sandbox.uid != uid:
             sandbox = KubeSandbox(self.client, self.episode.namespace, name, uid, limits=self.limits)
         self._sandboxes[name] = sandbox
+        if placed is not None and not pod.sidecars and pod.needs.capture is None:
+            sandbox.placed(placed)
+            return sandbox
         try:
             await sandbox.place_supervisor(
                 [sidecar.name for sidecar in pod.sidecars]
