@@ -506,6 +506,11 @@ def namespace_gone(core: client.CoreV1Api, name: str) -> bool:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument(
+        "--operator-program",
+        default="",
+        help="the command that runs the operator instead of `episode-operator` (e.g. a profiling wrapper)",
+    )
     parser.add_argument("--cases", default=",".join(SOURCES), help=f"of {','.join(SOURCES)} (default: all)")
     args = parser.parse_args()
     cases = args.cases.split(",")
@@ -531,7 +536,7 @@ def main() -> int:
             f"{PREFIX}*",
             ("--pull-grace", "300"),
             cpu_request_fraction=None,
-            program=tuple(os.environ["BENCH_START_PROGRAM"].split()) if os.environ.get("BENCH_START_PROGRAM") else None,
+            program=tuple(args.operator_program.split()) if args.operator_program else None,
         )
         operator.start()
         try:
