@@ -5,7 +5,8 @@ repeat runs these cases one after another (interleaved, so drift in the machine'
 
 - ``set, cold``: an EpisodeSet of one attempt whose task image is not on the node: a copy of the
   sandbox image whose one layer has an extra file (another layer digest, another diff_id), pushed to
-  the cluster's registry under a fresh tag, so containerd downloads and unpacks the whole layer;
+  the cluster's registry under a fresh tag, so containerd downloads and unpacks the whole layer (it is
+  removed from the node after its run, and from the registry at the end);
 - ``set, pre-pulled``: the same, its image (one such copy, made once) already on the node: pulled by
   a pod that used it and was deleted before the first repeat;
 - ``set, warm pool``: an EpisodeSet with ``spec.warmPool`` (target 1) created suspended; once its pool
@@ -162,6 +163,23 @@ def unique_image(tag: str, work: Path) -> tuple[str, int]:
     ):
         pass
     return f"{REGISTRY}/{REPOSITORY}:{tag}", len(compressed)
+
+
+def remove_from_registry(reference: str) -> None:
+    """Delete a pushed image's manifest and blobs from the cluster's registry (its storage allows deletes)."""
+    tag = reference.rpartition(":")[2]
+    with contextlib.suppress(urllib.error.URLError, OSError):
+        with _registry("GET", f"/v2/{REPOSITORY}/manifests/{tag}", headers={"Accept": MANIFEST_TYPE}) as answer:
+            digest = answer.headers["Docker-Content-Digest"]
+            manifest = json.loads(answer.read())
+        for blob in [manifest["config"], *manifest["layers"]]:
+            with (
+                contextlib.suppress(urllib.error.URLError, OSError),
+                _registry("DELETE", f"/v2/{REPOSITORY}/blobs/{blob['digest']}"),
+            ):
+                pass
+        with _registry("DELETE", f"/v2/{REPOSITORY}/manifests/{digest}"):
+            pass
 
 
 def node_images() -> set[str]:
@@ -581,6 +599,7 @@ def main() -> int:
     finally:
         for reference in pushed:
             remove_from_node(reference)
+            remove_from_registry(reference)
         shutil.rmtree(work, ignore_errors=True)
     summary = summarise(runs)
     printed = table(summary, args.repeats)
