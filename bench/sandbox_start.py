@@ -510,7 +510,10 @@ def bench_namespace(core: client.CoreV1Api) -> Iterator[str]:
         wait_for("the namespace's default service account", lambda: core.list_namespaced_service_account(name).items)
         yield name
     finally:
+        # Deleted and waited for while the operator still runs (every path): the sets and Episodes carry
+        # kopf's finalizer, which only a running operator removes.
         core.delete_namespace(name, propagation_policy="Background")
+        wait_for(f"namespace {name} deleted", lambda: namespace_gone(core, name), timeout=300)
 
 
 def namespace_gone(core: client.CoreV1Api, name: str) -> bool:
@@ -541,7 +544,6 @@ def main() -> int:
     runs: dict[str, list[dict[str, Any]]] = {}
     pushed: list[str] = []
     work = Path(tempfile.mkdtemp(prefix="bench-start-"))
-    namespace = ""
     try:
         OUT.mkdir(exist_ok=True)
         (OUT / "sandbox_start-operator.log").unlink(missing_ok=True)
@@ -590,7 +592,6 @@ def main() -> int:
                         ),
                         flush=True,
                     )
-            wait_for("the bench namespace deleted", lambda: namespace_gone(core, namespace))
         finally:
             operator.stop()
     except BenchFailed as failure:
