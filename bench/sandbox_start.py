@@ -1,7 +1,8 @@
 """Create → the agent's first command in its sandbox: cold, pre-pulled and from a warm pool (issue 26, item 5).
 
 On the node of ``hack/cluster``, with the operator of this checkout (one process, started here), each
-repeat runs these cases one after another (interleaved, so drift in the machine's load hits all alike):
+repeat runs these cases one after another (interleaved, so drift in the machine's load hits all alike),
+each once the namespace holds no pod (the kubelet's teardown of the last case's pod would delay it):
 
 - ``set, cold``: an EpisodeSet of one attempt whose task image is not on the node: a copy of the
   sandbox image whose one layer has an extra file (another layer digest, another diff_id), pushed to
@@ -411,6 +412,12 @@ def run_direct(core: client.CoreV1Api, namespace: str, name: str, image: str) ->
     return {"create_to_first_command": first - started, "exec_to_command": again - exec_started}
 
 
+def wait_no_pods(core: client.CoreV1Api, namespace: str) -> None:
+    """Until the namespace holds no pod: the last case's pods are gone (their teardown by the kubelet would
+    otherwise delay the next case's start)."""
+    wait_for(f"{namespace}: the last case's pods gone", lambda: not core.list_namespaced_pod(namespace).items)
+
+
 def pre_pull(core: client.CoreV1Api, namespace: str, image: str) -> None:
     """Make the image present on the node: a pod that uses it runs, then is deleted."""
     name = f"puller-{uuid.uuid4().hex[:6]}"
@@ -570,17 +577,22 @@ def main() -> int:
                         if cold in node_images():
                             raise BenchFailed(f"{cold} is on the node before its run")
                     if "direct" in cases:
+                        wait_no_pods(core, namespace)
                         runs.setdefault("direct", []).append(run_direct(core, namespace, f"direct-{index}", IMAGE))
                     if "cold" in cases:
+                        wait_no_pods(core, namespace)
                         runs.setdefault("cold", []).append(
                             run_set(api, namespace, f"cold-{index}", cold, seen, operator, pool=False)
                         )
+                        wait_no_pods(core, namespace)
                         remove_from_node(cold)
                     if "pre-pulled" in cases:
+                        wait_no_pods(core, namespace)
                         runs.setdefault("pre-pulled", []).append(
                             run_set(api, namespace, f"pre-{index}", prepulled, seen, operator, pool=False)
                         )
                     if "warm" in cases:
+                        wait_no_pods(core, namespace)
                         warm = run_set(api, namespace, f"warm-{index}", IMAGE, seen, operator, pool=True)
                         if not warm["claimed"]:
                             raise BenchFailed(f"warm-{index}: the child made a fresh pod {warm['agent_pod']}, no claim")
