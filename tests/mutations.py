@@ -668,6 +668,13 @@ MUTATIONS = [
         "a child's pod may only run where its images are: a set stalls while no node has them",
     ),
     Mutation(
+        "pool-placed-before-probe",
+        "kube/objects/warm_pool_plan.py",
+        """    return ("sh", "-c", f"{PROBE[2]}\\necho '{PLACED_AFTER}'\\n{script}", *args)""",
+        """    return ("sh", "-c", f"mkdir -p \\"$1/jobs\\"; {PROBE[2]}\\necho '{PLACED_AFTER}'\\n{script}", *args)""",
+        "the claimer's probe reads the PIDs after the placement forked: an untouched pool pod reads as exec'd into",
+    ),
+    Mutation(
         "cpu-fraction-ignored",
         "kube/objects/pods.py",
         '            asked["cpu"] = requests.cpu(environment.cpus)\n',
@@ -1028,8 +1035,8 @@ MUTATIONS = [
     Mutation(
         "layout-not-made",
         "kube/pod_sandbox.py",
-        "output = await self._small(supervisor.placement(layout=layout, limits=self.limits))",
-        "output = await self._small(supervisor.placement(limits=self.limits))",
+        "self.placed(await self._small(supervisor.placement(layout=layout, limits=self.limits)))",
+        "self.placed(await self._small(supervisor.placement(limits=self.limits)))",
         "/logs/verifier is missing while the agent runs: a Harbor solution that looks for it takes its failure branch",
     ),
     # Compose volumes on main (issue 29.2): tests/unit/test_compose_volumes.py, test_pod_verdict.py.

@@ -31,6 +31,7 @@ from episode_operator.kube.objects.pods import (
 )
 from episode_operator.kube.objects.warm_pool_plan import (
     CLAIM_CHECKS,
+    PLACED_AFTER,
     PROBE,
     Mark,
     Probe,
@@ -41,6 +42,8 @@ from episode_operator.kube.objects.warm_pool_plan import (
     plan_pool,
     pod_key,
     pool_pod,
+    probed,
+    split_probed,
     unclaimable,
 )
 from episode_operator.kube.upstream import pinned_needs, system_resolver
@@ -336,6 +339,9 @@ def test_past_the_target_the_youngest_go() -> None:
 
 
 # --- the claim, against a fake API ---------------------------------------------------------------------------
+PLACEMENT_ANSWER = b"version=1\nworkdir=/app\nuser=root\nuid=0\n"
+
+
 class FakePods:
     """list/patch/delete/exec of pool pods, with the API server's resourceVersion test and a PID counter per pod."""
 
@@ -346,6 +352,7 @@ class FakePods:
             for name, pod in self.pods.items()
         }  # type: ignore[union-attr]
         self.deleted: list[str] = []
+        self.placements: list[str] = []  # the pods the supervisor was placed in, by name
         self.metrics = None
 
     async def list_pods(self, namespace: str, selector: str) -> list[dict[str, Any]]:
@@ -382,6 +389,9 @@ class FakePods:
     async def exec(self, namespace: str, name: str, container: str, argv: Any, *, stdout: Any, **_: Any) -> int:
         self.pids[name] += STRIDE
         stdout.write(f"{self.pids[name]}\n1\n7\n{self.pids[name]}\n".encode())
+        if tuple(argv) != PROBE:  # the probe, then the supervisor's placement in the same shell
+            self.placements.append(name)
+            stdout.write(f"{PLACED_AFTER}\n".encode() + PLACEMENT_ANSWER)
         return 0
 
 
@@ -396,7 +406,8 @@ def claimer(number: int) -> OwnerRef:
 async def claim_as(fake: FakePods, number: int) -> dict[str, Any] | None:
     manifest = childs_pod()
     manifest["metadata"]["labels"][EPISODE_LABEL] = f"pooled-0-{number}"
-    return await claim(fake, claimer(number), PoolRef("pooled", "set-uid"), manifest)  # type: ignore[arg-type]
+    claimed = await claim(fake, claimer(number), PoolRef("pooled", "set-uid"), manifest)  # type: ignore[arg-type]
+    return claimed.pod if claimed is not None else None
 
 
 def test_of_two_claimers_of_one_pod_one_wins_and_the_other_makes_a_fresh_pod() -> None:
@@ -446,8 +457,12 @@ class ProviderPods(FakePods):
     def __init__(self, pods: list[dict[str, Any]]) -> None:
         super().__init__(pods)
         self.created: list[str] = []
+        self.reads: list[str] = []  # the pods read, by name
+        self.execs: list[str] = []  # the pods exec'd into, by name
+        self.lists: list[str] = []  # the selectors listed
 
     async def read_pod(self, namespace: str, name: str) -> dict[str, Any]:
+        self.reads.append(name)
         if name not in self.pods:
             raise NotFound(name, status=404)
         return copy.deepcopy(self.pods[name])
@@ -460,6 +475,7 @@ class ProviderPods(FakePods):
         return copy.deepcopy(pod)
 
     async def list_pods(self, namespace: str, selector: str) -> list[dict[str, Any]]:
+        self.lists.append(selector)
         terms = [term.split("=", 1) for term in selector.split(",")]
         return [
             copy.deepcopy(pod)
@@ -474,9 +490,11 @@ class ProviderPods(FakePods):
         pass
 
     async def exec(self, namespace: str, name: str, container: str, argv: Any, *, stdout: Any, **_: Any) -> int:
-        if tuple(argv) == PROBE:
+        self.execs.append(name)
+        if argv[2].startswith(PROBE[2]):
             return await super().exec(namespace, name, container, argv, stdout=stdout)
-        stdout.write(b"version=1\nworkdir=/app\nuser=root\nuid=0\n")  # the supervisor's placement
+        self.placements.append(name)
+        stdout.write(PLACEMENT_ANSWER)  # the supervisor's placement on its own
         return 0
 
 
@@ -527,6 +545,77 @@ def test_an_attempt_claims_a_pool_pod_and_makes_none() -> None:
     assert (sandbox.name, sandbox.uid, fake.created) == ("pooled-pool-0", "pool-0", [])
     labels = fake.pods["pooled-pool-0"]["metadata"]["labels"]
     assert labels[EPISODE_LABEL] == "pooled-0-1" and POOL_LABEL not in labels
+
+
+def test_a_claimed_pod_that_runs_is_not_read_again_before_the_supervisor_is_placed() -> None:
+    """The claim's answer is the pod, running (only a running pod is claimed): reading it again costs a round
+    trip between the claim and the agent's first command."""
+    fake, provider = with_pool(1)
+    sandbox = asyncio.run(provider.agent(1))
+    assert sandbox.name == "pooled-pool-0" and fake.created == []
+    assert sandbox.name not in fake.reads, fake.reads
+
+
+def test_a_fresh_pod_is_still_waited_for_until_it_runs() -> None:
+    """The control: a pod made (not yet running in its create answer) is read until it runs."""
+    fake, provider = with_pool(0)
+    made = fake.create_pod
+
+    async def create_starting(namespace: str, manifest: dict[str, Any]) -> dict[str, Any]:
+        pod = await made(namespace, manifest)
+        starting = copy.deepcopy(pod)
+        starting["status"] = {"phase": "Pending"}
+        return starting
+
+    fake.create_pod = create_starting  # type: ignore[method-assign]
+    sandbox = asyncio.run(provider.agent(1))
+    assert fake.reads.count(sandbox.name) >= 2, fake.reads  # the NotFound before the create, then until it runs
+
+
+def test_an_attempt_in_a_pod_of_its_own_lists_no_pool_pods_again() -> None:
+    """Once an attempt made its own pod, asking for its agent pod (its name, its node, its release, the sandbox
+    again) neither lists the pool nor looks for a claimed pod."""
+    fake, provider = with_pool(0)
+    sandbox = asyncio.run(provider.agent(1))
+    listed = len(fake.lists)
+    provider._sandboxes.clear()
+    again = asyncio.run(provider.agent(1, uid=sandbox.uid))
+    asyncio.run(provider.release_agent(1))
+    assert (again.name, fake.deleted) == (sandbox.name, [sandbox.name])
+    assert fake.lists[listed:] == [], fake.lists[listed:]
+
+
+def test_a_claimed_pod_gets_the_supervisor_placed_in_the_exec_of_its_probe() -> None:
+    """One exec between the claim and the supervisor's first verb: the probe, then the placement in its shell."""
+    fake, provider = with_pool(1)
+    sandbox = asyncio.run(provider.agent(1))
+    assert (sandbox.name, fake.placements, fake.execs) == ("pooled-pool-0", ["pooled-pool-0"], ["pooled-pool-0"])
+    assert sandbox.workdir == "/app" and sandbox.facts["user"] == "root"
+
+
+def test_a_pod_execd_into_is_found_out_by_the_probe_placed_with_and_the_next_one_claimed() -> None:
+    fake, provider = with_pool(2)
+    touched = sorted(fake.pods)[0]
+    fake.exec_into(touched)
+    sandbox = asyncio.run(provider.agent(1))
+    assert sandbox.name != touched and fake.deleted == [touched] and fake.created == []
+
+
+def test_a_fresh_pod_gets_the_supervisor_placed_on_its_own() -> None:
+    fake, provider = with_pool(0)
+    sandbox = asyncio.run(provider.agent(1))
+    assert fake.placements == [sandbox.name] and sandbox.workdir == "/app"
+
+
+def test_the_probe_placed_with_reads_the_pids_before_the_placement_runs() -> None:
+    from episode_operator.runtime import supervisor
+
+    placement = supervisor.placement(layout=("/logs/agent",))
+    argv = probed(placement.argv)
+    assert argv[:2] == ("sh", "-c") and argv[2].startswith(PROBE[2] + "\n") and argv[2].endswith(placement.argv[2])
+    assert list(argv[3:]) == placement.argv[3:], "the placement's own arguments, unchanged"
+    assert split_probed(f"12\n1\n12\n{PLACED_AFTER}\nworkdir=/app\n".encode()) == (b"12\n1\n12", b"workdir=/app\n")
+    assert split_probed(b"12\n1\n12\n") == (b"12\n1\n12\n", None), "the placement did not start"
 
 
 def test_with_no_pool_pod_an_attempt_makes_a_fresh_pod_at_once() -> None:

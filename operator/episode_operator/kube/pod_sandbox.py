@@ -208,12 +208,16 @@ class KubeSandbox:
         default ``cwd`` of its collect hooks. A sidecar without ``sh`` cannot run hooks; its
         hooks then fail when they run, best effort as Gym treats them.
         """
-        output = await self._small(supervisor.placement(layout=layout, limits=self.limits))
-        self.facts = supervisor.parse_probe(output)
-        self.workdir = self.facts.get("workdir") or "/"
+        self.placed(await self._small(supervisor.placement(layout=layout, limits=self.limits)))
         for container in sidecars:
             with contextlib.suppress(CommandFailed, SandboxError):
                 await self._small(supervisor.placement(limits=self.limits), container=container)
+
+    def placed(self, answer: bytes) -> None:
+        """Learn the facts (its working directory…) from the answer of the supervisor's placement in the main
+        container, wherever it ran (:meth:`place_supervisor`, or with a claimed pool pod's probe)."""
+        self.facts = supervisor.parse_probe(answer)
+        self.workdir = self.facts.get("workdir") or "/"
 
     async def start_job(self, spec: JobSpec, *, wait_sec: float = 0.0, upload: Upload | None = None) -> JobState:
         command = supervisor.start(spec, wait_sec=wait_sec, upload=upload, limits=self.limits)
@@ -322,6 +326,8 @@ class KubeProvider:
     _sandboxes: dict[str, KubeSandbox] = field(default_factory=dict)
     # The agent pods claimed from the pool, by attempt (their names are the pool's, not agent_pod_name's).
     _claimed: dict[int, str] = field(default_factory=dict)
+    # The attempts of a pooled Episode known to run in a pod of their own (agent_pod_name's): never listed again.
+    _fresh: set[int] = field(default_factory=set)
 
     def pin_images(self, pins: Mapping[str, str]) -> None:
         self._pins.update(pins)
@@ -423,7 +429,7 @@ class KubeProvider:
 
     async def _agent_name(self, attempt: int) -> str:
         """The attempt's agent pod's name: the pool pod it claimed, else the one it made."""
-        if attempt not in self._claimed and self.pool is not None:
+        if attempt not in self._claimed and attempt not in self._fresh and self.pool is not None:
             try:
                 pooled = await self._pooled(attempt, None)
             except KubeError as error:
@@ -501,9 +507,12 @@ class KubeProvider:
             else contextlib.nullcontext(None)
         )
         pooling = pod.role == "agent" and self.pool is not None
+        # An attempt known to run in a pod of its own has no claimed pod to look for (nor a pool to claim from).
+        claimable = pooling and pod.attempt not in self._fresh
+        placed: bytes | None = None  # the supervisor's placement's answer, when it ran with a claim's probe
         with registration as changed:
             try:
-                existing = await self._pooled(pod.attempt, recorded) if pooling else None
+                existing = await self._pooled(pod.attempt, recorded) if claimable else None
                 try:
                     if existing is None:
                         existing = await self._not_anothers(
@@ -517,15 +526,21 @@ class KubeProvider:
                             f"pod {name} (uid {recorded}) is gone, and what the attempt did in it with it",
                             kind="pod_lost",
                         ) from None
-                    if pooling:
+                    if claimable:
                         assert self.pool is not None
-                        existing = await claim(self.client, self.episode, self.pool, manifest)
+                        # Placed with the claim's probe (one exec): a claimed pod has no sidecar to place into.
+                        placement = supervisor.placement(layout=SANDBOX_LAYOUT, limits=self.limits)
+                        claimed = await claim(self.client, self.episode, self.pool, manifest, placement=placement)
+                        if claimed is not None:
+                            existing, placed = claimed.pod, claimed.placed
                     if existing is None:
                         if pod.role == "agent" and self.prepull is not None:
                             manifest = await self._near_images(manifest, self.prepull)
                         existing = await self.client.create_pod(self.episode.namespace, manifest)
                 if existing["metadata"]["name"] != name:
                     name = self._claimed[pod.attempt] = existing["metadata"]["name"]
+                elif pooling:
+                    self._fresh.add(pod.attempt)
                 uid = str((existing.get("metadata") or {}).get("uid") or "")
                 if recorded is not None and uid != recorded:
                     raise SandboxError(
@@ -533,13 +548,18 @@ class KubeProvider:
                         "what the attempt did in it is lost",
                         kind="pod_lost",
                     )
-                await self._wait_running(name, pod.role, pod.environment.build_timeout_sec, changed, waiting, uid)
+                await self._wait_running(
+                    name, pod.role, pod.environment.build_timeout_sec, changed, waiting, uid, seen=existing
+                )
             except KubeError as error:
                 raise SandboxError(f"pod {name}: {error}", kind="api") from error
         sandbox = self._sandboxes.get(name)
         if sandbox is None or sandbox.uid != uid:
             sandbox = KubeSandbox(self.client, self.episode.namespace, name, uid, limits=self.limits)
         self._sandboxes[name] = sandbox
+        if placed is not None and not pod.sidecars and pod.needs.capture is None:
+            sandbox.placed(placed)
+            return sandbox
         try:
             await sandbox.place_supervisor(
                 [sidecar.name for sidecar in pod.sidecars]
@@ -595,14 +615,22 @@ class KubeProvider:
         changed: asyncio.Event | None,
         waiting: WaitingReport | None,
         uid: str,
+        *,
+        seen: Mapping[str, Any] | None = None,
     ) -> None:
         """Until every container runs and the sidecars are ready; outages are told apart by reason.
+
+        ``seen``: the pod as the caller just got it (created, read, or claimed: a claimed pool pod runs
+        already); when it is this uid's and ready, the pod is not read again.
 
         The pod is read when ``changed`` is set (by the pod watch) or the poll comes due. Why it
         waits goes to ``waiting`` when the pod says (unschedulable, an image pull failing…) or,
         when it says nothing for ``events_after_sec``, from its latest Event; None once it runs.
         """
         report = _Reporter(name, role, waiting)
+        if seen is not None and (seen.get("metadata") or {}).get("uid") == uid and pod_verdict(seen).ready:
+            await report.running()
+            return
         started = self.clock()
         unscheduled_since: float | None = None
         pulling_since: float | None = None

@@ -34,8 +34,11 @@ from episode_operator.kube.objects.warm_pool_plan import (
     pod_key,
     pool_pod,
     pool_selector,
+    probed,
+    split_probed,
 )
 from episode_operator.kube.upstream import HostResolver, Unresolvable, model_problem, pinned_needs, system_resolver
+from episode_operator.runtime import supervisor
 from episode_operator.runtime.agents import agent_kind
 from episode_operator.runtime.agents.model import CaptureBounds, SandboxNeeds
 from episode_operator.runtime.limits import Spool
@@ -55,25 +58,43 @@ class PoolSettings:
     resolve_host: HostResolver = system_resolver
 
 
-async def probe(client: KubeClient, namespace: str, name: str) -> Probe | None:
-    """Run the probe once in the pod's main container (never retried: a retry would take a PID too)."""
-    stdout = Spool(PROBE_BYTES, "the pool probe's answer", "its bound")
+async def probe(
+    client: KubeClient, namespace: str, name: str, placement: supervisor.Command | None = None
+) -> tuple[Probe | None, bytes | None]:
+    """Run the probe once in the pod's main container (never retried: a retry would take a PID too); with
+    ``placement``, the supervisor's placement after it in the same exec. What the probe saw, and the placement's
+    answer (None: none asked, or it failed)."""
+    argv = PROBE if placement is None else probed(placement.argv)
+    bound = PROBE_BYTES + (placement.answer.stdout if placement is not None else 0)
+    stdout = Spool(bound, "the pool probe's answer", "its bound")
     stderr = Spool(PROBE_BYTES, "the pool probe's stderr", "its bound")
     with stdout, stderr:
         try:
             code = await client.exec(
-                namespace, name, MAIN_CONTAINER, PROBE, stdout=stdout, stderr=stderr, timeout_sec=30.0, attempts=1
+                namespace,
+                name,
+                MAIN_CONTAINER,
+                argv,
+                stdout=stdout,
+                stderr=stderr,
+                stdin=placement.stdin if placement is not None else None,
+                timeout_sec=30.0,
+                attempts=1,
             )
         except KubeError:
-            return None
-        return Probe.read(stdout.getvalue()) if code == 0 else None
+            return None, None
+        seen, placed = split_probed(stdout.getvalue())
+        if placement is None:
+            return (Probe.read(seen) if code == 0 else None), None
+        # A placement that failed is made again, on its own, by the sandbox (it says why then).
+        return Probe.read(seen), (placed if code == 0 else None)
 
 
 async def marked(client: KubeClient, namespace: str, name: str) -> Mark | None:
     """The pod's mark: probes back to back (how many PIDs an exec costs, and the last PID taken)."""
     probes: list[Probe] = []
     for _ in range(MARK_PROBES):
-        answer = await probe(client, namespace, name)
+        answer, _ = await probe(client, namespace, name)
         if answer is None:
             return None
         probes.append(answer)
@@ -181,14 +202,29 @@ def pool_of(metadata: Mapping[str, Any], annotation: str) -> PoolRef | None:
     return None
 
 
+@dataclass(frozen=True)
+class Claimed:
+    """A claimed pool pod (as the claim's patch answered: running), and the answer of the supervisor's placement
+    run with the claimer's probe (None: it was not, or failed)."""
+
+    pod: dict[str, Any]
+    placed: bytes | None = None
+
+
 async def claim(
-    client: KubeClient, episode: OwnerRef, pool: PoolRef, manifest: Mapping[str, Any]
-) -> dict[str, Any] | None:
+    client: KubeClient,
+    episode: OwnerRef,
+    pool: PoolRef,
+    manifest: Mapping[str, Any],
+    *,
+    placement: supervisor.Command | None = None,
+) -> Claimed | None:
     """A pool pod handed to the attempt whose fresh pod would be ``manifest`` (its labels, owner), or None.
 
     Each candidate is claimed by a patch guarded by its resourceVersion: a claimer that loses the race
-    (409) goes on to the next. The winner probes the pod: one that something ran in since its mark is
-    deleted (it is the claimer's now) and the next tried; none left, the attempt makes a fresh pod.
+    (409) goes on to the next. The winner probes the pod (with ``placement``, placing the supervisor in the
+    same exec, after the probe): one that something ran in since its mark is deleted (it is the claimer's
+    now) and the next tried; none left, the attempt makes a fresh pod.
     """
     wanted = Wanted(pool.name, pool.uid, pod_key(manifest), container_images(manifest))
     try:
@@ -212,8 +248,8 @@ async def claim(
             _count(client, "warm_pool_claims", "lost_race")
             continue
         mark = Mark.parse((pod["metadata"].get("annotations") or {}).get(POOL_MARK_ANNOTATION))
-        probed = await probe(client, episode.namespace, name)
-        reason = "its probe did not answer" if probed is None or mark is None else fresh_after_claim(mark, probed)
+        seen, placed = await probe(client, episode.namespace, name, placement)
+        reason = "its probe did not answer" if seen is None or mark is None else fresh_after_claim(mark, seen)
         if reason is not None:
             log.warning("pool pod %s/%s is not fresh, deleted: %s", episode.namespace, name, reason)
             _count(client, "warm_pool_claims", "stale")
@@ -221,6 +257,6 @@ async def claim(
                 await client.delete_pod(episode.namespace, name)
             continue
         _count(client, "warm_pool_claims", "claimed")
-        return claimed
+        return Claimed(claimed, placed)
     _count(client, "warm_pool_claims", "none")
     return None

@@ -56,6 +56,26 @@ KEY_LENGTH = 40
 # The probe run in a pool pod's main container, once when it is marked and once by the claimer: the shell's
 # own PID, then every PID alive. No command is forked: `echo` and the glob are the shell's own.
 PROBE = ("sh", "-c", 'echo "$$"; for p in /proc/[0-9]*; do echo "${p#/proc/}"; done')
+# What separates, in one exec's answer, the claimer's probe from the supervisor's placement run after it.
+PLACED_AFTER = "--- placed ---"
+
+
+def probed(placement: Sequence[str]) -> tuple[str, ...]:
+    """The claimer's probe and then, in the same shell, the supervisor's placement (``sh -c SCRIPT NAME ARGS…``):
+    one exec instead of two between the claim and the agent's first command. The probe reads the PIDs before the
+    placement forks anything, so its answer is the one a probe of its own would give."""
+    sh, flag, script, *args = placement
+    if (sh, flag) != ("sh", "-c"):
+        raise ValueError(f"the placement is not a shell script: {list(placement)[:2]}")
+    return ("sh", "-c", f"{PROBE[2]}\necho '{PLACED_AFTER}'\n{script}", *args)
+
+
+def split_probed(output: bytes) -> tuple[bytes, bytes | None]:
+    """The probe's answer and the placement's (None: the placement did not start)."""
+    probe_part, found, placed = output.partition(f"\n{PLACED_AFTER}\n".encode())
+    return (probe_part, placed) if found else (output, None)
+
+
 # Managed-fields entries the API server writes for others than the operator without anyone touching the pod:
 # the kubelet's status, the scheduler's binding.
 SYSTEM_SUBRESOURCES = frozenset({"status", "binding"})
