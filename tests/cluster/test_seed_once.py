@@ -12,7 +12,10 @@ while a pod that names the tag gets the tampered image (the control, which shows
 from __future__ import annotations
 
 import hashlib
+import os
 import shlex
+import subprocess
+import textwrap
 import urllib.request
 import uuid
 from collections.abc import Iterator
@@ -37,6 +40,7 @@ from tests.cluster.harness import (
     SIDE_BY_SIDE_CPU_REQUEST_FRACTION,
     VERSION,
     OperatorProcess,
+    context_kubeconfig,
     install_crd,
     read_episode,
 )
@@ -56,7 +60,17 @@ from tests.cluster.test_seed import (
 )
 
 REPOSITORY = "episode-operator/builds"
+README = Path(__file__).resolve().parents[2] / "README.md"
 MANIFEST_TYPES = "application/vnd.oci.image.manifest.v1+json, application/vnd.docker.distribution.manifest.v2+json"
+
+
+def readme_command(name: str) -> str:
+    """The README's ``sh`` block between ``<!-- BEGIN name -->`` and ``<!-- END name -->`` (in a list item:
+    indented), as printed."""
+    block = README.read_text().split(f"<!-- BEGIN {name} -->\n")[1].split(f"<!-- END {name} -->")[0]
+    lines = textwrap.dedent(block).splitlines()
+    assert lines[0] == "```sh" and lines[-1] == "```", block
+    return "\n".join(lines[1:-1]) + "\n"
 
 
 def dockerfile_task(marker: str, solve: str | None = None) -> dict[str, str]:
@@ -205,6 +219,7 @@ def test_an_episodeset_of_four_attempts_builds_once_and_every_attempt_starts_fro
     set_namespace: str,
     builder_operator: OperatorProcess,
     build_namespace: str,
+    tmp_path: Path,
 ) -> None:
     namespace = set_namespace
     files = dockerfile_task(f"once-{namespace}")
@@ -238,6 +253,18 @@ def test_an_episodeset_of_four_attempts_builds_once_and_every_attempt_starts_fro
         assert image is not None and (image["ref"], image["made"]) == (pinned, "built"), image
         assert "built once for the EpisodeSet's attempts" in image["message"]
     assert [(r["image"]["ref"], r["image"]["made"]) for r in records] == [(pinned, "built")] * 4, records
+    # The README's command, as printed (NAME: the set's), says the same for each child.
+    shell_kubeconfig = context_kubeconfig(kubeconfig, tmp_path / "kubeconfig", {"work": namespace})
+    command = readme_command("seed-once-images").replace("NAME", "once")
+    printed = subprocess.run(
+        ["sh", "-c", command],
+        env={**os.environ, "KUBECONFIG": str(shell_kubeconfig)},
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+    ).stdout
+    assert sorted(printed.splitlines()) == [f"once-0-{i} built {pinned}" for i in range(1, 5)], printed
 
 
 def test_control_the_same_set_without_a_build_registry_replays_in_every_pod(

@@ -4,6 +4,7 @@ what its pods say (docs/prepull.md). The decisions are :mod:`episode_operator.ku
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from dataclasses import dataclass, field
@@ -65,7 +66,9 @@ async def task_images(
         except Exception as error:
             problems.append(f"task {task.name}: {error}")
             continue
-        admission = admit_task(episode, files, settings.policy, lends_copier=settings.images.capture is not None)
+        # Validation and planning read every byte of the folder: off the event loop, as the driver's admission.
+        lends_copier = settings.images.capture is not None
+        admission = await asyncio.to_thread(admit_task, episode, files, settings.policy, lends_copier=lends_copier)
         if isinstance(admission, Refusal):
             problems.append(f"task {task.name}: {admission.message}")
             continue
