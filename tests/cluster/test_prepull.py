@@ -223,8 +223,13 @@ def test_a_fresh_image_is_pulled_before_the_children_start_and_they_prefer_its_n
     ]
     assert any("Successfully pulled" in message for message in pulled), pulled
     for child, pod in pods.items():
-        said = [m for m in kubelet_said(core, namespace, pod, "Pulled") if fresh_image in m]
-        assert said and all("already present on machine" in m for m in said), f"{child}'s pod pulled: {said}"
+        # The kubelet posts its Events at 5 a second (its default eventRecordQPS): on a busy node they come late.
+        said = wait_until(
+            lambda pod=pod: [m for m in kubelet_said(core, namespace, pod, "Pulled") if fresh_image in m],
+            f"the kubelet's Pulled event of {child}'s pod",
+            operator,
+        )
+        assert all("already present on machine" in m for m in said), f"{child}'s pod pulled: {said}"
 
     # Each child's pod prefers the node holding its image (never requires it), and ran there.
     for child, pod in agent_pods.items():

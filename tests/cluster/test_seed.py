@@ -299,7 +299,8 @@ def test_dockerfile_tasks_run_as_a_new_user_would_with_every_image_mirrored(
     assert pods.of("dockerfile-only", "agent")[0]["main"] == REGISTRY_SANDBOX
     assert pods.of("workdir-steps-a1-v2", "verifier")[0]["main"] == REGISTRY_SANDBOX
     (built,) = pods.of("built-sidecar", "agent")
-    assert built["api"].startswith(f"{REGISTRY}/episode-operator/builds:")
+    # A built image is named by the digest its push wrote, never by the tag (the tag can be pushed over).
+    assert built["api"].startswith(f"{REGISTRY}/episode-operator/builds@sha256:"), built
     (mirrored,) = pods.of("mirrored", "agent")
     assert (mirrored["main"], mirrored["cache"]) == (SANDBOX_IMAGE, SANDBOX_IMAGE)
     assert pods.of("mirrored-a1-v1", "verifier")[0]["main"] == REGISTRY_SANDBOX
