@@ -36,8 +36,6 @@ import contextlib
 import gzip
 import hashlib
 import json
-import os
-import platform
 import shutil
 import statistics
 import subprocess
@@ -55,6 +53,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the cluster-test harness
 
+from bench.suite.run_record import RunRecord
 from kubernetes import client, config, watch
 from kubernetes.stream import stream
 from tests.cluster.harness import GROUP, PLURAL, TERMINAL, VERSION, OperatorProcess, install_crd
@@ -547,7 +546,7 @@ def main() -> int:
     api = config.new_client_from_config(config_file=str(KUBECONFIG))  # type: ignore[no-untyped-call]
     core = client.CoreV1Api(api)
     install_crd(api)
-    began, load_before = time.time(), os.getloadavg()
+    record = RunRecord.start()
     runs: dict[str, list[dict[str, Any]]] = {}
     pushed: list[str] = []
     work = Path(tempfile.mkdtemp(prefix="bench-start-"))
@@ -617,25 +616,15 @@ def main() -> int:
     summary = summarise(runs)
     printed = table(summary, args.repeats)
     print(printed)
-    OUT.mkdir(exist_ok=True)
-    commit = subprocess.run(
-        ["git", "describe", "--always", "--dirty"], cwd=OUT.parent, capture_output=True, text=True, check=False
+    record.write(
+        OUT / "sandbox_start.json",
+        repeats=args.repeats,
+        cold_layer_bytes_compressed=layer_bytes,
+        clock="time.time() of this process and `date` in the pod (one kernel: CLOCK_REALTIME)",
+        summary=summary,
+        runs=runs,
+        table=printed,
     )
-    document = {
-        "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]),
-        "commit": commit.stdout.strip(),
-        "started": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(began)),
-        "seconds": round(time.time() - began, 1),
-        "load_average_1m": {"before": load_before[0], "after": os.getloadavg()[0]},
-        "machine": {"cpus": os.cpu_count(), "kernel": platform.release(), "python": platform.python_version()},
-        "repeats": args.repeats,
-        "cold_layer_bytes_compressed": layer_bytes,
-        "clock": "time.time() of this process and `date` in the pod (one kernel: CLOCK_REALTIME)",
-        "summary": summary,
-        "runs": runs,
-        "table": printed,
-    }
-    (OUT / "sandbox_start.json").write_text(json.dumps(document, indent=2) + "\n")
     return 0
 
 

@@ -39,10 +39,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import statistics
-import subprocess
 import sys
 import time
 import uuid
@@ -51,6 +48,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the cluster-test helpers
 
+from bench.suite.run_record import RunRecord
 from kubernetes import client, config
 from tests.cluster.toolchains import HARNESSES, ExecResult, exec_argv, toolchain_pod
 from tests.scripted_model.deploy import PORT, ScriptedModel, deploy_scripted_model
@@ -284,7 +282,7 @@ def main() -> int:
     config.load_kube_config(str(KUBECONFIG))
     core = client.CoreV1Api()
     namespace = f"bench-toolchain-{uuid.uuid4().hex[:6]}"
-    began, load_before = time.time(), os.getloadavg()
+    record = RunRecord.start()
     core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=namespace)))
     cases: list[str | None] = [None, *args.toolchains.split(",")]
     results: dict[str, dict[str, list[dict[str, Any]]]] = {}
@@ -321,25 +319,15 @@ def main() -> int:
     print(printed)
     for case, why in skipped.items():
         print(f"{case}: {'figures of the runs before: ' if case in results else 'no figures: '}{why}")
-    OUT.mkdir(exist_ok=True)
-    commit = subprocess.run(
-        ["git", "describe", "--always", "--dirty"], cwd=OUT.parent, capture_output=True, text=True, check=False
+    record.write(
+        OUT / "toolchain_start.json",
+        repeats=args.repeats,
+        clock="time.monotonic() of this process and of the scripted server's pod (one kernel, no time namespace)",
+        summary=summary,
+        skipped=skipped,
+        runs=results,
+        table=printed,
     )
-    document = {
-        "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]),
-        "commit": commit.stdout.strip(),
-        "started": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(began)),
-        "seconds": round(time.time() - began, 1),
-        "load_average_1m": {"before": load_before[0], "after": os.getloadavg()[0]},
-        "machine": {"cpus": os.cpu_count(), "kernel": platform.release(), "python": platform.python_version()},
-        "repeats": args.repeats,
-        "clock": "time.monotonic() of this process and of the scripted server's pod (one kernel, no time namespace)",
-        "summary": summary,
-        "skipped": skipped,
-        "runs": results,
-        "table": printed,
-    }
-    (OUT / "toolchain_start.json").write_text(json.dumps(document, indent=2) + "\n")
     return 0
 
 
