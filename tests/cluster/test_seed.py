@@ -358,7 +358,7 @@ def test_a_dataset_builds_its_image_once_and_concurrent_episodes_share_the_build
     client.CustomObjectsApi(api_client).create_namespaced_custom_object(GROUP, VERSION, namespace, SETS, body)
     children = [f"builds-0-{attempt}" for attempt in (1, 2, 3)]
     deadline = time.monotonic() + 120
-    while not all(_exists(api_client, namespace, child) for child in children):
+    while not all(episode_exists(api_client, namespace, child) for child in children):
         assert time.monotonic() < deadline, f"children not created:\n{image_operator.log_tail()}"
         time.sleep(0.5)
     statuses = wait_all(api_client, namespace, children, image_operator)
@@ -374,7 +374,7 @@ def test_a_dataset_builds_its_image_once_and_concurrent_episodes_share_the_build
     assert any(reason == "ImageReused" for reason, _ in episode_events(core, namespace, "later"))
 
 
-def _exists(api: client.ApiClient, namespace: str, name: str) -> bool:
+def episode_exists(api: client.ApiClient, namespace: str, name: str) -> bool:
     try:
         read_episode(api, namespace, name)
     except ApiException as error:

@@ -25,7 +25,6 @@ from typing import Any
 import pytest
 import yaml
 from kubernetes import client
-from kubernetes.client.exceptions import ApiException
 
 from episode_operator.kube.objects.buildjobs import MANIFEST_DIGEST_ANNOTATION
 from episode_operator.taskfolder import TaskFiles
@@ -52,6 +51,7 @@ from tests.cluster.test_seed import (
     PodWatch,
     build_jobs,
     building_operator,
+    episode_exists,
     kubectl_episode,
     make_namespace,
     operator_with,
@@ -104,14 +104,14 @@ def registry_digest(tag: str) -> str:
         return str(response.headers["Docker-Content-Digest"])
 
 
-def exists(api: client.ApiClient, namespace: str, name: str) -> bool:
-    try:
-        read_episode(api, namespace, name)
-    except ApiException as error:
-        if error.status == 404:
-            return False
-        raise
-    return True
+def built_digest(api: client.ApiClient, build_namespace: str, job: str) -> tuple[str, str]:
+    """The manifest digest a build Job recorded of its push, and the reference pods name its image by."""
+    digest = (
+        client.BatchV1Api(api)
+        .read_namespaced_job(job, build_namespace)
+        .metadata.annotations[MANIFEST_DIGEST_ANNOTATION]
+    )
+    return str(digest), f"{REGISTRY}/{REPOSITORY}@{digest}"
 
 
 def create_set(
@@ -139,7 +139,7 @@ def set_children(
     # The set makes them as its parallelism allows: each is waited for once it exists.
     statuses: dict[str, dict[str, Any]] = {}
     for child in children:
-        poll_until(lambda child=child: exists(api, namespace, child), f"{child} created", operator, timeout=900)
+        poll_until(lambda child=child: episode_exists(api, namespace, child), f"{child} created", operator, timeout=900)
         statuses.update(wait_all(api, namespace, [child], operator))
     return statuses
 
@@ -234,10 +234,8 @@ def test_an_episodeset_of_four_attempts_builds_once_and_every_attempt_starts_fro
     # Exactly one build Job for the context, and it recorded the digest its push wrote.
     new = sorted(set(build_jobs(api_client, build_namespace)) - set(before))
     assert new == [f"build-{tag[:20]}"], new
-    job = client.BatchV1Api(api_client).read_namespaced_job(new[0], build_namespace)
-    digest = job.metadata.annotations[MANIFEST_DIGEST_ANNOTATION]
+    digest, pinned = built_digest(api_client, build_namespace, new[0])
     assert digest == registry_digest(tag)  # the registry serves that manifest under the tag
-    pinned = f"{REGISTRY}/{REPOSITORY}@{digest}"
 
     # Every attempt's agent pod ran that digest, none the tag, none the FROM image a replay starts from.
     for name in statuses:
@@ -374,12 +372,7 @@ def test_attacker_an_agent_that_pushes_under_the_tag_cannot_change_what_the_next
     statuses = set_children(api_client, namespace, "attack", 2, builder_operator)
     pods.stop()
     (job,) = [name for name in build_jobs(api_client, build_namespace) if name == f"build-{tag[:20]}"]
-    digest = (
-        client.BatchV1Api(api_client)
-        .read_namespaced_job(job, build_namespace)
-        .metadata.annotations[MANIFEST_DIGEST_ANNOTATION]
-    )
-    pinned = f"{REGISTRY}/{REPOSITORY}@{digest}"
+    digest, pinned = built_digest(api_client, build_namespace, job)
     # The push worked: the registry serves another manifest under the tag now.
     tampered = registry_digest(tag)
     assert tampered != digest, "the agent's push did not land: the test shows nothing"
