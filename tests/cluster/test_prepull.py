@@ -33,6 +33,7 @@ from tests.cluster.test_warm_pools import (
     custom,
     exec_main,
     set_status,
+    task_files,
     this_checkouts_crd,  # noqa: F401 - the autouse fixture keeping this checkout's CRDs (spec.prePull)
     wait_until,
     watched_namespace,
@@ -45,23 +46,6 @@ LENT_BUSYBOX = "/episode-operator-prepull/busybox"
 PROBE = "{busybox} tr '\\0' ' ' < /proc/1/cmdline; echo; {busybox} id -u; {busybox} ls /var/run/secrets 2>&1"
 WAIT_SEC = 240  # longer than any wait below: a child started before it is not the wait running out
 
-TASK_TOML = """schema_version = "1.4"
-
-[task]
-name = "prepull/{name}"
-
-[agent]
-timeout_sec = 240.0
-
-[verifier]
-timeout_sec = 30.0
-
-[environment]
-docker_image = "{image}"
-workdir = "/app"
-cpus = 1
-memory_mb = 256
-"""
 # The agent waits for /tmp/go when told (the test reads its pod meanwhile), then earns the reward.
 AGENT = (
     'if [ -n "${WAIT_FOR_GO:-}" ]; then i=0; while [ ! -e /tmp/go ] && [ $i -lt 1000 ]; do sleep 0.2; i=$((i+1)); '
@@ -69,19 +53,10 @@ AGENT = (
 )
 
 
-def task_files(name: str, image: str) -> dict[str, str]:
-    return {
-        "task.toml": TASK_TOML.format(name=name, image=image),
-        "instruction.md": "Earn the reward.\n",
-        "tests/test.sh": "#!/bin/sh\ncat /app/earned.txt > /logs/verifier/reward.txt 2>/dev/null "
-        "|| echo 0 > /logs/verifier/reward.txt\n",
-    }
-
-
 def set_spec(image: str, *, wait_for_go: bool, extra: list[str] | None = None) -> dict[str, Any]:
     env = [{"name": "WAIT_FOR_GO", "value": "1"}] if wait_for_go else []
     return {
-        "dataset": {"tasks": [{"name": "t0", "inline": {"files": task_files("t0", image)}}]},
+        "dataset": {"tasks": [{"name": "t0", "inline": {"files": task_files("t0", image=image)}}]},
         "agent": {"kind": "command", "command": AGENT, "env": env},
         "attempts": 2,
         "parallelism": 2,

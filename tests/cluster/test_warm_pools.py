@@ -45,7 +45,7 @@ JOBS_DIR = "/episode-operator/jobs"
 TASK_TOML = """schema_version = "1.4"
 
 [task]
-name = "warm-pool/{name}"
+name = "episode-operator-tests/{name}"
 
 [agent]
 timeout_sec = 240.0
@@ -67,9 +67,10 @@ AGENT = (
 )
 
 
-def task_files(name: str, memory: int = 256) -> dict[str, str]:
+def task_files(name: str, memory: int = 256, image: str = SANDBOX_IMAGE) -> dict[str, str]:
+    """A task that earns its reward when the agent wrote /app/earned.txt (the pre-pull tests' too, of their image)."""
     return {
-        "task.toml": TASK_TOML.format(name=name, image=SANDBOX_IMAGE, memory=memory),
+        "task.toml": TASK_TOML.format(name=name, image=image, memory=memory),
         "instruction.md": "Earn the reward.\n",
         "tests/test.sh": "#!/bin/sh\ncat /app/earned.txt > /logs/verifier/reward.txt 2>/dev/null "
         "|| echo 0 > /logs/verifier/reward.txt\n",
