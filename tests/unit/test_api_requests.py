@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import socket
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -49,6 +51,22 @@ def test_a_request_is_named_by_verb_and_resource(
     method: str, path: str, query: list[tuple[str, object]] | None, expected: tuple[str, str]
 ) -> None:
     assert request_kind(method, HOST + path, query) == expected
+
+
+@contextlib.asynccontextmanager
+async def plain_http_api(app: web.Application, tmp_path: Path) -> AsyncIterator[Path]:
+    """``app`` served on 127.0.0.1 as an API server over plain HTTP, and a kubeconfig that reaches it."""
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    kubeconfig = _kubeconfig(tmp_path / "kubeconfig", port)
+    kubeconfig.write_text(kubeconfig.read_text().replace("https://", "http://"))
+    try:
+        yield kubeconfig
+    finally:
+        await runner.cleanup()
 
 
 def _kubeconfig(path: Path, port: int) -> Path:
@@ -131,22 +149,13 @@ def test_a_replicas_requests_name_it_in_their_user_agent(tmp_path: Path) -> None
     async def scenario() -> None:
         app = web.Application()
         app.router.add_get("/apis/episode-operator.dev/v1alpha1/namespaces/ns/episodes/e", episode)
-        runner = web.AppRunner(app)
-        await runner.setup()
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
-        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-        kubeconfig = _kubeconfig(tmp_path / "kubeconfig", port)
-        kubeconfig.write_text(kubeconfig.read_text().replace("https://", "http://"))
-        try:
+        async with plain_http_api(app, tmp_path) as kubeconfig:
             for replica in ("r1.ab12cd", None):
                 client = await KubeClient.connect(str(kubeconfig), replica=replica)
                 try:
                     await client.get_episode("ns", "e")
                 finally:
                     await client.close()
-        finally:
-            await runner.cleanup()
 
     asyncio.run(scenario())
     assert seen == ["episode-operator/0.1.0 (replica r1.ab12cd)", "episode-operator/0.1.0"]
@@ -222,29 +231,22 @@ def test_writes_whose_reply_is_not_read_still_raise_the_api_servers_errors(tmp_p
     async def scenario() -> list[tuple[str, int]]:
         app = web.Application()
         app.router.add_route("*", "/{tail:.*}", answer)
-        runner = web.AppRunner(app)
-        await runner.setup()
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
-        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-        kubeconfig = _kubeconfig(tmp_path / "kubeconfig", port)
-        kubeconfig.write_text(kubeconfig.read_text().replace("https://", "http://"))
-        client = await KubeClient.connect(str(kubeconfig))
-        raised: list[tuple[str, int]] = []
-        try:
-            for call in (
-                client.create_event("ns", {"metadata": {"name": "x"}}),
-                client.replace_episode_status("ns", "e", {"phase": "Running"}),
-                client.patch_episode("ns", "e", {"spec": {"suspend": True}}),
-                client.replace_episodeset_status("ns", "s", {}),
-            ):
-                try:
-                    await call
-                except KubeError as error:
-                    raised.append((f"{type(error).__name__}: {error}", error.status))
-        finally:
-            await client.close()
-            await runner.cleanup()
+        async with plain_http_api(app, tmp_path) as kubeconfig:
+            client = await KubeClient.connect(str(kubeconfig))
+            raised: list[tuple[str, int]] = []
+            try:
+                for call in (
+                    client.create_event("ns", {"metadata": {"name": "x"}}),
+                    client.replace_episode_status("ns", "e", {"phase": "Running"}),
+                    client.patch_episode("ns", "e", {"spec": {"suspend": True}}),
+                    client.replace_episodeset_status("ns", "s", {}),
+                ):
+                    try:
+                        await call
+                    except KubeError as error:
+                        raised.append((f"{type(error).__name__}: {error}", error.status))
+            finally:
+                await client.close()
         return raised
 
     assert asyncio.run(scenario()) == [
