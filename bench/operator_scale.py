@@ -64,7 +64,8 @@ from bench.suite.cluster import (
 )
 from bench.suite.stats import table
 from bench.suite.tasks import episode_spec, trivial_task
-from tests.cluster.harness import SIDE_BY_SIDE_CPU_REQUEST_FRACTION, free_port, install_crd
+from tests.cluster.harness import SIDE_BY_SIDE_CPU_REQUEST_FRACTION, install_crd
+from tests.ports import free_port
 
 OUT = Path(__file__).resolve().parent / "out"
 # hack/cluster's API server audit log: every write of an Episode, with its client's User-Agent.

@@ -47,7 +47,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.suite.cluster import DEFAULT_KUBECONFIG, Namespaces, Recorder, connect, create_episode, machine
 from bench.suite.stats import table
-from tests.cluster.harness import free_port, install_crd
+from tests.cluster.harness import install_crd
+from tests.ports import free_port
 
 OUT = Path(__file__).resolve().parent / "out"
 FAKE = Path(__file__).resolve().parent / "fake_sandbox_operator.py"

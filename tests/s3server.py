@@ -9,7 +9,6 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -17,6 +16,8 @@ import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+
+from tests.ports import free_port
 
 # What the tests give the store (moto accepts any; a real server is given them by a Secret).
 CREDENTIALS = {"AWS_ACCESS_KEY_ID": "test-key", "AWS_SECRET_ACCESS_KEY": "test-secret", "AWS_REGION": "us-east-1"}
@@ -34,15 +35,9 @@ class S3Server:
             assert answer.status == 200
 
 
-def _free_port(host: str) -> int:
-    with socket.socket() as probe:
-        probe.bind((host, 0))
-        return int(probe.getsockname()[1])
-
-
 @contextlib.contextmanager
 def s3_server(log: Path, host: str = "127.0.0.1") -> Iterator[S3Server]:
-    port = _free_port(host)
+    port = free_port(host)
     binary = Path(sys.executable).parent / "moto_server"
     with log.open("ab") as output:
         process = subprocess.Popen([str(binary), "-H", host, "-p", str(port)], stdout=output, stderr=subprocess.STDOUT)

@@ -12,7 +12,6 @@ import contextlib
 import hashlib
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -29,6 +28,7 @@ from kubernetes.stream import stream
 from episode_operator.kube.objects.pods import OwnerRef
 from episode_operator.kube.pod_sandbox import KubeSandbox
 from episode_operator.runtime.sandbox_protocol import JobSpec
+from tests.ports import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 CRD_PATH = REPO / "crds" / "episodes.episode-operator.dev.yaml"
@@ -97,12 +97,6 @@ def served(api: client.ApiClient, group: str, version: str, plural: str) -> bool
             return False
         raise
     return any(resource.name == plural for resource in listing.resources)
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 # The operator's image as `hack/cluster images` builds it (its wheel is this checkout's).

@@ -33,7 +33,7 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from tests.cluster.conftest import CLUSTER_DIR
-from tests.cluster.harness import EXAMPLES, create_episode, episode_spec, folder_files, free_port, install_crd
+from tests.cluster.harness import EXAMPLES, create_episode, episode_spec, folder_files, install_crd
 from tests.cluster.test_episodeset import create_set, read_set, without_resources
 from tests.cluster.test_install import (
     RELEASE,
@@ -46,6 +46,7 @@ from tests.cluster.test_install import (
 )
 from tests.cluster.test_kubectl_plugin import Plugin, read_until
 from tests.cluster.test_replicas import POD_NETWORK_GATEWAY
+from tests.ports import free_port
 from tests.s3server import CREDENTIALS, s3_server
 from tests.unit.chromium import load
 from tests.unit.png import read_png

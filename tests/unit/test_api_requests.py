@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import socket
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -16,6 +15,7 @@ from aiohttp import web
 
 from episode_operator.kube.client import KubeClient, KubeError, environment_applies, request_kind
 from episode_operator.runtime.metrics import Metrics
+from tests.ports import free_port
 
 HOST = "https://198.18.255.1:6443"
 
@@ -87,10 +87,7 @@ def _kubeconfig(path: Path, port: int) -> Path:
 
 def test_a_request_that_gets_no_answer_is_counted_as_an_api_error(tmp_path: Path) -> None:
     """An API server that is down: the request is counted, and counted again as failed."""
-    with socket.socket() as probe:  # a port nothing listens on
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    kubeconfig = _kubeconfig(tmp_path / "kubeconfig", port)
+    kubeconfig = _kubeconfig(tmp_path / "kubeconfig", free_port())  # a port nothing listens on
     metrics = Metrics()
 
     async def scenario() -> None:

@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import socket
 import subprocess
 import sys
 from collections.abc import AsyncIterator, Mapping
@@ -36,6 +35,7 @@ from episode_operator.runtime.gym_server import (
     serve,
     try_manifest,
 )
+from tests.ports import free_port
 from tests.unit.test_export import graded, turn
 from tests.unit.test_gym_protocol import episode_request, flat_row
 
@@ -95,12 +95,6 @@ class Cluster:
         async with self.changed:
             self.episodes[name]["status"] = status
             self.changed.notify_all()
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 @asynccontextmanager

@@ -13,7 +13,6 @@ import datetime
 import io
 import json
 import os
-import socket
 import ssl
 import tarfile
 from collections.abc import AsyncIterator
@@ -37,6 +36,7 @@ from episode_operator.runtime.episode_store import BlobStore
 from episode_operator.runtime.metrics import Metrics
 from episode_operator.runtime.sandbox_protocol import ArchiveFile
 from episode_operator.runtime.server import application
+from tests.ports import free_port
 
 LOG_PATH = "/apis/data.episode-operator.dev/v1alpha1/namespaces/ns/episodes/ep/log"
 
@@ -60,12 +60,6 @@ def test_metrics_are_open_and_include_the_process() -> None:
 
 
 # The data API -----------------------------------------------------------------------------------------
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
 Authority = tuple[ec.EllipticCurvePrivateKey, x509.Certificate]
 
 
