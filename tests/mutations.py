@@ -142,9 +142,23 @@ MUTATIONS = [
     Mutation(
         "user-switch",
         PREPARE,
-        "if user is not None and (previous is None or user != previous.agent.user):",
+        "if user is not None and switches_user(turn):",
         "if False:",
         "the working directory is never given to the agent user",
+    ),
+    Mutation(
+        "quiet-start-with-setup",
+        PREPARE,
+        'return (\n        cleanup_carrier(turn) != "own"',
+        'return True or (\n        cleanup_carrier(turn) != "own"',
+        "a first turn's setup.sh runs before the turn's start is written: a restart cannot tell it ran",
+    ),
+    Mutation(
+        "ready-unwritten",
+        EPISODE,
+        "            if not self._turn_start_publishes():\n                await self.publish()\n",
+        "",
+        "an attempt's readiness is never written when its first turn does not start at once",
     ),
     # Where.
     Mutation(

@@ -143,3 +143,78 @@ def test_stage_timings_are_observed_per_stage() -> None:
     assert status.reward == 1.0
     assert seen[:3] == ["seed-images", "pod_start", "seed-sandbox"]
     assert [phase for phase in seen if phase in ("agent", "verify")] == ["agent", "verify"] * 3
+
+
+class WatchingSink(FakeSink):
+    """A sink that records, with each status write, the jobs and uploads the agent's pod had seen by then."""
+
+    def __init__(self, world: World) -> None:
+        super().__init__()
+        self.world = world
+        self.ran: list[list[str]] = []
+
+    async def publish(self, status: Any) -> None:
+        pod = self.world.sandboxes.get("pod-a1")
+        self.ran.append([*pod.starts, *pod.uploads] if pod else [])
+        await super().publish(status)
+
+
+def first_turn_writes(folder: dict[str, str]) -> tuple[WatchingSink, Any]:
+    world = World()
+    sink = WatchingSink(world)
+    status = run(folder, world=world, sink=sink)[0]
+    return sink, status
+
+
+def test_a_first_turn_with_nothing_to_prepare_is_written_once_before_its_agent() -> None:
+    """No setup.sh, workdir/, user or healthcheck: the pod's record, then one write, the agent's stage,
+    carrying the attempt's readiness and the turn's start; nothing of the turn ran in the pod before it."""
+    sink, status = first_turn_writes(three_steps())
+    assert status.reward == 1.0
+    stages = [written.turns[0].stage for written in sink.statuses]
+    assert Stage.CLEANUP not in stages
+    agent = stages.index(Stage.AGENT)
+    before = sink.statuses[agent - 1].attempts[0]
+    assert before.pods and before.ready_at is None  # the pod's record: the write before
+    written = sink.statuses[agent]
+    assert written.attempts[0].ready_at is not None and written.attempts[0].deadline_at is not None
+    assert written.turns[0].phase == "Running" and written.turns[0].started_at is not None
+    assert not [done for done in sink.ran[agent] if "t1." in done or done == "/solution"], sink.ran[agent]
+    # Later turns start as before: their cleanup written (it carries a shared turn's done).
+    assert Stage.CLEANUP in [written.turns[1].stage for written in sink.statuses]
+
+
+def test_a_first_turn_with_a_setup_is_written_before_its_setup_runs() -> None:
+    """The control: a setup.sh runs in the pod before the agent, so the turn's start (with the attempt's
+    readiness) is written first, at its cleanup."""
+    sink, status = first_turn_writes(three_steps(files={"steps/a/workdir/setup.sh": "exit 0"}))
+    assert status.reward == 1.0
+    stages = [written.turns[0].stage for written in sink.statuses]
+    cleanup = stages.index(Stage.CLEANUP)
+    assert sink.statuses[cleanup].attempts[0].ready_at is not None
+    assert "a1.t1.setup" not in sink.ran[cleanup]
+    assert "a1.t1.setup" in sink.ran[stages.index(Stage.AGENT)]
+
+
+@pytest.mark.parametrize("stage", [Stage.CLEANUP, Stage.WORKDIR, Stage.SETUP, Stage.HEALTHCHECK, Stage.AGENT])
+def test_a_restart_before_a_quiet_first_turns_agent_resumes_in_the_same_pod(
+    monkeypatch: pytest.MonkeyPatch, stage: Stage
+) -> None:
+    """Killed before the one write of a quiet first turn: the status shows the pod's record only, and the
+    restarted runner takes the same pod again, runs each job once and scores as an uninterrupted run."""
+    folder = three_steps()
+    world, store, dying = World(), MemoryStore(), FakeSink()
+    crash_inside(monkeypatch, stage, 0)
+    with pytest.raises(Crash):
+        run(folder, world=world, sink=dying, store=store)
+    monkeypatch.undo()
+    last_written = dying.statuses[-1]
+    assert last_written.attempts[0].pods
+    if stage is not Stage.AGENT:
+        assert (last_written.turns[0].stage, last_written.attempts[0].ready_at) == (None, None)
+    status = run(folder, world=world, status=last_written, store=store)[0]
+    assert (status.phase, status.reward, status.attempt) == ("Succeeded", 1.0, 1)
+    assert sorted(world.sandboxes) == ["pod-a1"]
+    starts = world.sandboxes["pod-a1"].starts
+    assert len(starts) == len(set(starts)), starts
+    assert [job for job in starts if job.endswith(".agent")] == ["a1.t1.agent", "a1.t2.agent", "a1.t3.agent"]

@@ -95,6 +95,7 @@ from episode_operator.runtime.seed import (
 )
 from episode_operator.runtime.timing import DEFAULT_TIMING, KILL_AFTER_SEC, Timing
 from episode_operator.runtime.turn.context import TurnRun
+from episode_operator.runtime.turn.prepare import prepares_nothing
 from episode_operator.runtime.turn.table import TURN, Network, is_published, restart_at
 from episode_operator.runtime.turn.turn_failures import (
     Call,
@@ -290,7 +291,8 @@ class EpisodeRunner:
             ready = self.clock()
             attempt.ready_at = timestamp(ready)
             attempt.deadline_at = timestamp(math.ceil(ready + self.plan.deadline_sec))
-            await self.publish()
+            if not self._turn_start_publishes():
+                await self.publish()
         assert attempt.deadline_at is not None
         remaining = parse_timestamp(attempt.deadline_at) - self.clock()
         try:
@@ -298,6 +300,18 @@ class EpisodeRunner:
                 await self._run_turns()
         except TimeoutError:
             raise self._past_deadline() from None
+
+    def _turn_start_publishes(self) -> bool:
+        """Whether the next turn writes the status before anything runs in the sandbox: a fresh turn
+        whose first stage is published (its cleanup's write, or its agent's on a quiet start). The
+        attempt's readiness rides on that write, one status write fewer between a sandbox and the
+        agent's first command; a restart before it finds the seed unfinished, as it would before a
+        write of its own (the seed's stages resume safely)."""
+        index = self.status.current_turn or 0
+        if index >= len(self.plan.turns):
+            return False
+        turn = TurnRun(self, index)
+        return turn.record.stage is None and is_published(self._first_stage(turn), turn.separate)
 
     async def _seed(self) -> None:
         """The seed table (``runtime/seed.py``), walked from where the attempt's status says it was."""
@@ -337,7 +351,7 @@ class EpisodeRunner:
             record.phase = "Running"
             record.started_at = timestamp(self.clock())
             record.verifier_mode = turn.plan.verifier.mode
-            await self._enter(turn, self._first_stage(turn))
+            await self._enter(turn, self._first_stage(turn), publish=not self._quiet_start(turn))
             await self.event("TurnStarted", f"turn {turn.label()} started")
         else:
             # A restart: the table says where.
@@ -372,11 +386,19 @@ class EpisodeRunner:
         """Where a turn starts: its cleanup (a regrade's turn starts at its verifier: runtime/regrade.py)."""
         return Stage.CLEANUP
 
-    async def _enter(self, turn: TurnRun, stage: Stage) -> None:
-        """Record ``stage`` as the turn's, written to the status when the table says so."""
+    def _quiet_start(self, turn: TurnRun) -> bool:
+        """Whether an attempt's first turn runs nothing in the sandbox before its agent's stage, which
+        is published: its start then rides on that write (one status write fewer before the agent's
+        first command). Only the first turn: the status before it holds no earlier turn of the attempt
+        whose end (a shared turn's ``done``) waits for this turn's first write."""
+        return turn.first and self._first_stage(turn) is Stage.CLEANUP and prepares_nothing(turn)
+
+    async def _enter(self, turn: TurnRun, stage: Stage, *, publish: bool = True) -> None:
+        """Record ``stage`` as the turn's, written to the status when the table says so (and the
+        caller does not defer it to the next stage's write)."""
         turn.record.stage = stage
         self._progress()
-        if is_published(stage, turn.separate):
+        if publish and is_published(stage, turn.separate):
             await self.publish()
 
     async def _network_for(self, turn: TurnRun, network: Network) -> None:

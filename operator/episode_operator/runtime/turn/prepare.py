@@ -52,13 +52,32 @@ async def clear_grading_files(turn: TurnRun) -> None:
         await sandbox.clear(list(GRADING_FILES))
 
 
+def switches_user(turn: TurnRun) -> bool:
+    """Whether the turn's agent user differs from the one the sandbox was left with."""
+    user = turn.plan.agent.user
+    previous = turn.previous
+    return user is not None and (previous is None or user != previous.agent.user)
+
+
+def prepares_nothing(turn: TurnRun) -> bool:
+    """Whether the stages before the agent's (cleanup, workdir, setup, healthcheck) run nothing in
+    the sandbox for this turn: no grading files of their own to clear, no user to switch, no
+    ``workdir/``, no ``setup.sh``, no healthcheck."""
+    return (
+        cleanup_carrier(turn) != "own"
+        and not switches_user(turn)
+        and turn.plan.workdir is None
+        and not turn.plan.setup
+        and turn.plan.healthcheck is None
+    )
+
+
 async def switch_user_and_merge_workdir(turn: TurnRun) -> None:
     """Stage ``workdir``: the turn's agent user owns the working directory; ``workdir/`` merged
     (unless a ``setup.sh`` follows: the exec that starts it merges ``workdir/``)."""
     sandbox = await turn.services.agent_sandbox()
     user = turn.plan.agent.user
-    previous = turn.previous
-    if user is not None and (previous is None or user != previous.agent.user):
+    if user is not None and switches_user(turn):
         with sandbox_call(Call.SWITCH_USER):
             await sandbox.switch_user(user, sandbox.workdir)
     if turn.plan.workdir is None or turn.plan.setup:
