@@ -153,13 +153,6 @@ MUTATIONS = [
         'return True or (\n        cleanup_carrier(turn) != "own"',
         "a first turn's setup.sh runs before the turn's start is written: a restart cannot tell it ran",
     ),
-    Mutation(
-        "ready-unwritten",
-        EPISODE,
-        "            if not self._turn_start_publishes():\n                await self.publish()\n",
-        "",
-        "an attempt's readiness is never written when its first turn does not start at once",
-    ),
     # Where.
     Mutation(
         "oracle-cwd",

@@ -14,10 +14,11 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def test_ports_are_below_the_range_outgoing_connections_take_theirs_from() -> None:
     first, _ = (int(bound) for bound in ports.EPHEMERAL_RANGE.read_text().split())
-    handed = {ports.free_port() for _ in range(ports.BLOCK)}
+    handed = [ports.free_port() for _ in range(ports.BLOCK // 4)]
     assert max(handed) < first
     assert max(handed) < 30000  # nor among Kubernetes' NodePorts
-    assert len(handed) == ports.BLOCK  # a whole round before one comes again
+    # None handed twice before its block has gone round (a port another process holds is skipped).
+    assert len(set(handed)) == len(handed)
 
 
 def test_two_workers_never_hand_out_the_same_port() -> None:

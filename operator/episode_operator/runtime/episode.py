@@ -291,8 +291,10 @@ class EpisodeRunner:
             ready = self.clock()
             attempt.ready_at = timestamp(ready)
             attempt.deadline_at = timestamp(math.ceil(ready + self.plan.deadline_sec))
-            if not self._turn_start_publishes():
-                await self.publish()
+            # Not written on its own: the next write (a turn's first published stage, a regrade's
+            # separate verify-prepare, the ending) comes before anything runs in a pod, and a restart
+            # before it finds the seed unfinished, as it would before a write here (the seed resumes
+            # safely). One status write fewer between a sandbox and the agent's first command.
         assert attempt.deadline_at is not None
         remaining = parse_timestamp(attempt.deadline_at) - self.clock()
         try:
@@ -300,18 +302,6 @@ class EpisodeRunner:
                 await self._run_turns()
         except TimeoutError:
             raise self._past_deadline() from None
-
-    def _turn_start_publishes(self) -> bool:
-        """Whether the next turn writes the status before anything runs in the sandbox: a fresh turn
-        whose first stage is published (its cleanup's write, or its agent's on a quiet start). The
-        attempt's readiness rides on that write, one status write fewer between a sandbox and the
-        agent's first command; a restart before it finds the seed unfinished, as it would before a
-        write of its own (the seed's stages resume safely)."""
-        index = self.status.current_turn or 0
-        if index >= len(self.plan.turns):
-            return False
-        turn = TurnRun(self, index)
-        return turn.record.stage is None and is_published(self._first_stage(turn), turn.separate)
 
     async def _seed(self) -> None:
         """The seed table (``runtime/seed.py``), walked from where the attempt's status says it was."""
