@@ -28,7 +28,8 @@ import pytest
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
-from tests.cluster.harness import OperatorProcess, install_crd, running_operator, wait_for_namespace_gone
+from episode_operator.api.episodeset_resource import SET_PLURAL
+from tests.cluster.harness import GROUP, PLURAL, VERSION, OperatorProcess, install_crd, running_operator
 
 HERE = Path(__file__).resolve().parent
 REPO_ROOT = HERE.parents[1]
@@ -53,11 +54,35 @@ def pytest_configure(config: pytest.Config) -> None:
     )
 
 
+# The side-by-side phase's longest tests, longest first, as `module::function` (CI's --durations).
+# pytest-xdist hands tests out in collection order, each worker a few ahead; one of these handed out
+# last keeps its worker busy minutes after the others have finished (the longest-first rule).
+LONGEST_FIRST = (
+    "test_load.py::test_two_hundred_episodes_at_once",
+    "test_agents.py::test_a_failing_endpoint_ends_each_episode_in_its_class_within_the_turn_budget",
+    "test_fault_matrix.py::test_a_fault_in_every_stage_ends_with_the_fault_free_reward_or_an_outage",
+    "test_episodeset.py::test_dataset_of_20_tasks_times_2_attempts_at_parallelism_4",
+    "test_agents.py::test_a_harness_solves_two_turns_with_every_call_captured",
+    "test_prepull.py::test_an_image_that_cannot_be_pulled_is_named_and_the_children_start_anyway",
+    "test_gym_collector.py::test_gyms_collector_collects_through_the_operator_and_resumes_without_a_second_episode",
+    "test_agents.py::test_the_export_of_harness_episodes_validates_against_gyms_own_models",
+    "test_gitops.py::test_the_gitops_page_runs_as_printed",
+)
+
+
+def longest_first_rank(item: pytest.Item) -> int:
+    """Where ``item`` comes in LONGEST_FIRST (its parameters aside); after all of them if not there."""
+    name = f"{Path(item.path).name}::{item.name.split('[')[0]}"
+    return LONGEST_FIRST.index(name) if name in LONGEST_FIRST else len(LONGEST_FIRST)
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Mark every test under tests/cluster with `cluster` (this hook sees the whole session)."""
+    """Mark every test under tests/cluster with `cluster` (this hook sees the whole session), and put
+    the longest first (a stable sort: the rest keep their order, every worker collects the same)."""
     for item in items:
         if HERE in Path(item.path).resolve().parents:
             item.add_marker(pytest.mark.cluster)
+    items.sort(key=longest_first_rank)
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:
@@ -238,13 +263,32 @@ def operator(
 
 
 def delete_namespace_while_watched(core: client.CoreV1Api, name: str, timeout: float = 120) -> None:
-    """Delete a namespace and wait until it is gone, while its operator still runs.
+    """Delete a namespace and wait until its Episodes and EpisodeSets are gone, while their operator
+    still runs.
 
-    Episodes carry kopf's finalizer: a namespace deleted after its operator stopped would
-    stay Terminating for ever.
+    They carry kopf's finalizer: a namespace deleted after its operator stopped would stay Terminating
+    for ever. The rest (pods, ConfigMaps) the namespace controller removes without an operator, retrying
+    with a back-off, so waiting for the namespace itself cost a test over a minute (CI's --durations).
     """
     core.delete_namespace(name, propagation_policy="Background")
-    wait_for_namespace_gone(core, name, timeout)
+    custom = client.CustomObjectsApi(core.api_client)
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            left = [
+                f"{plural}/{item['metadata']['name']}"
+                for plural in (PLURAL, SET_PLURAL)
+                for item in custom.list_namespaced_custom_object(GROUP, VERSION, name, plural)["items"]
+            ]
+        except ApiException as error:
+            if error.status == 404:  # the namespace, or the CRD, is gone: nothing holds a finalizer
+                return
+            raise
+        if not left:
+            return
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"namespace {name}: still there after {timeout} s: {', '.join(left)}")
+        time.sleep(0.5)
 
 
 def why_pods_stay(core: client.CoreV1Api, pods: list[tuple[str, str]], lines: int = 25) -> str:

@@ -25,6 +25,8 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 from kubernetes.stream import stream
 
+from episode_operator.api.episode_resource import PLURAL
+from episode_operator.api.vocabulary import GROUP, VERSION
 from episode_operator.kube.objects.pods import OwnerRef
 from episode_operator.kube.pod_sandbox import KubeSandbox
 from episode_operator.runtime.sandbox_protocol import JobSpec
@@ -35,7 +37,6 @@ CRD_PATH = REPO / "crds" / "episodes.episode-operator.dev.yaml"
 SET_CRD_PATH = REPO / "crds" / "episodesets.episode-operator.dev.yaml"
 TASKS = Path(__file__).resolve().parent / "tasks"
 EXAMPLES = REPO / "examples" / "tasks"
-GROUP, VERSION, PLURAL = "episode-operator.dev", "v1alpha1", "episodes"
 TERMINAL = ("Succeeded", "Failed")
 
 

@@ -35,6 +35,7 @@ import urllib3
 from kubernetes import client, watch
 from kubernetes.client.exceptions import ApiException
 
+from episode_operator.api.episodeset_resource import SET_PLURAL as SETS
 from episode_operator.api.vocabulary import parse_timestamp
 from tests.cluster.conftest import SANDBOX_IMAGE, namespace_prefix, unwatched_namespace
 from tests.cluster.harness import (
@@ -52,7 +53,6 @@ from tests.cluster.harness import (
 from tests.cluster.test_gitops import Shell
 from tests.gym_row_schema import check_rows
 
-SETS = "episodesets"
 KUBECTL_EPISODE = str(Path(sys.executable).parent / "kubectl-episode")
 SET_LABEL = "episode-operator.dev/set"
 TASKS, ATTEMPTS, PARALLELISM = 20, 2, 4

@@ -22,6 +22,7 @@ import pytest
 import yaml
 from kubernetes import client
 
+from episode_operator.api.episodeset_resource import SET_PLURAL
 from tests.cluster.harness import GROUP, PLURAL, VERSION, OperatorProcess, context_kubeconfig, install_crd, read_episode
 from tests.conftest import REPO
 
@@ -124,7 +125,7 @@ def test_the_gitops_page_runs_as_printed(
     assert output.count("unchanged") == 3, output
     assert episode_names(api_client, namespace) == ["hello-nightly-0-1", "hello-nightly-0-2", "hello-once"]
     nightly = client.CustomObjectsApi(api_client).get_namespaced_custom_object(
-        GROUP, VERSION, namespace, "episodesets", "hello-nightly"
+        GROUP, VERSION, namespace, SET_PLURAL, "hello-nightly"
     )
     assert nightly["status"]["created"] == 2
 

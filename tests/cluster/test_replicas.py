@@ -25,6 +25,7 @@ import pytest
 from kubernetes import client
 from kubernetes.stream import stream
 
+from episode_operator.api.episodeset_resource import SET_PLURAL as SETS
 from episode_operator.runtime.episode_store import StoreSettings, kept_logs, render_logs
 from tests.cluster.conftest import namespace_prefix, wait_for_default_service_account
 from tests.cluster.harness import (
@@ -52,8 +53,6 @@ from tests.cluster.replicas import (
     wait_for,
 )
 from tests.s3server import CREDENTIALS, s3_server
-
-SETS = "episodesets"
 
 
 @pytest.fixture

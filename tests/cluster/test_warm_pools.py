@@ -24,6 +24,7 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 from kubernetes.stream import stream
 
+from episode_operator.api.episodeset_resource import SET_PLURAL as SETS
 from tests.cluster.conftest import (
     SANDBOX_IMAGE,
     delete_namespace_while_watched,
@@ -33,7 +34,6 @@ from tests.cluster.conftest import (
 from tests.cluster.harness import GROUP, PLURAL, TERMINAL, VERSION, OperatorProcess, install_crd, read_episode
 from tests.scripted_model.deploy import PORT, deploy_scripted_model
 
-SETS = "episodesets"
 POOL_LABEL = "episode-operator.dev/pool"
 CLAIMED_LABEL = "episode-operator.dev/claimed-from-pool"
 EPISODE_LABEL = "episode-operator.dev/episode"
