@@ -27,6 +27,11 @@ from tests.cluster.harness import GROUP, PLURAL, VERSION, read_episode
 from tests.unit.fake_sandbox import FakeProvider, World
 
 STEPS = ("one", "two")
+# Per episode: running, pod placed, the ending (outcome and reward while the pods are still there,
+# runtime/episode.py's _end), terminal; per turn: its start and its agent stage, but the first turn,
+# which prepares nothing, is written once, at its agent stage, and carries the attempt's readiness
+# (docs/runtime.md, "a quiet first turn"). Events: TurnStarted and TurnFinished per turn, EpisodeFinished.
+STATUS_WRITES = 4 + 2 * len(STEPS) - 1
 
 
 def two_steps(solve: str, test: str) -> dict[str, str]:
@@ -90,10 +95,7 @@ def test_the_status_writes_and_events_are_all_an_episode_sends_besides_its_sandb
     monkeypatch.setattr(running, "KubeProvider", lambda *_, **__: FakeProvider(World()))
     files = two_steps("write answer {number}\n", "check answer {number}\n")  # the in-memory sandbox's scripts
     counted = drive(kubeconfig, api_client, quiet_namespace, files, tmp_path)
-    # Per episode: running, pod placed, ready, the ending (outcome and reward while the pods are still
-    # there, runtime/episode.py's _end), terminal; per turn: its start and its agent stage.
-    # Events: TurnStarted and TurnFinished per turn, EpisodeFinished.
-    assert counted == {"PATCH episodes/status": 5 + 2 * len(STEPS), "POST events": 2 * len(STEPS) + 1}
+    assert counted == {"PATCH episodes/status": STATUS_WRITES, "POST events": 2 * len(STEPS) + 1}
     one_each = [("EpisodeFinished", 1), *[("TurnFinished", 1)] * len(STEPS), *[("TurnStarted", 1)] * len(STEPS)]
     assert events_of(core, quiet_namespace) == one_each
     assert read_episode(api_client, quiet_namespace, "counted")["status"]["phase"] == "Succeeded"
@@ -122,7 +124,7 @@ def test_a_real_pod_episode_makes_one_call_per_job_on_one_session_and_nothing_el
         "POST pods": 1,  # the agent pod, after one read found none (counted above)
         # The supervisor's placement, then the session that carries every call after it.
         "GET pods/exec": 2,
-        "PATCH episodes/status": 5 + 2 * len(STEPS),
+        "PATCH episodes/status": STATUS_WRITES,
         "POST events": 2 * len(STEPS) + 1,
         "LIST pods": 1,  # releasing the episode's pods
         "DELETE pods": 1,
