@@ -30,7 +30,7 @@ STEPS = ("one", "two")
 # Per episode: running, pod placed, the ending (outcome and reward while the pods are still there,
 # runtime/episode.py's _end), terminal; per turn: its start and its agent stage, but the first turn,
 # which prepares nothing, is written once, at its agent stage, and carries the attempt's readiness
-# (docs/runtime.md, "a quiet first turn"). Events: TurnStarted and TurnFinished per turn, EpisodeFinished.
+# (docs/runtime.md, "The turn": a quiet first turn). Events: TurnStarted and TurnFinished per turn, EpisodeFinished.
 STATUS_WRITES = 4 + 2 * len(STEPS) - 1
 
 
