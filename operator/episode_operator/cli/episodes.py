@@ -46,7 +46,7 @@ from episode_operator.capture.records import parse_journal
 from episode_operator.cli import printing
 from episode_operator.cli.agents import agent_options
 from episode_operator.cli.cluster import Cluster, cluster_options
-from episode_operator.kube.client import Gone, KubeClient, KubeError
+from episode_operator.kube.client import Gone, KubeClient, KubeError, NotFound
 from episode_operator.kube.objects.children import set_results_selector
 from episode_operator.kube.objects.tasks import TaskTooLarge, task_config_map
 from episode_operator.runtime.archive import RefusedMember, extract_files
@@ -665,6 +665,10 @@ class GetView:
 
 FOLLOW_POLL_SEC = 0.5
 FOLLOW_READ_BYTES = 1024 * 1024  # per read: an agent writing without end is shown, a chunk at a time
+# How long the followed pod may go unanswered before ``logs -f`` gives up on it. The exec has
+# retried for a second or two by then; an API server or kubelet under load can refuse execs
+# (500 at the handshake) for longer while the agent works on, and its output is still there.
+FOLLOW_OUTAGE_SEC = 60.0
 
 
 async def _read_output(client: KubeClient, namespace: str, pod: str, job_id: str, start: int) -> tuple[bytes, bool]:
@@ -702,14 +706,33 @@ async def _follow_agent(client: KubeClient, namespace: str, name: str) -> bool:
             await asyncio.sleep(FOLLOW_POLL_SEC)
         turn = (status.current_turn or 0) + 1
     pod, job_id = followed
+
+    def lost(why: str) -> click.ClickException:
+        return click.ClickException(
+            f"the agent pod {namespace}/{pod} {why} after {printed} bytes of its output: "
+            f"kubectl episode logs {name} --turn {turn} prints what the operator kept"
+        )
+
+    unanswered_since: float | None = None
     while True:
         try:
             chunk, ended = await _read_output(client, namespace, pod, job_id, printed)
-        except KubeError as error:  # the pod is gone, or going: its containers no longer answer
-            raise click.ClickException(
-                f"the agent pod {namespace}/{pod} no longer answers ({error}) after {printed} bytes of its output: "
-                f"kubectl episode logs {name} --turn {turn} prints what the operator kept"
-            ) from None
+        except NotFound:
+            raise lost("is gone") from None
+        except KubeError as error:
+            now = time.monotonic()
+            if unanswered_since is None:
+                unanswered_since = now
+                click.echo(
+                    f"the agent pod {namespace}/{pod} does not answer ({error}); "
+                    f"trying again for up to {FOLLOW_OUTAGE_SEC:.0f} s",
+                    err=True,
+                )
+            if now - unanswered_since >= FOLLOW_OUTAGE_SEC:
+                raise lost(f"no longer answers ({error})") from None
+            await asyncio.sleep(FOLLOW_POLL_SEC)
+            continue
+        unanswered_since = None
         sys.stdout.buffer.write(chunk)
         sys.stdout.buffer.flush()
         printed += len(chunk)
