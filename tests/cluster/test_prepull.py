@@ -23,7 +23,7 @@ from kubernetes.client.exceptions import ApiException
 from kubernetes.stream import stream
 
 from tests.cluster.conftest import SANDBOX_IMAGE
-from tests.cluster.harness import GROUP, VERSION, OperatorProcess, install_crd, read_episode
+from tests.cluster.harness import GROUP, PLURAL, VERSION, OperatorProcess, install_crd, read_episode
 from tests.cluster.test_builds import REGISTRY
 from tests.cluster.test_node_images import ctr
 from tests.cluster.test_warm_pools import (
@@ -222,6 +222,51 @@ def test_a_fresh_image_is_pulled_before_the_children_start_and_they_prefer_its_n
     apps = client.AppsV1Api(api_client)
     wait_until(lambda: daemon_set_gone(apps, namespace, name), "the complete set's DaemonSet is deleted", operator)
     assert "prePull" not in set_status(api_client, namespace, name)
+
+
+def test_a_suspended_set_pulls_its_image_before_it_starts(
+    operator: OperatorProcess,
+    api_client: client.ApiClient,
+    core: client.CoreV1Api,
+    namespace: str,
+    fresh_image: str,
+) -> None:
+    """Created suspended (ready ahead of the step that starts it): the image comes onto the node while no child
+    exists and no dataset is recorded; started, its child finds the image there (the kubelet's own words)."""
+    name = "ahead"
+    assert not on_node(fresh_image), "the fresh tag is on the node already: the test would prove nothing"
+    install_crd(api_client)  # again: another checkout's tests may have installed theirs (no spec.prePull)
+    spec = {**set_spec(fresh_image, wait_for_go=False), "attempts": 1, "parallelism": 1, "suspend": True}
+    create_set(api_client, namespace, name, spec)
+    ready = wait_until(
+        lambda: (
+            ((status := set_status(api_client, namespace, name)).get("prePull") or {}).get("ready") == "1/1" and status
+        ),
+        "the suspended set's image is on every node",
+        operator,
+    )
+    assert on_node(fresh_image)
+    assert (ready["phase"], ready["reason"], ready.get("created", 0), ready.get("tasks") or None) == (
+        "Pending",
+        "Suspended",
+        0,
+        None,
+    ), ready
+    assert custom(api_client).list_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL)["items"] == []
+
+    custom(api_client).patch_namespaced_custom_object(
+        GROUP, VERSION, namespace, SETS, name, {"spec": {"suspend": False}}
+    )
+    child = f"{name}-0-1"
+    pod = wait_until(lambda: agent_pod_record(api_client, namespace, child), f"{child}'s agent pod", operator)["name"]
+    done = wait_until(lambda: finished_set(api_client, namespace, name), "the set completes", operator, 300)
+    assert done["outcomes"]["graded"] == 1 and read_episode(api_client, namespace, child)["status"]["reward"] == 1.0
+    said = wait_until(
+        lambda: [m for m in kubelet_said(core, namespace, pod, "Pulled") if fresh_image in m],
+        f"the kubelet's Pulled event of {child}'s pod",
+        operator,
+    )
+    assert all("already present on machine" in m for m in said), f"{child}'s pod pulled: {said}"
 
 
 def test_the_pre_pull_runs_nothing_of_the_image(

@@ -5,13 +5,21 @@ preferred affinity of a child's pod."""
 from __future__ import annotations
 
 import asyncio
+import logging
 from typing import Any
 
 import pytest
 
-from episode_operator.api.episodeset_resource import EpisodeSetSpec, PrePullImage, PrePullStatus, SetTaskStatus
+from episode_operator.api.episodeset_resource import (
+    EpisodeSetSpec,
+    EpisodeSetStatus,
+    PrePullImage,
+    PrePullStatus,
+    SetTaskStatus,
+)
 from episode_operator.api.vocabulary import PREPULL_ANNOTATION
 from episode_operator.kube.client import NotFound
+from episode_operator.kube.episodeset_controller import SetSettings, reconcile_episode_set
 from episode_operator.kube.objects.children import child_manifest
 from episode_operator.kube.objects.pods import AgentImages, OwnerRef
 from episode_operator.kube.objects.prepull_plan import (
@@ -33,6 +41,7 @@ from episode_operator.kube.prepull import PrePullSettings, agent_images, reconci
 from episode_operator.runtime.sandbox_images import ImagePolicy
 from episode_operator.taskfolder.image_refs import ImageMirrors
 from tests.unit.folders import single_step
+from tests.unit.test_reruns import SetApi
 
 SET = OwnerRef("pulled", "ns", "set-uid", kind="EpisodeSet")
 COPIER = "episode-operator.local/episode-operator:dev"
@@ -339,3 +348,93 @@ def test_a_pre_pull_pod_the_scheduler_cannot_place_is_said() -> None:
     status = progress(["x:1"], {**DS, "status": {"desiredNumberScheduled": 1}}, [pending])
     assert status.message == "the pre-pull pod is not scheduled: 0/1 nodes: cpu"
     assert holds(status, 60, 5)  # the wait still bounds it
+
+
+# --- a suspended set, through the set's pass, against a fake API -------------------------------------------------
+class PullingSetApi(SetApi, FakeApps):
+    """One EpisodeSet, its children and its pre-pull DaemonSet as the API server keeps them; no ConfigMap."""
+
+    def __init__(self, spec: dict[str, Any]) -> None:
+        SetApi.__init__(self, spec)
+        FakeApps.__init__(self)
+
+    async def get_config_map(self, namespace: str, name: str) -> None:
+        raise NotFound(f"configmaps {name!r} not found", status=404)
+
+    def pulled(self, *images: str) -> None:
+        """The DaemonSet's pod on the one node holds ``images``."""
+        self.daemon_sets["s-prepull"]["status"] = {"desiredNumberScheduled": 1}
+        self.pods = [ds_pod("n1", dict.fromkeys(images, RUNNING))]
+
+    def pulling(self) -> list[str]:
+        containers = self.daemon_sets["s-prepull"]["spec"]["template"]["spec"]["containers"]
+        return [container["image"] for container in containers]
+
+
+def task_of(image: str) -> dict[str, Any]:
+    return inline(single_step("", {"task.toml": f'[environment]\ndocker_image = "{image}"\n'}), "t")
+
+
+def suspended_set(tasks: list[dict[str, Any]]) -> PullingSetApi:
+    return PullingSetApi({"dataset": {"tasks": tasks}, "agent": {"kind": "nop"}, "prePull": {}, "suspend": True})
+
+
+async def set_pass(api: PullingSetApi) -> tuple[float | None, EpisodeSetStatus]:
+    settings = SetSettings(prepull=PrePullSettings(images=AgentImages(capture=COPIER), recheck_sec=0))
+    delay = await reconcile_episode_set(api, "ns", "s", logging.getLogger("test"), settings)  # type: ignore[arg-type]
+    assert await api.event_recorder.flush(OwnerRef("s", "ns", "set-uid", kind="EpisodeSet"), 5)
+    return delay, EpisodeSetStatus.model_validate(api.set["status"])
+
+
+def test_a_suspended_set_pulls_its_images_before_it_starts_and_records_no_dataset() -> None:
+    """The set is created suspended to be ready when an RL step needs it: its images come in meanwhile."""
+
+    async def scenario() -> None:
+        api = suspended_set([task_of(TASK_IMAGE)])
+        delay, status = await set_pass(api)
+        assert api.pulling() == [TASK_IMAGE] and api.created == []
+        assert (status.phase, status.reason, status.tasks, status.definition) == ("Pending", "Suspended", [], None)
+        assert status.pre_pull is not None and status.pre_pull.ready == "0/1"
+        assert delay == SetSettings().prepull_poll_sec  # looked at again soon: its pods are not watched
+        api.pulled(TASK_IMAGE)
+        delay, status = await set_pass(api)
+        assert status.pre_pull is not None and status.pre_pull.ready == "1/1" and api.events == ["PrePulled"]
+        assert delay == SetSettings().resync_sec and api.created == []
+
+        api.set["spec"]["suspend"] = False
+        api.calls.clear()
+        _, status = await set_pass(api)
+        assert status.phase == "Running" and api.created == ["s-0-1"]
+        assert "delete" not in api.calls and status.pre_pull is not None and status.pre_pull.ready == "1/1"
+        assert api.events.count("PrePulled") == 1  # said once, not again when the set starts
+
+    asyncio.run(scenario())
+
+
+def test_images_pulled_while_suspended_are_found_again_from_the_dataset_the_set_starts_with() -> None:
+    async def scenario() -> None:
+        api = suspended_set([task_of(TASK_IMAGE)])
+        await set_pass(api)
+        api.pulled(TASK_IMAGE)
+        await set_pass(api)
+        api.set["spec"]["dataset"]["tasks"] = [task_of("registry.example/task:2")]  # edited while it waited
+        api.set["spec"]["suspend"] = False
+        _, status = await set_pass(api)
+        assert api.pulling() == ["registry.example/task:2"]
+        assert status.pre_pull is not None and [row.image for row in status.pre_pull.images] == [
+            "registry.example/task:2"
+        ]
+
+    asyncio.run(scenario())
+
+
+def test_a_suspended_set_whose_dataset_is_not_there_yet_pulls_nothing_and_says_why() -> None:
+    async def scenario() -> None:
+        api = suspended_set([{"name": "t", "configMap": {"name": "later"}}])
+        delay, status = await set_pass(api)
+        assert api.daemon_sets == {} and status.pre_pull is not None and status.pre_pull.message is not None
+        assert status.pre_pull.message.startswith("nothing pulled: the dataset cannot be resolved yet: ")
+        assert "configmap ns/later not found" in status.pre_pull.message
+        assert delay == SetSettings().prepull_poll_sec  # it may appear: looked for again soon
+
+    asyncio.run(scenario())

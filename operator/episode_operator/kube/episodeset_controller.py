@@ -38,6 +38,7 @@ from episode_operator.api.episodeset_resource import (
     SUSPENDED_BY_SET_ANNOTATION,
     EpisodeSetSpec,
     EpisodeSetStatus,
+    PrePullStatus,
     SetTaskStatus,
 )
 from episode_operator.api.vocabulary import TASK_LABEL, parse_timestamp, precise_timestamp
@@ -171,11 +172,15 @@ async def reconcile_episode_set(
         for reason, message, warning in result.events:
             await events.post(reason, message, warning=warning)
         return None
+    rescan_images = False
     if previous.definition is None:
         resolved = await _resolve(client, ref, spec, metadata, previous, definition, settings, events)
         if resolved is None or isinstance(resolved, float):
             return resolved
         previous = resolved
+        # Images pre-pulled while the set was suspended came from the dataset as it was then: found again
+        # from the dataset just recorded (the DaemonSet stays when they are the same).
+        rescan_images = True
 
     children = await _owned_children(client, ref)
     now = precise_timestamp(time.time())  # after the listing: a child seen finished finished before now
@@ -188,7 +193,7 @@ async def reconcile_episode_set(
         generation=metadata.get("generation"),
     )
     status, pool_due = await _warm_pool(client, ref, spec, previous, plan.status, settings)
-    status, prepull_due = await _pre_pull(client, ref, spec, previous, status, settings, events)
+    status, prepull_due = await _pre_pull(client, ref, spec, previous, status, settings, events, rescan=rescan_images)
     create = plan.create
     if spec.pre_pull is not None and status.pre_pull is not None and plan.create:
         waited = time.time() - parse_timestamp(status.start_time or now)
@@ -231,15 +236,19 @@ async def _pre_pull(
     status: EpisodeSetStatus,
     settings: SetSettings,
     events: SetWriter,
+    *,
+    rescan: bool = False,
 ) -> tuple[EpisodeSetStatus, bool]:
     """The pre-pull after this pass (kube/prepull.py), and whether it still pulls (polled). A complete set, or
-    one whose prePull was removed, has its DaemonSet deleted; its Events say when a pull fails and when all is in."""
+    one whose prePull was removed, has its DaemonSet deleted; its Events say when a pull fails and when all is in.
+    ``rescan``: find the images from ``status.tasks`` again, not from the previous pre-pull."""
     if spec.pre_pull is None or status.completion_time:
         # The completing pass of a pre-pulling set releases it even when its last pass wrote no status of it.
         if previous.pre_pull is not None or (status.completion_time and spec.pre_pull is not None):
             await release_prepull(client, ref)
         return status.model_copy(update={"pre_pull": None}), False
-    pulled = await reconcile_prepull(client, ref, spec, previous.pre_pull, status.tasks, settings.prepull)
+    found = None if rescan else previous.pre_pull
+    pulled = await reconcile_prepull(client, ref, spec, found, status.tasks, settings.prepull)
     before = previous.pre_pull
     newly = prepull_failing(pulled) - (prepull_failing(before) if before is not None else set())
     if newly:  # once per image that starts failing (its message changes with the kubelet's back-off)
@@ -286,10 +295,16 @@ async def _resolve(
         status = previous.model_copy(
             update={"phase": "Pending", "reason": "Suspended", "message": "suspended (spec.suspend): not started"}
         )
-        # The pool fills while the set waits: its first children find it ready.
+        # The pool fills and the images are pulled while the set waits: its first children find them ready.
         status, pool_due = await _warm_pool(client, ref, spec, previous, status, settings)
+        status, prepull_due = await _suspended_pre_pull(client, ref, spec, previous, status, settings, events)
         await events.status(previous, status)
-        return min(settings.resync_sec, settings.pool_poll_sec) if pool_due else settings.resync_sec
+        delay = settings.resync_sec
+        if pool_due:
+            delay = min(delay, settings.pool_poll_sec)
+        if prepull_due:
+            delay = min(delay, settings.prepull_poll_sec)
+        return delay
     try:
         tasks = await resolve_dataset(client, ref.namespace, spec)
     except DatasetError as error:
@@ -326,6 +341,31 @@ async def _resolve(
     await events.status(previous, status)
     await events.post("DatasetResolved", f"{len(tasks)} tasks × {spec.attempts} attempts = {total} children")
     return status
+
+
+async def _suspended_pre_pull(
+    client: KubeClient,
+    ref: OwnerRef,
+    spec: EpisodeSetSpec,
+    previous: EpisodeSetStatus,
+    status: EpisodeSetStatus,
+    settings: SetSettings,
+    events: SetWriter,
+) -> tuple[EpisodeSetStatus, bool]:
+    """The pre-pull of a set not started yet: its images found from the dataset as it is now (read until they
+    are found, then kept in the pre-pull's status), the dataset itself not recorded — the set resolves it
+    when it starts. A dataset that cannot be resolved yet pulls nothing and says why."""
+    tasks: list[SetTaskStatus] = []
+    if spec.pre_pull is not None and not (previous.pre_pull is not None and previous.pre_pull.images):
+        try:
+            tasks = await resolve_dataset(client, ref.namespace, spec)
+        except DatasetError as error:
+            waiting = PrePullStatus(message=f"nothing pulled: the dataset cannot be resolved yet: {error}")
+            return status.model_copy(update={"pre_pull": waiting}), error.waitable
+    pulled, due = await _pre_pull(
+        client, ref, spec, previous, status.model_copy(update={"tasks": tasks}), settings, events
+    )
+    return status.model_copy(update={"pre_pull": pulled.pre_pull}), due
 
 
 async def resolve_dataset(client: KubeClient, namespace: str, spec: EpisodeSetSpec) -> list[SetTaskStatus]:
