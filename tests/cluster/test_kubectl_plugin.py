@@ -23,6 +23,7 @@ from typing import Any
 import pytest
 import yaml
 from kubernetes import client
+from kubernetes.client.exceptions import ApiException
 
 from tests.cluster.harness import (
     EXAMPLES,
@@ -34,6 +35,7 @@ from tests.cluster.harness import (
     create_episode,
     episode_spec,
     read_episode,
+    wait_for_episode,
 )
 from tests.cluster.toolchains import exec_argv
 
@@ -96,6 +98,23 @@ def read_until(lines: queue.Queue[str], done: Callable[[str], bool], what: str, 
         with contextlib.suppress(queue.Empty):
             seen.append(lines.get(timeout=remaining))
     return seen
+
+
+def until(predicate: Callable[[], bool], what: str, timeout: float = 180) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, f"not within {timeout} s: {what}"
+        time.sleep(0.5)
+
+
+def pod_gone(core: client.CoreV1Api, namespace: str, name: str) -> bool:
+    try:
+        core.read_namespaced_pod(name, namespace)
+    except ApiException as error:
+        if error.status == 404:
+            return True
+        raise
+    return False
 
 
 def held_episode(api: client.ApiClient, namespace: str) -> str:
@@ -204,17 +223,27 @@ def test_get_watch_prints_each_change_as_json(
     assert phases[0] is None and "Running" in phases and phases[-1] == "Succeeded", phases
 
 
+@pytest.mark.parametrize("pod_gone_first", [False, True], ids=["live", "pod-gone-before-the-end-was-read"])
 def test_logs_follow_prints_the_running_agent_as_it_writes_and_ends_with_it(
-    plugin: Plugin, namespace: str, api_client: client.ApiClient, core: client.CoreV1Api, operator: OperatorProcess
+    plugin: Plugin,
+    namespace: str,
+    api_client: client.ApiClient,
+    core: client.CoreV1Api,
+    operator: OperatorProcess,
+    pod_gone_first: bool,
 ) -> None:
     """``logs -f`` as a user runs it while the agent works: its first line arrives while the agent
     still waits (the test holds it), the rest once the test lets it go, and the command ends with the
-    agent, exit 0. Before the agent starts it waits and says so."""
+    agent, exit 0. Before the agent starts it waits and says so.
+
+    ``pod-gone-before-the-end-was-read``: what CI met twice — the agent, let go, ended and its Episode
+    finished and deleted the pod before the command's next read. Here the command is stopped (SIGSTOP)
+    until the pod is gone: it must print the rest from what the operator kept, each line once."""
     command = "echo first-line; while [ ! -f /tmp/release ]; do sleep 0.2; done; echo second-line"
     # Suspended until the command has said it waits: a command slower to start than the Episode's seed
     # would otherwise meet the agent already running, and rightly not wait.
     spec = episode_spec(EXAMPLES / "hello", agent={"kind": "command", "command": command}, suspend=True)
-    with plugin.watching("logs", "followed", "-f") as stream:
+    with plugin.watching("logs", "followed", "-f", "--data-dir", str(operator.data_dir)) as stream:
         create_episode(api_client, namespace, "followed", spec)
         read_until(stream, lambda line: line.startswith("waiting for a turn of"), "saying it waits")
         client.CustomObjectsApi(api_client).patch_namespaced_custom_object(
@@ -224,9 +253,21 @@ def test_logs_follow_prints_the_running_agent_as_it_writes_and_ends_with_it(
         status = read_episode(api_client, namespace, "followed")["status"]
         assert (status["phase"], status["turns"][0]["stage"]) == ("Running", "agent"), status  # live, not kept
         pod = next(p["name"] for p in status["attempts"][-1]["pods"] if p["role"] == "agent")
-        released = exec_argv(core, namespace, pod, ["touch", "/tmp/release"], timeout=60)
-        assert released.exit_code == 0, released.stderr
+        if pod_gone_first:
+            os.kill(stream.process.pid, signal.SIGSTOP)
+        try:
+            released = exec_argv(core, namespace, pod, ["touch", "/tmp/release"], timeout=60)
+            assert released.exit_code == 0, released.stderr
+            if pod_gone_first:
+                wait_for_episode(api_client, namespace, "followed", operator)
+                until(lambda: pod_gone(core, namespace, pod), f"pod {pod} deleted once its Episode finished")
+        finally:
+            if pod_gone_first:
+                os.kill(stream.process.pid, signal.SIGCONT)
         seen = read_until(stream, lambda line: line == "second-line", "of the agent's second line")
         assert "first-line" not in seen, "each line once"
         assert stream.process.wait(timeout=120) == 0  # it ends with the agent, not by the test's SIGTERM
+        rest = [line for line in stream.queue if "the rest is what the operator kept" in line]
+        if pod_gone_first:  # gone, or going: "is gone", or "no longer answers" from an exec the pod's end cut
+            assert rest and f"{pod} " in rest[0] and "after 11 bytes of its output" in rest[0], list(stream.queue)
         assert not [line for line in stream.queue if "Traceback" in line]

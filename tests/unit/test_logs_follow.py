@@ -14,10 +14,12 @@ import pytest
 
 from episode_operator.api.episode_resource import EpisodeStatus
 from episode_operator.cli import episodes as episodes_cli
+from episode_operator.cli.cluster import Cluster
 from episode_operator.kube.client import ExecTransportError, KubeClient, KubeError, NotFound
+from episode_operator.runtime.episode_store import unprinted
 from episode_operator.runtime.sandbox_protocol import MAIN_CONTAINER, keyed_job_id
 from episode_operator.runtime.supervisor import JOBS_DIR
-from episode_operator.runtime.turn.context import running_agent_job
+from episode_operator.runtime.turn.context import RunningAgent, running_agent_job
 
 
 def status(**change: Any) -> EpisodeStatus:
@@ -36,7 +38,7 @@ def status(**change: Any) -> EpisodeStatus:
 
 def test_the_running_turns_agent_job_in_the_current_attempts_pod() -> None:
     # The operator's own id of that job (TurnContext.job_id, under the attempt's key).
-    assert running_agent_job(status()) == ("e-a2", keyed_job_id("k2", "a2.t2.agent"))
+    assert running_agent_job(status()) == RunningAgent("e-a2", keyed_job_id("k2", "a2.t2.agent"), "two", 2, 2)
 
 
 @pytest.mark.parametrize(
@@ -73,6 +75,13 @@ class FollowedPod:
         self.refuse, self.refusals, self.refuse_from = refuse, 0, 0
         self.execs, self.now = 0, 0.0
         self.before_exec: Callable[[int], None] = lambda number: None
+        self.episode = status()
+
+    def agent_ends(self, data: bytes) -> None:
+        """The agent writes ``data`` and ends, the Episode finishes and its pod is deleted."""
+        self.write(data, ended=True)
+        self.episode = status(phase="Succeeded")
+        self.refuse, self.refusals = NotFound, 10**9
 
     def write(self, data: bytes, *, ended: bool = False) -> None:
         with self.output.open("ab") as stream:
@@ -81,7 +90,11 @@ class FollowedPod:
             (self.job / "exit").write_text("0")
 
     async def get_episode(self, namespace: str, name: str) -> dict[str, Any]:
-        return {"status": status().model_dump(by_alias=True, exclude_none=True)}
+        return {"status": self.episode.model_dump(by_alias=True, exclude_none=True)}
+
+    def kept(self) -> bytes:
+        """The agent's log as the operator keeps it: the job's own output."""
+        return self.output.read_bytes()[int((self.job / "output_offset").read_text()) :]
 
     async def exec(
         self, namespace: str, pod: str, container: str, argv: Sequence[str], *, stdout: Any, stderr: Any, **_: Any
@@ -111,7 +124,7 @@ def quick_follow(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(episodes_cli, "FOLLOW_POLL_SEC", 0)
 
 
-def follow(pod: FollowedPod, monkeypatch: pytest.MonkeyPatch) -> bool:
+def follow(pod: FollowedPod, monkeypatch: pytest.MonkeyPatch) -> bool | episodes_cli.FollowLost:
     """``logs -f`` of the pod's job, on the pod's clock."""
     monkeypatch.setattr(episodes_cli, "time", SimpleNamespace(monotonic=lambda: pod.now))
     return asyncio.run(episodes_cli._follow_agent(cast(KubeClient, pod), "ns", "e"))
@@ -165,6 +178,26 @@ def test_follow_counts_each_outage_from_its_own_start(
     assert captured.err.count(b"does not answer") == 2, captured.err
 
 
+class KeptLogs:
+    """What the operator kept (KeptData): the agent log of turn "two" of attempt 2, if any."""
+
+    def __init__(self, agent_log: Callable[[], bytes | None]) -> None:
+        self.agent_log = agent_log
+
+    def log(self, *, turn: str, attempt: int, name: str) -> bytes | None:
+        return self.agent_log() if (turn, attempt, name) == ("two", 2, "agent") else None
+
+
+def follow_command(pod: FollowedPod, kept: Callable[[], bytes | None], monkeypatch: pytest.MonkeyPatch) -> None:
+    """``logs e -f`` as the command runs it: the follow, then the rest from what the operator ``kept``
+    (read when the follow needs it)."""
+    followed = follow(pod, monkeypatch)
+    if isinstance(followed, episodes_cli.FollowLost):
+        monkeypatch.setattr(episodes_cli, "_episode", lambda cluster, name: {})
+        monkeypatch.setattr(episodes_cli, "kept_data", lambda cluster, episode, data_dir: KeptLogs(kept))
+        episodes_cli._print_the_rest(cast(Cluster, SimpleNamespace(namespace="ns")), "e", None, followed)
+
+
 def test_follow_gives_up_on_a_pod_that_never_answers_again(
     tmp_path: Path, quick_follow: None, monkeypatch: pytest.MonkeyPatch, capsysbinary: pytest.CaptureFixture[bytes]
 ) -> None:
@@ -172,17 +205,84 @@ def test_follow_gives_up_on_a_pod_that_never_answers_again(
     pod.write(b"first-line\n")
     pod.refuse_from, pod.refusals = 2, 10**9
     with pytest.raises(click.ClickException, match=r"no longer answers \(exec in e-a2/main: 500") as raised:
-        follow(pod, monkeypatch)
+        follow_command(pod, lambda: None, monkeypatch)
     assert "after 11 bytes" in raised.value.message and "logs e --turn 2" in raised.value.message
     assert pod.execs == 5  # refused at 50, 75, 100 and 125 s: the first 60 s past the first refusal
     assert capsysbinary.readouterr().out == b"first-line\n"
 
 
-def test_follow_of_a_deleted_pod_says_so_at_once(
+def test_the_rest_of_an_agent_whose_pod_went_before_its_end_was_read_comes_from_what_was_kept(
+    tmp_path: Path, quick_follow: None, monkeypatch: pytest.MonkeyPatch, capsysbinary: pytest.CaptureFixture[bytes]
+) -> None:
+    """CI's failure, twice: released, the agent wrote its last line and ended, the Episode finished and
+    its pod was deleted before the next read; the follow must still print every line, once."""
+    pod = FollowedPod(tmp_path)
+    pod.write(b"first-line\n")
+    pod.before_exec = lambda number: pod.agent_ends(b"second-line\n") if number == 2 else None
+    follow_command(pod, pod.kept, monkeypatch)  # kept as the pod had it when it went
+    captured = capsysbinary.readouterr()
+    assert captured.out == b"first-line\nsecond-line\n"
+    assert b"is gone after 11 bytes of its output; the rest is what the operator kept" in captured.err
+    assert pod.execs == 2
+
+
+def test_a_pod_refusing_execs_after_its_agent_ended_is_not_waited_for(
+    tmp_path: Path, quick_follow: None, monkeypatch: pytest.MonkeyPatch, capsysbinary: pytest.CaptureFixture[bytes]
+) -> None:
+    """A 500 from a pod going away: the Episode no longer runs that agent, so its kept log is read at once."""
+    pod = FollowedPod(tmp_path)
+    pod.write(b"first-line\n")
+
+    def before(number: int) -> None:
+        if number == 2:
+            pod.agent_ends(b"second-line\n")
+            pod.refuse = ExecTransportError
+
+    pod.before_exec = before
+    follow_command(pod, pod.kept, monkeypatch)
+    captured = capsysbinary.readouterr()
+    assert captured.out == b"first-line\nsecond-line\n" and pod.execs == 2
+    assert b"does not answer" not in captured.err
+
+
+def test_a_kept_log_that_is_not_the_followed_output_is_not_spliced_in(
+    tmp_path: Path, quick_follow: None, monkeypatch: pytest.MonkeyPatch, capsysbinary: pytest.CaptureFixture[bytes]
+) -> None:
+    """The operator keeps the tail of a long output: it does not begin as printed, so where the printing
+    stopped in it is not known — said, nothing printed twice or skipped."""
+    pod = FollowedPod(tmp_path)
+    pod.write(b"first-line\n")
+    pod.before_exec = lambda number: pod.agent_ends(b"second-line\n") if number == 2 else None
+    with pytest.raises(click.ClickException, match="is gone after 11 bytes of its output: kubectl episode logs e"):
+        follow_command(pod, lambda: b"-line\nsecond-line\n", monkeypatch)
+    assert capsysbinary.readouterr().out == b"first-line\n"
+
+
+def test_follow_of_a_deleted_pod_prints_all_that_was_kept(
     tmp_path: Path, quick_follow: None, monkeypatch: pytest.MonkeyPatch, capsysbinary: pytest.CaptureFixture[bytes]
 ) -> None:
     pod = FollowedPod(tmp_path, refuse=NotFound)
     pod.refuse_from, pod.refusals = 1, 10**9
-    with pytest.raises(click.ClickException, match="is gone after 0 bytes"):
-        follow(pod, monkeypatch)
+    follow_command(pod, lambda: b"all of it\n", monkeypatch)
+    assert capsysbinary.readouterr().out == b"all of it\n"
     assert pod.execs == 1  # not retried: a pod that is gone does not come back
+
+
+@pytest.mark.parametrize(
+    ("kept", "rest"),
+    [
+        (b"a" * 4096 + b"b" * 4096 + b"rest", b"rest"),  # the whole output, kept
+        (b"a" * 4096 + b"b" * 4096, b""),  # nothing after
+        (b"c" * 4096 + b"b" * 4096 + b"rest", None),  # the end as printed, not the beginning
+        (b"a" * 4096 + b"c" * 4096 + b"rest", None),  # the beginning, not the end
+        (b"a" * 4096, None),  # shorter than what was printed
+    ],
+    ids=["whole", "nothing-after", "other-beginning", "other-end", "shorter"],
+)
+def test_the_rest_of_a_kept_log_only_when_it_is_the_printed_output(kept: bytes, rest: bytes | None) -> None:
+    printed = b"a" * 4096 + b"b" * 4096
+    followed = episodes_cli.Followed(RunningAgent("p", "j", "t", 1, 1))
+    for start in range(0, len(printed), 1000):  # printed a chunk at a time
+        followed.add(printed[start : start + 1000])
+    assert (followed.printed, followed.head, followed.tail) == (8192, b"a" * 4096, b"b" * 4096)
+    assert unprinted(kept, followed.printed, followed.head, followed.tail) == rest

@@ -190,6 +190,13 @@ def test_the_data_api_serves_the_callers_the_api_server_forwards_and_authorizes(
                 assert access == logs
                 assert caller == Caller("alice", ("team-a",), {"scopes/x": ("s1",)})
 
+                # One log's own bytes, no header (kubectl episode logs -f after the agent's pod went).
+                one = {"turn": "one", "attempt": "1", "log": "agent", "uid": "uid-1"}
+                answer = await http.get(api.url + LOG_PATH, params=one, headers=alice)
+                assert (answer.status, await answer.read()) == (200, b"agent says hi\n")
+                answer = await http.get(api.url + LOG_PATH, params=one | {"log": "verifier"}, headers=alice)
+                assert answer.status == 404  # turn one has no verifier log kept
+
                 answer = await http.get(api.url + LOG_PATH.replace("/log", "/artifacts"), headers=alice)
                 assert answer.status == 200
                 with tarfile.open(fileobj=io.BytesIO(await answer.read())) as archive:

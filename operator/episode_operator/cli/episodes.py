@@ -60,12 +60,13 @@ from episode_operator.runtime.episode_store import (
     kept_logs,
     render_logs,
     turn_records,
+    unprinted,
 )
 from episode_operator.runtime.limits import Spool
 from episode_operator.runtime.oci_tasks import push_task
 from episode_operator.runtime.sandbox_protocol import MAIN_CONTAINER
 from episode_operator.runtime.supervisor import FOLLOW_ENDED, FOLLOW_NO_RECORDS, FOLLOW_SCRIPT, JOBS_DIR
-from episode_operator.runtime.turn.context import running_agent_job
+from episode_operator.runtime.turn.context import AGENT_LOG, RunningAgent, running_agent_job
 from episode_operator.taskfolder import TaskFiles, validate_task
 from episode_operator.taskfolder.dataset import DatasetTask, discover_dataset
 from episode_operator.taskfolder.oci_artifact import ArtifactError, TaskReference, TaskRepository
@@ -545,8 +546,12 @@ def register(cli: click.Group) -> None:
         """Print the logs an Episode's seed and turns left (replay, builds, agent, setup, verifier, hooks)."""
         if follow and (turn is not None or attempt is not None):
             raise click.UsageError("--follow follows the turn running now: it takes no --turn or --attempt")
-        if follow and cluster.run(lambda client: _follow_agent(client, cluster.namespace, name)):
-            return
+        if follow:
+            followed = cluster.run(lambda client: _follow_agent(client, cluster.namespace, name))
+            if isinstance(followed, FollowLost):
+                _print_the_rest(cluster, name, data_dir, followed)
+            if followed:
+                return
         episode = _episode(cluster, name)
         if turn is not None:
             turn = turn_name(EpisodeStatus.model_validate(episode.get("status") or {}), turn)
@@ -669,6 +674,8 @@ FOLLOW_READ_BYTES = 1024 * 1024  # per read: an agent writing without end is sho
 # retried for a second or two by then; an API server or kubelet under load can refuse execs
 # (500 at the handshake) for longer while the agent works on, and its output is still there.
 FOLLOW_OUTAGE_SEC = 60.0
+# How much of the start and the end of what was printed must match the kept log for its rest to be printed.
+FOLLOW_MATCH_BYTES = 4096
 
 
 async def _read_output(client: KubeClient, namespace: str, pod: str, job_id: str, start: int) -> tuple[bytes, bool]:
@@ -687,59 +694,95 @@ async def _read_output(client: KubeClient, namespace: str, pod: str, job_id: str
         stderr.close()
 
 
-async def _follow_agent(client: KubeClient, namespace: str, name: str) -> bool:
-    """Print the running turn's agent output as it is written, until that agent ends; False when the
-    Episode had finished before any agent was followed (its kept logs are printed instead)."""
-    followed: tuple[str, str] | None = None
-    turn = 0
-    printed = 0
+@dataclass
+class Followed:
+    """What ``logs -f`` printed of one agent job: how many bytes, the first and the last of them."""
+
+    agent: RunningAgent
+    printed: int = 0
+    head: bytes = b""
+    tail: bytes = b""
+
+    def add(self, chunk: bytes) -> None:
+        self.printed += len(chunk)
+        if len(self.head) < FOLLOW_MATCH_BYTES:
+            self.head += chunk[: FOLLOW_MATCH_BYTES - len(self.head)]
+        self.tail = (self.tail + chunk)[-FOLLOW_MATCH_BYTES:]
+
+
+@dataclass(frozen=True)
+class FollowLost:
+    """The followed agent's pod went (or stopped answering) before the job's end was read."""
+
+    followed: Followed
+    why: str
+
+
+async def _follow_agent(client: KubeClient, namespace: str, name: str) -> bool | FollowLost:
+    """Print the running turn's agent output as it is written, until that agent ends (True); False when
+    the Episode had finished before any agent was followed (its kept logs are printed instead); the
+    pod's loss before the job's end was read (the rest is in what the operator kept)."""
+    agent: RunningAgent | None = None
     waiting_said = False
-    while followed is None:
+    while agent is None:
         status = EpisodeStatus.model_validate((await client.get_episode(namespace, name)).get("status") or {})
-        followed = running_agent_job(status)
-        if followed is None:
+        agent = running_agent_job(status)
+        if agent is None:
             if is_terminal(status.phase):
                 return False
             if not waiting_said:
                 click.echo(f"waiting for a turn of {namespace}/{name} to run its agent…", err=True)
                 waiting_said = True
             await asyncio.sleep(FOLLOW_POLL_SEC)
-        turn = (status.current_turn or 0) + 1
-    pod, job_id = followed
-
-    def lost(why: str) -> click.ClickException:
-        return click.ClickException(
-            f"the agent pod {namespace}/{pod} {why} after {printed} bytes of its output: "
-            f"kubectl episode logs {name} --turn {turn} prints what the operator kept"
-        )
-
+    followed = Followed(agent)
     unanswered_since: float | None = None
     while True:
         try:
-            chunk, ended = await _read_output(client, namespace, pod, job_id, printed)
+            chunk, ended = await _read_output(client, namespace, agent.pod, agent.job_id, followed.printed)
         except NotFound:
-            raise lost("is gone") from None
+            return FollowLost(followed, "is gone")
         except KubeError as error:
+            status = EpisodeStatus.model_validate((await client.get_episode(namespace, name)).get("status") or {})
+            if running_agent_job(status) != agent:  # the agent has ended: its pod is going, its output kept
+                return FollowLost(followed, f"no longer answers ({error})")
             now = time.monotonic()
             if unanswered_since is None:
                 unanswered_since = now
                 click.echo(
-                    f"the agent pod {namespace}/{pod} does not answer ({error}); "
+                    f"the agent pod {namespace}/{agent.pod} does not answer ({error}); "
                     f"trying again for up to {FOLLOW_OUTAGE_SEC:.0f} s",
                     err=True,
                 )
             if now - unanswered_since >= FOLLOW_OUTAGE_SEC:
-                raise lost(f"no longer answers ({error})") from None
+                return FollowLost(followed, f"no longer answers ({error})")
             await asyncio.sleep(FOLLOW_POLL_SEC)
             continue
         unanswered_since = None
         sys.stdout.buffer.write(chunk)
         sys.stdout.buffer.flush()
-        printed += len(chunk)
+        followed.add(chunk)
         if ended and len(chunk) < FOLLOW_READ_BYTES:
             return True
         if not chunk:
             await asyncio.sleep(FOLLOW_POLL_SEC)
+
+
+def _print_the_rest(cluster: Cluster, name: str, data_dir: str | None, lost: FollowLost) -> None:
+    """After the followed pod went: the rest of the agent's output from what the operator kept of it,
+    when that is the same output (it begins and runs on as printed); else where to read it."""
+    followed, agent = lost.followed, lost.followed.agent
+    where = f"the agent pod {cluster.namespace}/{agent.pod} {lost.why} after {followed.printed} bytes of its output"
+    kept = kept_data(cluster, _episode(cluster, name), data_dir).log(
+        turn=agent.turn, attempt=agent.attempt, name=AGENT_LOG
+    )
+    rest = None if kept is None else unprinted(kept, followed.printed, followed.head, followed.tail)
+    if rest is None:
+        raise click.ClickException(
+            f"{where}: kubectl episode logs {name} --turn {agent.turn_number} prints what the operator kept"
+        )
+    sys.stdout.buffer.write(rest)
+    sys.stdout.buffer.flush()
+    click.echo(f"({where}; the rest is what the operator kept)", err=True)
 
 
 def _episode(cluster: Cluster, name: str) -> dict[str, Any]:
@@ -858,6 +901,10 @@ class KeptData(Protocol):
 
     def logs(self, *, turn: str | None, attempt: int | None) -> str: ...
 
+    def log(self, *, turn: str, attempt: int, name: str) -> bytes | None:
+        """One log's own bytes (no header), None when it is not kept."""
+        ...
+
     def turns(self) -> dict[str, Any]: ...
 
     def artifacts(self, destination: Path) -> Exported: ...
@@ -870,6 +917,10 @@ class _LocalStore:
     def logs(self, *, turn: str | None, attempt: int | None) -> str:
         logs = asyncio.run(kept_logs(self.blobs, turn=turn, attempt=attempt))
         return render_logs(logs).decode("utf-8", "replace")
+
+    def log(self, *, turn: str, attempt: int, name: str) -> bytes | None:
+        logs = asyncio.run(kept_logs(self.blobs, turn=turn, attempt=attempt, name=name))
+        return logs[-1].data if logs else None
 
     def artifacts(self, destination: Path) -> Exported:
         return asyncio.run(export_artifacts(self.blobs, destination))
@@ -906,6 +957,9 @@ class _RemoteStore:
         query = {key: str(value) for key, value in (("turn", turn), ("attempt", attempt)) if value is not None}
         body = self._get("log", query)
         return "" if body is None else body.decode("utf-8", "replace")
+
+    def log(self, *, turn: str, attempt: int, name: str) -> bytes | None:
+        return self._get("log", {"turn": turn, "attempt": str(attempt), "log": name})
 
     def turns(self) -> dict[str, Any]:
         body = self._get("turns", {})

@@ -137,11 +137,16 @@ Serve = Callable[[EpisodeBlobs, Mapping[str, str]], Awaitable[web.Response]]
 
 
 async def _logs(blobs: EpisodeBlobs, query: Mapping[str, str]) -> web.Response:
+    """The logs as ``kubectl episode logs`` prints them; with ``log=NAME``, the latest such log's own
+    bytes, no header (what ``logs -f`` prints of an agent whose pod went before its end was read)."""
     turn = query.get("turn")
     attempt = int(query["attempt"]) if query.get("attempt", "").isdigit() else None
-    logs = await kept_logs(blobs, turn=turn, attempt=attempt)
+    name = query.get("log")
+    logs = await kept_logs(blobs, turn=turn, attempt=attempt, name=name)
     if not logs:
         raise _status(404, "NotFound", "no logs kept" + (f" for turn {turn}" if turn else ""))
+    if name is not None:
+        return web.Response(body=logs[-1].data, content_type="application/octet-stream")
     return web.Response(body=render_logs(logs), content_type="text/plain")
 
 

@@ -304,8 +304,11 @@ class KeptLog:
     data: bytes
 
 
-async def kept_logs(blobs: EpisodeBlobs, *, turn: str | None = None, attempt: int | None = None) -> list[KeptLog]:
-    """The logs kept for one Episode, oldest attempt first, each attempt's in the order they ran.
+async def kept_logs(
+    blobs: EpisodeBlobs, *, turn: str | None = None, attempt: int | None = None, name: str | None = None
+) -> list[KeptLog]:
+    """The logs kept for one Episode, oldest attempt first, each attempt's in the order they ran;
+    ``name``: only the logs of that name (``agent``, ``verifier``…).
 
     That order is the attempt's ``logs.order``; logs it does not name (kept before it existed)
     follow, by modification time.
@@ -316,6 +319,7 @@ async def kept_logs(blobs: EpisodeBlobs, *, turn: str | None = None, attempt: in
         if blob.kind == LOGS
         and (turn is None or blob.turn == safe(turn))
         and (attempt is None or blob.attempt == attempt)
+        and (name is None or blob.name.removesuffix(".txt") == safe(name))
     ]
     positions: dict[int, dict[str, int]] = {}
     for number in sorted({blob.attempt for blob in found}):
@@ -356,6 +360,16 @@ def render_logs(logs: Sequence[KeptLog]) -> bytes:
     for log in logs:
         chunks += [f"==> attempt {log.attempt} turn {log.turn}: {log.name} <==\n".encode(), log.data, b"\n"]
     return b"".join(chunks)
+
+
+def unprinted(kept: bytes, printed: int, head: bytes, tail: bytes) -> bytes | None:
+    """What a kept log holds past the ``printed`` bytes a follower already showed of the same output, or
+    None when it cannot be the same output: it must begin with what was printed first (``head``) and hold
+    what was printed last (``tail``) where the printing stopped. (A log kept as the tail of a longer
+    output does not begin with its first bytes: its place is not known.)"""
+    if len(kept) < printed or not kept.startswith(head) or kept[printed - len(tail) : printed] != tail:
+        return None
+    return kept[printed:]
 
 
 @dataclass(frozen=True)

@@ -30,7 +30,7 @@ from episode_operator.runtime.archive import read_member, text_tar
 from episode_operator.runtime.episode_store import CALLS_FILE, INSTRUCTION_FILE, TRAJECTORY_FILE
 from episode_operator.runtime.sandbox_protocol import JobSpec, JobState, Sandbox, SandboxError
 from episode_operator.runtime.turn.collect import carried_artifact
-from episode_operator.runtime.turn.context import TRAJECTORY, TurnRun
+from episode_operator.runtime.turn.context import AGENT_LOG, TRAJECTORY, TurnRun
 from episode_operator.runtime.turn.prepare import carried_cleanup
 from episode_operator.runtime.turn.turn_failures import (
     EpisodeEnds,
@@ -68,7 +68,7 @@ async def run_agent(turn: TurnRun) -> None:
     with sandbox_call(job.placing):
         state = await turn.services.run_job(sandbox, spec, upload=inputs)
     turn.agent_archive = state.archive
-    await turn.services.save_job_log(sandbox, turn.name, "agent", state)
+    await turn.services.save_job_log(sandbox, turn.name, AGENT_LOG, state)
     check_started(job.placing, state)
     record = turn.record
     record.agent_exit_code = state.exit_code

@@ -56,19 +56,36 @@ def turn_job_id(attempt: int, turn_index: int, stage: Stage | str) -> str:
     return f"a{attempt}.t{turn_index + 1}.{stage}"
 
 
-def running_agent_job(status: EpisodeStatus) -> tuple[str, str] | None:
-    """``(agent pod, keyed job id)`` of the agent the Episode's current turn runs now, else None
-    (not running, between stages, or its pod not recorded yet): what ``kubectl episode logs -f``
-    follows."""
+# The name the agent job's output is kept under, per turn (``kubectl episode logs``).
+AGENT_LOG = "agent"
+
+
+@dataclass(frozen=True)
+class RunningAgent:
+    """The agent job a turn runs now: its pod, its keyed job id, and where its output is kept
+    (the turn's name and number, the attempt)."""
+
+    pod: str
+    job_id: str
+    turn: str
+    turn_number: int
+    attempt: int
+
+
+def running_agent_job(status: EpisodeStatus) -> RunningAgent | None:
+    """The agent the Episode's current turn runs now, else None (not running, between stages, or
+    its pod not recorded yet): what ``kubectl episode logs -f`` follows."""
     if status.phase != "Running" or status.current_turn is None or status.current_turn >= len(status.turns):
         return None
-    if status.turns[status.current_turn].stage != Stage.AGENT:
+    turn = status.turns[status.current_turn]
+    if turn.stage != Stage.AGENT:
         return None
     attempt = next((each for each in status.attempts if each.number == status.attempt), None)
     pod = next((pod.name for pod in attempt.pods if pod.role == "agent"), None) if attempt else None
     if attempt is None or pod is None or not attempt.job_key:
         return None
-    return pod, keyed_job_id(attempt.job_key, turn_job_id(attempt.number, status.current_turn, Stage.AGENT))
+    job_id = keyed_job_id(attempt.job_key, turn_job_id(attempt.number, status.current_turn, Stage.AGENT))
+    return RunningAgent(pod, job_id, turn.name, status.current_turn + 1, attempt.number)
 
 
 class TurnServices(Protocol):
