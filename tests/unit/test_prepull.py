@@ -438,3 +438,22 @@ def test_a_suspended_set_whose_dataset_is_not_there_yet_pulls_nothing_and_says_w
         assert delay == SetSettings().prepull_poll_sec  # it may appear: looked for again soon
 
     asyncio.run(scenario())
+
+
+def test_a_dataset_larger_than_a_set_holds_pulls_nothing_while_suspended_and_fails_the_set_when_started() -> None:
+    """51 tasks × 100 attempts: the set fails when it starts, so its task folders are never read for it."""
+
+    async def scenario() -> None:
+        tasks = [task_of(f"registry.example/task:{index}") | {"name": f"t{index}"} for index in range(51)]
+        api = suspended_set(tasks)
+        api.set["spec"]["attempts"] = 100
+        _, status = await set_pass(api)
+        too_large = "51 tasks × 100 attempts = 5100 children, more than a set holds (5000)"
+        assert api.daemon_sets == {} and status.pre_pull is not None
+        assert status.pre_pull.message == f"nothing pulled: {too_large}; split the dataset into several sets"
+        api.set["spec"]["suspend"] = False
+        delay, status = await set_pass(api)
+        assert delay is None and (status.phase, status.reason) == ("Failed", "DatasetTooLarge")
+        assert status.message is not None and status.message.startswith(too_large) and api.created == []
+
+    asyncio.run(scenario())

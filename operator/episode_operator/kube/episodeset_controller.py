@@ -318,12 +318,9 @@ async def _resolve(
         await _finish_failed(previous, "DatasetUnavailable", str(error), events)
         return None
     total = len(tasks) * spec.attempts
-    if total > MAX_CHILDREN:
-        message = (
-            f"{len(tasks)} tasks × {spec.attempts} attempts = {total} children, more than a set holds "
-            f"({MAX_CHILDREN}); split the dataset into several sets"
-        )
-        await _finish_failed(previous, "DatasetTooLarge", message, events)
+    too_large = _too_large(tasks, spec)
+    if too_large is not None:
+        await _finish_failed(previous, "DatasetTooLarge", too_large, events)
         return None
     now = precise_timestamp(time.time())
     status = previous.model_copy(
@@ -362,10 +359,24 @@ async def _suspended_pre_pull(
         except DatasetError as error:
             waiting = PrePullStatus(message=f"nothing pulled: the dataset cannot be resolved yet: {error}")
             return status.model_copy(update={"pre_pull": waiting}), error.waitable
+        too_large = _too_large(tasks, spec)
+        if too_large is not None:  # the set fails when it starts: its task folders are not read for it
+            return status.model_copy(update={"pre_pull": PrePullStatus(message=f"nothing pulled: {too_large}")}), False
     pulled, due = await _pre_pull(
         client, ref, spec, previous, status.model_copy(update={"tasks": tasks}), settings, events
     )
     return status.model_copy(update={"pre_pull": pulled.pre_pull}), due
+
+
+def _too_large(tasks: Sequence[SetTaskStatus], spec: EpisodeSetSpec) -> str | None:
+    """Why a dataset makes more children than a set holds, if it does."""
+    total = len(tasks) * spec.attempts
+    if total <= MAX_CHILDREN:
+        return None
+    return (
+        f"{len(tasks)} tasks × {spec.attempts} attempts = {total} children, more than a set holds "
+        f"({MAX_CHILDREN}); split the dataset into several sets"
+    )
 
 
 async def resolve_dataset(client: KubeClient, namespace: str, spec: EpisodeSetSpec) -> list[SetTaskStatus]:
