@@ -74,8 +74,12 @@ def on_node(image: str) -> bool:
 @pytest.fixture
 def fresh_image() -> Iterator[str]:
     """A new name of the sandbox image that no node has: pushed to the cluster's registry from the node's containerd
-    (tagged, pushed, the name removed again: the node keeps the layers, not the image), deleted after."""
-    image = f"{REGISTRY}/episode-operator/prepull-test:{uuid.uuid4().hex[:12]}"
+    (tagged, pushed, the name removed again: the node keeps the layers, not the image), deleted after.
+
+    A repository of its own, not a tag: the registry deletes a manifest by digest, with every tag of it in its
+    repository, and every fresh image has the sandbox image's digest — one test's cleanup took the image of
+    another running beside it (CI: `not found` while it pulled)."""
+    image = f"{REGISTRY}/episode-operator/prepull-test-{uuid.uuid4().hex[:12]}:fresh"
     for step in (("tag", SANDBOX_IMAGE, image), ("push", "--plain-http", image), ("rm", image)):
         done = ctr("images", *step)
         assert done.returncode == 0, f"ctr images {' '.join(step)}: {done.stderr}"
