@@ -88,15 +88,26 @@ class Plugin:
             reader.join(timeout=30)
 
 
-def read_until(lines: queue.Queue[str], done: Callable[[str], bool], what: str, timeout: float = 240) -> list[str]:
-    """Lines read up to the first for which ``done`` is true."""
+# After the command has exited, how long its last lines may take to come through the pipe's reader.
+EXITED_DRAIN_SEC = 5.0
+
+
+def read_until(lines: Lines, done: Callable[[str], bool], what: str, timeout: float = 240) -> list[str]:
+    """Lines read up to the first for which ``done`` is true; a command that exits without printing it
+    fails the test then (its last lines read), not at the timeout."""
     seen: list[str] = []
     deadline = time.monotonic() + timeout
+    exited_at: float | None = None
     while not seen or not done(seen[-1]):
-        remaining = deadline - time.monotonic()
-        assert remaining > 0, f"no line {what} in {timeout} s:\n" + "\n".join(seen)
+        now = time.monotonic()
+        assert now < deadline, f"no line {what} in {timeout} s:\n" + "\n".join(seen)
+        if exited_at is None and lines.process.poll() is not None:
+            exited_at = now
+        assert exited_at is None or now - exited_at < EXITED_DRAIN_SEC or not lines.empty(), (
+            f"no line {what}: the command exited ({lines.process.returncode}) after:\n" + "\n".join(seen)
+        )
         with contextlib.suppress(queue.Empty):
-            seen.append(lines.get(timeout=remaining))
+            seen.append(lines.get(timeout=min(deadline - now, 1.0)))
     return seen
 
 
