@@ -220,6 +220,12 @@ async def reconcile_episode_set(
         await _finish_failed(plan.status, *refusal, events, when_idle=True)
     if plan.status.completion_time:
         return None
+    return _next_pass(settings, pool_due=pool_due, prepull_due=prepull_due)
+
+
+def _next_pass(settings: SetSettings, *, pool_due: bool, prepull_due: bool) -> float:
+    """Seconds to the next pass: the resync, sooner while a pool fills or images are on their way (their pods
+    are not watched)."""
     delay = settings.resync_sec
     if pool_due:
         delay = min(delay, settings.pool_poll_sec)
@@ -299,12 +305,7 @@ async def _resolve(
         status, pool_due = await _warm_pool(client, ref, spec, previous, status, settings)
         status, prepull_due = await _suspended_pre_pull(client, ref, spec, previous, status, settings, events)
         await events.status(previous, status)
-        delay = settings.resync_sec
-        if pool_due:
-            delay = min(delay, settings.pool_poll_sec)
-        if prepull_due:
-            delay = min(delay, settings.prepull_poll_sec)
-        return delay
+        return _next_pass(settings, pool_due=pool_due, prepull_due=prepull_due)
     try:
         tasks = await resolve_dataset(client, ref.namespace, spec)
     except DatasetError as error:
