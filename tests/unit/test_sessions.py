@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from episode_operator.kube.client import NotFound
+from episode_operator.kube.client import ExecTransportError, NotFound
 from episode_operator.kube.pod_sandbox import KubeSandbox
-from episode_operator.kube.session import FAILURES_BEFORE_GIVING_UP, Session
+from episode_operator.kube.session import FAILURES_BEFORE_GIVING_UP, Session, SessionFailed
 from episode_operator.runtime import supervisor
 from episode_operator.runtime.archive import text_tar
 from episode_operator.runtime.limits import Spool
@@ -214,5 +214,101 @@ def test_a_pod_gone_is_not_a_session_failure() -> None:
         with pytest.raises(SandboxError) as raised:
             await sandbox.start_job(spec("x", "true"), wait_sec=1)
         assert raised.value.kind == "pod_lost" and client.execs == 0
+
+    asyncio.run(scenario())
+
+
+def test_a_session_opened_ahead_carries_the_first_call(pods: LocalPods) -> None:
+    """Opened once the supervisor is placed, before any call (the pod's first job then waits on no exec of
+    its own): the first call rides on it. The control: a sandbox not asked opens nothing until its call."""
+
+    async def scenario() -> None:
+        control = sandbox_in(pods)
+        await control.place_supervisor()
+        await asyncio.sleep(0.2)
+        assert pods.streams == []
+        sandbox = sandbox_in(pods)
+        await sandbox.place_supervisor()
+        sandbox.open_session()
+        async with asyncio.timeout(10):
+            while not sandbox.sessions["main"].open:
+                await asyncio.sleep(0.01)
+        assert len(pods.streams) == 1
+        execs = pods.execs
+        assert (await sandbox.start_job(spec("first", "true"), wait_sec=10)).succeeded
+        assert pods.execs == execs and len(pods.streams) == 1 and sandbox.sessions["main"].calls == 1
+        await sandbox.close()
+        await control.close()
+
+    asyncio.run(scenario())
+
+
+def test_the_first_call_waits_for_the_opening_and_a_second_goes_by_exec() -> None:
+    """The call that comes while the session opens ahead waits for it rather than paying an exec; one more
+    at the same time would wait behind that call (a long poll, maybe), so it goes by exec."""
+
+    async def scenario() -> None:
+        release = asyncio.Event()
+        streams: list[ScriptedStream] = []
+
+        async def opener() -> ScriptedStream:
+            await release.wait()
+            streams.append(ScriptedStream(b"@@EO ready 1 exact\n"))
+            return streams[-1]
+
+        session = Session(opener)
+        session.open_ahead()
+        await asyncio.sleep(0)
+        assert session.takes(STATE_OF_X)
+        with Spool(1000, "the answer", "a bound") as first, Spool(1000, "the answer", "a bound") as second:
+            waiting = asyncio.create_task(session.call(STATE_OF_X, 5, first))
+            await asyncio.sleep(0.05)
+            assert not waiting.done() and not session.takes(STATE_OF_X)
+            with pytest.raises(SessionFailed, match="carrying another call"):
+                await session.call(STATE_OF_X, 5, second)
+            release.set()
+            assert (await waiting)[0] == 0 and first.getvalue() == b"id=x phase=unknown\n"
+        assert len(streams) == 1 and session.calls == 1 and session.takes(STATE_OF_X)
+        await session.close()
+
+    asyncio.run(scenario())
+
+
+def test_an_opening_ahead_that_fails_leaves_the_call_to_open_again() -> None:
+    """The opening's failure is no call's: the call that waited for it opens a session itself."""
+
+    async def scenario() -> None:
+        opened = 0
+
+        async def opener() -> ScriptedStream:
+            nonlocal opened
+            opened += 1
+            if opened == 1:
+                raise ExecTransportError("the API server went away")
+            return ScriptedStream(b"@@EO ready 1 exact\n")
+
+        session = Session(opener)
+        session.open_ahead()
+        with Spool(1000, "the answer", "a bound") as stdout:
+            assert (await session.call(STATE_OF_X, 5, stdout))[0] == 0
+        assert opened == 2 and session.open
+        await session.close()
+        assert not session.open
+
+    asyncio.run(scenario())
+
+
+def test_closing_a_session_still_opening_ahead_ends_it() -> None:
+    async def scenario() -> None:
+        async def opener() -> ScriptedStream:
+            await asyncio.Event().wait()  # never answers
+            raise AssertionError("unreachable")
+
+        session = Session(opener)
+        session.open_ahead()
+        await asyncio.sleep(0)
+        async with asyncio.timeout(5):
+            await session.close()
+        assert not session.open
 
     asyncio.run(scenario())

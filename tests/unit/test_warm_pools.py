@@ -624,6 +624,34 @@ def test_with_no_pool_pod_an_attempt_makes_a_fresh_pod_at_once() -> None:
     assert fake.created == [sandbox.name] == ["pooled-0-1-a1"]
 
 
+@pytest.mark.parametrize("pool", [1, 0], ids=["claimed", "fresh"])
+def test_the_pods_session_opens_as_soon_as_the_supervisor_is_placed(pool: int) -> None:
+    """Before any call: the exec that opens it runs while the runner writes the pod's record and its stage,
+    so the agent's first job does not wait for it (kube/session.py)."""
+    from episode_operator.runtime import supervisor
+    from tests.unit.test_sessions import ScriptedStream
+
+    fake, provider = with_pool(pool)
+    opened: list[tuple[str, str, list[str]]] = []
+
+    async def exec_stream(namespace: str, name: str, container: str, argv: list[str]) -> ScriptedStream:
+        opened.append((name, container, list(argv)))
+        return ScriptedStream(b"@@EO ready 1 exact\n")
+
+    fake.exec_stream = exec_stream  # type: ignore[attr-defined]
+
+    async def scenario() -> None:
+        sandbox = await provider.agent(1)
+        session = sandbox.sessions["main"]
+        async with asyncio.timeout(5):
+            while not session.open:
+                await asyncio.sleep(0.01)
+        assert opened == [(sandbox.name, "main", supervisor.serve().argv)] and session.calls == 0
+        await sandbox.close()
+
+    asyncio.run(scenario())
+
+
 @pytest.mark.parametrize("recorded", [True, False], ids=["uid-recorded", "before-the-uid-was-recorded"])
 def test_a_restarted_operator_finds_the_claimed_pod_again_and_claims_or_makes_no_other(recorded: bool) -> None:
     fake, provider = with_pool(2)

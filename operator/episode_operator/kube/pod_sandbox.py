@@ -137,6 +137,10 @@ class KubeSandbox:
             )
             return _Ran(exit_code, stderr.getvalue())
 
+    def open_session(self, container: str = MAIN_CONTAINER) -> None:
+        """Open the container's session in the background, ahead of its first call (kube/session.py)."""
+        self._session(container).open_ahead()
+
     async def close(self) -> None:
         """Close the sessions (the pod is going away, or this sandbox is no longer used)."""
         for session in self.sessions.values():
@@ -559,15 +563,18 @@ class KubeProvider:
         self._sandboxes[name] = sandbox
         if placed is not None and not pod.sidecars and pod.needs.capture is None:
             sandbox.placed(placed)
-            return sandbox
-        try:
-            await sandbox.place_supervisor(
-                [sidecar.name for sidecar in pod.sidecars]
-                + ([CAPTURE_CONTAINER] if pod.needs.capture is not None else []),
-                layout=SANDBOX_LAYOUT,
-            )
-        except CommandFailed as error:
-            raise SandboxError(f"cannot place the supervisor in {name}: {error}", kind="supervisor") from error
+        else:
+            try:
+                await sandbox.place_supervisor(
+                    [sidecar.name for sidecar in pod.sidecars]
+                    + ([CAPTURE_CONTAINER] if pod.needs.capture is not None else []),
+                    layout=SANDBOX_LAYOUT,
+                )
+            except CommandFailed as error:
+                raise SandboxError(f"cannot place the supervisor in {name}: {error}", kind="supervisor") from error
+        # The first job comes once the runner has written the pod's record and its stage: the exec that opens
+        # the session runs meanwhile, not after.
+        sandbox.open_session()
         return sandbox
 
     async def _near_images(self, manifest: dict[str, Any], prepull: PoolRef) -> dict[str, Any]:

@@ -12,6 +12,9 @@ session that fails in any way — the stream closes, an answer does not come in 
 answer — is closed and its call made again by exec. Every supervisor verb is idempotent (jobs
 are started by id), so a call that ran before its answer was lost is safe to make again. A
 session idle for ``idle_sec`` is closed, so a pod waiting on a long agent holds no stream.
+
+A session may be opened ahead of its first call (:meth:`Session.open_ahead`): the pod's first job then
+does not wait for the exec that opens it, which runs while the runner writes its status.
 """
 
 from __future__ import annotations
@@ -69,11 +72,13 @@ class Session:
         self._idle: asyncio.TimerHandle | None = None
         self._closing: set[asyncio.Task[None]] = set()
         self._failures = 0  # in a row: a container that cannot hold one (no serve verb…) stops being asked
+        self._opening: asyncio.Task[None] | None = None  # an opening ahead of the next call, while it runs
+        self._awaited = False  # whether a call waits for that opening
         self.calls = 0
 
     def takes(self, command: Command) -> bool:
         """Whether a call of ``command`` can go on this session now."""
-        if self._failures >= FAILURES_BEFORE_GIVING_UP or command.words is None or self._lock.locked():
+        if self._failures >= FAILURES_BEFORE_GIVING_UP or command.words is None or self._carrying():
             return False
         ready = self._answers.ready
         return not command.payload_size or ready is None or ready.exact_head
@@ -85,8 +90,11 @@ class Session:
         call = supervisor.session_call(command)
         if call is None:
             raise SessionFailed("not a supervisor verb")
-        if self._lock.locked():  # a long poll holds it: this call goes by exec rather than wait
+        if self._carrying():  # a long poll holds it: this call goes by exec rather than wait
             raise SessionFailed("the session is carrying another call")
+        if self._opening is not None:
+            self._awaited = True
+            await asyncio.wait({self._opening})  # it never raises; a cancelled call leaves it opening
         async with self._lock:
             self._cancel_idle()
             try:
@@ -114,6 +122,34 @@ class Session:
             self.calls += 1
             self._schedule_idle()
             return answer.status, answer.stderr
+
+    def open_ahead(self) -> None:
+        """Open the session now, in the background: the next call then waits for it (rather than going by
+        exec) and finds it ready. A failed opening counts as a failed session; that call opens it again."""
+        if self._stream is not None or self._opening is not None or self._failures >= FAILURES_BEFORE_GIVING_UP:
+            return
+        self._opening = asyncio.get_running_loop().create_task(self._open_now())
+
+    async def _open_now(self) -> None:
+        async with self._lock:
+            try:
+                await self._open()
+            except asyncio.CancelledError:
+                await self._discard()
+                raise
+            except Exception:  # whatever it was (a pod gone too): the next call opens it again, and says why
+                self._failures += 1
+                await self._discard()
+            else:
+                self._schedule_idle()
+            finally:
+                self._opening = None
+                self._awaited = False
+
+    def _carrying(self) -> bool:
+        """Whether a call holds the session. While it opens ahead, the first call to come waits for it and
+        any other goes by exec (it would wait for that call too)."""
+        return self._awaited if self._opening is not None else self._lock.locked()
 
     async def _open(self) -> SessionReady:
         if self._stream is None:
@@ -158,6 +194,8 @@ class Session:
     async def close(self) -> None:
         """Close the stream (the session's shell ends at the end of its stdin); idempotent."""
         self._cancel_idle()
+        if self._opening is not None:
+            self._opening.cancel()
         async with self._lock:
             await self._discard()
 
