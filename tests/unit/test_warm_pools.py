@@ -47,7 +47,7 @@ from episode_operator.kube.objects.warm_pool_plan import (
     unclaimable,
 )
 from episode_operator.kube.upstream import pinned_needs, system_resolver
-from episode_operator.kube.warm_pool import PoolRef, PoolSettings, claim, pool_needs
+from episode_operator.kube.warm_pool import PoolRef, PoolSettings, claim, pool_needs, reconcile_pool
 from episode_operator.runtime.agents import agent_kind
 from episode_operator.runtime.agents.model import CaptureBounds, SandboxNeeds
 from episode_operator.taskfolder.task_toml import EnvironmentConfig
@@ -296,6 +296,58 @@ def test_a_claimed_pod_is_replaced_and_a_full_pool_makes_none() -> None:
     two = live(the_pool_pod(suffix="b"), uid="b")
     plan = plan_pool(WARM, KEY, [one, two], remaining=5, now=NOW)
     assert (plan.create, plan.ready, plan.delete) == (0, 2, ())
+
+
+class RefillPods:
+    """The pass's side of the API: the set's pods listed by selector, pool pods made."""
+
+    def __init__(self, pods: list[dict[str, Any]]) -> None:
+        self.pods = pods
+        self.made: list[str] = []
+        self.metrics = None
+
+    async def list_pods(self, namespace: str, selector: str) -> list[dict[str, Any]]:
+        wanted = dict(term.split("=", 1) for term in selector.split(","))
+        return [pod for pod in self.pods if all(pod["metadata"]["labels"].get(k) == v for k, v in wanted.items())]
+
+    async def create_pool_pod(self, namespace: str, manifest: dict[str, Any]) -> dict[str, Any]:
+        self.made.append(manifest["metadata"]["name"])
+        self.pods.append(manifest)
+        return manifest
+
+
+def claimed_by(child: str, *, deleting: bool = False) -> dict[str, Any]:
+    """A pool pod as a child's claim left it: the child's labels, the set's claimed mark."""
+    pod = live(the_pool_pod(suffix=child), uid=f"claimed-{child}")
+    pod["metadata"]["labels"] = {EPISODE_LABEL: child, POOL_CLAIMED_LABEL: "pooled"}
+    if deleting:
+        pod["metadata"]["deletionTimestamp"] = "2026-12-07T10:00:00Z"
+    return pod
+
+
+@pytest.mark.parametrize(
+    ("unfinished", "claimed", "made"),
+    [
+        (["pooled-0-1"], [claimed_by("pooled-0-1")], 0),
+        (["pooled-0-1", "pooled-1-1"], [claimed_by("pooled-0-1")], 1),
+        (["pooled-0-1"], [claimed_by("pooled-0-1", deleting=True)], 1),
+        ([], [claimed_by("pooled-0-1")], 1),
+    ],
+    ids=["its-only-child-holds-one", "control-one-child-holds-none", "its-pod-is-going-a-retry-may-claim", "kept"],
+)
+def test_a_child_holding_a_claimed_pod_is_no_claimer(
+    unfinished: list[str], claimed: list[dict[str, Any]], made: int
+) -> None:
+    """A set whose unfinished children all hold a claimed pod makes no pool pod for them: it would wait for no
+    one, and start beside their agents' first commands. A child whose pod is going may claim again (a retry);
+    a pod kept after its child finished holds no claimer (``remaining`` counts unfinished children only)."""
+    fake = RefillPods(list(claimed))
+    settings = PoolSettings(REQUESTS, AgentImages())
+    remaining = max(1, len(unfinished))
+    status = asyncio.run(
+        reconcile_pool(fake, SET, set_spec(), remaining=remaining, unfinished=unfinished, settings=settings)  # type: ignore[arg-type]
+    )
+    assert (len(fake.made), status.target, status.claimed) == (made, made, len(claimed))
 
 
 def test_a_running_unmarked_pod_is_marked_and_a_starting_one_waits() -> None:

@@ -41,7 +41,7 @@ from episode_operator.api.episodeset_resource import (
     PrePullStatus,
     SetTaskStatus,
 )
-from episode_operator.api.vocabulary import TASK_LABEL, parse_timestamp, precise_timestamp
+from episode_operator.api.vocabulary import TASK_LABEL, is_terminal, parse_timestamp, precise_timestamp
 from episode_operator.kube.client import Conflict, KubeClient, KubeError, NotFound
 from episode_operator.kube.objects.children import child_manifest, child_view, replaced_patch, set_selector
 from episode_operator.kube.objects.event_manifests import event_name
@@ -182,17 +182,11 @@ async def reconcile_episode_set(
         # from the dataset just recorded (the DaemonSet stays when they are the same).
         rescan_images = True
 
-    children = await _owned_children(client, ref)
+    children = [child_view(child) for child in await _owned_children(client, ref)]
     now = precise_timestamp(time.time())  # after the listing: a child seen finished finished before now
-    plan = plan_set(
-        spec,
-        previous,
-        [child_view(child) for child in children],
-        definition=definition,
-        now=now,
-        generation=metadata.get("generation"),
-    )
-    status, pool_due = await _warm_pool(client, ref, spec, previous, plan.status, settings)
+    plan = plan_set(spec, previous, children, definition=definition, now=now, generation=metadata.get("generation"))
+    unfinished = [child.name for child in children if not is_terminal(child.phase)]
+    status, pool_due = await _warm_pool(client, ref, spec, previous, plan.status, settings, unfinished)
     status, prepull_due = await _pre_pull(client, ref, spec, previous, status, settings, events, rescan=rescan_images)
     create = plan.create
     if spec.pre_pull is not None and status.pre_pull is not None and plan.create:
@@ -272,16 +266,18 @@ async def _warm_pool(
     previous: EpisodeSetStatus,
     status: EpisodeSetStatus,
     settings: SetSettings,
+    unfinished: Sequence[str] = (),
 ) -> tuple[EpisodeSetStatus, bool]:
     """The pool after this pass (kube/warm_pool.py), and whether it waits on pods to start (polled: its pods
-    are not watched). A complete set, or one whose pool was removed, has its pool's pods deleted."""
+    are not watched). A complete set, or one whose pool was removed, has its pool's pods deleted.
+    ``unfinished``: the names of the set's children yet to finish."""
     if spec.warm_pool is None or status.completion_time:
         if previous.warm_pool is not None:
             await release_pool(client, ref)
         return status.model_copy(update={"warm_pool": None}), False
     # Children that may still claim a pod (before the dataset is resolved: as many as the target).
     remaining = spec.warm_pool.target if status.total is None else status.total - status.finished
-    pool = await reconcile_pool(client, ref, spec, remaining=remaining, settings=settings.pool)
+    pool = await reconcile_pool(client, ref, spec, remaining=remaining, unfinished=unfinished, settings=settings.pool)
     return status.model_copy(update={"warm_pool": pool}), pool.ready < pool.target
 
 

@@ -10,7 +10,7 @@ import contextlib
 import logging
 import secrets
 import time
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -29,6 +29,7 @@ from episode_operator.kube.objects.warm_pool_plan import (
     claimed_selector,
     container_images,
     fresh_after_claim,
+    holding,
     mark_patch,
     plan_pool,
     pod_key,
@@ -134,15 +135,21 @@ async def reconcile_pool(
     spec: EpisodeSetSpec,
     *,
     remaining: int,
+    unfinished: Collection[str] = (),
     settings: PoolSettings,
 ) -> WarmPoolStatus:
-    """One pass over the set's pool: delete stale pods, mark the running ones, make what the target lacks."""
+    """One pass over the set's pool: delete stale pods, mark the running ones, make what the target lacks.
+
+    ``remaining``: the set's children yet to finish (or to be made); those of them named in ``unfinished``
+    that hold a claimed pod are not counted: a pool pod made for them would wait for no one."""
     pool = spec.warm_pool
     assert pool is not None
     needs, refusal = await pool_needs(client, owner.namespace, spec, settings)
     key = pod_key(pool_pod(owner, spec, needs, requests=settings.requests, images=settings.images, suffix="x"))
     pods = await client.list_pods(owner.namespace, pool_selector(owner.name))
-    plan = plan_pool(pool, key, pods, remaining=0 if refusal else remaining, now=time.time())
+    claimed = await client.list_pods(owner.namespace, claimed_selector(owner.name))
+    claimers = 0 if refusal else max(0, remaining - holding(claimed, unfinished))
+    plan = plan_pool(pool, key, pods, remaining=claimers, now=time.time())
     for name, reason in plan.delete:
         log.info("warm pool %s/%s: deleting %s: %s", owner.namespace, owner.name, name, reason)
         await client.delete_pod(owner.namespace, name)
@@ -169,11 +176,12 @@ async def reconcile_pool(
                 raise
             message = f"cannot make a pool pod: {error}"
             break
-    claimed = len(await client.list_pods(owner.namespace, claimed_selector(owner.name)))
     starting = plan.starting - (ready - plan.ready) + plan.create
     _count(client, "warm_pool_pods", owner.namespace, owner.name, "ready", value=ready, gauge=True)
     _count(client, "warm_pool_pods", owner.namespace, owner.name, "starting", value=starting, gauge=True)
-    return WarmPoolStatus(target=plan.target, ready=ready, starting=starting, claimed=claimed, key=key, message=message)
+    return WarmPoolStatus(
+        target=plan.target, ready=ready, starting=starting, claimed=len(claimed), key=key, message=message
+    )
 
 
 async def release_pool(client: KubeClient, owner: OwnerRef) -> None:

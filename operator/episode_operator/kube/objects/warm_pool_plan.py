@@ -20,7 +20,7 @@ from __future__ import annotations
 import hashlib
 import itertools
 import json
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -339,6 +339,19 @@ def claimed_selector(set_name: str) -> str:
     return f"{POOL_CLAIMED_LABEL}={label_value(set_name)}"
 
 
+def holding(claimed: Sequence[Mapping[str, Any]], unfinished: Collection[str]) -> int:
+    """How many of the set's unfinished children (by name) hold a claimed pod not being deleted: each claims
+    none until its attempt ends (a retry's claims again once that pod is going)."""
+    names = {label_value(name) for name in unfinished}
+    holders = set()
+    for pod in claimed:
+        metadata = pod.get("metadata") or {}
+        episode = (metadata.get("labels") or {}).get(EPISODE_LABEL)
+        if episode in names and not metadata.get("deletionTimestamp"):
+            holders.add(episode)
+    return len(holders)
+
+
 def mark_patch(pod: Mapping[str, Any], mark: Mark) -> list[Any]:
     """The JSON patch that marks a running pool pod fresh, on the version the probe ran in."""
     metadata = pod["metadata"]
@@ -385,7 +398,7 @@ def plan_pool(pool: WarmPool, key: str, pods: Sequence[Mapping[str, Any]], *, re
     """The refill decision: keep ``min(target, remaining)`` pods ready, never more than the quota existing.
 
     ``pods``: the unclaimed pods of the pool (a claimed pod carries the attempt's labels, not the pool's);
-    ``remaining``: children the set has yet to create, each of which may claim one.
+    ``remaining``: children that may still claim one: not yet created, or unfinished and holding no claimed pod.
     """
     target = max(0, min(pool.target, remaining))
     delete: list[tuple[str, str]] = []
