@@ -40,6 +40,8 @@ EPISODE_LABEL = "episode-operator.dev/episode"
 MARK_ANNOTATION = "episode-operator.dev/pool-mark"
 WARM_POOL_ANNOTATION = "episode-operator.dev/warm-pool"
 JOBS_DIR = "/episode-operator/jobs"
+SUPERVISOR = "/episode-operator/supervisor.sh"
+PLACED_ANNOTATION = "episode-operator.dev/pool-placed"
 
 # The children's task: what the pool's pods are made for (image, cpus, memory, workdir).
 TASK_TOML = """schema_version = "1.4"
@@ -259,7 +261,10 @@ def test_a_pool_fills_before_any_child_a_child_claims_a_pod_no_agent_ran_in_and_
     pool = wait_until(lambda: ready_pool(core, api_client, namespace, name, 2), "the pool of 2 is ready", operator)
     listed = custom(api_client).list_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL)
     assert listed["items"] == [], "the set is suspended: no child before the pool is ready"
+    for pod in pool_pods(core, namespace, name):  # the supervisor placed before the mark (no exec here: it is fresh)
+        assert "placement" in json.loads((pod.metadata.annotations or {})[PLACED_ANNOTATION])
 
+    unsuspended_at = time.time()
     custom(api_client).patch_namespaced_custom_object(
         GROUP, VERSION, namespace, SETS, name, {"spec": {"suspend": False}}
     )
@@ -283,6 +288,9 @@ def test_a_pool_fills_before_any_child_a_child_claims_a_pod_no_agent_ran_in_and_
         job_id, _, digest = job.rpartition(".")
         expected = hmac.new(record["jobKey"].encode(), job_id.encode(), hashlib.sha256).hexdigest()[:16]
         assert digest == expected, f"job {job} in the claimed pod is not this attempt's"
+    # Its jobs ran on the supervisor the pool placed: the claimer placed none (the node's clock is this machine's).
+    placed_at = float(exec_main(core, namespace, record["name"], f"date -r {SUPERVISOR} +%s.%N"))
+    assert placed_at < unsuspended_at, f"the supervisor was placed at {placed_at}, after the claim"
 
     # The pool refills to 2 with new pods while the child runs.
     refilled = wait_until(lambda: ready_pool(core, api_client, namespace, name, 2), "the pool refilled to 2", operator)

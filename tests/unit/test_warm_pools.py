@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import copy
 import json
+import time
 from dataclasses import replace
 from typing import Any
 
@@ -19,6 +20,8 @@ from episode_operator.api.vocabulary import (
     POOL_KEY_LABEL,
     POOL_LABEL,
     POOL_MARK_ANNOTATION,
+    POOL_PLACED_ANNOTATION,
+    precise_timestamp,
 )
 from episode_operator.kube.client import Conflict, NotFound
 from episode_operator.kube.objects.pods import (
@@ -39,6 +42,8 @@ from episode_operator.kube.objects.warm_pool_plan import (
     candidates,
     container_images,
     fresh_after_claim,
+    placed_annotation,
+    placed_at_mark,
     plan_pool,
     pod_key,
     pool_pod,
@@ -668,6 +673,87 @@ def test_the_probe_placed_with_reads_the_pids_before_the_placement_runs() -> Non
     assert list(argv[3:]) == placement.argv[3:], "the placement's own arguments, unchanged"
     assert split_probed(f"12\n1\n12\n{PLACED_AFTER}\nworkdir=/app\n".encode()) == (b"12\n1\n12", b"workdir=/app\n")
     assert split_probed(b"12\n1\n12\n") == (b"12\n1\n12\n", None), "the placement did not start"
+
+
+def placed_before_the_mark(fake: ProviderPods, name: str, script: bytes | None = None) -> None:
+    """The pool pod's annotation of a placement made before its mark: this operator's, or another script's."""
+    from episode_operator.runtime import supervisor
+    from episode_operator.runtime.turn.context import SANDBOX_LAYOUT
+
+    placement = supervisor.placement(layout=SANDBOX_LAYOUT)
+    annotation = placed_annotation(
+        placement.argv, script or placement.stdin or b"", b"version=1\nworkdir=/srv\nuser=root\n"
+    )
+    fake.pods[name]["metadata"]["annotations"][POOL_PLACED_ANNOTATION] = annotation
+
+
+def test_a_pool_pod_placed_before_its_mark_is_only_probed_by_its_claimer() -> None:
+    """The supervisor the pool placed (the same script and layout) is not placed again: between the claim and the
+    agent's first job, one exec of shell builtins; the sandbox learns the pod's facts from the annotation."""
+    fake, provider = with_pool(1)
+    placed_before_the_mark(fake, "pooled-pool-0")
+    sandbox = asyncio.run(provider.agent(1))
+    assert (sandbox.name, fake.execs, fake.placements) == ("pooled-pool-0", ["pooled-pool-0"], [])
+    assert sandbox.workdir == "/srv"
+
+
+def test_a_pool_pod_placed_by_another_supervisor_gets_this_one_placed_with_the_probe() -> None:
+    """The control: another operator's script (an upgrade between mark and claim) is placed again."""
+    fake, provider = with_pool(1)
+    placed_before_the_mark(fake, "pooled-pool-0", script=b"echo an older supervisor\n")
+    sandbox = asyncio.run(provider.agent(1))
+    assert (fake.execs, fake.placements, sandbox.workdir) == (["pooled-pool-0"], ["pooled-pool-0"], "/app")
+
+
+def test_a_pool_pod_touched_after_its_placement_is_still_found_out() -> None:
+    """Placing before the mark leaves the freshness check as it was: an exec since the mark is caught."""
+    fake, provider = with_pool(2)
+    for name in fake.pods:
+        placed_before_the_mark(fake, name)
+    touched = sorted(fake.pods)[0]
+    fake.exec_into(touched)
+    sandbox = asyncio.run(provider.agent(1))
+    assert sandbox.name != touched and fake.deleted == [touched] and fake.placements == []
+
+
+class MarkingPods(RefillPods):
+    """A running pool pod not yet marked: its probes' PIDs one stride apart, its patches kept."""
+
+    def __init__(self, pods: list[dict[str, Any]]) -> None:
+        super().__init__(pods)
+        self.pid = 40
+        self.argvs: list[tuple[str, ...]] = []
+        self.patched: dict[str, Any] = {}
+
+    async def exec(self, namespace: str, name: str, container: str, argv: Any, *, stdout: Any, **_: Any) -> int:
+        self.argvs.append(tuple(argv))
+        self.pid += STRIDE
+        stdout.write(f"{self.pid}\n1\n7\n".encode())
+        if tuple(argv) != PROBE:
+            stdout.write(f"{PLACED_AFTER}\n".encode() + PLACEMENT_ANSWER)
+        return 0
+
+    async def patch_pool_pod(self, namespace: str, name: str, patch: list[dict[str, Any]]) -> dict[str, Any]:
+        self.patched[name] = patch[-1]["value"]
+        return {}
+
+
+def test_the_pool_places_the_supervisor_before_it_marks_a_pod() -> None:
+    from episode_operator.runtime import supervisor
+    from episode_operator.runtime.turn.context import SANDBOX_LAYOUT
+
+    pod = live(the_pool_pod(suffix="a"), uid="a")
+    pod["metadata"]["annotations"] = {}
+    pod["metadata"]["creationTimestamp"] = precise_timestamp(time.time())  # young: not past the pool's max age
+    fake = MarkingPods([pod])
+    settings = PoolSettings(REQUESTS, AgentImages())
+    asyncio.run(reconcile_pool(fake, SET, set_spec(), remaining=1, settings=settings))  # type: ignore[arg-type]
+    assert fake.argvs[0] != PROBE and all(argv == PROBE for argv in fake.argvs[1:]), "placed, then probed"
+    annotations = fake.patched[pod["metadata"]["name"]]
+    placement = supervisor.placement(layout=SANDBOX_LAYOUT)
+    marked = {"metadata": {"annotations": annotations}}
+    assert Mark.parse(annotations[POOL_MARK_ANNOTATION]) is not None
+    assert placed_at_mark(marked, placement.argv, placement.stdin or b"") == PLACEMENT_ANSWER
 
 
 def test_with_no_pool_pod_an_attempt_makes_a_fresh_pod_at_once() -> None:

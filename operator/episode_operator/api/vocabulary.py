@@ -370,6 +370,9 @@ POOL_LABEL: Final = f"{GROUP}/pool"
 POOL_KEY_LABEL: Final = f"{GROUP}/pool-key"
 # On a pool pod, written by the operator once it runs: the PID its probe got and the PIDs then alive (freshness).
 POOL_MARK_ANNOTATION: Final = f"{GROUP}/pool-mark"
+# On a pool pod, written with its mark: the supervisor placed before the mark (its script's and arguments' digest)
+# and its placement's answer, so a claimer whose placement is the same places nothing between claim and first job.
+POOL_PLACED_ANNOTATION: Final = f"{GROUP}/pool-placed"
 # On a claimed pod: the set whose pool it came from (it carries the attempt's labels instead of the pool's).
 POOL_CLAIMED_LABEL: Final = f"{GROUP}/claimed-from-pool"
 # On a child Episode of a set with a warm pool: its attempts look for a pool pod before making one.

@@ -31,6 +31,8 @@ from episode_operator.kube.objects.warm_pool_plan import (
     fresh_after_claim,
     holding,
     mark_patch,
+    placed_annotation,
+    placed_at_mark,
     plan_pool,
     pod_key,
     pool_pod,
@@ -44,6 +46,7 @@ from episode_operator.runtime.agents import agent_kind
 from episode_operator.runtime.agents.model import CaptureBounds, SandboxNeeds
 from episode_operator.runtime.limits import Spool
 from episode_operator.runtime.sandbox_protocol import MAIN_CONTAINER
+from episode_operator.runtime.turn.context import SANDBOX_LAYOUT
 
 PROBE_BYTES = 64 * 1024
 log = logging.getLogger(__name__)
@@ -155,12 +158,17 @@ async def reconcile_pool(
         await client.delete_pod(owner.namespace, name)
     ready = plan.ready
     by_name = {pod["metadata"]["name"]: pod for pod in pods}
+    placement = supervisor.placement(layout=SANDBOX_LAYOUT)
     for name in plan.mark:
+        # The supervisor placed before the mark (its exec's PIDs are taken before it): a claimer placing the same
+        # places nothing between its claim and its agent's first job. Not placed, the claimer places it.
+        _, placed = await probe(client, owner.namespace, name, placement)
         mark = await marked(client, owner.namespace, name)
         if mark is None:
             continue
+        annotation = placed_annotation(placement.argv, placement.stdin or b"", placed) if placed else None
         with contextlib.suppress(Conflict, NotFound):
-            await client.patch_pool_pod(owner.namespace, name, mark_patch(by_name[name], mark))
+            await client.patch_pool_pod(owner.namespace, name, mark_patch(by_name[name], mark, annotation))
             ready += 1
     message = refusal
     for _ in range(plan.create):
@@ -231,8 +239,9 @@ async def claim(
 
     Each candidate is claimed by a patch guarded by its resourceVersion: a claimer that loses the race
     (409) goes on to the next. The winner probes the pod (with ``placement``, placing the supervisor in the
-    same exec, after the probe): one that something ran in since its mark is deleted (it is the claimer's
-    now) and the next tried; none left, the attempt makes a fresh pod.
+    same exec, after the probe, unless the pool placed this very placement before the mark): one that something
+    ran in since its mark is deleted (it is the claimer's now) and the next tried; none left, the attempt makes
+    a fresh pod.
     """
     wanted = Wanted(pool.name, pool.uid, pod_key(manifest), container_images(manifest))
     try:
@@ -256,7 +265,9 @@ async def claim(
             _count(client, "warm_pool_claims", "lost_race")
             continue
         mark = Mark.parse((pod["metadata"].get("annotations") or {}).get(POOL_MARK_ANNOTATION))
-        seen, placed = await probe(client, episode.namespace, name, placement)
+        at_mark = placed_at_mark(pod, placement.argv, placement.stdin or b"") if placement is not None else None
+        seen, placed = await probe(client, episode.namespace, name, None if at_mark is not None else placement)
+        placed = at_mark if at_mark is not None else placed
         reason = "its probe did not answer" if seen is None or mark is None else fresh_after_claim(mark, seen)
         if reason is not None:
             log.warning("pool pod %s/%s is not fresh, deleted: %s", episode.namespace, name, reason)

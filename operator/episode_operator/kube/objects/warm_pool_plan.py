@@ -35,6 +35,7 @@ from episode_operator.api.vocabulary import (
     POOL_KEY_LABEL,
     POOL_LABEL,
     POOL_MARK_ANNOTATION,
+    POOL_PLACED_ANNOTATION,
     QUEUE_LABEL,
     ROLE_LABEL,
     parse_timestamp,
@@ -352,10 +353,37 @@ def holding(claimed: Sequence[Mapping[str, Any]], unfinished: Collection[str]) -
     return len(holders)
 
 
-def mark_patch(pod: Mapping[str, Any], mark: Mark) -> list[Any]:
-    """The JSON patch that marks a running pool pod fresh, on the version the probe ran in."""
+def placement_digest(placement: Sequence[str], script: bytes) -> str:
+    """What identifies a supervisor placement: its script (stdin) and its arguments (the layout)."""
+    return hashlib.sha256(json.dumps(list(placement)).encode() + b"\0" + script).hexdigest()[:KEY_LENGTH]
+
+
+def placed_annotation(placement: Sequence[str], script: bytes, answer: bytes) -> str:
+    """The annotation saying the supervisor was placed in the pool pod before its mark, and what it answered."""
+    return json.dumps({"placement": placement_digest(placement, script), "answer": answer.decode("utf-8", "replace")})
+
+
+def placed_at_mark(pod: Mapping[str, Any], placement: Sequence[str], script: bytes) -> bytes | None:
+    """The answer of the placement made in the pool pod before its mark, when it is this one (the same script and
+    layout: the same operator); None: the claimer places it (another version placed it, or none did)."""
+    text = ((pod.get("metadata") or {}).get("annotations") or {}).get(POOL_PLACED_ANNOTATION)
+    try:
+        placed = json.loads(text) if text else None
+    except ValueError:
+        return None
+    if not isinstance(placed, dict) or placed.get("placement") != placement_digest(placement, script):
+        return None
+    answer = placed.get("answer")
+    return answer.encode() if isinstance(answer, str) else None
+
+
+def mark_patch(pod: Mapping[str, Any], mark: Mark, placed: str | None = None) -> list[Any]:
+    """The JSON patch that marks a running pool pod fresh, on the version the probe ran in (with ``placed``, the
+    annotation of the supervisor's placement made before the mark)."""
     metadata = pod["metadata"]
     annotations = {**(metadata.get("annotations") or {}), POOL_MARK_ANNOTATION: mark.annotation()}
+    if placed is not None:
+        annotations[POOL_PLACED_ANNOTATION] = placed
     return [
         {"op": "test", "path": "/metadata/resourceVersion", "value": metadata["resourceVersion"]},
         {"op": "replace", "path": "/metadata/annotations", "value": annotations},
