@@ -312,3 +312,27 @@ def test_closing_a_session_still_opening_ahead_ends_it() -> None:
         assert not session.open
 
     asyncio.run(scenario())
+
+
+def test_a_session_closed_before_its_opening_began_takes_calls_again() -> None:
+    """An opening cancelled before it ran leaves no trace: later calls open and ride the session as usual."""
+
+    async def scenario() -> None:
+        opened = 0
+
+        async def opener() -> ScriptedStream:
+            nonlocal opened
+            opened += 1
+            return ScriptedStream(b"@@EO ready 1 exact\n")
+
+        session = Session(opener)
+        session.open_ahead()
+        await session.close()  # at once: the opening's task never began
+        for _ in range(2):
+            assert session.takes(STATE_OF_X)
+            with Spool(1000, "the answer", "a bound") as stdout:
+                assert (await session.call(STATE_OF_X, 5, stdout))[0] == 0
+        assert opened == 1 and session.calls == 2
+        await session.close()
+
+    asyncio.run(scenario())

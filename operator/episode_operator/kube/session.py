@@ -92,7 +92,8 @@ class Session:
             raise SessionFailed("not a supervisor verb")
         if self._carrying():  # a long poll holds it: this call goes by exec rather than wait
             raise SessionFailed("the session is carrying another call")
-        if self._opening is not None:
+        if self._opening_now():
+            assert self._opening is not None
             self._awaited = True
             await asyncio.wait({self._opening})  # it never raises; a cancelled call leaves it opening
         async with self._lock:
@@ -126,8 +127,9 @@ class Session:
     def open_ahead(self) -> None:
         """Open the session now, in the background: the next call then waits for it (rather than going by
         exec) and finds it ready. A failed opening counts as a failed session; that call opens it again."""
-        if self._stream is not None or self._opening is not None or self._failures >= FAILURES_BEFORE_GIVING_UP:
+        if self._stream is not None or self._opening_now() or self._failures >= FAILURES_BEFORE_GIVING_UP:
             return
+        self._awaited = False
         self._opening = asyncio.get_running_loop().create_task(self._open_now())
 
     async def _open_now(self) -> None:
@@ -149,7 +151,11 @@ class Session:
     def _carrying(self) -> bool:
         """Whether a call holds the session. While it opens ahead, the first call to come waits for it and
         any other goes by exec (it would wait for that call too)."""
-        return self._awaited if self._opening is not None else self._lock.locked()
+        return self._awaited if self._opening_now() else self._lock.locked()
+
+    def _opening_now(self) -> bool:
+        """Whether an opening ahead is under way (one cancelled before it began never reset itself)."""
+        return self._opening is not None and not self._opening.done()
 
     async def _open(self) -> SessionReady:
         if self._stream is None:
