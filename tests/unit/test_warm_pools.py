@@ -46,6 +46,7 @@ from episode_operator.kube.objects.warm_pool_plan import (
     placed_at_mark,
     plan_pool,
     pod_key,
+    pool_placement,
     pool_pod,
     probed,
     split_probed,
@@ -677,13 +678,10 @@ def test_the_probe_placed_with_reads_the_pids_before_the_placement_runs() -> Non
 
 def placed_before_the_mark(fake: ProviderPods, name: str, script: bytes | None = None) -> None:
     """The pool pod's annotation of a placement made before its mark: this operator's, or another script's."""
-    from episode_operator.runtime import supervisor
-    from episode_operator.runtime.turn.context import SANDBOX_LAYOUT
-
-    placement = supervisor.placement(layout=SANDBOX_LAYOUT)
-    annotation = placed_annotation(
-        placement.argv, script or placement.stdin or b"", b"version=1\nworkdir=/srv\nuser=root\n"
-    )
+    placement = pool_placement()
+    if script is not None:
+        placement = replace(placement, stdin=script)
+    annotation = placed_annotation(placement, b"version=1\nworkdir=/srv\nuser=root\n")
     fake.pods[name]["metadata"]["annotations"][POOL_PLACED_ANNOTATION] = annotation
 
 
@@ -739,9 +737,6 @@ class MarkingPods(RefillPods):
 
 
 def test_the_pool_places_the_supervisor_before_it_marks_a_pod() -> None:
-    from episode_operator.runtime import supervisor
-    from episode_operator.runtime.turn.context import SANDBOX_LAYOUT
-
     pod = live(the_pool_pod(suffix="a"), uid="a")
     pod["metadata"]["annotations"] = {}
     pod["metadata"]["creationTimestamp"] = precise_timestamp(time.time())  # young: not past the pool's max age
@@ -750,10 +745,9 @@ def test_the_pool_places_the_supervisor_before_it_marks_a_pod() -> None:
     asyncio.run(reconcile_pool(fake, SET, set_spec(), remaining=1, settings=settings))  # type: ignore[arg-type]
     assert fake.argvs[0] != PROBE and all(argv == PROBE for argv in fake.argvs[1:]), "placed, then probed"
     annotations = fake.patched[pod["metadata"]["name"]]
-    placement = supervisor.placement(layout=SANDBOX_LAYOUT)
     marked = {"metadata": {"annotations": annotations}}
     assert Mark.parse(annotations[POOL_MARK_ANNOTATION]) is not None
-    assert placed_at_mark(marked, placement.argv, placement.stdin or b"") == PLACEMENT_ANSWER
+    assert placed_at_mark(marked, pool_placement()) == PLACEMENT_ANSWER
 
 
 def test_with_no_pool_pod_an_attempt_makes_a_fresh_pod_at_once() -> None:

@@ -50,6 +50,7 @@ from episode_operator.kube.objects.pods import (
     verifier_reservation,
 )
 from episode_operator.kube.objects.prepull_plan import image_affinity, nodes_holding, prepull_selector
+from episode_operator.kube.objects.warm_pool_plan import pool_placement
 from episode_operator.kube.session import ExecStream, Session, SessionFailed
 from episode_operator.kube.warm_pool import PoolRef, claim
 from episode_operator.runtime import supervisor
@@ -533,7 +534,7 @@ class KubeProvider:
                     if claimable:
                         assert self.pool is not None
                         # Placed with the claim's probe (one exec): a claimed pod has no sidecar to place into.
-                        placement = supervisor.placement(layout=SANDBOX_LAYOUT, limits=self.limits)
+                        placement = pool_placement(self.limits)
                         claimed = await claim(self.client, self.episode, self.pool, manifest, placement=placement)
                         if claimed is not None:
                             existing, placed = claimed.pod, claimed.placed

@@ -35,6 +35,7 @@ from episode_operator.kube.objects.warm_pool_plan import (
     placed_at_mark,
     plan_pool,
     pod_key,
+    pool_placement,
     pool_pod,
     pool_selector,
     probed,
@@ -46,7 +47,6 @@ from episode_operator.runtime.agents import agent_kind
 from episode_operator.runtime.agents.model import CaptureBounds, SandboxNeeds
 from episode_operator.runtime.limits import Spool
 from episode_operator.runtime.sandbox_protocol import MAIN_CONTAINER
-from episode_operator.runtime.turn.context import SANDBOX_LAYOUT
 
 PROBE_BYTES = 64 * 1024
 log = logging.getLogger(__name__)
@@ -158,15 +158,16 @@ async def reconcile_pool(
         await client.delete_pod(owner.namespace, name)
     ready = plan.ready
     by_name = {pod["metadata"]["name"]: pod for pod in pods}
-    placement = supervisor.placement(layout=SANDBOX_LAYOUT)
+    placement = pool_placement() if plan.mark else None
     for name in plan.mark:
+        assert placement is not None
         # The supervisor placed before the mark (its exec's PIDs are taken before it): a claimer placing the same
         # places nothing between its claim and its agent's first job. Not placed, the claimer places it.
         _, placed = await probe(client, owner.namespace, name, placement)
         mark = await marked(client, owner.namespace, name)
         if mark is None:
             continue
-        annotation = placed_annotation(placement.argv, placement.stdin or b"", placed) if placed else None
+        annotation = placed_annotation(placement, placed) if placed else None
         with contextlib.suppress(Conflict, NotFound):
             await client.patch_pool_pod(owner.namespace, name, mark_patch(by_name[name], mark, annotation))
             ready += 1
@@ -265,7 +266,7 @@ async def claim(
             _count(client, "warm_pool_claims", "lost_race")
             continue
         mark = Mark.parse((pod["metadata"].get("annotations") or {}).get(POOL_MARK_ANNOTATION))
-        at_mark = placed_at_mark(pod, placement.argv, placement.stdin or b"") if placement is not None else None
+        at_mark = placed_at_mark(pod, placement) if placement is not None else None
         seen, placed = await probe(client, episode.namespace, name, None if at_mark is not None else placement)
         placed = at_mark if at_mark is not None else placed
         reason = "its probe did not answer" if seen is None or mark is None else fresh_after_claim(mark, seen)

@@ -50,7 +50,10 @@ from episode_operator.kube.objects.pods import (
     sandbox_pod,
     short_name,
 )
+from episode_operator.runtime import supervisor
 from episode_operator.runtime.agents.model import SandboxNeeds
+from episode_operator.runtime.limits import OutputLimits
+from episode_operator.runtime.turn.context import SANDBOX_LAYOUT
 from episode_operator.taskfolder.task_toml import EnvironmentConfig
 
 KEY_LENGTH = 40
@@ -353,17 +356,25 @@ def holding(claimed: Sequence[Mapping[str, Any]], unfinished: Collection[str]) -
     return len(holders)
 
 
-def placement_digest(placement: Sequence[str], script: bytes) -> str:
+def pool_placement(limits: OutputLimits = supervisor.DEFAULT_LIMITS) -> supervisor.Command:
+    """The supervisor's placement in an agent pod, made alike by the pool before its mark and by a claimer after
+    its claim (the same script and layout: what :func:`placed_at_mark` compares)."""
+    return supervisor.placement(layout=SANDBOX_LAYOUT, limits=limits)
+
+
+def placement_digest(command: supervisor.Command) -> str:
     """What identifies a supervisor placement: its script (stdin) and its arguments (the layout)."""
-    return hashlib.sha256(json.dumps(list(placement)).encode() + b"\0" + script).hexdigest()[:KEY_LENGTH]
+    return hashlib.sha256(json.dumps(list(command.argv)).encode() + b"\0" + (command.stdin or b"")).hexdigest()[
+        :KEY_LENGTH
+    ]
 
 
-def placed_annotation(placement: Sequence[str], script: bytes, answer: bytes) -> str:
+def placed_annotation(command: supervisor.Command, answer: bytes) -> str:
     """The annotation saying the supervisor was placed in the pool pod before its mark, and what it answered."""
-    return json.dumps({"placement": placement_digest(placement, script), "answer": answer.decode("utf-8", "replace")})
+    return json.dumps({"placement": placement_digest(command), "answer": answer.decode("utf-8", "replace")})
 
 
-def placed_at_mark(pod: Mapping[str, Any], placement: Sequence[str], script: bytes) -> bytes | None:
+def placed_at_mark(pod: Mapping[str, Any], command: supervisor.Command) -> bytes | None:
     """The answer of the placement made in the pool pod before its mark, when it is this one (the same script and
     layout: the same operator); None: the claimer places it (another version placed it, or none did)."""
     text = ((pod.get("metadata") or {}).get("annotations") or {}).get(POOL_PLACED_ANNOTATION)
@@ -371,7 +382,7 @@ def placed_at_mark(pod: Mapping[str, Any], placement: Sequence[str], script: byt
         placed = json.loads(text) if text else None
     except ValueError:
         return None
-    if not isinstance(placed, dict) or placed.get("placement") != placement_digest(placement, script):
+    if not isinstance(placed, dict) or placed.get("placement") != placement_digest(command):
         return None
     answer = placed.get("answer")
     return answer.encode() if isinstance(answer, str) else None
