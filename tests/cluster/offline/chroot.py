@@ -1,13 +1,17 @@
 """Running a toolchain image's own root in a network namespace: helpers of the offline tests.
 
-The root is the toolchain image's single layer (a static busybox and the tree), unpacked from the
-docker-archive `hack/cluster images` cached, given its own few device nodes; the harness runs
+The root is the toolchain image's single layer (a static busybox and the tree), unpacked once from the
+docker-archive `hack/cluster images` cached and shared read-only by every test, under an overlay of each test's
+own that gives it its own few device nodes (unpacked for each of the forty tests, it was three quarters of a
+worker's CPU in a minute of a CI run that py-spy sampled); the harness runs
 chrooted into it, as an unprivileged user, in a network namespace with only loopback (where the
 scripted model server listens), under strace so that every network peer it tries is on record.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import importlib.machinery
 import importlib.util
 import json
@@ -18,6 +22,7 @@ import stat
 import subprocess
 import sys
 import tarfile
+from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
 
@@ -49,14 +54,44 @@ def load_hack_cluster() -> ModuleType:
 
 
 def unpack_image(archive: Path, rootfs: Path) -> None:
-    """The image's root filesystem: the single layer of our docker-archive."""
+    """The image's root filesystem: the single layer of our docker-archive, unpacked by GNU tar (owners by
+    number, modes as they are), which takes well under half the CPU Python's tarfile does on these trees of tens
+    of thousands of files."""
     with tarfile.open(archive) as outer:
         manifest = json.load(outer.extractfile("manifest.json"))  # type: ignore[arg-type]
-        [layer_name] = manifest[0]["Layers"]
-        layer = outer.extractfile(layer_name)
-        assert layer is not None
-        with tarfile.open(fileobj=layer, mode="r|") as inner:
-            inner.extractall(rootfs, filter="fully_trusted")
+    [layer_name] = manifest[0]["Layers"]
+    rootfs.mkdir(parents=True)
+    reader = subprocess.Popen(["tar", "-xOf", str(archive), layer_name], stdout=subprocess.PIPE)
+    try:
+        subprocess.run(
+            ["tar", "-x", "--numeric-owner", "--same-permissions", "--same-owner", "-C", str(rootfs)],
+            stdin=reader.stdout,
+            check=True,
+        )
+    finally:
+        assert reader.stdout is not None
+        reader.stdout.close()
+        assert reader.wait() == 0, f"tar could not read {layer_name} from {archive}"
+
+
+def shared_root(archive: Path, roots: Path) -> Path:
+    """The image's root, unpacked once for every test and worker into ``roots`` (beside the image cache, keyed by
+    the archive's name, which holds its content's digest) and never written to again: each test mounts it as the
+    lower layer of an overlay of its own (:func:`prepared_root`). A root whose archive is gone from the cache (an
+    older version) is removed when another is made."""
+    root = roots / archive.name.removesuffix(".tar")
+    roots.mkdir(parents=True, exist_ok=True)
+    with (roots / ".lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # the workers unpack one image once, not once each
+        if not root.is_dir():
+            partial = roots / f".partial-{root.name}-{os.getpid()}"
+            shutil.rmtree(partial, ignore_errors=True)
+            unpack_image(archive, partial)
+            partial.rename(root)
+            for other in roots.iterdir():
+                if not other.name.startswith(".") and not (archive.parent / f"{other.name}.tar").exists():
+                    shutil.rmtree(other, ignore_errors=True)
+    return root
 
 
 def run_chrooted(netns: str, rootfs: Path, harness: Harness, trace: Path) -> subprocess.CompletedProcess[str]:
@@ -71,7 +106,7 @@ def run_chrooted(netns: str, rootfs: Path, harness: Harness, trace: Path) -> sub
         *harness.command(INSTRUCTION, MODEL, base_url, False),
     ]
     # Only /proc and /dev/pts are mounted, in a private mount namespace that ends with the run. /dev is the
-    # root's own few device nodes (prepare_rootfs), never a bind of the host's: a root holding
+    # root's own few device nodes (prepared_root), never a bind of the host's: a root holding
     # a bind of the host's /dev would let a later `rm -rf` of the root delete the host's nodes.
     # A terminal harness (terminus-2's tmux) opens pseudo-terminals: devpts, an instance of its own.
     devpts = 'mount -t devpts -o newinstance,ptmxmode=0666 devpts "$0/dev/pts"'
@@ -110,23 +145,38 @@ def run_chrooted(netns: str, rootfs: Path, harness: Harness, trace: Path) -> sub
 DEVICES = (("null", 1, 3), ("zero", 1, 5), ("full", 1, 7), ("random", 1, 8), ("urandom", 1, 9), ("tty", 5, 0))
 
 
-def prepare_rootfs(archive: Path, tmp_path: Path) -> Path:
-    """The toolchain image's root, with its own /dev, a home and /logs/agent for the agent user."""
-    rootfs = tmp_path / "rootfs"
-    unpack_image(archive, rootfs)
-    assert not list(rootfs.glob("lib*")) and not (rootfs / "usr").exists(), "the image must hold no libc of its own"
-    for name, major, minor in DEVICES:
-        os.mknod(rootfs / "dev" / name, stat.S_IFCHR | 0o666, os.makedev(major, minor))
-        os.chmod(rootfs / "dev" / name, 0o666)
-    (rootfs / "dev" / "fd").symlink_to("/proc/self/fd")
-    (rootfs / "dev" / "pts").mkdir()
-    (rootfs / "dev" / "ptmx").symlink_to("pts/ptmx")
-    (rootfs / "dev" / "shm").mkdir(mode=0o1777)
-    (rootfs / "dev" / "shm").chmod(0o1777)
-    for directory in (HOME, "/logs/agent"):
-        (rootfs / directory.lstrip("/")).mkdir(parents=True)
-        os.chown(rootfs / directory.lstrip("/"), AGENT_UID, AGENT_UID)
-    return rootfs
+@contextlib.contextmanager
+def prepared_root(archive: Path, tmp_path: Path) -> Iterator[Path]:
+    """The toolchain image's root, with its own /dev, a home and /logs/agent for the agent user: an overlay whose
+    lower layer is the image's shared root (:func:`shared_root`, read-only) and whose upper layer is this test's,
+    so what the test and its harness write stays in ``tmp_path``. Unmounted when the test is done."""
+    lower = shared_root(archive, image_roots(archive))
+    upper, work, rootfs = tmp_path / "upper", tmp_path / "work", tmp_path / "rootfs"
+    for directory in (upper, work, rootfs):
+        directory.mkdir()
+    options = f"lowerdir={lower},upperdir={upper},workdir={work}"
+    subprocess.run(["mount", "-t", "overlay", "overlay", "-o", options, str(rootfs)], check=True)
+    try:
+        assert not list(rootfs.glob("lib*")) and not (rootfs / "usr").exists(), "the image must hold no libc of its own"
+        for name, major, minor in DEVICES:
+            os.mknod(rootfs / "dev" / name, stat.S_IFCHR | 0o666, os.makedev(major, minor))
+            os.chmod(rootfs / "dev" / name, 0o666)
+        (rootfs / "dev" / "fd").symlink_to("/proc/self/fd")
+        (rootfs / "dev" / "pts").mkdir()
+        (rootfs / "dev" / "ptmx").symlink_to("pts/ptmx")
+        (rootfs / "dev" / "shm").mkdir(mode=0o1777)
+        (rootfs / "dev" / "shm").chmod(0o1777)
+        for directory in (HOME, "/logs/agent"):
+            (rootfs / directory.lstrip("/")).mkdir(parents=True)
+            os.chown(rootfs / directory.lstrip("/"), AGENT_UID, AGENT_UID)
+        yield rootfs
+    finally:
+        subprocess.run(["umount", str(rootfs)], check=True)
+
+
+def image_roots(archive: Path) -> Path:
+    """Where the images' shared roots are kept: beside hack/cluster's image cache (``<cache>/images``)."""
+    return archive.parent.parent / "toolchain-roots"
 
 
 def give_image_programs(rootfs: Path, programs: tuple[str, ...]) -> None:

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.cluster.offline.chroot import prepare_rootfs, run_chrooted
+from tests.cluster.offline.chroot import prepared_root, run_chrooted
 from tests.cluster.toolchains import HARNESSES
 
 AUTH = {"rules": [{"name": "auth", "fail": {"status": 401}}]}
@@ -90,8 +90,8 @@ def test_a_fast_model_failure_ends_the_harness_with_its_own_error_record(
     model_server: Path,
     tmp_path: Path,
 ) -> None:
-    rootfs = prepare_rootfs(image_archives[name], tmp_path)
-    result = run_chrooted(netns, rootfs, HARNESSES[name], tmp_path / "network.strace")
+    with prepared_root(image_archives[name], tmp_path) as rootfs:
+        result = run_chrooted(netns, rootfs, HARNESSES[name], tmp_path / "network.strace")
 
     assert result.returncode == FAILED_EXIT.get(name, 1), (
         f"{name} exited {result.returncode}:\n{result.stdout[-2000:]}\n{result.stderr[-2000:]}"

@@ -21,7 +21,7 @@ from tests.cluster.offline.chroot import (
     MARKER,
     foreign_peers,
     give_image_programs,
-    prepare_rootfs,
+    prepared_root,
     run_chrooted,
 )
 from tests.cluster.toolchains import API_KEY, HARNESS_APIS
@@ -44,16 +44,14 @@ def test_toolchain_runs_in_an_empty_root_with_only_the_model_reachable(
 ) -> None:
     """Each harness with each model API it speaks (NAME: its default; NAME:API: another)."""
     harness = HARNESS_APIS[name]
-    rootfs = prepare_rootfs(image_archives[harness.name], tmp_path)
-    give_image_programs(rootfs, harness.preset.entry.image_needs)
-
     trace = tmp_path / "network.strace"
-    result = run_chrooted(netns, rootfs, harness, trace)
-
-    assert result.returncode == 0, (
-        f"{name} exited {result.returncode}:\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
-    )
-    assert (rootfs / MARKER.lstrip("/")).read_text() == "offline-ok\n"
+    with prepared_root(image_archives[harness.name], tmp_path) as rootfs:
+        give_image_programs(rootfs, harness.preset.entry.image_needs)
+        result = run_chrooted(netns, rootfs, harness, trace)
+        assert result.returncode == 0, (
+            f"{name} exited {result.returncode}:\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
+        )
+        assert (rootfs / MARKER.lstrip("/")).read_text() == "offline-ok\n"
     records = [json.loads(line) for line in model_server.read_text().splitlines()]
     assert [r["step"] for r in records if r["rule"] == "offline"] == harness.loop_steps(2)
     assert {r["api_key"] for r in records} == {API_KEY}
