@@ -9,7 +9,10 @@ operator to itself uses another prefix.
 from __future__ import annotations
 
 import contextlib
+import copy
+import functools
 import hashlib
+import json
 import os
 import signal
 import subprocess
@@ -50,38 +53,62 @@ def install_crd(api: client.ApiClient, timeout: float = 60) -> None:
 CRD_DIGEST_ANNOTATION = "tests.episode-operator.dev/crd-digest"
 
 
+@functools.cache
+def _crd_file(path: Path) -> tuple[str, dict[str, Any]]:
+    """The CRD file's digest and manifest, read once per process (libyaml's loader: the files are large)."""
+    text = path.read_text()
+    manifest = yaml.load(text, Loader=yaml.CSafeLoader)
+    digest = hashlib.sha256(text.encode()).hexdigest()
+    manifest["metadata"].setdefault("annotations", {})[CRD_DIGEST_ANNOTATION] = digest
+    return digest, manifest
+
+
+def _read_crd(extensions: client.ApiextensionsV1Api, name: str) -> dict[str, Any] | None:
+    """The CRD as JSON, None if there is none: not read into the client's models, which for a CRD of this size
+    costs a test worker a third of a second each time."""
+    try:
+        response = extensions.read_custom_resource_definition(name, _preload_content=False)
+    except ApiException as error:
+        if error.status == 404:
+            return None
+        raise
+    crd: dict[str, Any] = json.loads(response.data)
+    return crd
+
+
 def _install_crd_file(api: client.ApiClient, path: Path, timeout: float) -> None:
     """Replacing a CRD, even with the same content, makes a running kopf rediscover its API group,
     and a rediscovery while the API server re-registers the group can lose the resource: that
     operator then never sees an Episode again. So a CRD already as this file says is left alone."""
     extensions = client.ApiextensionsV1Api(api)
-    text = path.read_text()
-    manifest = yaml.safe_load(text)
+    digest, installed = _crd_file(path)
+    manifest = copy.deepcopy(installed)
     name = manifest["metadata"]["name"]
-    digest = hashlib.sha256(text.encode()).hexdigest()
-    manifest["metadata"].setdefault("annotations", {})[CRD_DIGEST_ANNOTATION] = digest
     deadline = time.monotonic() + timeout
-    try:
-        extensions.create_custom_resource_definition(manifest)
-    except ApiException as error:
-        if error.status != 409:
-            raise
-        # Several workers install the same file at once: the one whose replace loses the race (409 on
-        # the resourceVersion) reads again, and finds the file installed or tries again.
-        while True:
-            current = extensions.read_custom_resource_definition(name)
-            if (current.metadata.annotations or {}).get(CRD_DIGEST_ANNOTATION) == digest:
-                break
-            manifest["metadata"]["resourceVersion"] = current.metadata.resource_version
-            try:
-                extensions.replace_custom_resource_definition(name, manifest)
-                break
-            except ApiException as conflict:
-                if conflict.status != 409 or time.monotonic() > deadline:
-                    raise
+    current = _read_crd(extensions, name)
+    if current is None:
+        try:
+            extensions.create_custom_resource_definition(manifest)
+        except ApiException as error:
+            if error.status != 409:
+                raise
+    # Several workers install the same file at once: the one whose replace loses the race (409 on
+    # the resourceVersion) reads again, and finds the file installed or tries again.
+    while True:
+        current = _read_crd(extensions, name)
+        assert current is not None, f"CRD {name} is gone while it is installed"
+        if (current["metadata"].get("annotations") or {}).get(CRD_DIGEST_ANNOTATION) == digest:
+            break
+        manifest["metadata"]["resourceVersion"] = current["metadata"]["resourceVersion"]
+        try:
+            extensions.replace_custom_resource_definition(name, manifest)
+            break
+        except ApiException as conflict:
+            if conflict.status != 409 or time.monotonic() > deadline:
+                raise
     while time.monotonic() < deadline:
-        crd = extensions.read_custom_resource_definition(name)
-        if any(c.type == "Established" and c.status == "True" for c in crd.status.conditions or []) and served(
+        conditions = ((_read_crd(extensions, name) or {}).get("status") or {}).get("conditions") or []
+        if any(c.get("type") == "Established" and c.get("status") == "True" for c in conditions) and served(
             api, manifest["spec"]["group"], manifest["spec"]["versions"][0]["name"], manifest["spec"]["names"]["plural"]
         ):
             return
