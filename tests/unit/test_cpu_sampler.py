@@ -15,6 +15,8 @@ def test_a_test_namespace_is_reported_under_its_test_name() -> None:
         "a-harness-solves-two-turns-with-every-call-ca"
     )
     assert sampler.stem("t1a2b-load-dd09aa") == "load", "the exclusive phase's namespaces have no worker"
+    assert sampler.stem("load-t838f-gw1-3aa8827") == "load", "a word of the test's own before the prefix"
+    assert sampler.stem("quiet-t1a2b-gw1-abcd1234") == "quiet"
     assert sampler.stem("kube-system") == "kube-system", "anything else under its own name"
 
 
