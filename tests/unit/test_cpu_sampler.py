@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import sys
+from pathlib import Path
+
+import pytest
 
 from tests.unit.test_release import load_script
 
@@ -60,3 +63,20 @@ def test_the_report_sums_tests_across_workers_and_says_what_is_unattributed() ->
     assert "unattributed 30" in text
     assert "| load | 40 | 40.0% |" in text
     assert "| operator (workers) | 10 | 10.0% |" in text
+
+
+def test_pods_are_read_from_every_qos_folder_and_one_gone_meanwhile_is_no_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Pods come and go while the recorder reads: a folder gone between two reads is skipped (a CI run's recorder
+    died on one), and the pods of Guaranteed (directly under kubepods) and Burstable are both read."""
+    other = "1f9a3c1e-4b2d-4c8e-9a1f-2b3c4d5e6f71"
+    for folder in (tmp_path / f"pod{UID}", tmp_path / "burstable" / f"pod{other}" / "c0ffee"):
+        folder.mkdir(parents=True)
+    (tmp_path / f"pod{UID}" / "cpuacct.usage").write_text("2500000000\n")
+    (tmp_path / "burstable" / f"pod{other}" / "cpuacct.usage").write_text("500000000\n")
+    (tmp_path / "burstable" / f"pod{other}" / "c0ffee" / "cgroup.procs").write_text("41\n42\n")
+    monkeypatch.setattr(sampler, "KUBEPODS", tmp_path)  # no besteffort folder: gone meanwhile
+    assert sorted(sampler.read_pods()) == sorted([(UID, 2.5), (other, 0.5)])
+    assert sampler.pod_pids() == {41, 42}
+    assert sampler.listing(tmp_path / "gone") == []
