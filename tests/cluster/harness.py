@@ -85,27 +85,28 @@ def _install_crd_file(api: client.ApiClient, path: Path, timeout: float) -> None
     manifest = copy.deepcopy(installed)
     name = manifest["metadata"]["name"]
     deadline = time.monotonic() + timeout
+    # Several workers install the same file at once: the one whose create or replace loses the race (409)
+    # reads again, and finds the file installed or tries again.
     current = _read_crd(extensions, name)
-    if current is None:
-        try:
-            extensions.create_custom_resource_definition(manifest)
-        except ApiException as error:
-            if error.status != 409:
-                raise
-    # Several workers install the same file at once: the one whose replace loses the race (409 on
-    # the resourceVersion) reads again, and finds the file installed or tries again.
     while True:
+        if current is None:
+            try:
+                extensions.create_custom_resource_definition(manifest)
+                break
+            except ApiException as error:
+                if error.status != 409 or time.monotonic() > deadline:
+                    raise
+        elif (current["metadata"].get("annotations") or {}).get(CRD_DIGEST_ANNOTATION) == digest:
+            break
+        else:
+            manifest["metadata"]["resourceVersion"] = current["metadata"]["resourceVersion"]
+            try:
+                extensions.replace_custom_resource_definition(name, manifest)
+                break
+            except ApiException as conflict:
+                if conflict.status != 409 or time.monotonic() > deadline:
+                    raise
         current = _read_crd(extensions, name)
-        assert current is not None, f"CRD {name} is gone while it is installed"
-        if (current["metadata"].get("annotations") or {}).get(CRD_DIGEST_ANNOTATION) == digest:
-            break
-        manifest["metadata"]["resourceVersion"] = current["metadata"]["resourceVersion"]
-        try:
-            extensions.replace_custom_resource_definition(name, manifest)
-            break
-        except ApiException as conflict:
-            if conflict.status != 409 or time.monotonic() > deadline:
-                raise
     while time.monotonic() < deadline:
         conditions = ((_read_crd(extensions, name) or {}).get("status") or {}).get("conditions") or []
         if any(c.get("type") == "Established" and c.get("status") == "True" for c in conditions) and served(

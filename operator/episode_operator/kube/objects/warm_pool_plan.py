@@ -364,9 +364,8 @@ def pool_placement(limits: OutputLimits = supervisor.DEFAULT_LIMITS) -> supervis
 
 def placement_digest(command: supervisor.Command) -> str:
     """What identifies a supervisor placement: its script (stdin) and its arguments (the layout)."""
-    return hashlib.sha256(json.dumps(list(command.argv)).encode() + b"\0" + (command.stdin or b"")).hexdigest()[
-        :KEY_LENGTH
-    ]
+    identity = json.dumps(list(command.argv)).encode() + b"\0" + (command.stdin or b"")
+    return hashlib.sha256(identity).hexdigest()[:KEY_LENGTH]
 
 
 def placed_annotation(command: supervisor.Command, answer: bytes) -> str:
