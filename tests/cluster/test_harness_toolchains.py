@@ -1,10 +1,15 @@
-"""Every shipped harness runs from its toolchain in the plain sandbox image, offline, and does what the model says.
+"""A harness's terminal outlives its turn: Terminus-2's tmux session, straight from its toolchain in a sandbox pod.
 
-Real parts only, but for the model: the toolchain images `hack/cluster images` built, an init
-container copying the tree into an emptyDir, the sandbox image as the task image (no Node, and a
-Python the harness must not use), no DNS, the scripted model server as a pod reached by its
-Service IP. Each harness is run with the exact command line and environment of
-docs/harnesses.md (tests/cluster/toolchains.py), the instruction one argv element.
+Real parts only, but for the model: the toolchain image `hack/cluster images` built, an init container
+copying the tree into an emptyDir, the sandbox image as the task image, no DNS, the scripted model
+server as a pod reached by its Service IP; the harness run with the exact command line and environment
+of docs/harnesses.md (tests/cluster/toolchains.py), two turns in one pod as two execs.
+
+Where the other harness proofs are: every harness with every model API it speaks, in the toolchain's
+own root with only the model reachable (tests/cluster/offline/test_toolchains_offline.py: its loop, its
+dialect, its key, its native logs); every preset as a whole two-turn Episode, fresh and continued
+(tests/cluster/test_agents.py). Those proofs once also ran here, in a pod per harness and API and per
+continuing harness and mode: 30 pods whose every assertion one of the two others makes.
 """
 
 from __future__ import annotations
@@ -18,16 +23,13 @@ import pytest
 from kubernetes import client
 
 from tests.cluster.toolchains import (
-    API_KEY,
     HARNESS_APIS,
-    HARNESSES,
     LOGS,
     Harness,
     exec_argv,
     toolchain_pod,
     wait_for_running,
 )
-from tests.reference import harbor_trajectory
 from tests.scripted_model.deploy import ScriptedModel, deploy_scripted_model
 
 MODEL = "scripted-m1"
@@ -54,10 +56,6 @@ SCRIPT = {
 }
 
 
-# Harnesses that write an ATIF trajectory of their own, and where under LOGS.
-NATIVE_ATIF = {"terminus-2": "terminus-2/trajectory.json"}
-
-
 @pytest.fixture
 def model(core: client.CoreV1Api, namespace: str, sandbox_image: str) -> ScriptedModel:
     return deploy_scripted_model(core, namespace, SCRIPT, sandbox_image)
@@ -82,9 +80,8 @@ def run_turn(
     harness: Harness,
     model: ScriptedModel,
     instruction: str,
-    continue_session: bool = False,
 ) -> None:
-    argv = harness.command(instruction, MODEL, model.base_url, continue_session)
+    argv = harness.command(instruction, MODEL, model.base_url, False)
     try:
         result = exec_argv(core, namespace, pod, argv, harness.environment(MODEL, model.base_url))
     except TimeoutError as error:
@@ -105,57 +102,6 @@ def tool_requests(model: ScriptedModel) -> list[dict[str, Any]]:
 
 def conversation_text(record: dict[str, Any]) -> str:
     return json.dumps(record["body"].get("messages") or record["body"].get("input") or [])
-
-
-@pytest.mark.parametrize("sandbox", sorted(HARNESS_APIS), indirect=True)
-def test_harness_runs_the_scripted_commands_offline(
-    core: client.CoreV1Api, namespace: str, sandbox: tuple[str, Harness], model: ScriptedModel
-) -> None:
-    """Each harness with each model API it speaks."""
-    sandbox, harness = sandbox
-    run_turn(core, namespace, sandbox, harness, model, TURN_ONE)
-
-    greeting = exec_argv(core, namespace, sandbox, ["cat", GREETING])
-    assert greeting.stdout == "hello from turn 1\n"
-    requests = model.model_requests()
-    assert {r["dialect"] for r in requests} == {harness.dialect}
-    assert all(r["api_key"] == API_KEY for r in requests)
-    loop = tool_requests(model)
-    steps = harness.loop_steps(2)
-    assert [r["rule"] for r in loop] == ["turn-1"] * len(steps), "every loop request is scripted"
-    assert [r["step"] for r in loop] == steps
-    assert "hello from turn 1" not in conversation_text(loop[0])
-    assert all("greeting" in conversation_text(r) for r in loop[1:])
-
-    logs = exec_argv(
-        core, namespace, sandbox, ["sh", "-c", " && ".join(f"ls {LOGS}/{pattern}" for pattern in harness.native_logs)]
-    )
-    assert logs.exit_code == 0, f"no native log {harness.native_logs} under {LOGS}: {logs.stderr}"
-    if harness.name in NATIVE_ATIF:  # a harness that writes ATIF itself: Harbor's models accept it
-        native = exec_argv(core, namespace, sandbox, ["cat", f"{LOGS}/{NATIVE_ATIF[harness.name]}"])
-        trajectory = harbor_trajectory().model_validate(json.loads(native.stdout))
-        assert TURN_ONE in trajectory.steps[0].message and trajectory.agent.name == "terminus-2"
-
-
-CONTINUING = sorted(name for name, harness in HARNESSES.items() if harness.preset.continues)
-
-
-@pytest.mark.parametrize("sandbox", CONTINUING, indirect=True)
-@pytest.mark.parametrize("continue_session", [True, False], ids=["continue", "fresh"])
-def test_second_turn_continues_the_session_only_when_asked(
-    core: client.CoreV1Api, namespace: str, sandbox: tuple[str, Harness], model: ScriptedModel, continue_session: bool
-) -> None:
-    """Under continue, turn 2's first request carries turn 1's conversation; a fresh turn 2 does not."""
-    sandbox, harness = sandbox
-    run_turn(core, namespace, sandbox, harness, model, TURN_ONE)
-    model.clear()
-    run_turn(core, namespace, sandbox, harness, model, TURN_TWO, continue_session=continue_session)
-
-    assert exec_argv(core, namespace, sandbox, ["cat", GREETING]).stdout == "hello from turn 1\nand from turn 2\n"
-    first = tool_requests(model)[0]
-    assert (first["rule"], first["step"]) == ("turn-2", 0)
-    carried = conversation_text(first)
-    assert (TURN_ONE in carried and "hello from turn 1" in carried) is continue_session, shlex.quote(carried[:2000])
 
 
 # Harnesses whose terminal outlives a turn (Terminus-2's tmux session), and the file its pane is piped to.

@@ -146,7 +146,7 @@ from types import SimpleNamespace
 
 import episode_operator
 from episode_operator.runtime.agents.harnesses import PRESETS
-from tests.cluster import test_agents, test_harness_toolchains, toolchains
+from tests.cluster import test_agents, toolchains
 from tests.doc_tables import BLOCKS
 from tests.unit import test_harness
 
@@ -154,7 +154,7 @@ print(json.dumps({
     "package": episode_operator.__file__,
     "presets": list(PRESETS),
     "proofs": {name: harness.native_logs for name, harness in toolchains.HARNESSES.items()},
-    "continuing": test_harness_toolchains.CONTINUING,
+    "continuing": sorted(name for name, sessions in test_agents.SESSIONS if sessions == "continue"),
     "episode_apis": {
         name: test_agents.agent(SimpleNamespace(base_url="http://model"), name)["model"]["api"]
         for name in ("fake-agent", "fake-oneshot")

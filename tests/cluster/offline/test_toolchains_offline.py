@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -24,7 +25,8 @@ from tests.cluster.offline.chroot import (
     prepared_root,
     run_chrooted,
 )
-from tests.cluster.toolchains import API_KEY, HARNESS_APIS
+from tests.cluster.toolchains import API_KEY, HARNESS_APIS, LOGS
+from tests.reference import harbor_trajectory
 
 SCRIPT = {
     "rules": [
@@ -36,6 +38,12 @@ SCRIPT = {
         }
     ]
 }
+# Harnesses that write an ATIF trajectory of their own, and where under LOGS.
+NATIVE_ATIF = {"terminus-2": "terminus-2/trajectory.json"}
+
+
+def conversation_text(record: dict[str, Any]) -> str:
+    return json.dumps(record["body"].get("messages") or record["body"].get("input") or [])
 
 
 @pytest.mark.parametrize("name", sorted(HARNESS_APIS))
@@ -52,7 +60,23 @@ def test_toolchain_runs_in_an_empty_root_with_only_the_model_reachable(
             f"{name} exited {result.returncode}:\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
         )
         assert (rootfs / MARKER.lstrip("/")).read_text() == "offline-ok\n"
+        # Its own logs where its registry entry says (docs/harnesses.md); Harbor's models read an ATIF one.
+        logs = rootfs / LOGS.lstrip("/")
+        absent = [pattern for pattern in harness.native_logs if not list(logs.glob(pattern))]
+        assert not absent, f"no native log {absent} under {LOGS}: {sorted(map(str, logs.rglob('*')))}"
+        if harness.name in NATIVE_ATIF:
+            native = json.loads((logs / NATIVE_ATIF[harness.name]).read_text())
+            trajectory = harbor_trajectory().model_validate(native)
+            assert INSTRUCTION in trajectory.steps[0].message and trajectory.agent.name == "terminus-2"
     records = [json.loads(line) for line in model_server.read_text().splitlines()]
-    assert [r["step"] for r in records if r["rule"] == "offline"] == harness.loop_steps(2)
+    assert {r["dialect"] for r in records if r.get("dialect")} == {harness.dialect}
     assert {r["api_key"] for r in records} == {API_KEY}
+    # The agent's loop (requests that let the model act: no title or summary requests) is the script's, each
+    # step asked once, and the conversation goes on: each later request carries more than the first.
+    assert [r["step"] for r in records if r["rule"] == "offline"] == harness.loop_steps(2)
+    loop = [r for r in records if r.get("action") is not None and r.get("offered")]
+    assert [(r["rule"], r["step"]) for r in loop] == [("offline", step) for step in harness.loop_steps(2)]
+    first = conversation_text(loop[0])
+    assert "offline-ok" not in first and INSTRUCTION in first
+    assert all(len(conversation_text(r)) > len(first) for r in loop[1:])
     assert foreign_peers(trace) == [], "the harness reached for something other than the model"
