@@ -59,13 +59,12 @@ def pytest_configure(config: pytest.Config) -> None:
 # last keeps its worker busy minutes after the others have finished (the longest-first rule).
 LONGEST_FIRST = (
     "test_load.py::test_two_hundred_episodes_at_once",
-    "test_agents.py::test_a_failing_endpoint_ends_each_episode_in_its_class_within_the_turn_budget",
+    "test_agents.py::test_a_failing_endpoint_ends_each_episode_in_its_class_and_every_one_exports_as_a_gym_row",
     "test_fault_matrix.py::test_a_fault_in_every_stage_ends_with_the_fault_free_reward_or_an_outage",
     "test_episodeset.py::test_dataset_of_20_tasks_times_2_attempts_at_parallelism_4",
     "test_agents.py::test_a_harness_solves_two_turns_with_every_call_captured",
     "test_prepull.py::test_an_image_that_cannot_be_pulled_is_named_and_the_children_start_anyway",
     "test_gym_collector.py::test_gyms_collector_collects_through_the_operator_and_resumes_without_a_second_episode",
-    "test_agents.py::test_the_export_of_harness_episodes_validates_against_gyms_own_models",
     "test_gitops.py::test_the_gitops_page_runs_as_printed",
 )
 
