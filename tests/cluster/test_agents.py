@@ -14,7 +14,8 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from types import SimpleNamespace
+from typing import Any, cast
 
 import pytest
 from kubernetes import client
@@ -287,33 +288,42 @@ def failure_evidence(operator: OperatorProcess, namespace: str, name: str, statu
     return "\n".join(shown)
 
 
-@pytest.mark.parametrize(
-    ("agent_change", "fragment"),
-    [
-        ({"harness": {"name": "no-such"}}, "spec.agent.harness.name: unknown harness 'no-such'"),
-        ({"harness": {"name": "codex"}}, "spec.agent.model.api: codex speaks responses, not chat-completions"),
-        ({"turnSessions": "continue", "harness": {"name": "mini-swe-agent"}}, "mini-swe-agent cannot continue"),
-        ({"turnSessions": "continue", "harness": {"name": "terminus-2"}}, "terminus-2 cannot continue"),
-        ({"secret": "no-such-key"}, "spec.agent.model.apiKeySecretRef: secret"),
-    ],
-)
+# Specs the operator refuses, each with what its message must name. No model answers: the endpoint is an
+# address nothing serves, the refusals come before any pod.
+REFUSED: dict[str, tuple[dict[str, Any], str]] = {
+    "unknown-harness": ({"harness": {"name": "no-such"}}, "spec.agent.harness.name: unknown harness 'no-such'"),
+    "wrong-api": ({"harness": {"name": "codex"}}, "spec.agent.model.api: codex speaks responses, not chat-completions"),
+    "mini-continues": (
+        {"turnSessions": "continue", "harness": {"name": "mini-swe-agent"}},
+        "mini-swe-agent cannot continue",
+    ),
+    "terminus-continues": (
+        {"turnSessions": "continue", "harness": {"name": "terminus-2"}},
+        "terminus-2 cannot continue",
+    ),
+    "no-secret": ({"secret": "no-such-key"}, "spec.agent.model.apiKeySecretRef: secret"),
+}
+
+
 def test_bad_agent_specs_are_refused_before_any_pod_starts(
-    api_client: client.ApiClient,
-    core: client.CoreV1Api,
-    namespace: str,
-    operator: OperatorProcess,
-    model: ScriptedModel,
-    agent_change: dict[str, Any],
-    fragment: str,
+    api_client: client.ApiClient, core: client.CoreV1Api, namespace: str, operator: OperatorProcess
 ) -> None:
-    agent_spec = agent(model, "opencode")
-    if "secret" in agent_change:
-        agent_spec["model"]["apiKeySecretRef"] = {"name": agent_change.pop("secret")}
-    agent_spec.update(agent_change)
-    status = run_episode(api_client, namespace, "refused", spec(agent_spec), operator)
-    assert (status["phase"], status["outcome"]) == ("Failed", "TerminalFailure")
-    assert fragment in status["message"], status["message"]
-    assert pods_of(core, namespace, "refused") == []
+    core.create_namespaced_secret(
+        namespace, client.V1Secret(metadata=client.V1ObjectMeta(name="model-key"), string_data={"api-key": KEY})
+    )
+    nowhere = cast(ScriptedModel, SimpleNamespace(base_url="http://198.18.0.1:9"))
+    for name, (agent_change, _) in REFUSED.items():
+        agent_spec = agent(nowhere, "opencode")
+        change = dict(agent_change)
+        if "secret" in change:
+            agent_spec["model"]["apiKeySecretRef"] = {"name": change.pop("secret")}
+        agent_spec.update(change)
+        create_episode(api_client, namespace, name, spec(agent_spec))
+    for name, (_, fragment) in REFUSED.items():
+        status = wait_for_episode(api_client, namespace, name, operator)
+        assert (status["phase"], status["outcome"]) == ("Failed", "TerminalFailure"), (name, status)
+        assert fragment in status["message"], (name, status["message"])
+        assert pods_of(core, namespace, name) == [], name
 
 
 # A real call through the proxy with the placeholder key it was given.
