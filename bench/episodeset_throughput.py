@@ -9,8 +9,11 @@ shape). Cases, each in a fresh namespace with a fresh operator process, measured
 - ``direct, no limit`` (baseline): the 40 Episodes at once, every one driven concurrently.
 
 Wall time runs from the first create call to the moment the last Episode is seen finished
-(polled every 0.2 s); for a set, to the moment the set says it is complete. Usage (the
-cluster up): ``.venv/bin/python bench/episodeset_throughput.py [--parallelism 4 8] [--repeats 1]``.
+(polled every 0.2 s); for a set, to the moment the set says it is complete. Each case also counts
+what it cost the operator, per Episode: its CPU (``/proc/<pid>/stat``) and its API requests (its
+own counter, ``episode_operator_api_requests_total``, from its /metrics), and for a set its passes
+(each reads the set and lists its children). Usage (the cluster up):
+``.venv/bin/python bench/episodeset_throughput.py [--parallelism 4 8] [--repeats 1]``.
 Prints a table and writes ``bench/out/episodeset_throughput.json``.
 """
 
@@ -23,13 +26,17 @@ import statistics
 import sys
 import tempfile
 import time
+import urllib.request
 import uuid
+from collections import Counter
 from collections.abc import Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the cluster-test harness
 
+from bench.suite.cluster import operator_requests, proc_sample
 from kubernetes import client, config
 from tests.cluster.harness import GROUP, PLURAL, VERSION, OperatorProcess, install_crd
 
@@ -96,6 +103,31 @@ def operator(root: Path, extra: tuple[str, ...] = ()) -> Iterator[OperatorProces
         process.stop()
 
 
+@dataclass
+class Cost:
+    """What a case cost the operator: CPU seconds and API requests by kind."""
+
+    cpu_sec: float = 0.0
+    requests: Counter[str] = field(default_factory=Counter)
+
+
+@contextlib.contextmanager
+def cost_of(process: OperatorProcess) -> Iterator[Cost]:
+    """The operator's CPU and requests from entering to leaving the block."""
+    assert process.process is not None
+    pid = process.process.pid
+
+    def requests() -> Counter[str]:
+        with urllib.request.urlopen(f"http://127.0.0.1:{process.metrics_port}/metrics", timeout=10) as reply:
+            return operator_requests(reply.read().decode())
+
+    cost = Cost()
+    cpu, before = proc_sample(pid).cpu_sec, requests()
+    yield cost
+    cost.cpu_sec = proc_sample(pid).cpu_sec - cpu
+    cost.requests = requests() - before
+
+
 def wait_all_finished(custom: client.CustomObjectsApi, ns: str, count: int, timeout: float = 900) -> tuple[float, int]:
     """When all ``count`` Episodes of ``ns`` are finished; and the most seen unfinished at once."""
     deadline = time.monotonic() + timeout
@@ -160,25 +192,36 @@ def main() -> None:
     install_crd(api)
     count = options.tasks * options.attempts
     results: dict[str, list[tuple[float, int]]] = {}
+    costs: dict[str, list[Cost]] = {}
 
-    def record(case: str, measured: tuple[float, int]) -> None:
+    def record(case: str, measured: tuple[float, int], cost: Cost) -> None:
         results.setdefault(case, []).append(measured)
+        costs.setdefault(case, []).append(cost)
         seconds, peak = measured
         rate = count / seconds * 60
-        print(f"  {case:22} {seconds:7.1f} s  {rate:6.1f} episodes/min  peak unfinished {peak}", flush=True)
+        print(
+            f"  {case:22} {seconds:7.1f} s  {rate:6.1f} episodes/min  peak unfinished {peak}  "
+            f"operator {cost.cpu_sec / count * 1000:.0f} ms and {cost.requests.total() / count:.1f} requests "
+            f"per Episode",
+            flush=True,
+        )
 
     with tempfile.TemporaryDirectory() as temporary:
         root = Path(temporary)
         for _ in range(options.repeats):
-            with operator(root) as _unlimited:
-                with namespace(core) as ns:
-                    record("direct, no limit", run_direct(custom, ns, options.tasks, options.attempts))
+            with operator(root) as unlimited:
+                with namespace(core) as ns, cost_of(unlimited) as cost:
+                    measured = run_direct(custom, ns, options.tasks, options.attempts)
+                record("direct, no limit", measured, cost)
                 for parallelism in options.parallelism:
-                    with namespace(core) as ns:
-                        record(f"set p{parallelism}", run_set(custom, ns, options.tasks, options.attempts, parallelism))
+                    with namespace(core) as ns, cost_of(unlimited) as cost:
+                        measured = run_set(custom, ns, options.tasks, options.attempts, parallelism)
+                    record(f"set p{parallelism}", measured, cost)
             for parallelism in options.parallelism:
-                with operator(root, ("--max-active-episodes", str(parallelism))) as _limited, namespace(core) as ns:
-                    record(f"direct limit {parallelism}", run_direct(custom, ns, options.tasks, options.attempts))
+                limit = ("--max-active-episodes", str(parallelism))
+                with operator(root, limit) as limited, namespace(core) as ns, cost_of(limited) as cost:
+                    measured = run_direct(custom, ns, options.tasks, options.attempts)
+                record(f"direct limit {parallelism}", measured, cost)
 
     def rate(case: str) -> float:
         return count / statistics.median(seconds for seconds, _ in results[case]) * 60
@@ -186,11 +229,25 @@ def main() -> None:
     print(
         f"\n{options.tasks} tasks × {options.attempts} attempts = {count} Episodes; median of {options.repeats} run(s)"
     )
-    print(f"{'case':22} {'episodes/min':>13} {'peak unfinished':>16} {'÷ direct same limit':>20} {'÷ no limit':>11}")
+    print(
+        f"{'case':22} {'episodes/min':>13} {'peak unfinished':>16} {'÷ direct same limit':>20} {'÷ no limit':>11} "
+        f"{'CPU/Episode':>12} {'requests/Episode':>17} {'set passes':>11}"
+    )
     report: dict[str, Any] = {"tasks": options.tasks, "attempts": options.attempts, "cases": {}}
     for case in results:
         peak = max(peak for _, peak in results[case])
-        row = {"episodes_per_min": rate(case), "peak_unfinished": peak, "runs_s": [s for s, _ in results[case]]}
+        cpu_ms = statistics.median(cost.cpu_sec for cost in costs[case]) / count * 1000
+        requests = statistics.median(cost.requests.total() for cost in costs[case]) / count
+        passes = statistics.median(cost.requests["LIST episodes"] for cost in costs[case]) if "set" in case else None
+        row = {
+            "episodes_per_min": rate(case),
+            "peak_unfinished": peak,
+            "runs_s": [s for s, _ in results[case]],
+            "operator_cpu_ms_per_episode": cpu_ms,
+            "operator_requests_per_episode": requests,
+            "set_passes": passes,
+            "requests_by_kind": [dict(cost.requests) for cost in costs[case]],
+        }
         ratios = ["", ""]
         if case.startswith("set p"):
             parallelism = case.removeprefix("set p")
@@ -198,7 +255,11 @@ def main() -> None:
             row["ratio_to_direct_no_limit"] = rate(case) / rate("direct, no limit")
             ratios = [f"{row['ratio_to_direct_same_limit']:.2f}", f"{row['ratio_to_direct_no_limit']:.2f}"]
         report["cases"][case] = row
-        print(f"{case:22} {row['episodes_per_min']:13.1f} {peak:16d} {ratios[0]:>20} {ratios[1]:>11}")
+        shown_passes = "" if passes is None else f"{passes:.0f}"
+        print(
+            f"{case:22} {row['episodes_per_min']:13.1f} {peak:16d} {ratios[0]:>20} {ratios[1]:>11} "
+            f"{cpu_ms:9.0f} ms {requests:17.1f} {shown_passes:>11}"
+        )
     OUT.mkdir(exist_ok=True)
     (OUT / "episodeset_throughput.json").write_text(json.dumps(report, indent=2) + "\n")
 

@@ -494,10 +494,11 @@ class KubeClient:
 
     async def replace_episodeset_status(
         self, namespace: str, name: str, status: dict[str, Any], *, guard: Guard | None = None
-    ) -> None:
-        """Write the whole status of an EpisodeSet (as :meth:`replace_episode_status`)."""
+    ) -> str:
+        """Write the whole status of an EpisodeSet (as :meth:`replace_episode_status`); the set's new
+        resourceVersion (its loop ignores the watch event of its own write, runtime/wakeups.py)."""
         with _api_call(f"status of episodeset {namespace}/{name}"):
-            await _body(  # the reply (the whole object) is not read: not parsed either
+            reply = await _body(
                 await self.custom.patch_namespaced_custom_object_status(
                     GROUP,
                     VERSION,
@@ -509,6 +510,7 @@ class KubeClient:
                     _preload_content=False,
                 )
             )
+        return str(json.loads(reply)["metadata"]["resourceVersion"])
 
     async def patch_episodeset(self, namespace: str, name: str, patch: dict[str, Any]) -> None:
         """A JSON merge patch of an EpisodeSet (its annotations)."""
