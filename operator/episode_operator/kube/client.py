@@ -496,7 +496,8 @@ class KubeClient:
         self, namespace: str, name: str, status: dict[str, Any], *, guard: Guard | None = None
     ) -> str:
         """Write the whole status of an EpisodeSet (as :meth:`replace_episode_status`); the set's new
-        resourceVersion (its loop ignores the watch event of its own write, runtime/wakeups.py)."""
+        resourceVersion, "" if the reply names none (its loop ignores the watch event of its own write,
+        runtime/wakeups.py)."""
         with _api_call(f"status of episodeset {namespace}/{name}"):
             reply = await _body(
                 await self.custom.patch_namespaced_custom_object_status(
@@ -510,7 +511,8 @@ class KubeClient:
                     _preload_content=False,
                 )
             )
-        return str(json.loads(reply)["metadata"]["resourceVersion"])
+        # The object written; a reply without its version (none from a real API server) names none.
+        return str((json.loads(reply).get("metadata") or {}).get("resourceVersion") or "")
 
     async def patch_episodeset(self, namespace: str, name: str, patch: dict[str, Any]) -> None:
         """A JSON merge patch of an EpisodeSet (its annotations)."""
