@@ -400,6 +400,26 @@ def test_an_endpoint_that_never_answers_is_an_outage() -> None:
     assert (status.outcome, status.failure_kind) == ("Ungraded", "outage:model_unavailable")
 
 
+def test_a_call_dropped_when_the_agent_ended_on_a_refused_key_is_no_hang() -> None:
+    """opencode asks for a title beside its first call; the first call is refused (401) and opencode exits,
+    cutting the title request off unanswered: the refused key ended the turn, not a hanging endpoint. A call
+    cut off with no failure answered while it waited (the control) is still the endpoint hanging."""
+    unanswered = {"status_code": None, "upstream_status_code": None, "latency_ttft_ms": None}
+    title = call("a", status=0, category="cancelled", ended=-1).model_copy(update=unanswered)
+    title = title.model_copy(update={"completed_at": title.started_at + 2})  # in flight over the refusal
+    refused = call("a", status=401, category="auth", ended=-0.5)
+    world = World()
+    plant(world, "a", [title, refused])
+    status = run(two_turns(), agent=harness("opencode"), world=world, retries=0)[0]
+    assert (status.outcome, status.failure_kind) == ("Ungraded", "agent:model_auth")
+
+    earlier = call("a", status=401, category="auth", ended=-5)  # answered before the dropped call began
+    control = World()
+    plant(control, "a", [earlier, title])
+    status = run(two_turns(), agent=harness("opencode"), world=control, retries=0)[0]
+    assert (status.outcome, status.failure_kind) == ("Ungraded", "outage:model_unavailable")
+
+
 def test_a_turn_whose_calls_outgrew_the_capture_journal_fails_measured_and_unverified() -> None:
     """The proxy answered a call itself past the attempt's journal bound: the turn scores a measured 0,
     its verifier not run, never an outage (a retry would do the same)."""

@@ -114,13 +114,19 @@ def classify(
 
     The turn's last model call decides when it failed (the agent ended on it, whatever its exit
     code); a call the agent abandoned while the endpoint had not answered at all means the
-    endpoint hung. Otherwise a succeeded agent did not fail; a failed one is told apart by its
-    output (``patterns``, the preset's), else by how it ended.
+    endpoint hung -- unless, while it waited, another call of the turn was answered with a
+    failure: the agent ended on that answer and dropped the call still in flight (opencode's
+    title request, cut off when it exits on a 401; a CI run graded such a refused key as a hang).
+    Otherwise a succeeded agent did not fail; a failed one is told apart by its output
+    (``patterns``, the preset's), else by how it ended.
     """
     ended = sorted(calls, key=lambda call: call.completed_at)
     if ended:
         last = ended[-1]
         failure = _failure_of(last)
+        if failure == "model_unavailable" and last.error_category == "cancelled":
+            meanwhile = [_failure_of(call) for call in ended[:-1] if call.completed_at >= last.started_at]
+            failure = next((answer for answer in reversed(meanwhile) if answer is not None), failure)
         if failure is not None:
             return failure
     if state.succeeded:
