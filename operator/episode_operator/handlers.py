@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import functools
 import logging
 import os
 import time
@@ -597,7 +596,6 @@ async def run_set(body: kopf.Body, memo: Any, logger: Any, stopped: kopf.DaemonS
                             ),
                         ),
                         claim=claim,
-                        wrote=functools.partial(wakeups.wrote, namespace, label_value(name)),
                     )
                 if not stopped and not replicas.belongs_here(body):
                     raise HandOver(f"episodeset {namespace}/{name} belongs to another replica now")
@@ -616,9 +614,8 @@ async def run_set(body: kopf.Body, memo: Any, logger: Any, stopped: kopf.DaemonS
 async def wake_set(body: kopf.Body, memo: Any, type: str | None, **_: Any) -> None:
     if type == "DELETED":  # deleted, or routed to another replica: kopf updates this body no more
         memo.replicas.left_watch(EPISODE_SETS, body)
-    metadata = body["metadata"]
-    memo.set_wakeups.wake(metadata["namespace"], label_value(metadata["name"]), metadata.get("resourceVersion"))
-    memo.replicas.wake(EPISODE_SETS, metadata["namespace"], metadata["name"])
+    memo.set_wakeups.wake(body["metadata"]["namespace"], label_value(body["metadata"]["name"]))
+    memo.replicas.wake(EPISODE_SETS, body["metadata"]["namespace"], body["metadata"]["name"])
 
 
 @kopf.on.event(GROUP, VERSION, PLURAL)

@@ -3,13 +3,8 @@
 from __future__ import annotations
 
 import asyncio
-import logging
-from typing import Any, cast
+from typing import Any
 
-import kopf
-
-from episode_operator.api.episodeset_resource import EpisodeSetStatus
-from episode_operator.kube.episodeset_controller import SetWriter
 from episode_operator.kube.objects.pods import OwnerRef
 from episode_operator.kube.pod_sandbox import KubeProvider
 from episode_operator.runtime.wakeups import Wakeups, nap
@@ -99,57 +94,3 @@ def test_a_starting_pod_is_read_when_it_changes_not_at_the_next_poll() -> None:
         return api.reads
 
     assert asyncio.run(scenario()) == 2
-
-
-def test_a_waiter_is_not_woken_by_the_version_it_wrote_itself() -> None:
-    """An EpisodeSet's loop names each status version it writes: that version's watch event is its own write
-    coming back, and wakes it not; any other version, or an event without one, does."""
-    wakeups = Wakeups()
-    wakeups.wrote("ns", "s", "6")  # no waiter yet: nothing kept
-    with wakeups.registered("ns", "s") as waiter:
-        wakeups.wake("ns", "s", "6")
-        assert waiter.is_set()
-        waiter.clear()
-        wakeups.wrote("ns", "s", "7")
-        wakeups.wake("ns", "s", "7")
-        wakeups.wrote("other", "s", "8")  # another namespace's set of the same name has no waiter
-        assert not waiter.is_set()
-        wakeups.wake("ns", "s", "8")  # someone else's change, after the loop's write
-        assert waiter.is_set()
-        waiter.clear()
-        wakeups.wake("ns", "s")  # a child's event carries no version of the set
-        assert waiter.is_set()
-    with wakeups.registered("ns", "s") as again:  # a version written by an earlier waiter is forgotten with it
-        wakeups.wake("ns", "s", "7")
-        assert again.is_set()
-
-
-def test_the_set_loop_names_each_status_version_it_writes() -> None:
-    """A pass that changes the set's status hands the version the write returned to ``wrote``; a pass that
-    writes nothing hands none."""
-    written: list[str] = []
-
-    class Sets:
-        async def replace_episodeset_status(self, namespace: str, name: str, status: Any, **_: Any) -> str:
-            return "42"
-
-    writer = SetWriter(cast(Any, Sets()), OwnerRef("s", "ns", "u"), logging.getLogger("t"), None, written.append)
-    asyncio.run(writer.status(EpisodeSetStatus(), EpisodeSetStatus(phase="Running")))
-    asyncio.run(writer.status(EpisodeSetStatus(phase="Running"), EpisodeSetStatus(phase="Running")))
-    assert written == ["42"]
-
-
-def test_the_set_events_handler_passes_the_sets_version() -> None:
-    """kopf's event of a set carries its resourceVersion to the wake-up, so the loop's own write is recognised."""
-    from episode_operator import handlers
-    from episode_operator.kube.replicas import Replicas
-
-    memo = kopf.Memo(replicas=Replicas(cast(Any, None), None, logging.getLogger("t")), set_wakeups=Wakeups())
-    body = kopf.Body(cast(kopf.RawBody, {"metadata": {"name": "s", "namespace": "ns", "resourceVersion": "9"}}))
-    with memo.set_wakeups.registered("ns", "s") as waiter:
-        memo.set_wakeups.wrote("ns", "s", "9")
-        asyncio.run(handlers.wake_set(body=body, memo=memo, type="MODIFIED"))
-        assert not waiter.is_set()
-        memo.set_wakeups.wrote("ns", "s", "8")
-        asyncio.run(handlers.wake_set(body=body, memo=memo, type="MODIFIED"))
-        assert waiter.is_set()

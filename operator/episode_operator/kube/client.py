@@ -494,12 +494,10 @@ class KubeClient:
 
     async def replace_episodeset_status(
         self, namespace: str, name: str, status: dict[str, Any], *, guard: Guard | None = None
-    ) -> str:
-        """Write the whole status of an EpisodeSet (as :meth:`replace_episode_status`); the set's new
-        resourceVersion, "" if the reply names none (its loop ignores the watch event of its own write,
-        runtime/wakeups.py)."""
+    ) -> None:
+        """Write the whole status of an EpisodeSet (as :meth:`replace_episode_status`)."""
         with _api_call(f"status of episodeset {namespace}/{name}"):
-            reply = await _body(
+            await _body(  # the reply (the whole object) is not read: not parsed either
                 await self.custom.patch_namespaced_custom_object_status(
                     GROUP,
                     VERSION,
@@ -511,8 +509,6 @@ class KubeClient:
                     _preload_content=False,
                 )
             )
-        # The object written; a reply without its version (none from a real API server) names none.
-        return str((json.loads(reply).get("metadata") or {}).get("resourceVersion") or "")
 
     async def patch_episodeset(self, namespace: str, name: str, patch: dict[str, Any]) -> None:
         """A JSON merge patch of an EpisodeSet (its annotations)."""

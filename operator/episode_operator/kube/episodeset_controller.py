@@ -101,18 +101,16 @@ async def run_episode_set(
     settings: SetSettings | None = None,
     *,
     claim: Claim | None = None,
-    wrote: Callable[[str], None] | None = None,
 ) -> None:
     """Reconcile the set until it is complete (or deleted, or the loop is stopped).
 
     ``claim``: this replica's claim on the set (kube/replicas.py), checked before each pass and
-    carried by every status write; a pass that finds it gone stops the loop (:class:`Fenced`).
-    ``wrote``: told the version of each status write (see :class:`SetWriter`)."""
+    carried by every status write; a pass that finds it gone stops the loop (:class:`Fenced`)."""
     settings = settings or SetSettings()
     while not stopped():
         wakeup.clear()
         try:
-            delay = await reconcile_episode_set(client, namespace, name, logger, settings, claim=claim, wrote=wrote)
+            delay = await reconcile_episode_set(client, namespace, name, logger, settings, claim=claim)
         except SetGone:
             return
         except KubeError as error:
@@ -134,7 +132,6 @@ async def reconcile_episode_set(
     settings: SetSettings,
     *,
     claim: Claim | None = None,
-    wrote: Callable[[str], None] | None = None,
 ) -> float | None:
     """One pass over the set; the seconds until the next one, or None when the set is complete."""
     if claim is not None:
@@ -158,7 +155,7 @@ async def reconcile_episode_set(
         if (body.get("spec") or {}).get("prePull"):
             await release_prepull(client, ref)
         return None
-    events = SetWriter(client, ref, logger, claim, wrote)
+    events = SetWriter(client, ref, logger, claim)
     try:
         spec = EpisodeSetSpec.model_validate(body.get("spec") or {})
     except ValidationError as error:
@@ -529,11 +526,9 @@ class SetWriter:
     ref: OwnerRef
     logger: logging.Logger
     claim: Claim | None = None
-    # Told each version the pass writes, so that its watch event does not wake the loop (runtime/wakeups.py).
-    wrote: Callable[[str], None] | None = None
 
     async def status(self, previous: EpisodeSetStatus, status: EpisodeSetStatus) -> None:
-        """Write the status if it changed."""
+        """Write the status if it changed (each write wakes the loop again)."""
         if status.to_api() == previous.to_api():
             return
         guard = None
@@ -541,17 +536,13 @@ class SetWriter:
             self.claim.check()
             guard = self.claim.guard
         try:
-            version = await self.client.replace_episodeset_status(
-                self.ref.namespace, self.ref.name, status.to_api(), guard=guard
-            )
+            await self.client.replace_episodeset_status(self.ref.namespace, self.ref.name, status.to_api(), guard=guard)
         except NotFound as error:
             raise SetGone(str(error)) from error
         except KubeError as error:
             if error.status == 422 and self.claim is not None:
                 await self.claim.confirm()  # the claim's precondition failed: Fenced
             raise
-        if self.wrote is not None and version:
-            self.wrote(version)
 
     async def post(self, reason: str, message: str, *, warning: bool = False) -> None:
         """Queue the Event (posted in the background, see :mod:`episode_operator.kube.event_recorder`), named
