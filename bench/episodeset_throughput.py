@@ -26,7 +26,6 @@ import statistics
 import sys
 import tempfile
 import time
-import urllib.request
 import uuid
 from collections import Counter
 from collections.abc import Iterator
@@ -36,7 +35,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the cluster-test harness
 
-from bench.suite.cluster import operator_requests, proc_sample
+from bench.suite.cluster import metrics_text, operator_requests, proc_sample
 from kubernetes import client, config
 from tests.cluster.harness import GROUP, PLURAL, VERSION, OperatorProcess, install_crd
 
@@ -118,8 +117,7 @@ def cost_of(process: OperatorProcess) -> Iterator[Cost]:
     pid = process.process.pid
 
     def requests() -> Counter[str]:
-        with urllib.request.urlopen(f"http://127.0.0.1:{process.metrics_port}/metrics", timeout=10) as reply:
-            return operator_requests(reply.read().decode())
+        return operator_requests(metrics_text(process.metrics_port))
 
     cost = Cost()
     cpu, before = proc_sample(pid).cpu_sec, requests()

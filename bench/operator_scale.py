@@ -41,7 +41,6 @@ import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from collections import Counter
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -59,6 +58,7 @@ from bench.suite.cluster import (
     connect,
     create_episode,
     machine,
+    metrics_text,
     operator_requests,
     proc_sample,
 )
@@ -94,8 +94,7 @@ class Operator(Replica):
             self.env["BENCH_PROFILE"] = str(folder / "operator.prof")
 
     def requests(self) -> Counter[str]:
-        with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=10) as answer:
-            return operator_requests(answer.read().decode())
+        return operator_requests(metrics_text(self.metrics_port))
 
     def sample(self) -> Any:
         assert self.process is not None

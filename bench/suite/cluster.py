@@ -377,10 +377,7 @@ class Operator:
 
     def metrics(self) -> str:
         """The operator's Prometheus text (its phase histograms say where its time went)."""
-        url = f"http://127.0.0.1:{self.process.metrics_port}/metrics"
-        with urllib.request.urlopen(url, timeout=10) as answer:
-            text: str = answer.read().decode()
-        return text
+        return metrics_text(self.process.metrics_port)
 
     def agent_log(self, namespace: str, name: str, turn: str, log: str = "agent") -> str | None:
         """A job log the operator kept for an Episode (``<data>/<ns>/<name>/<uid>/attempt-1/<turn>/logs``)."""
@@ -480,6 +477,13 @@ def api_requests(api: client.ApiClient) -> Counter[str]:
             resource += "/" + labels["subresource"]
         counts[f"{labels.get('verb', '')} {resource}"] += int(float(value))
     return counts
+
+
+def metrics_text(port: int) -> str:
+    """A local operator's Prometheus text, from its /metrics on ``port``."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as answer:
+        text: str = answer.read().decode()
+    return text
 
 
 def operator_requests(metrics_text: str) -> Counter[str]:

@@ -14,7 +14,6 @@ continuing harness and mode: 30 pods whose every assertion one of the two others
 
 from __future__ import annotations
 
-import json
 import shlex
 from collections.abc import Iterator
 from typing import Any
@@ -26,6 +25,7 @@ from tests.cluster.toolchains import (
     HARNESS_APIS,
     LOGS,
     Harness,
+    conversation_text,
     exec_argv,
     toolchain_pod,
     wait_for_running,
@@ -98,10 +98,6 @@ def tool_requests(model: ScriptedModel) -> list[dict[str, Any]]:
     """The requests of the agent's loop: those that let the model act, by tools or an answer format its prompt
     asks for (Terminus-2's keystrokes, aider's file listing); title and summary requests offer neither."""
     return [r for r in model.model_requests() if r.get("action") is not None and r.get("offered")]
-
-
-def conversation_text(record: dict[str, Any]) -> str:
-    return json.dumps(record["body"].get("messages") or record["body"].get("input") or [])
 
 
 # Harnesses whose terminal outlives a turn (Terminus-2's tmux session), and the file its pane is piped to.

@@ -9,6 +9,7 @@ pointed straight at the scripted server.
 
 from __future__ import annotations
 
+import json
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -232,3 +233,8 @@ def exec_argv(
     exit_code = connection.returncode
     connection.close()
     return ExecResult(exit_code if exit_code is not None else -1, "".join(stdout), "".join(stderr))
+
+
+def conversation_text(record: dict[str, Any]) -> str:
+    """The conversation a recorded model request carried (chat messages, or a Responses input), as JSON text."""
+    return json.dumps(record["body"].get("messages") or record["body"].get("input") or [])

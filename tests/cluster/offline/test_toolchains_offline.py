@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -25,7 +24,7 @@ from tests.cluster.offline.chroot import (
     prepared_root,
     run_chrooted,
 )
-from tests.cluster.toolchains import API_KEY, HARNESS_APIS, LOGS
+from tests.cluster.toolchains import API_KEY, HARNESS_APIS, LOGS, conversation_text
 from tests.reference import harbor_trajectory
 
 SCRIPT = {
@@ -40,10 +39,6 @@ SCRIPT = {
 }
 # Harnesses that write an ATIF trajectory of their own, and where under LOGS.
 NATIVE_ATIF = {"terminus-2": "terminus-2/trajectory.json"}
-
-
-def conversation_text(record: dict[str, Any]) -> str:
-    return json.dumps(record["body"].get("messages") or record["body"].get("input") or [])
 
 
 @pytest.mark.parametrize("name", sorted(HARNESS_APIS))
